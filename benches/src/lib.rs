@@ -1,0 +1,1 @@
+//! benches (work in progress).

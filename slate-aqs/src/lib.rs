@@ -1,0 +1,1 @@
+//! slate-aqs (work in progress).

@@ -1,0 +1,1 @@
+//! slate-combination (work in progress).

@@ -1,0 +1,1 @@
+//! slate-core (work in progress).

@@ -1,0 +1,1 @@
+//! slate-redis (work in progress).
