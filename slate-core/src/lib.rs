@@ -1,1 +1,29 @@
-//! slate-core (work in progress).
+//! The backend-agnostic contract of Slate's distributed locks.
+//!
+//! - [`DistributedLock`] and [`LockGuard`]: what every lock and guard offers.
+//! - [`HolderId`]: who holds a lock (reentrancy is keyed by holder, never by thread).
+//! - [`FencingToken`]: strictly increasing across holders of a lock.
+//! - [`lease`]: deadline and loss signal shared by renewal and guard.
+//! - [`LockOptions`], [`LockName`]: validated configuration.
+//! - [`Error`]: the one error type, with `is_*` helpers.
+//!
+//! This crate has no Redis in it; see `slate-redis` (single node) and `slate-combination`
+//! (N independent nodes) for the locks themselves.
+
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod fencing;
+pub mod holder;
+pub mod lease;
+pub mod lock;
+pub mod name;
+pub mod options;
+
+pub use error::{BackendKind, Error, NodeReport, NodeState, Result, TimeoutKind};
+pub use fencing::FencingToken;
+pub use holder::HolderId;
+pub use lease::{LeaseKeeper, LeaseWatch, LossReason};
+pub use lock::{DistributedLock, LockGuard, Wait};
+pub use name::{LockName, MAX_NAME_LEN};
+pub use options::LockOptions;

@@ -1,0 +1,340 @@
+//! Lease state and the loss signal shared by a lock's renewal machinery and its guard.
+
+use std::fmt;
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+/// Why a lease was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// Renewal found the holder's entry gone (expired, deleted, or the server lost its data).
+    EntryGone,
+    /// No renewal succeeded before the lease deadline (server hung, network down, process
+    /// paused).
+    DeadlineExpired,
+    /// The optional max hold time was reached; renewal stopped and the lease ran out.
+    MaxHoldReached,
+    /// Fewer nodes than the quorum could be renewed (combination lock).
+    QuorumLost {
+        /// Nodes renewed successfully.
+        renewed: usize,
+        /// Nodes required.
+        required: usize,
+    },
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::EntryGone => f.write_str("the lock entry is gone"),
+            LossReason::DeadlineExpired => f.write_str("no renewal succeeded before the deadline"),
+            LossReason::MaxHoldReached => f.write_str("the max hold time was reached"),
+            LossReason::QuorumLost { renewed, required } => {
+                write!(
+                    f,
+                    "only {renewed} of the {required} required nodes could be renewed"
+                )
+            }
+        }
+    }
+}
+
+/// The monotonic clock, read through tokio so that paused-time tests see the same clock as
+/// the timers.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct State {
+    deadline: Instant,
+    lost: Option<LossReason>,
+}
+
+/// Creates the two ends of a lease: the [`LeaseKeeper`] for the renewal machinery and the
+/// [`LeaseWatch`] for the guard.
+///
+/// # Examples
+///
+/// ```
+/// use slate_core::lease::{self, LossReason};
+/// use std::time::{Duration, Instant};
+///
+/// let (keeper, watch) = lease::channel(Instant::now() + Duration::from_secs(30));
+/// assert!(!watch.is_lost());
+/// keeper.lose(LossReason::EntryGone);
+/// assert_eq!(watch.loss_reason(), Some(LossReason::EntryGone));
+/// ```
+#[must_use]
+pub fn channel(deadline: Instant) -> (LeaseKeeper, LeaseWatch) {
+    let (tx, rx) = watch::channel(State {
+        deadline,
+        lost: None,
+    });
+    (LeaseKeeper { tx }, LeaseWatch { rx })
+}
+
+/// The writing end of a lease: moves the deadline on renewal and signals loss.
+///
+/// Loss is final: once [`lose`](LeaseKeeper::lose) was called, the deadline no longer moves.
+#[derive(Debug)]
+pub struct LeaseKeeper {
+    tx: watch::Sender<State>,
+}
+
+impl LeaseKeeper {
+    /// Moves the deadline after a successful renewal. Ignored once the lease is lost, and never
+    /// moves the deadline backwards.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// let now = Instant::now();
+    /// let (keeper, watch) = slate_core::lease::channel(now + Duration::from_secs(1));
+    /// keeper.extend(now + Duration::from_secs(2));
+    /// assert_eq!(watch.deadline(), now + Duration::from_secs(2));
+    /// ```
+    pub fn extend(&self, deadline: Instant) {
+        self.tx.send_if_modified(|s| {
+            if s.lost.is_none() && deadline > s.deadline {
+                s.deadline = deadline;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Signals that the lease is lost. The first reason wins.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_core::lease::{self, LossReason};
+    /// let (keeper, watch) = lease::channel(std::time::Instant::now());
+    /// keeper.lose(LossReason::MaxHoldReached);
+    /// keeper.lose(LossReason::EntryGone);
+    /// assert_eq!(watch.loss_reason(), Some(LossReason::MaxHoldReached));
+    /// ```
+    pub fn lose(&self, reason: LossReason) {
+        self.tx.send_if_modified(|s| {
+            if s.lost.is_none() {
+                s.lost = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// The current deadline.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let t = std::time::Instant::now();
+    /// assert_eq!(slate_core::lease::channel(t).0.deadline(), t);
+    /// ```
+    #[must_use]
+    pub fn deadline(&self) -> Instant {
+        self.tx.borrow().deadline
+    }
+
+    /// Whether loss was signalled (the deadline passing alone does not count here).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let (keeper, _watch) = slate_core::lease::channel(std::time::Instant::now());
+    /// assert!(!keeper.is_lost());
+    /// ```
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.tx.borrow().lost.is_some()
+    }
+
+    /// Whether every [`LeaseWatch`] was dropped (nobody is listening any more).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let (keeper, watch) = slate_core::lease::channel(std::time::Instant::now());
+    /// drop(watch);
+    /// assert!(keeper.is_abandoned());
+    /// ```
+    #[must_use]
+    pub fn is_abandoned(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// A new watch on this lease.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let (keeper, _) = slate_core::lease::channel(std::time::Instant::now());
+    /// let _watch = keeper.watch();
+    /// assert!(!keeper.is_abandoned());
+    /// ```
+    #[must_use]
+    pub fn watch(&self) -> LeaseWatch {
+        LeaseWatch {
+            rx: self.tx.subscribe(),
+        }
+    }
+}
+
+/// The reading end of a lease, held by the guard: deadline and loss signal.
+///
+/// A lease counts as lost when loss was signalled **or** its deadline has passed: past the
+/// deadline nobody can tell whether the entry still exists, so the holder must not act on it.
+#[derive(Clone, Debug)]
+pub struct LeaseWatch {
+    rx: watch::Receiver<State>,
+}
+
+impl LeaseWatch {
+    /// The lease deadline on the monotonic clock. It moves forward with every renewal.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let t = std::time::Instant::now();
+    /// assert_eq!(slate_core::lease::channel(t).1.deadline(), t);
+    /// ```
+    #[must_use]
+    pub fn deadline(&self) -> Instant {
+        self.rx.borrow().deadline
+    }
+
+    /// Whether the lease is lost: loss signalled, or the deadline passed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// let (_k, w) = slate_core::lease::channel(Instant::now() + Duration::from_secs(60));
+    /// assert!(!w.is_lost());
+    /// let (_k, w) = slate_core::lease::channel(Instant::now());
+    /// assert!(w.is_lost());
+    /// ```
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        let s = *self.rx.borrow();
+        s.lost.is_some() || now() >= s.deadline
+    }
+
+    /// Why the lease was lost, if it was: the signalled reason, or
+    /// [`LossReason::DeadlineExpired`] once the deadline passed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_core::lease::{self, LossReason};
+    /// let (_k, w) = lease::channel(std::time::Instant::now());
+    /// assert_eq!(w.loss_reason(), Some(LossReason::DeadlineExpired));
+    /// ```
+    #[must_use]
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        let s = *self.rx.borrow();
+        s.lost
+            .or_else(|| (now() >= s.deadline).then_some(LossReason::DeadlineExpired))
+    }
+
+    /// Completes when the lease is lost: at the signal, or when the (moving) deadline passes,
+    /// whichever comes first. Needs a tokio runtime with the time driver.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_core::lease::{self, LossReason};
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let (keeper, watch) = lease::channel(Instant::now() + Duration::from_secs(60));
+    /// keeper.lose(LossReason::EntryGone);
+    /// assert_eq!(watch.lost().await, LossReason::EntryGone);
+    /// # });
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes; drop it and call again at any time.
+    pub async fn lost(&self) -> LossReason {
+        let mut rx = self.rx.clone();
+        loop {
+            let s = *rx.borrow_and_update();
+            if let Some(reason) = s.lost {
+                return reason;
+            }
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        // The keeper is gone (the lock's machinery stopped): only the deadline
+                        // remains meaningful.
+                        let deadline = rx.borrow().deadline;
+                        tokio::time::sleep_until(deadline.into()).await;
+                        return rx.borrow().lost.unwrap_or(LossReason::DeadlineExpired);
+                    }
+                }
+                () = tokio::time::sleep_until(s.deadline.into()) => {
+                    let s = *rx.borrow();
+                    if let Some(reason) = s.lost {
+                        return reason;
+                    }
+                    if now() >= s.deadline {
+                        return LossReason::DeadlineExpired;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_follows_a_moving_deadline() {
+        let start = now();
+        let (keeper, watch) = channel(start + Duration::from_secs(1));
+        let waiter = tokio::spawn({
+            let watch = watch.clone();
+            async move { (watch.lost().await, now()) }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        keeper.extend(start + Duration::from_secs(3));
+        let (reason, at) = waiter.await.expect("join");
+        assert_eq!(reason, LossReason::DeadlineExpired);
+        assert!(
+            at >= start + Duration::from_secs(3),
+            "fired at {:?}",
+            at - start
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn extend_after_loss_is_ignored() {
+        let now = now();
+        let (keeper, watch) = channel(now + Duration::from_secs(1));
+        keeper.lose(LossReason::EntryGone);
+        keeper.extend(now + Duration::from_secs(10));
+        assert_eq!(watch.deadline(), now + Duration::from_secs(1));
+        assert_eq!(watch.lost().await, LossReason::EntryGone);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_keeper_still_ends_at_deadline() {
+        let start = now();
+        let (keeper, watch) = channel(start + Duration::from_secs(2));
+        drop(keeper);
+        assert_eq!(watch.lost().await, LossReason::DeadlineExpired);
+        assert!(now() >= start + Duration::from_secs(2));
+    }
+}

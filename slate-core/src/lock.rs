@@ -1,0 +1,299 @@
+//! The lock and guard contract every backend implements.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::fencing::FencingToken;
+use crate::holder::HolderId;
+use crate::lease::{LeaseWatch, LossReason};
+use crate::name::LockName;
+
+/// How long an acquisition may wait.
+///
+/// # Examples
+///
+/// ```
+/// use slate_core::Wait;
+/// use std::time::Duration;
+///
+/// assert_eq!(Wait::for_duration(Duration::MAX), Wait::Forever);
+/// assert!(matches!(Wait::for_duration(Duration::from_secs(1)), Wait::Until(_)));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// At most one remote attempt; never waits. A busy lock answers [`Error::Busy`].
+    ///
+    /// [`Error::Busy`]: crate::Error::Busy
+    Immediate,
+    /// Wait in the queue until this instant, then [`Error::Timeout`].
+    ///
+    /// [`Error::Timeout`]: crate::Error::Timeout
+    Until(Instant),
+    /// Wait until acquired (or the future is dropped).
+    Forever,
+}
+
+impl Wait {
+    /// A wait of at most `d` from now (`Forever` if the instant would overflow).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_ne!(slate_core::Wait::for_duration(Duration::ZERO), slate_core::Wait::Forever);
+    /// ```
+    #[must_use]
+    pub fn for_duration(d: Duration) -> Self {
+        Instant::now()
+            .checked_add(d)
+            .map_or(Wait::Forever, Wait::Until)
+    }
+
+    /// The deadline, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_core::Wait::Forever.deadline(), None);
+    /// ```
+    #[must_use]
+    pub fn deadline(self) -> Option<Instant> {
+        match self {
+            Wait::Until(t) => Some(t),
+            Wait::Immediate | Wait::Forever => None,
+        }
+    }
+}
+
+/// A held lock.
+///
+/// ## Contract
+///
+/// - [`unlock`](LockGuard::unlock) releases one level and reports the outcome.
+/// - Dropping a guard without `unlock` hands the release to a background task: it never
+///   blocks and never leaks the entry (at worst the entry outlives the guard by one command
+///   round trip, or, if the backend is unreachable, until its lease runs out).
+/// - The lease deadline moves forward with every renewal; the loss signal fires when renewal
+///   finds the entry gone or cannot renew before the deadline. After a loss, stop acting as
+///   the holder: another holder may already have the lock.
+/// - Guards are `Send + 'static`: hold one across `.await` points and move it between tasks.
+pub trait LockGuard: Send + Sync + 'static {
+    /// The holder this guard holds the lock for.
+    fn holder(&self) -> HolderId;
+
+    /// The fencing token of this hold (the same for every re-entry of one holder).
+    fn fencing_token(&self) -> FencingToken;
+
+    /// The lease of this hold: deadline and loss signal.
+    fn lease(&self) -> &LeaseWatch;
+
+    /// The lease deadline on the monotonic clock.
+    fn lease_deadline(&self) -> Instant {
+        self.lease().deadline()
+    }
+
+    /// Whether the lease is lost (loss signalled, or the deadline passed).
+    fn is_lost(&self) -> bool {
+        self.lease().is_lost()
+    }
+
+    /// Completes when the lease is lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    fn lost(&self) -> impl Future<Output = LossReason> + Send + '_ {
+        self.lease().lost()
+    }
+
+    /// Releases one level of this hold and returns the holder's remaining hold count
+    /// (0: the lock is free).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the entry is gone (lease expired, force-unlocked);
+    /// [`Error::Backend`] when the backend failed; the lock then frees when its lease runs out.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe in the sense that the release may or may not have reached the backend
+    /// when the future is dropped; the guard is consumed either way, and a release that did
+    /// not complete is finished by a background task, as for `Drop`.
+    ///
+    /// [`Error::NotHeld`]: crate::Error::NotHeld
+    /// [`Error::Backend`]: crate::Error::Backend
+    fn unlock(self) -> impl Future<Output = Result<u32>> + Send;
+}
+
+/// A distributed, reentrant, leased lock.
+///
+/// Backends implement [`acquire`](DistributedLock::acquire) and the queries; the
+/// convenience methods pick the holder with [`HolderId::current`] (the enclosing holder scope,
+/// or a fresh id) when the call is made.
+///
+/// | method | waits | busy lock gives |
+/// | --- | --- | --- |
+/// | `lock()` | until acquired | (waits) |
+/// | `try_lock()` | never; one remote attempt | `Ok(None)` |
+/// | `try_lock_for(d)` / `try_lock_until(t)` | in the queue, at most until the deadline | `Err(Timeout)` |
+pub trait DistributedLock: Clone + Send + Sync + 'static {
+    /// The guard this lock returns.
+    type Guard: LockGuard;
+
+    /// The lock's name.
+    fn name(&self) -> &LockName;
+
+    /// Acquires the lock for `holder`, waiting as `wait` allows.
+    ///
+    /// # Errors
+    ///
+    /// `Busy` for a busy lock under [`Wait::Immediate`]; `Timeout` when the deadline of
+    /// [`Wait::Until`] passes; backend and node errors as the backend reports them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future removes the caller from the wait queue and passes on
+    /// any wake-up it had received; a grant the backend obtained for a dropped future is
+    /// released, never leaked.
+    fn acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<Self::Guard>> + Send;
+
+    /// Waits until the lock is acquired for the current holder.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures that make waiting pointless (invalid configuration, authentication).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](DistributedLock::acquire).
+    fn lock(&self) -> impl Future<Output = Result<Self::Guard>> + Send {
+        self.acquire(HolderId::current(), Wait::Forever)
+    }
+
+    /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](DistributedLock::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](DistributedLock::acquire).
+    fn lock_as(&self, holder: HolderId) -> impl Future<Output = Result<Self::Guard>> + Send {
+        self.acquire(holder, Wait::Forever)
+    }
+
+    /// One remote attempt, never waiting: `Ok(None)` if another holder has the lock.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](DistributedLock::acquire).
+    fn try_lock(&self) -> impl Future<Output = Result<Option<Self::Guard>>> + Send {
+        let attempt = self.acquire(HolderId::current(), Wait::Immediate);
+        async move {
+            match attempt.await {
+                Ok(guard) => Ok(Some(guard)),
+                Err(e) if e.is_busy() => Ok(None),
+                Err(e) => Err(e),
+            }
+        }
+    }
+
+    /// Waits at most `d` (in the queue, like everyone else).
+    ///
+    /// # Errors
+    ///
+    /// `Timeout` when `d` passes first; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](DistributedLock::acquire).
+    fn try_lock_for(&self, d: Duration) -> impl Future<Output = Result<Self::Guard>> + Send {
+        self.acquire(HolderId::current(), Wait::for_duration(d))
+    }
+
+    /// Waits at most until `deadline`.
+    ///
+    /// # Errors
+    ///
+    /// `Timeout` when the deadline passes first; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](DistributedLock::acquire).
+    fn try_lock_until(
+        &self,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Self::Guard>> + Send {
+        self.acquire(HolderId::current(), Wait::Until(deadline))
+    }
+
+    /// Whether any holder holds the lock.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send;
+
+    /// How many times `holder` holds the lock (0 if not at all).
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send;
+
+    /// Whether `holder` holds the lock.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    fn is_held_by(&self, holder: HolderId) -> impl Future<Output = Result<bool>> + Send {
+        let count = self.hold_count(holder);
+        async move { Ok(count.await? > 0) }
+    }
+
+    /// The remaining lease of whoever holds the lock, or `None` when it is free.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send;
+
+    /// Deletes the lock whoever holds it. **Unsafe for correctness**: the holder keeps
+    /// running its critical section. Meant for operators clearing a stuck lock. Returns whether
+    /// there was anything to delete.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// The deletion may or may not have happened when the future is dropped.
+    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send;
+}

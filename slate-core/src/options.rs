@@ -1,0 +1,330 @@
+//! Options common to every Slate lock, validated when the lock is built.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The shortest lease accepted.
+pub const MIN_LEASE: Duration = Duration::from_millis(30);
+/// The shortest spin wait accepted.
+pub const MIN_SPIN_WAIT: Duration = Duration::from_millis(1);
+/// The longest key prefix accepted, in bytes.
+pub const MAX_PREFIX_LEN: usize = 256;
+
+/// Options common to both locks (see `SEMANTICS.md`, "Common to both locks").
+///
+/// | option | default | rule |
+/// | --- | --- | --- |
+/// | lease | 30 s | at least 30 ms |
+/// | renewal period | lease / 2 | between lease / 10 and lease / 2 |
+/// | spin wait | 50 ms | at least 1 ms |
+/// | max hold | none | when set, non-zero |
+/// | key prefix | `slate:` | at most 256 bytes, no `{` or `}` |
+///
+/// Setters never fail; [`LockOptions::validate`] (called by every lock builder) reports the
+/// first problem with a message naming the option and the fix. Nothing is silently corrected.
+///
+/// # Examples
+///
+/// ```
+/// use slate_core::LockOptions;
+/// use std::time::Duration;
+///
+/// let opts = LockOptions::default().with_lease(Duration::from_secs(10));
+/// assert_eq!(opts.renewal_period(), Duration::from_secs(5));
+/// opts.validate()?;
+///
+/// let bad = LockOptions::default().with_lease(Duration::ZERO);
+/// assert!(bad.validate().unwrap_err().is_invalid_input());
+/// # Ok::<(), slate_core::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockOptions {
+    lease: Duration,
+    renewal_period: Option<Duration>,
+    spin_wait: Duration,
+    max_hold: Option<Duration>,
+    key_prefix: String,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            lease: Duration::from_secs(30),
+            renewal_period: None,
+            spin_wait: Duration::from_millis(50),
+            max_hold: None,
+            key_prefix: "slate:".to_owned(),
+        }
+    }
+}
+
+impl LockOptions {
+    /// Sets the lease: the time-to-live of the lock entry, renewed while held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::default().with_lease(Duration::from_secs(5));
+    /// assert_eq!(o.lease(), Duration::from_secs(5));
+    /// ```
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the renewal period explicitly (default: half the lease).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::default().with_renewal_period(Duration::from_secs(5));
+    /// assert_eq!(o.renewal_period(), Duration::from_secs(5));
+    /// ```
+    #[must_use]
+    pub fn with_renewal_period(mut self, period: Duration) -> Self {
+        self.renewal_period = Some(period);
+        self
+    }
+
+    /// Sets the spin wait: the longest a parked waiter waits without an unlock notification
+    /// before it retries.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::default().with_spin_wait(Duration::from_millis(20));
+    /// assert_eq!(o.spin_wait(), Duration::from_millis(20));
+    /// ```
+    #[must_use]
+    pub fn with_spin_wait(mut self, spin_wait: Duration) -> Self {
+        self.spin_wait = spin_wait;
+        self
+    }
+
+    /// Caps how long a lock is renewed; after that the lease runs out (stops zombie holders).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::default().with_max_hold(Duration::from_secs(600));
+    /// assert_eq!(o.max_hold(), Some(Duration::from_secs(600)));
+    /// ```
+    #[must_use]
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Sets the namespace of every key and channel the lock uses.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let o = slate_core::LockOptions::default().with_key_prefix("billing:");
+    /// assert_eq!(o.key_prefix(), "billing:");
+    /// ```
+    #[must_use]
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The lease.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(slate_core::LockOptions::default().lease(), Duration::from_secs(30));
+    /// ```
+    #[must_use]
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The renewal period: the explicit one, or half the lease.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(slate_core::LockOptions::default().renewal_period(), Duration::from_secs(15));
+    /// ```
+    #[must_use]
+    pub fn renewal_period(&self) -> Duration {
+        self.renewal_period.unwrap_or(self.lease / 2)
+    }
+
+    /// The spin wait.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(slate_core::LockOptions::default().spin_wait(), Duration::from_millis(50));
+    /// ```
+    #[must_use]
+    pub fn spin_wait(&self) -> Duration {
+        self.spin_wait
+    }
+
+    /// The max hold, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_core::LockOptions::default().max_hold(), None);
+    /// ```
+    #[must_use]
+    pub fn max_hold(&self) -> Option<Duration> {
+        self.max_hold
+    }
+
+    /// The key prefix.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_core::LockOptions::default().key_prefix(), "slate:");
+    /// ```
+    #[must_use]
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// Checks every option against its rule.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the first invalid option, what is wrong and how to fix it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use slate_core::LockOptions;
+    ///
+    /// let err = LockOptions::default()
+    ///     .with_lease(Duration::from_secs(10))
+    ///     .with_renewal_period(Duration::from_secs(10))
+    ///     .validate()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("renewal period"));
+    /// ```
+    pub fn validate(&self) -> Result<()> {
+        if self.lease < MIN_LEASE {
+            return Err(Error::invalid_input(
+                "lease",
+                format!("{:?} is shorter than the minimum {MIN_LEASE:?}", self.lease),
+                format!("use a lease of at least {MIN_LEASE:?} (the default is 30s)"),
+            ));
+        }
+        if let Some(period) = self.renewal_period {
+            let (lo, hi) = (self.lease / 10, self.lease / 2);
+            if period >= self.lease || period > hi {
+                return Err(Error::invalid_input(
+                    "renewal period",
+                    format!(
+                        "{period:?} leaves too little of the {:?} lease to retry a failed renewal",
+                        self.lease
+                    ),
+                    format!("use a renewal period of at most half the lease ({hi:?})"),
+                ));
+            }
+            if period < lo {
+                return Err(Error::invalid_input(
+                    "renewal period",
+                    format!(
+                        "{period:?} is shorter than a tenth of the {:?} lease",
+                        self.lease
+                    ),
+                    format!("use a renewal period of at least {lo:?}, or a shorter lease"),
+                ));
+            }
+        }
+        if self.spin_wait < MIN_SPIN_WAIT {
+            return Err(Error::invalid_input(
+                "spin wait",
+                format!("{:?} would make waiters poll without pause", self.spin_wait),
+                format!("use a spin wait of at least {MIN_SPIN_WAIT:?} (the default is 50ms)"),
+            ));
+        }
+        if self.max_hold == Some(Duration::ZERO) {
+            return Err(Error::invalid_input(
+                "max hold",
+                "zero would stop renewal at once",
+                "use a positive max hold, or leave it unset for no cap",
+            ));
+        }
+        if self.key_prefix.len() > MAX_PREFIX_LEN {
+            return Err(Error::invalid_input(
+                "key prefix",
+                format!("it is {} bytes long", self.key_prefix.len()),
+                format!("use a prefix of at most {MAX_PREFIX_LEN} bytes"),
+            ));
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(Error::invalid_input(
+                "key prefix",
+                format!("{:?} contains a brace", self.key_prefix),
+                "remove '{' and '}' from the prefix: Slate puts the lock name in braces as the \
+                 cluster hash tag",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn what(o: LockOptions) -> &'static str {
+        match o.validate() {
+            Err(Error::InvalidInput { what, .. }) => what,
+            other => panic!("expected invalid input, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        LockOptions::default().validate().unwrap();
+        let o = LockOptions::default().with_lease(MIN_LEASE);
+        o.validate().unwrap();
+    }
+
+    #[test]
+    fn every_rule_has_an_error() {
+        let d = LockOptions::default;
+        assert_eq!(what(d().with_lease(Duration::from_millis(29))), "lease");
+        assert_eq!(
+            what(d().with_renewal_period(Duration::from_secs(30))),
+            "renewal period"
+        );
+        assert_eq!(
+            what(d().with_renewal_period(Duration::from_secs(16))),
+            "renewal period"
+        );
+        assert_eq!(
+            what(d().with_renewal_period(Duration::from_millis(2999))),
+            "renewal period"
+        );
+        assert_eq!(what(d().with_spin_wait(Duration::ZERO)), "spin wait");
+        assert_eq!(what(d().with_max_hold(Duration::ZERO)), "max hold");
+        assert_eq!(what(d().with_key_prefix("a{b")), "key prefix");
+        assert_eq!(what(d().with_key_prefix("p".repeat(257))), "key prefix");
+        d().with_renewal_period(Duration::from_secs(3))
+            .validate()
+            .unwrap();
+        d().with_renewal_period(Duration::from_secs(15))
+            .validate()
+            .unwrap();
+        d().with_key_prefix("").validate().unwrap();
+    }
+}
