@@ -24,15 +24,15 @@ impl Future for YieldOnce {
 #[test]
 fn scope_survives_migration_between_threads() {
     let id = HolderId::new();
-    let mut fut: Pin<Box<dyn Future<Output = Vec<(HolderId, std::thread::ThreadId)>> + Send>> =
-        Box::pin(id.scope(async move {
-            let mut seen = Vec::new();
-            for _ in 0..4 {
-                seen.push((HolderId::current(), std::thread::current().id()));
-                YieldOnce(false).await;
-            }
-            seen
-        }));
+    type Seen = Vec<(HolderId, std::thread::ThreadId)>;
+    let mut fut: Pin<Box<dyn Future<Output = Seen> + Send>> = Box::pin(id.scope(async move {
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            seen.push((HolderId::current(), std::thread::current().id()));
+            YieldOnce(false).await;
+        }
+        seen
+    }));
     // Poll the same future on four different threads in turn.
     let mut result = None;
     for _ in 0..5 {
