@@ -1,0 +1,102 @@
+//! The strategy a [`Synchronizer`](crate::Synchronizer) drives: one remote attempt and hooks.
+
+use std::future::Future;
+use std::time::Duration;
+
+use slate_core::{HolderId, Result};
+
+/// The answer of one remote attempt.
+#[derive(Debug)]
+pub enum Attempt<G> {
+    /// The lock was granted (first level or re-entry); the grant carries what the backend
+    /// needs to build a guard (fencing token, lease deadline, ...).
+    Acquired(G),
+    /// Another holder has the lock. `retry_after` is its remaining lease when known: the
+    /// earliest time at which the lock can free without a release.
+    Busy {
+        /// The holder's remaining lease, if the backend reported it.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// Whether release notifications reach the synchronizer (see [`Competitor::prepare_wait`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notifications {
+    /// Notifications were just switched on by this call. A release may have happened between
+    /// the busy answer and the switch, so the head retries once at once before parking.
+    Started,
+    /// Notifications were already on before the last attempt was sent: park until one arrives
+    /// (or the spin-wait timer fires).
+    Live,
+    /// No notifications (the backend has none, or its channel is down): park on the spin-wait
+    /// timer only.
+    Off,
+}
+
+/// A party competing for a remote lock: the strategy under a [`Synchronizer`].
+///
+/// The synchronizer decides **when** to attempt (only the head of the local queue, only while
+/// no local task holds the lock); the competitor decides **how** (one script call on one node,
+/// or a walk over N nodes).
+///
+/// ## Hook contract
+///
+/// - Hooks are called synchronously from inside the synchronizer's driver, never under its
+///   internal lock. They must not block, must not panic, and must not call back into the same
+///   synchronizer (no re-entry): a hook that needs I/O spawns it.
+/// - [`after_acquire`](Competitor::after_acquire) runs exactly once per grant that reaches a
+///   caller; [`abandon`](Competitor::abandon) runs exactly once per grant that does not (its
+///   acquire future was dropped while the attempt was in flight).
+/// - [`after_release`](Competitor::after_release) runs once each time a holder's local hold
+///   count returns to zero.
+///
+/// [`Synchronizer`]: crate::Synchronizer
+pub trait Competitor: Send + Sync + 'static {
+    /// What a successful attempt yields.
+    type Grant: Send + 'static;
+
+    /// One remote attempt for `holder`: *acquired* or *busy*.
+    ///
+    /// The future is `'static` so that the synchronizer can finish it in the background when
+    /// the caller's acquire future is dropped while it is in flight; a grant obtained that way
+    /// is handed to [`abandon`](Competitor::abandon).
+    ///
+    /// # Errors
+    ///
+    /// Backend failures; the synchronizer returns them to the caller (and the caller's waiter
+    /// leaves the queue, waking the next one).
+    fn attempt(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Self::Grant>>> + Send + 'static;
+
+    /// Called after `holder` won `grant`, before the grant is returned to the caller
+    /// (e.g. register the hold with a renewal service).
+    fn after_acquire(&self, holder: HolderId, grant: &Self::Grant) {
+        let _ = (holder, grant);
+    }
+
+    /// Called when `holder`'s local hold count returned to zero.
+    fn after_release(&self, holder: HolderId) {
+        let _ = holder;
+    }
+
+    /// Gives back a grant that no caller will receive. Must not block: spawn the remote
+    /// release.
+    fn abandon(&self, holder: HolderId, grant: Self::Grant);
+
+    /// Called by the head after a busy answer, before it parks, so the backend can switch on
+    /// release notifications (e.g. subscribe to the lock's channel) and report whether they
+    /// are on.
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: the head may be dropped while it runs.
+    fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
+        std::future::ready(Notifications::Off)
+    }
+
+    /// Called when the local queue became empty: no task of this process waits any more, so
+    /// notifications may be switched off (e.g. unsubscribe).
+    fn queue_drained(&self) {}
+}
