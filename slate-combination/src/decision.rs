@@ -1,0 +1,410 @@
+//! The combination lock's attempt as a pure state machine: which node to ask next, and when
+//! the attempt is won, lost, or must give up. No I/O and no clock: the caller sends the
+//! commands, measures time, and feeds the answers back.
+//!
+//! ## The table (SEMANTICS.md, "Combination lock")
+//!
+//! One attempt walks the nodes usable for it (fixed when the attempt starts) from left to
+//! right. At each answer, the first matching row decides:
+//!
+//! | answer at node i | decision |
+//! | --- | --- |
+//! | held by another holder | **leftmost weight**: the attempt loses at once ([`Next::Busy`]); release every node that may hold our entry, in reverse order |
+//! | any answer, but the budget is spent | [`Next::BudgetExceeded`]; release, in reverse order |
+//! | failed (timeout, connection) and the nodes held plus the usable nodes right of i cannot reach the quorum | [`Next::InsufficientNodes`]; release, in reverse order |
+//! | failed, quorum still reachable | skip node i (the caller marks it unavailable), continue |
+//! | acquired, a usable node remains | continue with the next usable node |
+//! | acquired at the last usable node | [`Next::Acquired`] (the nodes held reach the quorum by construction) |
+//!
+//! Before the first command: fewer usable nodes than the quorum → [`Next::InsufficientNodes`]
+//! with nothing to release.
+//!
+//! "Nodes that may hold our entry" are the nodes that answered *acquired* and the nodes whose
+//! command failed (a timeout may hide a command that ran and a reply that was lost). A node
+//! that answered *held by another* certainly holds nothing of ours and is not released.
+//!
+//! In [`Order::Pipelined`], the first usable node is asked alone (it decides between
+//! contenders), then every other usable node at once; their answers are applied in node order
+//! with the same rows, except that every node was already sent to, so all of them that may
+//! hold our entry are released on failure.
+
+use std::time::Duration;
+
+use slate_core::{Error, Result};
+
+/// The order in which an attempt sends its acquire commands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Order {
+    /// One node after the other, left to right (Bedrock's order).
+    #[default]
+    Sequential,
+    /// The first usable node alone, then all the others concurrently: the same safety (every
+    /// contender passes the leftmost node first), one round trip instead of N − 1.
+    Pipelined,
+}
+
+/// How a node answered one acquire command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeAnswer {
+    /// Our entry was created or re-entered.
+    Acquired,
+    /// Another holder holds the lock on this node.
+    HeldByOther,
+    /// The command failed: timeout, connection error, or an unexpected reply. The command may
+    /// have run.
+    Failed,
+}
+
+/// What the caller does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Send the acquire command to these nodes (one node in sequential order; in pipelined
+    /// order, the first usable node alone and then all the others together).
+    Send(Vec<usize>),
+    /// The attempt won; these are the nodes held, ascending.
+    Acquired {
+        /// Nodes held, ascending.
+        held: Vec<usize>,
+    },
+    /// Another holder holds node `at`; release `release` (descending) and wait.
+    Busy {
+        /// The node held by another holder.
+        at: usize,
+        /// Nodes to release, descending.
+        release: Vec<usize>,
+    },
+    /// Too few nodes could be used; release `release` (descending) and fail.
+    InsufficientNodes {
+        /// Nodes to release, descending.
+        release: Vec<usize>,
+    },
+    /// The attempt's budget is spent; release `release` (descending) and fail.
+    BudgetExceeded {
+        /// Nodes to release, descending.
+        release: Vec<usize>,
+    },
+}
+
+impl Next {
+    /// Whether the attempt is over (anything but [`Next::Send`]).
+    #[must_use]
+    pub fn is_final(&self) -> bool {
+        !matches!(self, Next::Send(_))
+    }
+
+    /// The nodes to release, descending (empty for `Send` and `Acquired`).
+    #[must_use]
+    pub fn release(&self) -> &[usize] {
+        match self {
+            Next::Busy { release, .. }
+            | Next::InsufficientNodes { release }
+            | Next::BudgetExceeded { release } => release,
+            Next::Send(_) | Next::Acquired { .. } => &[],
+        }
+    }
+}
+
+/// The default quorum for `n` nodes: `max(2, ⌊n/2⌋ + 1)`.
+///
+/// # Examples
+///
+/// ```
+/// use slate_combination::decision::default_quorum;
+///
+/// assert_eq!(default_quorum(2), 2);
+/// assert_eq!(default_quorum(3), 2);
+/// assert_eq!(default_quorum(4), 3);
+/// assert_eq!(default_quorum(5), 3);
+/// ```
+#[must_use]
+pub fn default_quorum(n: usize) -> usize {
+    (n / 2 + 1).max(2)
+}
+
+/// Checks a node count and a requested quorum, returning the quorum to use.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] when there are fewer than 2 nodes, or the requested quorum is below
+/// the majority (it would let two holders hold disjoint node sets) or above `n`.
+///
+/// # Examples
+///
+/// ```
+/// use slate_combination::decision::quorum;
+///
+/// assert_eq!(quorum(5, None)?, 3);
+/// assert_eq!(quorum(5, Some(4))?, 4);
+/// assert!(quorum(4, Some(2)).is_err()); // Bedrock's fixed 2: disjoint pairs possible
+/// assert!(quorum(1, None).is_err());
+/// # Ok::<(), slate_core::Error>(())
+/// ```
+pub fn quorum(n: usize, requested: Option<usize>) -> Result<usize> {
+    if n < 2 {
+        return Err(Error::invalid_input(
+            "nodes",
+            format!("{n} node(s) given"),
+            "give at least 2 independent Redis masters (use the single lock for one)",
+        ));
+    }
+    let floor = default_quorum(n);
+    match requested {
+        None => Ok(floor),
+        Some(q) if q < floor => Err(Error::invalid_input(
+            "required nodes",
+            format!(
+                "{q} of {n} is less than a majority, so two holders could hold disjoint node sets"
+            ),
+            format!("use at least {floor} (the default)"),
+        )),
+        Some(q) if q > n => Err(Error::invalid_input(
+            "required nodes",
+            format!("{q} is more than the {n} nodes configured"),
+            format!("use at most {n}"),
+        )),
+        Some(q) => Ok(q),
+    }
+}
+
+/// One attempt's state: feed it answers, it says what to do next.
+///
+/// # Examples
+///
+/// ```
+/// use slate_combination::decision::{AttemptState, NodeAnswer, Next, Order};
+/// use std::time::Duration;
+///
+/// let budget = Duration::from_millis(250);
+/// let mut a = AttemptState::new(vec![true, true, true], 2, budget, Order::Sequential);
+/// assert_eq!(a.start(), Next::Send(vec![0]));
+/// let ms = Duration::from_millis;
+/// assert_eq!(a.on_answers(&[(0, NodeAnswer::Acquired)], ms(1)), Next::Send(vec![1]));
+/// assert_eq!(a.on_answers(&[(1, NodeAnswer::Failed)], ms(51)), Next::Send(vec![2]));
+/// assert_eq!(
+///     a.on_answers(&[(2, NodeAnswer::Acquired)], ms(52)),
+///     Next::Acquired { held: vec![0, 2] }
+/// );
+/// ```
+#[derive(Clone, Debug)]
+pub struct AttemptState {
+    usable: Vec<bool>,
+    required: usize,
+    budget: Duration,
+    order: Order,
+    /// Nodes sent to and not yet answered.
+    pending: Vec<usize>,
+    /// The next node index to consider for sending (all below were sent or skipped).
+    cursor: usize,
+    held: Vec<usize>,
+    failed: Vec<usize>,
+    done: bool,
+}
+
+impl AttemptState {
+    /// A new attempt over nodes `usable[i]` (false: unavailable or quarantined, skipped),
+    /// needing `required` nodes within `budget`.
+    #[must_use]
+    pub fn new(usable: Vec<bool>, required: usize, budget: Duration, order: Order) -> Self {
+        AttemptState {
+            usable,
+            required,
+            budget,
+            order,
+            pending: Vec::new(),
+            cursor: 0,
+            held: Vec::new(),
+            failed: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// The first step.
+    #[must_use]
+    pub fn start(&mut self) -> Next {
+        let usable = self.usable.iter().filter(|u| **u).count();
+        if usable < self.required {
+            return self.finish(|release| Next::InsufficientNodes { release });
+        }
+        self.send_next(false)
+    }
+
+    /// Applies the answers to the commands last sent (all of them, in any order) after
+    /// `elapsed` since the attempt's first command, and returns the next step.
+    ///
+    /// # Panics
+    ///
+    /// Debug builds assert that the answers match the nodes last sent to.
+    pub fn on_answers(&mut self, answers: &[(usize, NodeAnswer)], elapsed: Duration) -> Next {
+        debug_assert!(!self.done, "answers after the attempt ended");
+        let mut answers = answers.to_vec();
+        answers.sort_by_key(|(node, _)| *node);
+        debug_assert_eq!(
+            answers.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            self.pending,
+            "answers must match the nodes last sent to"
+        );
+        self.pending.clear();
+        // Record every answer first: in pipelined order all were sent, and whatever the
+        // decision, every node that may hold our entry must be released.
+        let mut busy_at = None;
+        for &(node, answer) in &answers {
+            match answer {
+                NodeAnswer::Acquired => self.held.push(node),
+                NodeAnswer::Failed => self.failed.push(node),
+                NodeAnswer::HeldByOther => {
+                    busy_at.get_or_insert(node);
+                }
+            }
+        }
+        if let Some(at) = busy_at {
+            return self.finish(|release| Next::Busy { at, release });
+        }
+        if elapsed > self.budget {
+            return self.finish(|release| Next::BudgetExceeded { release });
+        }
+        let reachable = self.held.len() + self.remaining_usable();
+        if reachable < self.required {
+            return self.finish(|release| Next::InsufficientNodes { release });
+        }
+        self.send_next(true)
+    }
+
+    /// Nodes held so far, ascending.
+    #[must_use]
+    pub fn held(&self) -> &[usize] {
+        &self.held
+    }
+
+    /// Nodes whose command failed in this attempt, ascending.
+    #[must_use]
+    pub fn failed(&self) -> &[usize] {
+        &self.failed
+    }
+
+    fn remaining_usable(&self) -> usize {
+        self.usable.iter().skip(self.cursor).filter(|u| **u).count()
+    }
+
+    fn send_next(&mut self, after_first: bool) -> Next {
+        let rest: Vec<usize> = (self.cursor..self.usable.len())
+            .filter(|&i| self.usable[i])
+            .collect();
+        let batch = match (self.order, after_first) {
+            (Order::Pipelined, true) => rest,
+            _ => rest.into_iter().take(1).collect(),
+        };
+        match batch.last() {
+            None => {
+                debug_assert!(self.held.len() >= self.required, "walk ended below quorum");
+                self.done = true;
+                Next::Acquired {
+                    held: self.held.clone(),
+                }
+            }
+            Some(&last) => {
+                self.cursor = last + 1;
+                self.pending.clone_from(&batch);
+                Next::Send(batch)
+            }
+        }
+    }
+
+    fn finish(&mut self, make: impl FnOnce(Vec<usize>) -> Next) -> Next {
+        self.done = true;
+        let mut release: Vec<usize> = self.held.iter().chain(&self.failed).copied().collect();
+        release.sort_unstable_by(|a, b| b.cmp(a));
+        make(release)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use NodeAnswer::*;
+
+    const B: Duration = Duration::from_millis(250);
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn busy_at_second_node_releases_the_first() {
+        let mut a = AttemptState::new(vec![true; 3], 2, B, Order::Sequential);
+        assert_eq!(a.start(), Next::Send(vec![0]));
+        assert_eq!(a.on_answers(&[(0, Acquired)], MS), Next::Send(vec![1]));
+        assert_eq!(
+            a.on_answers(&[(1, HeldByOther)], MS),
+            Next::Busy {
+                at: 1,
+                release: vec![0]
+            }
+        );
+    }
+
+    #[test]
+    fn one_node_left_is_insufficient_at_once() {
+        let mut a = AttemptState::new(vec![true, false, false], 2, B, Order::Sequential);
+        assert_eq!(a.start(), Next::InsufficientNodes { release: vec![] });
+        let mut a = AttemptState::new(vec![true; 3], 2, B, Order::Sequential);
+        assert_eq!(a.start(), Next::Send(vec![0]));
+        assert_eq!(a.on_answers(&[(0, Acquired)], MS), Next::Send(vec![1]));
+        assert_eq!(a.on_answers(&[(1, Failed)], MS), Next::Send(vec![2]));
+        assert_eq!(
+            a.on_answers(&[(2, Failed)], MS),
+            Next::InsufficientNodes {
+                release: vec![2, 1, 0]
+            }
+        );
+    }
+
+    #[test]
+    fn failure_early_stops_when_quorum_is_out_of_reach() {
+        let mut a = AttemptState::new(vec![true; 3], 2, B, Order::Sequential);
+        assert_eq!(a.start(), Next::Send(vec![0]));
+        assert_eq!(a.on_answers(&[(0, Failed)], MS), Next::Send(vec![1]));
+        assert_eq!(
+            a.on_answers(&[(1, Failed)], MS),
+            Next::InsufficientNodes {
+                release: vec![1, 0]
+            }
+        );
+    }
+
+    #[test]
+    fn budget_is_checked_after_every_answer() {
+        let mut a = AttemptState::new(vec![true; 3], 2, B, Order::Sequential);
+        assert_eq!(a.start(), Next::Send(vec![0]));
+        assert_eq!(
+            a.on_answers(&[(0, Acquired)], B + MS),
+            Next::BudgetExceeded { release: vec![0] }
+        );
+    }
+
+    #[test]
+    fn pipelined_sends_the_rest_together() {
+        let mut a = AttemptState::new(vec![true, true, false, true, true], 3, B, Order::Pipelined);
+        assert_eq!(a.start(), Next::Send(vec![0]));
+        assert_eq!(
+            a.on_answers(&[(0, Acquired)], MS),
+            Next::Send(vec![1, 3, 4])
+        );
+        assert_eq!(
+            a.on_answers(&[(4, Acquired), (1, Failed), (3, HeldByOther)], MS),
+            Next::Busy {
+                at: 3,
+                release: vec![4, 1, 0]
+            }
+        );
+    }
+
+    #[test]
+    fn quorum_rules() {
+        assert_eq!(quorum(2, None).unwrap(), 2);
+        assert_eq!(quorum(3, Some(3)).unwrap(), 3);
+        assert!(
+            quorum(3, Some(1))
+                .unwrap_err()
+                .to_string()
+                .contains("at least 2")
+        );
+        assert!(quorum(3, Some(4)).unwrap_err().is_invalid_input());
+    }
+}

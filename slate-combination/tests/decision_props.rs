@@ -1,0 +1,249 @@
+//! The attempt state machine against the decision table of SEMANTICS.md, read as directly as
+//! possible (the oracle below), plus the structural properties every run must have.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use slate_combination::decision::{AttemptState, Next, NodeAnswer, Order, default_quorum};
+
+const BUDGET: Duration = Duration::from_millis(250);
+
+fn answer() -> impl Strategy<Value = NodeAnswer> {
+    prop_oneof![
+        4 => Just(NodeAnswer::Acquired),
+        1 => Just(NodeAnswer::HeldByOther),
+        2 => Just(NodeAnswer::Failed),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    usable: Vec<bool>,
+    answers: Vec<NodeAnswer>,
+    /// Time each node's answer arrives, counted from the first command (ms).
+    times: Vec<u64>,
+    required: usize,
+    order: Order,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (2usize..=7)
+        .prop_flat_map(|n| {
+            (
+                prop::collection::vec(prop::bool::weighted(0.85), n),
+                prop::collection::vec(answer(), n),
+                prop::collection::vec(0u64..120, n),
+                0..=(n - default_quorum(n)),
+                prop_oneof![Just(Order::Sequential), Just(Order::Pipelined)],
+            )
+        })
+        .prop_map(|(usable, answers, steps, extra, order)| {
+            let n = usable.len();
+            // Answers arrive in node order; times grow by a random step per node.
+            let times = steps
+                .iter()
+                .scan(0, |t, s| {
+                    *t += s;
+                    Some(*t)
+                })
+                .collect();
+            Case {
+                usable,
+                answers,
+                times,
+                required: default_quorum(n) + extra,
+                order,
+            }
+        })
+}
+
+/// Runs the state machine, answering each sent node from the case. Returns the final step and
+/// the batches sent.
+fn run(c: &Case) -> (Next, Vec<Vec<usize>>) {
+    let mut state = AttemptState::new(c.usable.clone(), c.required, BUDGET, c.order);
+    let mut next = state.start();
+    let mut sent = Vec::new();
+    for _ in 0..=c.usable.len() {
+        let Next::Send(batch) = &next else {
+            return (next, sent);
+        };
+        let answers: Vec<_> = batch.iter().map(|&i| (i, c.answers[i])).collect();
+        let elapsed = Duration::from_millis(batch.iter().map(|&i| c.times[i]).max().unwrap_or(0));
+        sent.push(batch.clone());
+        next = state.on_answers(&answers, elapsed);
+    }
+    panic!("attempt did not finish within n + 1 steps: {c:?}");
+}
+
+fn desc(mut v: Vec<usize>) -> Vec<usize> {
+    v.sort_unstable_by(|a, b| b.cmp(a));
+    v
+}
+
+/// The table, read row by row: the expected final step.
+fn oracle(c: &Case) -> Next {
+    let usable: Vec<usize> = (0..c.usable.len()).filter(|&i| c.usable[i]).collect();
+    if usable.len() < c.required {
+        return Next::InsufficientNodes { release: vec![] };
+    }
+    // The answer groups in the order they arrive: sequential = one node each; pipelined = the
+    // first node, then all others.
+    let groups: Vec<Vec<usize>> = match c.order {
+        Order::Sequential => usable.iter().map(|&i| vec![i]).collect(),
+        Order::Pipelined => {
+            let mut g = vec![vec![usable[0]]];
+            if usable.len() > 1 {
+                g.push(usable[1..].to_vec());
+            }
+            g
+        }
+    };
+    let (mut held, mut failed) = (Vec::new(), Vec::new());
+    let mut seen = 0;
+    for group in groups {
+        seen += group.len();
+        let mut busy = None;
+        for &i in &group {
+            match c.answers[i] {
+                NodeAnswer::Acquired => held.push(i),
+                NodeAnswer::Failed => failed.push(i),
+                NodeAnswer::HeldByOther => {
+                    busy.get_or_insert(i);
+                }
+            }
+        }
+        let release = desc(held.iter().chain(&failed).copied().collect());
+        if let Some(at) = busy {
+            return Next::Busy { at, release };
+        }
+        let elapsed = group.iter().map(|&i| c.times[i]).max().unwrap_or(0);
+        if Duration::from_millis(elapsed) > BUDGET {
+            return Next::BudgetExceeded { release };
+        }
+        if held.len() + (usable.len() - seen) < c.required {
+            return Next::InsufficientNodes { release };
+        }
+    }
+    Next::Acquired { held }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    #[test]
+    fn machine_matches_the_table(c in case()) {
+        let (got, _) = run(&c);
+        prop_assert_eq!(got, oracle(&c), "case {:?}", c);
+    }
+
+    #[test]
+    fn structural_properties(c in case()) {
+        let (got, sent) = run(&c);
+        let flat: Vec<usize> = sent.iter().flatten().copied().collect();
+        // Left to right, each node at most once, only usable nodes.
+        prop_assert!(flat.windows(2).all(|w| w[0] < w[1]), "order {:?}", flat);
+        prop_assert!(flat.iter().all(|&i| c.usable[i]));
+        // Pipelined: at most two batches, the first of one node.
+        if c.order == Order::Pipelined {
+            prop_assert!(sent.len() <= 2 && sent.first().is_none_or(|b| b.len() == 1));
+        }
+        // What is released is exactly what may hold our entry, in reverse order.
+        let may_hold: Vec<usize> = flat
+            .iter()
+            .copied()
+            .filter(|&i| c.answers[i] != NodeAnswer::HeldByOther)
+            .collect();
+        match &got {
+            Next::Acquired { held } => {
+                prop_assert!(held.len() >= c.required);
+                prop_assert!(held.iter().all(|&i| c.answers[i] == NodeAnswer::Acquired));
+                prop_assert!(flat.iter().all(|&i| c.answers[i] != NodeAnswer::HeldByOther));
+                let acquired: Vec<usize> =
+                    flat.iter().copied().filter(|&i| c.answers[i] == NodeAnswer::Acquired).collect();
+                prop_assert_eq!(held, &acquired);
+            }
+            Next::Busy { at, release } => {
+                prop_assert_eq!(c.answers[*at], NodeAnswer::HeldByOther);
+                prop_assert_eq!(release, &desc(may_hold));
+            }
+            Next::InsufficientNodes { release } | Next::BudgetExceeded { release } => {
+                prop_assert_eq!(release, &desc(may_hold));
+            }
+            Next::Send(_) => prop_assert!(false, "not final"),
+        }
+    }
+}
+
+/// The small-state table (reliability.md C11) for N = 3, as the pure function sees it: each
+/// node free (acquired), held by another, refused or hung (failed), or slow (acquired late).
+#[test]
+fn all_125_three_node_cases() {
+    #[derive(Clone, Copy, Debug)]
+    enum S {
+        Free,
+        Held,
+        Refused,
+        Hung,
+        Slow,
+    }
+    let states = [S::Free, S::Held, S::Refused, S::Hung, S::Slow];
+    let mut counts = std::collections::BTreeMap::new();
+    for a in states {
+        for b in states {
+            for c in states {
+                let nodes = [a, b, c];
+                let answers = nodes.map(|s| match s {
+                    S::Free | S::Slow => NodeAnswer::Acquired,
+                    S::Held => NodeAnswer::HeldByOther,
+                    S::Refused | S::Hung => NodeAnswer::Failed,
+                });
+                // Node timeout 50 ms: hung costs 50, slow 25, others ~1.
+                let cost = |s: S| match s {
+                    S::Hung => 50,
+                    S::Slow => 25,
+                    _ => 1,
+                };
+                let times: Vec<u64> = nodes
+                    .iter()
+                    .scan(0, |t, s| {
+                        *t += cost(*s);
+                        Some(*t)
+                    })
+                    .collect();
+                let case = Case {
+                    usable: vec![true; 3],
+                    answers: answers.to_vec(),
+                    times,
+                    required: 2,
+                    order: Order::Sequential,
+                };
+                let (got, _) = run(&case);
+                // Expected, stated per case from the rules: the first held node (left to right,
+                // before the quorum became unreachable) makes it busy; two failures before
+                // reaching a held node make it insufficient; otherwise acquired.
+                let first_held = nodes.iter().position(|s| matches!(s, S::Held));
+                let failures_before = |k: usize| {
+                    nodes[..k]
+                        .iter()
+                        .filter(|s| matches!(s, S::Refused | S::Hung))
+                        .count()
+                };
+                let expected_kind = match first_held {
+                    Some(k) if failures_before(k) < 2 => "busy",
+                    _ if failures_before(3) >= 2 => "insufficient",
+                    _ => "acquired",
+                };
+                let kind = match got {
+                    Next::Acquired { .. } => "acquired",
+                    Next::Busy { .. } => "busy",
+                    Next::InsufficientNodes { .. } => "insufficient",
+                    Next::BudgetExceeded { .. } => "budget",
+                    Next::Send(_) => "unfinished",
+                };
+                assert_eq!(kind, expected_kind, "nodes {nodes:?}");
+                *counts.entry(kind).or_insert(0) += 1;
+            }
+        }
+    }
+    assert_eq!(counts.values().sum::<i32>(), 125);
+}
