@@ -1,0 +1,1149 @@
+//! The history checker (reliability.md §7.4–7.5).
+//!
+//! One pass over the merged events drives a per-(lock, holder) state machine and builds the
+//! validity windows; a sweep per lock then looks for overlaps; resource operations are matched
+//! against the windows last. Cost is O(n log n) in the number of events.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use super::event::{Event, EventKind, KILL_WORKER, OP_INCR, OUTCOME_OK};
+use super::report::{
+    CheckId, CheckResult, Counterexample, Latency, Report, Stats, Status, rel_ms,
+};
+use super::store::History;
+
+/// What the checker is told about the scenario.
+///
+/// # Examples
+///
+/// ```
+/// use ecosphere::history::{CheckConfig, CounterCheck, CounterExpectation};
+/// use std::time::Duration;
+/// let cfg = CheckConfig {
+///     min_validity: Duration::from_millis(200),
+///     counter: Some(CounterCheck { final_value: 42, expected: CounterExpectation::AckedIncrements }),
+///     ..CheckConfig::new(Duration::from_secs(2))
+/// };
+/// assert_eq!(cfg.lease, Some(Duration::from_secs(2)));
+/// ```
+///
+/// # Errors
+///
+/// Not applicable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckConfig {
+    /// The lock's lease `L`. Without it the upper deadline bounds are not checked.
+    pub lease: Option<Duration>,
+    /// At `acq_ok`, `deadline − t` must be at least this.
+    pub min_validity: Duration,
+    /// Slack on the upper deadline bounds: the `Instant` → monotonic conversion error plus the
+    /// library's own rounding. Default 1 ms.
+    pub deadline_tolerance: Duration,
+    /// Bound every `acq_ok` deadline by its `acq_invoke.t + L`. By default that bound is used
+    /// only for single-attempt calls (`budget_ms == Some(0)`, i.e. `try_lock`), because a call
+    /// that waits makes later remote attempts whose send time is after the invoke; waiting
+    /// calls are bounded by `acq_ok.t + L` instead.
+    pub strict_invoke_bound: bool,
+    /// Token decreases between holders are counted (stats) instead of failing I3: a single
+    /// node that lost its data restarts its token counter.
+    pub allow_token_reset: bool,
+    /// Resource operations outside their holder's window fail instead of warn.
+    pub fail_on_activity_past_validity: bool,
+    /// The shared-counter check, if the scenario has a counter.
+    pub counter: Option<CounterCheck>,
+    /// Worker processes killed, as (`proc`, monotonic ns), in addition to `kill_worker`
+    /// nemesis events in the history.
+    pub killed: Vec<(u32, u64)>,
+    /// From this time on, every `observe` snapshot must show the lock key absent.
+    pub quiescent_after: Option<u64>,
+    /// Lock keys found by a final scan; must be empty.
+    pub final_keys: Option<Vec<String>>,
+    /// A TTL "jump up" between two snapshots must exceed this to count (zombie renewal).
+    /// Default 5 ms.
+    pub ttl_bump_tolerance: Duration,
+    /// Number of surrounding events shown with a counterexample. Default 10.
+    pub context_events: usize,
+}
+
+impl Default for CheckConfig {
+    fn default() -> Self {
+        CheckConfig {
+            lease: None,
+            min_validity: Duration::ZERO,
+            deadline_tolerance: Duration::from_millis(1),
+            strict_invoke_bound: false,
+            allow_token_reset: false,
+            fail_on_activity_past_validity: false,
+            counter: None,
+            killed: Vec::new(),
+            quiescent_after: None,
+            final_keys: None,
+            ttl_bump_tolerance: Duration::from_millis(5),
+            context_events: 10,
+        }
+    }
+}
+
+impl CheckConfig {
+    /// Defaults with the given lease.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cfg = ecosphere::history::CheckConfig::new(Duration::from_secs(2));
+    /// assert_eq!(cfg.lease, Some(Duration::from_secs(2)));
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// None.
+    pub fn new(lease: Duration) -> Self {
+        CheckConfig { lease: Some(lease), ..CheckConfig::default() }
+    }
+}
+
+/// The shared-counter check: the final value read must equal the expectation.
+///
+/// # Examples
+///
+/// ```
+/// use ecosphere::history::{CounterCheck, CounterExpectation};
+/// let c = CounterCheck { final_value: 10, expected: CounterExpectation::Exact(10) };
+/// assert_eq!(c.final_value, 10);
+/// ```
+///
+/// # Errors
+///
+/// Not applicable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterCheck {
+    /// The counter's value read after the scenario.
+    pub final_value: u64,
+    /// What it must equal.
+    pub expected: CounterExpectation,
+}
+
+/// Where the expected counter value comes from.
+///
+/// # Examples
+///
+/// ```
+/// let e = ecosphere::history::CounterExpectation::AckedIncrements;
+/// assert_ne!(e, ecosphere::history::CounterExpectation::FirstLevelAcquisitions);
+/// ```
+///
+/// # Errors
+///
+/// Not applicable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CounterExpectation {
+    /// A value known to the scenario.
+    Exact(u64),
+    /// The number of `res_op` events with `op == "incr"` and `outcome == "ok"` (acknowledged
+    /// increments). The recommended choice: a worker killed between its SET and its log line
+    /// makes the counter one higher, which is then visible as a mismatch.
+    AckedIncrements,
+    /// The number of `acq_ok` with depth 1 (one increment per first-level acquisition).
+    FirstLevelAcquisitions,
+}
+
+/// Checks a history; see the crate-level description of each check in [`CheckId`] and in the
+/// module documentation of [`crate::history`].
+///
+/// # Examples
+///
+/// ```
+/// use ecosphere::history::{check, CheckConfig, Event, EventKind::*, History};
+/// let h = History::from_events(vec![
+///     Event::new(10, 0, 0, "l", AcqOk { attempt: 0, holder: "a".into(), token: 1, depth: 1,
+///         deadline: 1_000, nodes: vec![] }),
+///     Event::new(20, 1, 0, "l", AcqOk { attempt: 0, holder: "b".into(), token: 2, depth: 1,
+///         deadline: 1_000, nodes: vec![] }),
+/// ]);
+/// assert!(!check(&h, &CheckConfig::default()).is_ok());
+/// ```
+///
+/// # Errors
+///
+/// None; violations are in the [`Report`].
+pub fn check(history: &History, cfg: &CheckConfig) -> Report {
+    Checker::new(history.events(), cfg).run()
+}
+
+/// Marks an index that does not point into the history (a kill from the config).
+const NO_EVENT: usize = usize::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cause {
+    Release,
+    Lost,
+    Deadline,
+    Kill,
+}
+
+impl Cause {
+    fn as_str(self) -> &'static str {
+        match self {
+            Cause::Release => "release invoked",
+            Cause::Lost => "loss signalled",
+            Cause::Deadline => "deadline",
+            Cause::Kill => "worker killed",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Win {
+    lock: usize,
+    holder: usize,
+    start: u64,
+    start_idx: usize,
+    deadline: u64,
+    deadline_idx: usize,
+    close: Option<(u64, usize, Cause)>,
+}
+
+impl Win {
+    fn end(&self) -> (u64, usize, Cause) {
+        match self.close {
+            Some((t, i, c)) if t < self.deadline => (t, i, c),
+            _ => (self.deadline, self.deadline_idx, Cause::Deadline),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct HolderState<'h> {
+    name: &'h str,
+    proc: u32,
+    /// Hold count as the checker knows it.
+    depth: u32,
+    /// Whether `depth` is known (false after `lost`, `rel_info`, a kill).
+    certain: bool,
+    token: Option<u64>,
+    /// Latest deadline from `acq_ok` / `renew_ok`.
+    deadline: u64,
+    /// The window not yet closed, if any.
+    open: Option<usize>,
+    windows: Vec<usize>,
+    acquired: bool,
+    /// Latest event of this holder.
+    last_idx: usize,
+    /// Latest time the holder was confirmed to hold (`acq_ok`, `renew_ok`).
+    last_confirm_t: u64,
+    /// When the holder last stopped holding (full release, loss, kill); cleared on `acq_ok`.
+    released_at: Option<u64>,
+    /// Latest acquire activity (`acq_invoke` of its task, `acq_ok`).
+    last_acq_activity: u64,
+}
+
+struct Finding {
+    message: String,
+    events: Vec<usize>,
+    anchor: usize,
+}
+
+#[derive(Default)]
+struct Tally {
+    count: usize,
+    first: Option<Finding>,
+}
+
+impl Tally {
+    fn add(&mut self, f: impl FnOnce() -> Finding) {
+        self.count += 1;
+        if self.first.is_none() {
+            self.first = Some(f());
+        }
+    }
+}
+
+fn ms(ns: u64) -> String {
+    format!("{}.{:06}ms", ns / 1_000_000, ns % 1_000_000)
+}
+
+fn dur_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+struct Checker<'h> {
+    ev: &'h [Event],
+    cfg: &'h CheckConfig,
+    origin: u64,
+    locks: HashMap<&'h str, usize>,
+    lock_names: Vec<&'h str>,
+    holder_ids: HashMap<(usize, &'h str), usize>,
+    hs: Vec<HolderState<'h>>,
+    by_proc: HashMap<u32, Vec<usize>>,
+    task_holder: HashMap<(u32, u64, usize), usize>,
+    wins: Vec<Win>,
+    pending: HashMap<(u32, usize, u64), usize>,
+    waiting: Vec<usize>,
+    ghosts: HashSet<(u32, u64, usize)>,
+    last_first_level: Vec<Option<(u64, usize)>>,
+    last_observe: HashMap<(usize, usize), usize>,
+    latencies: Vec<u64>,
+    res_ops: Vec<usize>,
+    acked_incr: u64,
+    stats: Stats,
+    observes: usize,
+    excl: Tally,
+    tokens: Tally,
+    own: Tally,
+    own_warn: Tally,
+    reent: Tally,
+    valid: Tally,
+    activity: Tally,
+    counter: Tally,
+    quiet: Tally,
+}
+
+impl<'h> Checker<'h> {
+    fn new(ev: &'h [Event], cfg: &'h CheckConfig) -> Self {
+        Checker {
+            ev,
+            cfg,
+            origin: ev.first().map_or(0, |e| e.t),
+            locks: HashMap::new(),
+            lock_names: Vec::new(),
+            holder_ids: HashMap::new(),
+            hs: Vec::new(),
+            by_proc: HashMap::new(),
+            task_holder: HashMap::new(),
+            wins: Vec::new(),
+            pending: HashMap::new(),
+            waiting: Vec::new(),
+            ghosts: HashSet::new(),
+            last_first_level: Vec::new(),
+            last_observe: HashMap::new(),
+            latencies: Vec::new(),
+            res_ops: Vec::new(),
+            acked_incr: 0,
+            stats: Stats::default(),
+            observes: 0,
+            excl: Tally::default(),
+            tokens: Tally::default(),
+            own: Tally::default(),
+            own_warn: Tally::default(),
+            reent: Tally::default(),
+            valid: Tally::default(),
+            activity: Tally::default(),
+            counter: Tally::default(),
+            quiet: Tally::default(),
+        }
+    }
+
+    fn rel(&self, t: u64) -> String {
+        rel_ms(t, self.origin)
+    }
+
+    fn lock_id(&mut self, name: &'h str) -> usize {
+        match self.locks.entry(name) {
+            Entry::Occupied(o) => *o.get(),
+            Entry::Vacant(v) => {
+                let id = self.lock_names.len();
+                v.insert(id);
+                self.lock_names.push(name);
+                self.waiting.push(0);
+                self.last_first_level.push(None);
+                id
+            }
+        }
+    }
+
+    fn holder_id(&mut self, lock: usize, name: &'h str, idx: usize) -> usize {
+        let e = &self.ev[idx];
+        let id = match self.holder_ids.entry((lock, name)) {
+            Entry::Occupied(o) => *o.get(),
+            Entry::Vacant(v) => {
+                let id = self.hs.len();
+                v.insert(id);
+                self.hs.push(HolderState {
+                    name,
+                    proc: e.proc,
+                    depth: 0,
+                    certain: true,
+                    token: None,
+                    deadline: 0,
+                    open: None,
+                    windows: Vec::new(),
+                    acquired: false,
+                    last_idx: idx,
+                    last_confirm_t: e.t,
+                    released_at: None,
+                    last_acq_activity: 0,
+                });
+                self.by_proc.entry(e.proc).or_default().push(id);
+                id
+            }
+        };
+        self.task_holder.insert((e.proc, e.task, lock), id);
+        id
+    }
+
+    fn close(&mut self, h: usize, t: u64, idx: usize, cause: Cause) {
+        if let Some(w) = self.hs[h].open.take() {
+            self.wins[w].close = Some((t, idx, cause));
+        }
+    }
+
+    fn run(mut self) -> Report {
+        let ev = self.ev;
+        // Kills: from the config and from nemesis events, applied in time order before any
+        // event with the same or a later timestamp.
+        let mut kills: Vec<(u64, u32, usize)> =
+            self.cfg.killed.iter().map(|&(p, t)| (t, p, NO_EVENT)).collect();
+        for (i, e) in ev.iter().enumerate() {
+            if let EventKind::Nemesis { action, target } = &e.kind
+                && action == KILL_WORKER
+                && let Ok(p) = target.trim().parse::<u32>()
+            {
+                kills.push((e.t, p, i));
+            }
+        }
+        kills.sort_by_key(|k| k.0);
+        let mut next_kill = 0;
+        let mut procs = HashSet::new();
+        for (i, e) in ev.iter().enumerate() {
+            while next_kill < kills.len() && kills[next_kill].0 <= e.t {
+                let (t, p, idx) = kills[next_kill];
+                self.kill(t, p, idx);
+                next_kill += 1;
+            }
+            procs.insert(e.proc);
+            self.event(i, e);
+        }
+        for &(t, p, idx) in &kills[next_kill..] {
+            self.kill(t, p, idx);
+        }
+        self.stats.events = ev.len();
+        self.stats.processes = procs.len();
+        self.sweep();
+        self.activity_check();
+        self.finish()
+    }
+
+    fn kill(&mut self, t: u64, proc: u32, idx: usize) {
+        let Some(hs) = self.by_proc.get(&proc) else { return };
+        for h in hs.clone() {
+            if self.hs[h].open.is_some() {
+                self.close(h, t, idx, Cause::Kill);
+            }
+            let s = &mut self.hs[h];
+            if s.depth > 0 || !s.certain {
+                s.released_at = Some(t);
+            }
+            s.depth = 0;
+            s.certain = false;
+        }
+    }
+
+    fn event(&mut self, i: usize, e: &'h Event) {
+        let lock = self.lock_id(&e.lock);
+        match &e.kind {
+            EventKind::AcqInvoke { attempt, .. } => {
+                if self.pending.insert((e.proc, lock, *attempt), i).is_none() {
+                    self.waiting[lock] += 1;
+                    self.stats.max_waiters = self.stats.max_waiters.max(self.waiting[lock]);
+                }
+                if let Some(&h) = self.task_holder.get(&(e.proc, e.task, lock)) {
+                    self.hs[h].last_acq_activity = e.t;
+                }
+            }
+            EventKind::AcqOk { attempt, holder, token, depth, deadline, .. } => {
+                self.acq_ok(i, e, lock, *attempt, holder, *token, *depth, *deadline);
+            }
+            EventKind::AcqFail { attempt, .. } | EventKind::AcqInfo { attempt, .. } => {
+                if self.pending.remove(&(e.proc, lock, *attempt)).is_some() {
+                    self.waiting[lock] -= 1;
+                }
+                if matches!(e.kind, EventKind::AcqInfo { .. }) {
+                    self.stats.ghosts += 1;
+                    self.ghosts.insert((e.proc, e.task, lock));
+                } else {
+                    self.stats.acq_failures += 1;
+                }
+            }
+            EventKind::RenewOk { holder, deadline } => {
+                self.renew_ok(i, e, lock, holder, *deadline);
+            }
+            EventKind::RenewFail { holder, .. } => {
+                let h = self.holder_id(lock, holder, i);
+                self.hs[h].last_idx = i;
+            }
+            EventKind::Lost { holder, .. } => {
+                self.stats.losses += 1;
+                let h = self.holder_id(lock, holder, i);
+                self.close(h, e.t, i, Cause::Lost);
+                let s = &mut self.hs[h];
+                s.certain = false;
+                s.released_at = Some(e.t);
+                s.last_idx = i;
+            }
+            EventKind::RelInvoke { holder, depth_before } => {
+                self.rel_invoke(i, e, lock, holder, *depth_before);
+            }
+            EventKind::RelOk { holder, depth_after } => {
+                self.rel_ok(i, e, lock, holder, *depth_after);
+            }
+            EventKind::RelFail { holder, not_held, .. } => {
+                self.rel_fail(i, e, lock, holder, *not_held);
+            }
+            EventKind::RelInfo { holder, .. } => {
+                // A release at depth 1 was closed by its rel_invoke. If the window is still
+                // open (a deeper release, or no rel_invoke), close it where holding was last
+                // confirmed unless the holder certainly keeps an outer level.
+                let h = self.holder_id(lock, holder, i);
+                let (depth, certain, confirm) = {
+                    let s = &self.hs[h];
+                    (s.depth, s.certain, s.last_confirm_t)
+                };
+                if depth <= 1 || !certain {
+                    self.close(h, confirm, i, Cause::Release);
+                }
+                let s = &mut self.hs[h];
+                s.certain = false;
+                s.last_idx = i;
+            }
+            EventKind::ResOp { op, outcome, .. } => {
+                self.res_ops.push(i);
+                if op == OP_INCR && outcome == OUTCOME_OK {
+                    self.acked_incr += 1;
+                }
+            }
+            EventKind::Nemesis { .. } => {}
+            EventKind::Observe { node, fields, pttl_ms, .. } => {
+                self.observe(i, e, lock, *node, fields, *pttl_ms);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acq_ok(
+        &mut self,
+        i: usize,
+        e: &'h Event,
+        lock: usize,
+        attempt: u64,
+        holder: &'h str,
+        token: u64,
+        depth: u32,
+        deadline: u64,
+    ) {
+        self.stats.acquisitions += 1;
+        let invoke = self.pending.remove(&(e.proc, lock, attempt));
+        if invoke.is_some() {
+            self.waiting[lock] -= 1;
+        }
+        if let Some(inv) = invoke {
+            self.latencies.push(e.t.saturating_sub(self.ev[inv].t));
+        }
+        // Validity accounting.
+        if let Some(lease) = self.cfg.lease {
+            let single = invoke.is_some_and(|inv| {
+                self.cfg.strict_invoke_bound
+                    || matches!(self.ev[inv].kind, EventKind::AcqInvoke { budget_ms: Some(0), .. })
+            });
+            let (from, what, from_idx) = match invoke {
+                Some(inv) if single => (self.ev[inv].t, "acq_invoke", inv),
+                _ => (e.t, "acq_ok", i),
+            };
+            let bound = from
+                .saturating_add(dur_ns(lease))
+                .saturating_add(dur_ns(self.cfg.deadline_tolerance));
+            if deadline > bound {
+                let msg = format!(
+                    "holder {holder:?}: acq_ok deadline {} is {} beyond {what}.t + lease ({} + {:?}, \
+                     tolerance {:?})",
+                    self.rel(deadline),
+                    ms(deadline - bound),
+                    self.rel(from),
+                    lease,
+                    self.cfg.deadline_tolerance
+                );
+                let mut events = vec![i];
+                if from_idx != i {
+                    events.insert(0, from_idx);
+                }
+                self.valid.add(|| Finding { message: msg, events, anchor: i });
+            }
+        }
+        let min_v = dur_ns(self.cfg.min_validity);
+        if deadline < e.t.saturating_add(min_v) {
+            let left = deadline.saturating_sub(e.t);
+            let msg = format!(
+                "holder {holder:?}: acquired with {} of validity left (deadline {}), minimum {:?}",
+                if deadline >= e.t {
+                    ms(left)
+                } else {
+                    format!("-{}", ms(e.t - deadline))
+                },
+                self.rel(deadline),
+                self.cfg.min_validity
+            );
+            self.valid.add(|| Finding { message: msg, events: vec![i], anchor: i });
+        }
+
+        let h = self.holder_id(lock, holder, i);
+        let ghost = self.ghosts.remove(&(e.proc, e.task, lock));
+        let (prev_depth, certain, prev_token, prev_idx) = {
+            let s = &self.hs[h];
+            (s.depth, s.certain, s.token, s.last_idx)
+        };
+        // I6: depth goes up by exactly one.
+        if certain && depth != prev_depth.saturating_add(1) && !ghost {
+            let msg = format!(
+                "holder {holder:?}: acq_ok reports depth {depth} but the holder had depth \
+                 {prev_depth} (expected {})",
+                prev_depth.saturating_add(1)
+            );
+            let events = if prev_idx == i { vec![i] } else { vec![prev_idx, i] };
+            self.reent.add(|| Finding { message: msg, events, anchor: i });
+        }
+        // I3: tokens.
+        if depth <= 1 {
+            self.stats.first_level_acquisitions += 1;
+            if let Some((prev, pidx)) = self.last_first_level[lock] {
+                if token <= prev {
+                    if self.cfg.allow_token_reset {
+                        self.stats.token_resets += 1;
+                    } else {
+                        let msg = format!(
+                            "lock {:?}: holder {holder:?} acquired with token {token}, not greater \
+                             than token {prev} of the previous first-level acquisition",
+                            self.lock_names[lock]
+                        );
+                        self.tokens.add(|| Finding { message: msg, events: vec![pidx, i], anchor: i });
+                    }
+                }
+            }
+            self.last_first_level[lock] = Some((token, i));
+        } else if (prev_depth >= 1 || !certain)
+            && let Some(prev) = prev_token
+            && prev != token
+        {
+            let msg = format!(
+                "holder {holder:?}: re-entrant acquisition (depth {depth}) returned token {token}, \
+                 the holder's token is {prev}"
+            );
+            let events = if prev_idx == i { vec![i] } else { vec![prev_idx, i] };
+            self.tokens.add(|| Finding { message: msg, events, anchor: i });
+        }
+
+        let s = &mut self.hs[h];
+        s.depth = depth;
+        s.certain = true;
+        s.token = Some(token);
+        s.deadline = deadline;
+        s.acquired = true;
+        s.last_idx = i;
+        s.last_confirm_t = e.t;
+        s.released_at = None;
+        s.last_acq_activity = e.t;
+        match s.open {
+            Some(w) => {
+                let w = &mut self.wins[w];
+                w.deadline = deadline;
+                w.deadline_idx = i;
+            }
+            None => {
+                let w = self.wins.len();
+                s.open = Some(w);
+                s.windows.push(w);
+                self.wins.push(Win {
+                    lock,
+                    holder: h,
+                    start: e.t,
+                    start_idx: i,
+                    deadline,
+                    deadline_idx: i,
+                    close: None,
+                });
+            }
+        }
+    }
+
+    fn renew_ok(&mut self, i: usize, e: &'h Event, lock: usize, holder: &'h str, deadline: u64) {
+        if let Some(lease) = self.cfg.lease {
+            let bound = e
+                .t
+                .saturating_add(dur_ns(lease))
+                .saturating_add(dur_ns(self.cfg.deadline_tolerance));
+            if deadline > bound {
+                let msg = format!(
+                    "holder {holder:?}: renew_ok deadline {} is {} beyond renew_ok.t + lease",
+                    self.rel(deadline),
+                    ms(deadline - bound)
+                );
+                self.valid.add(|| Finding { message: msg, events: vec![i], anchor: i });
+            }
+        }
+        let h = self.holder_id(lock, holder, i);
+        let s = &self.hs[h];
+        if s.certain && s.depth == 0 {
+            let msg = format!(
+                "holder {holder:?}: renew_ok while not holding (renewal outlived release or \
+                 acquisition; a reply reordered against the release is possible, so this is a \
+                 warning)"
+            );
+            let events = if s.last_idx == i { vec![i] } else { vec![s.last_idx, i] };
+            self.own_warn.add(|| Finding { message: msg, events, anchor: i });
+            self.hs[h].last_idx = i;
+            return;
+        }
+        let s = &mut self.hs[h];
+        s.deadline = deadline;
+        s.last_idx = i;
+        s.last_confirm_t = e.t;
+        if let Some(w) = s.open {
+            let w = &mut self.wins[w];
+            w.deadline = deadline;
+            w.deadline_idx = i;
+        }
+    }
+
+    fn rel_invoke(&mut self, i: usize, e: &'h Event, lock: usize, holder: &'h str, before: u32) {
+        let h = self.holder_id(lock, holder, i);
+        let (depth, certain, prev_idx) = {
+            let s = &self.hs[h];
+            (s.depth, s.certain, s.last_idx)
+        };
+        if certain && depth > 0 && before != depth {
+            let msg = format!(
+                "holder {holder:?}: rel_invoke says depth_before {before}, the history gives \
+                 depth {depth}"
+            );
+            self.reent.add(|| Finding { message: msg, events: vec![prev_idx, i], anchor: i });
+        }
+        if before <= 1 || (certain && depth <= 1) {
+            self.close(h, e.t, i, Cause::Release);
+        }
+        self.hs[h].last_idx = i;
+    }
+
+    fn rel_ok(&mut self, i: usize, e: &'h Event, lock: usize, holder: &'h str, after: u32) {
+        self.stats.releases += 1;
+        let h = self.holder_id(lock, holder, i);
+        let (depth, certain, prev_idx, confirm) = {
+            let s = &self.hs[h];
+            (s.depth, s.certain, s.last_idx, s.last_confirm_t)
+        };
+        if certain && depth == 0 {
+            let msg = format!(
+                "holder {holder:?} does not hold lock {:?}, yet its release succeeded \
+                 (depth_after {after})",
+                self.lock_names[lock]
+            );
+            let events = if prev_idx == i { vec![i] } else { vec![prev_idx, i] };
+            self.own.add(|| Finding { message: msg, events, anchor: i });
+        } else if certain && after != depth - 1 {
+            let msg = format!(
+                "holder {holder:?}: one release took depth from {depth} to {after} (expected {})",
+                depth - 1
+            );
+            self.reent.add(|| Finding { message: msg, events: vec![prev_idx, i], anchor: i });
+        }
+        if after == 0 && self.hs[h].open.is_some() {
+            // No rel_invoke closed the window: close it at the last time holding was
+            // confirmed, which is sound (rel_ok.t is after the server-side delete).
+            self.close(h, confirm, i, Cause::Release);
+        }
+        let s = &mut self.hs[h];
+        if after == 0 && (s.depth > 0 || !s.certain) {
+            s.released_at = Some(e.t);
+        }
+        s.depth = after;
+        s.certain = true;
+        s.last_idx = i;
+    }
+
+    fn rel_fail(&mut self, i: usize, e: &'h Event, lock: usize, holder: &'h str, not_held: bool) {
+        let h = self.holder_id(lock, holder, i);
+        if !not_held {
+            self.hs[h].last_idx = i;
+            return;
+        }
+        let (depth, certain, prev_idx, deadline, confirm) = {
+            let s = &self.hs[h];
+            (s.depth, s.certain, s.last_idx, s.deadline, s.last_confirm_t)
+        };
+        if certain && depth > 0 && e.t < deadline {
+            let msg = format!(
+                "holder {holder:?} (depth {depth}, lease valid until {}) was answered \"not held\" \
+                 at {}: its entry vanished inside its lease",
+                self.rel(deadline),
+                self.rel(e.t)
+            );
+            self.own.add(|| Finding { message: msg, events: vec![prev_idx, i], anchor: i });
+        }
+        if self.hs[h].open.is_some() {
+            self.close(h, confirm, i, Cause::Release);
+        }
+        let s = &mut self.hs[h];
+        if s.depth > 0 || !s.certain {
+            s.released_at = Some(e.t);
+        }
+        s.depth = 0;
+        s.certain = true;
+        s.last_idx = i;
+    }
+
+    fn observe(
+        &mut self,
+        i: usize,
+        e: &'h Event,
+        lock: usize,
+        node: usize,
+        fields: &'h std::collections::BTreeMap<String, u64>,
+        pttl_ms: i64,
+    ) {
+        self.observes += 1;
+        let present = !fields.is_empty() || pttl_ms >= -1;
+        if present && self.cfg.quiescent_after.is_some_and(|q| e.t >= q) {
+            let msg = format!(
+                "lock {:?} node {node}: key still present at {} (fields {fields:?}, pttl {pttl_ms} \
+                 ms) after quiescence began",
+                self.lock_names[lock],
+                self.rel(e.t)
+            );
+            self.quiet.add(|| Finding { message: msg, events: vec![i], anchor: i });
+        }
+        // Zombie renewal: the TTL of a field whose holder has stopped holding jumps up.
+        if let Some(prev) = self.last_observe.insert((lock, node), i)
+            && let EventKind::Observe { fields: pf, pttl_ms: pp, .. } = &self.ev[prev].kind
+            && *pp >= 0
+            && pttl_ms >= 0
+        {
+            let tol = i64::try_from(self.cfg.ttl_bump_tolerance.as_millis()).unwrap_or(i64::MAX);
+            if pttl_ms > pp.saturating_add(tol) {
+                let t1 = self.ev[prev].t;
+                for field in fields.keys() {
+                    if !pf.contains_key(field) {
+                        continue;
+                    }
+                    let Some(&h) = self.holder_ids.get(&(lock, field.as_str())) else { continue };
+                    let s = &self.hs[h];
+                    if let Some(r) = s.released_at
+                        && r < t1
+                        && s.last_acq_activity < r
+                    {
+                        let msg = format!(
+                            "lock {:?} node {node}: TTL of holder {field:?} rose from {pp} ms to \
+                             {pttl_ms} ms after the holder stopped holding at {} (zombie renewal)",
+                            self.lock_names[lock],
+                            self.rel(r)
+                        );
+                        let events = vec![s.last_idx, prev, i];
+                        self.quiet.add(|| Finding { message: msg, events, anchor: i });
+                    }
+                }
+            }
+        }
+    }
+
+    /// I1: per lock, sort windows by start; a window starting before the latest end among
+    /// earlier windows of *other* holders is a violation.
+    fn sweep(&mut self) {
+        let mut per_lock: Vec<Vec<usize>> = vec![Vec::new(); self.lock_names.len()];
+        for (w, win) in self.wins.iter().enumerate() {
+            let (end, _, cause) = win.end();
+            self.stats.windows_closed[match cause {
+                Cause::Release => 0,
+                Cause::Lost => 1,
+                Cause::Deadline => 2,
+                Cause::Kill => 3,
+            }] += 1;
+            if end > win.start {
+                per_lock[win.lock].push(w);
+            }
+        }
+        self.stats.windows = self.wins.len();
+        self.stats.locks = per_lock.iter().filter(|v| !v.is_empty()).count();
+        for ws in &mut per_lock {
+            ws.sort_by_key(|&w| (self.wins[w].start, self.wins[w].start_idx));
+            // best: latest-ending window; second: latest-ending of a holder other than best's.
+            let mut best: Option<(u64, usize)> = None;
+            let mut second: Option<(u64, usize)> = None;
+            for &w in ws.iter() {
+                let win = &self.wins[w];
+                let other = match best {
+                    Some((_, b)) if self.wins[b].holder != win.holder => best,
+                    _ => second,
+                };
+                if let Some((end, o)) = other
+                    && win.start < end
+                {
+                    let f = self.overlap_finding(o, w);
+                    self.excl.add(|| f);
+                }
+                let (end, _, _) = win.end();
+                match best {
+                    None => best = Some((end, w)),
+                    Some((bend, b)) => {
+                        if self.wins[b].holder == win.holder {
+                            if end > bend {
+                                best = Some((end, w));
+                            }
+                        } else if end > bend {
+                            second = best;
+                            best = Some((end, w));
+                        } else if second.is_none_or(|(send, _)| end > send) {
+                            second = Some((end, w));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn overlap_finding(&self, a: usize, b: usize) -> Finding {
+        let (wa, wb) = (&self.wins[a], &self.wins[b]);
+        let (ea, ea_idx, ca) = wa.end();
+        let (eb, eb_idx, cb) = wb.end();
+        let (ha, hb) = (&self.hs[wa.holder], &self.hs[wb.holder]);
+        let message = format!(
+            "lock {:?}: holder {:?} (proc {}) window [{}, {}] (ended by {}) overlaps holder {:?} \
+             (proc {}) window [{}, {}] (ended by {}) by {}",
+            self.lock_names[wa.lock],
+            ha.name,
+            ha.proc,
+            self.rel(wa.start),
+            self.rel(ea),
+            ca.as_str(),
+            hb.name,
+            hb.proc,
+            self.rel(wb.start),
+            self.rel(eb),
+            cb.as_str(),
+            ms(ea.min(eb) - wb.start)
+        );
+        let mut events =
+            vec![wa.start_idx, wa.deadline_idx, ea_idx, wb.start_idx, wb.deadline_idx, eb_idx];
+        if let Some((_, i, _)) = wa.close {
+            events.push(i);
+        }
+        if let Some((_, i, _)) = wb.close {
+            events.push(i);
+        }
+        events.retain(|&i| i != NO_EVENT);
+        events.sort_unstable();
+        events.dedup();
+        Finding { message, events, anchor: wb.start_idx }
+    }
+
+    /// Resource operations must fall inside their holder's window.
+    fn activity_check(&mut self) {
+        let ops = std::mem::take(&mut self.res_ops);
+        for &i in &ops {
+            let e = &self.ev[i];
+            let EventKind::ResOp { holder, op, token, .. } = &e.kind else { continue };
+            let Some(&lock) = self.locks.get(e.lock.as_str()) else { continue };
+            let h = self.holder_ids.get(&(lock, holder.as_str())).copied();
+            let wins: &[usize] = h.map_or(&[], |h| &self.hs[h].windows);
+            let k = wins.partition_point(|&w| self.wins[w].start <= e.t);
+            let inside = k > 0 && {
+                let (end, _, _) = self.wins[wins[k - 1]].end();
+                e.t <= end
+            };
+            if inside {
+                continue;
+            }
+            self.stats.activity_past_validity += 1;
+            let (message, events) = if k > 0 {
+                let w = &self.wins[wins[k - 1]];
+                let (end, end_idx, cause) = w.end();
+                let mut ev = vec![w.start_idx, end_idx, i];
+                ev.retain(|&x| x != NO_EVENT);
+                ev.dedup();
+                (
+                    format!(
+                        "holder {holder:?}: {op} (token {token}) at {} is {} past its window \
+                         [{}, {}] (ended by {})",
+                        self.rel(e.t),
+                        ms(e.t - end),
+                        self.rel(w.start),
+                        self.rel(end),
+                        cause.as_str()
+                    ),
+                    ev,
+                )
+            } else {
+                (
+                    format!(
+                        "holder {holder:?}: {op} (token {token}) at {} without any validity window",
+                        self.rel(e.t)
+                    ),
+                    vec![i],
+                )
+            };
+            self.activity.add(|| Finding { message, events, anchor: i });
+        }
+        self.res_ops = ops;
+    }
+
+    fn finish(mut self) -> Report {
+        // Counter.
+        let counter_note;
+        let counter_status = match &self.cfg.counter {
+            None => {
+                counter_note = String::new();
+                Some(Status::Unchecked("no counter configured".into()))
+            }
+            Some(c) => {
+                let (expected, source) = match c.expected {
+                    CounterExpectation::Exact(v) => (v, "given"),
+                    CounterExpectation::AckedIncrements => (self.acked_incr, "acked increments"),
+                    CounterExpectation::FirstLevelAcquisitions => (
+                        u64::try_from(self.stats.first_level_acquisitions).unwrap_or(u64::MAX),
+                        "first-level acquisitions",
+                    ),
+                };
+                counter_note = format!("final {} vs {expected} {source}", c.final_value);
+                if c.final_value != expected {
+                    let message = format!(
+                        "counter is {} but {expected} was expected ({source}): {} lost update(s)",
+                        c.final_value,
+                        i128::from(expected) - i128::from(c.final_value)
+                    );
+                    self.counter.add(|| Finding { message, events: Vec::new(), anchor: NO_EVENT });
+                }
+                None
+            }
+        };
+        // Quiescence: final scan.
+        if let Some(keys) = &self.cfg.final_keys
+            && !keys.is_empty()
+        {
+            let message = format!("lock keys left after the scenario: {keys:?}");
+            let last = self.ev.len().checked_sub(1).unwrap_or(NO_EVENT);
+            self.quiet.add(|| Finding { message, events: Vec::new(), anchor: last });
+        }
+        // Latency.
+        let mut lat = std::mem::take(&mut self.latencies);
+        lat.sort_unstable();
+        if let Some(&max) = lat.last() {
+            let rank = |p: usize| lat[(lat.len() * p).div_ceil(100).saturating_sub(1)];
+            self.stats.acquire_latency = Latency {
+                count: lat.len(),
+                p50: Duration::from_nanos(rank(50)),
+                p99: Duration::from_nanos(rank(99)),
+                max: Duration::from_nanos(max),
+            };
+        }
+        self.stats.holders = self.hs.iter().filter(|h| h.acquired).count();
+
+        let acquisitions = self.stats.acquisitions;
+        let mut checks = Vec::new();
+        let none = |what: &str| Some(Status::Unchecked(what.to_owned()));
+        let excl = std::mem::take(&mut self.excl);
+        checks.push(self.result(
+            CheckId::Exclusion,
+            excl,
+            false,
+            if acquisitions == 0 { none("no acq_ok events") } else { None },
+            format!("{} windows on {} locks", self.stats.windows, self.stats.locks),
+        ));
+        let tokens = std::mem::take(&mut self.tokens);
+        checks.push(self.result(
+            CheckId::Tokens,
+            tokens,
+            false,
+            if acquisitions == 0 { none("no acq_ok events") } else { None },
+            format!("{} first-level acquisitions", self.stats.first_level_acquisitions),
+        ));
+        let own = std::mem::take(&mut self.own);
+        let mut own_res = self.result(
+            CheckId::Ownership,
+            own,
+            false,
+            None,
+            format!("{} releases", self.stats.releases),
+        );
+        if own_res.status == Status::Pass && self.own_warn.count > 0 {
+            let warn = std::mem::take(&mut self.own_warn);
+            own_res = self.result(CheckId::Ownership, warn, true, None, own_res.note);
+        }
+        checks.push(own_res);
+        let reent = std::mem::take(&mut self.reent);
+        checks.push(self.result(CheckId::Reentry, reent, false, None, String::new()));
+        let valid = std::mem::take(&mut self.valid);
+        let valid_note = if self.cfg.lease.is_some() {
+            format!("min validity {:?}", self.cfg.min_validity)
+        } else {
+            "no lease given: upper bounds not checked".to_owned()
+        };
+        checks.push(self.result(
+            CheckId::Validity,
+            valid,
+            false,
+            if acquisitions == 0 { none("no acq_ok events") } else { None },
+            valid_note,
+        ));
+        let activity = std::mem::take(&mut self.activity);
+        let n_ops = self.res_ops.len();
+        checks.push(self.result(
+            CheckId::Activity,
+            activity,
+            !self.cfg.fail_on_activity_past_validity,
+            if n_ops == 0 { none("no res_op events") } else { None },
+            format!("{n_ops} resource operations"),
+        ));
+        let counter = std::mem::take(&mut self.counter);
+        checks.push(self.result(CheckId::Counter, counter, false, counter_status, counter_note));
+        let quiet = std::mem::take(&mut self.quiet);
+        let quiet_unchecked = self.cfg.quiescent_after.is_none()
+            && self.cfg.final_keys.is_none()
+            && self.observes == 0;
+        let quiet_note = format!(
+            "{} snapshots{}{}",
+            self.observes,
+            if self.cfg.quiescent_after.is_some() { ", quiescence window" } else { "" },
+            if self.cfg.final_keys.is_some() { ", final key scan" } else { "" }
+        );
+        checks.push(self.result(
+            CheckId::Quiescence,
+            quiet,
+            false,
+            if quiet_unchecked { none("no observer snapshots or final key scan") } else { None },
+            quiet_note,
+        ));
+        Report { checks, stats: self.stats, origin: self.origin }
+    }
+
+    fn result(
+        &self,
+        id: CheckId,
+        tally: Tally,
+        warn_only: bool,
+        unchecked: Option<Status>,
+        note: String,
+    ) -> CheckResult {
+        let status = match (tally.first, unchecked) {
+            (Some(f), _) => {
+                let cx = Box::new(self.counterexample(f));
+                if warn_only { Status::Warn(cx) } else { Status::Fail(cx) }
+            }
+            (None, Some(u)) => u,
+            (None, None) => Status::Pass,
+        };
+        CheckResult { id, status, violations: tally.count, note }
+    }
+
+    fn counterexample(&self, f: Finding) -> Counterexample {
+        let pick = |i: usize| (i, self.ev[i].clone());
+        let events = f.events.iter().copied().filter(|&i| i < self.ev.len()).map(pick).collect();
+        let context = if f.anchor < self.ev.len() {
+            let n = self.cfg.context_events;
+            let lo = f.anchor.saturating_sub(n / 2);
+            let hi = (lo + n + 1).min(self.ev.len());
+            let lo = hi.saturating_sub(n + 1).min(lo);
+            (lo..hi).map(pick).collect()
+        } else {
+            Vec::new()
+        };
+        Counterexample { message: f.message, events, context }
+    }
+}
