@@ -28,7 +28,6 @@ mod tls;
 
 pub use error::HarnessError;
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
@@ -1274,7 +1273,7 @@ fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, HarnessError> {
     if let Some(value) = std::env::var_os(BINARY_ENV).filter(|value| !value.is_empty()) {
         return existing(Path::new(&value), BINARY_ENV);
     }
-    let path_var = std::env::var_os("PATH").unwrap_or_else(OsString::new);
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path_var)
         .map(|dir| dir.join("redis-server"))
         .find(|candidate| candidate.is_file())

@@ -650,6 +650,9 @@ impl WorkerSet {
         let worker = self.worker(i)?;
         let capture = Arc::clone(&worker.capture);
         let mut captured = capture.lock();
+        // Set when stdout is seen closed: no line can come any more, but stderr gets a moment
+        // to drain so the error carries it.
+        let mut drain_deadline: Option<Instant> = None;
         loop {
             while worker.cursor < captured.lines.len() {
                 let line = &captured.lines[worker.cursor];
@@ -658,18 +661,21 @@ impl WorkerSet {
                     return Ok(line.clone());
                 }
             }
-            if captured.stdout_closed {
-                let stderr = tail(&captured.stderr, TAIL_LINES);
-                return Err(HarnessError::Worker {
-                    index: i,
-                    what: format!(
-                        "closed stdout (exited?) before printing a matching line\n\
-                         --- stderr tail ---\n{stderr}"
-                    ),
-                });
-            }
             let now = Instant::now();
-            if now >= deadline {
+            let wait_until = if captured.stdout_closed {
+                let drain_until = *drain_deadline.get_or_insert(now + DRAIN_TIMEOUT);
+                if captured.stderr_closed || now >= drain_until {
+                    let stderr = tail(&captured.stderr, TAIL_LINES);
+                    return Err(HarnessError::Worker {
+                        index: i,
+                        what: format!(
+                            "closed stdout (exited?) before printing a matching line\n\
+                             --- stderr tail ---\n{stderr}"
+                        ),
+                    });
+                }
+                drain_until
+            } else if now >= deadline {
                 let stdout = tail(&captured.stdout, TAIL_LINES);
                 let stderr = tail(&captured.stderr, TAIL_LINES);
                 return Err(HarnessError::Timeout {
@@ -678,10 +684,12 @@ impl WorkerSet {
                          --- stdout tail ---\n{stdout}\n--- stderr tail ---\n{stderr}"
                     ),
                 });
-            }
+            } else {
+                deadline
+            };
             captured = capture
                 .changed
-                .wait_timeout(captured, deadline - now)
+                .wait_timeout(captured, wait_until - now)
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
