@@ -1173,7 +1173,9 @@ impl RedisServer {
     /// Sends `DEBUG SLEEP` on its own connection and returns at once: the server then answers
     /// nothing for `duration` (a slow node). The reply is read by a background thread.
     ///
-    /// When this returns, the command has been written to the server's socket.
+    /// When this returns, the connection has completed one round trip with the server and the
+    /// command has been written after it, so a command sent afterwards on an established
+    /// connection is served after the sleep.
     ///
     /// # Examples
     ///
@@ -1188,7 +1190,8 @@ impl RedisServer {
     ///
     /// # Errors
     ///
-    /// [`HarnessError::Config`] when `DEBUG` is disabled or `AUTH` is refused;
+    /// [`HarnessError::Config`] when `DEBUG` is disabled or the handshake (`AUTH` or `PING`)
+    /// is refused;
     /// [`HarnessError::Io`] when the socket fails.
     pub fn debug_sleep(&self, duration: Duration) -> Result<(), HarnessError> {
         if !self.config.debug_command {
@@ -1202,14 +1205,21 @@ impl RedisServer {
             .set_read_timeout(Some(ADMIN_TIMEOUT))
             .and_then(|()| stream.set_write_timeout(Some(ADMIN_TIMEOUT)))
             .map_err(HarnessError::io("setting socket timeouts"))?;
-        if let Some(password) = &self.config.password {
-            stream
-                .write_all(&resp_command(&["AUTH", password]))
-                .map_err(HarnessError::io("sending AUTH"))?;
-            let reply = read_reply_line(&mut stream).map_err(HarnessError::io("reading AUTH"))?;
-            if reply != "+OK" {
-                return Err(HarnessError::Config(format!("AUTH refused: {reply}")));
-            }
+        // A round trip first: until the server has accepted this connection and served it
+        // once, a command from an established connection could overtake the DEBUG SLEEP.
+        let (hello, expected) = match &self.config.password {
+            Some(password) => (resp_command(&["AUTH", password]), "+OK"),
+            None => (resp_command(&["PING"]), "+PONG"),
+        };
+        stream
+            .write_all(&hello)
+            .map_err(HarnessError::io("sending the DEBUG SLEEP handshake"))?;
+        let reply = read_reply_line(&mut stream)
+            .map_err(HarnessError::io("reading the DEBUG SLEEP handshake"))?;
+        if reply != expected {
+            return Err(HarnessError::Config(format!(
+                "DEBUG SLEEP handshake answered {reply:?}"
+            )));
         }
         let seconds = format!("{:.3}", duration.as_secs_f64());
         stream

@@ -332,3 +332,12 @@ fn a_broken_config_fails_with_the_log_tail() {
     assert!(matches!(err, HarnessError::StartFailed { .. }), "{message}");
     assert!(message.contains("no-such-directive"), "{message}");
 }
+
+#[test]
+fn harness_types_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<RedisServer>();
+    assert_send_sync::<HarnessError>();
+    assert_send_sync::<ecosphere::proxy::FaultProxy>();
+    assert_send_sync::<ecosphere::workers::WorkerSet>();
+}
