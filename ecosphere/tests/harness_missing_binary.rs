@@ -38,11 +38,9 @@ fn env_override_to_a_missing_binary_names_the_install_hint() {
 #[test]
 #[ignore = "run by env_override_to_a_missing_binary_names_the_install_hint in a child process"]
 fn inner_start_with_env_override() {
-    assert_eq!(
-        std::env::var("SLATE_REDIS_SERVER").as_deref(),
-        Ok("/nonexistent/redis-server"),
-        "run me through env_override_to_a_missing_binary_names_the_install_hint"
-    );
+    if std::env::var("SLATE_REDIS_SERVER").as_deref() != Ok("/nonexistent/redis-server") {
+        return; // Someone ran the ignored tests directly: the outer test is the real check.
+    }
     let err = ecosphere::server::RedisServer::start().expect_err("the binary does not exist");
     let message = err.to_string();
     assert!(
