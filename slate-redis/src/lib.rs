@@ -1,1 +1,57 @@
-//! slate-redis (work in progress).
+//! The single-node distributed lock of Slate: a reentrant, leased, fenced lock on one Redis
+//! master, with automatic renewal and unlock notification.
+//!
+//! ```no_run
+//! use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+//! use std::time::Duration;
+//!
+//! # #[tokio::main] async fn main() -> slate_core::Result<()> {
+//! let client = RedisClient::open("redis://127.0.0.1:6379")?;
+//! let lock = SingleLock::builder(&client, "orders")
+//!     .lease(Duration::from_secs(10))
+//!     .build()?;
+//!
+//! let guard = lock.lock().await?;
+//! // Pass the token to every store the critical section writes to.
+//! let token = guard.fencing_token();
+//! # let _ = token;
+//! guard.unlock().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - [`RedisClient`]: one per server and process; owns the connection pool, the renewal
+//!   service and the pub/sub connection, and shares them among its locks.
+//! - [`SingleLock`]: the lock (see its `## Behaviour` list); [`SingleLockGuard`]: one held level.
+//!
+//! ## Redis data
+//!
+//! | key | type | content |
+//! | --- | --- | --- |
+//! | `<prefix>{<name>}` | hash | field = holder id, value = reentry count; TTL = lease |
+//! | `<prefix>{<name>}:fence` | string | the fencing counter; persistent, **never expire or delete it** (tokens would repeat) |
+//! | `<prefix>{<name>}:released` | channel | a message per release to zero |
+//!
+//! The scripts (`src/scripts/*.lua`) are run by `EVALSHA` and reloaded after `NOSCRIPT`.
+//!
+//! ## Features
+//!
+//! - `tls`: `rediss://` URLs, through rustls (ring provider, platform root certificates).
+
+#![forbid(unsafe_code)]
+
+mod client;
+mod error;
+mod guard;
+mod keys;
+mod lock;
+mod notify;
+mod renewal;
+mod scripts;
+
+pub use client::{ClientOptions, ClientStats, DEFAULT_COMMAND_TIMEOUT, RedisClient};
+pub use guard::SingleLockGuard;
+pub use lock::{ClientSource, SingleLock, SingleLockBuilder};
+pub use slate_core::{
+    DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockGuard, LockOptions, LossReason,
+    Result, Wait,
+};

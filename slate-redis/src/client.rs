@@ -1,0 +1,760 @@
+//! The Redis client every lock of a process shares: connections, renewal, notifications.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use deadpool_redis::{Manager, Pool, Runtime};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, IntoConnectionInfo, RedisResult};
+use slate_core::{BackendKind, Error, Result};
+use tokio::runtime::Handle;
+
+use crate::error;
+use crate::notify::Notifier;
+use crate::renewal::Renewal;
+
+/// The default command timeout.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Options of a [`RedisClient`].
+///
+/// | option | default | meaning |
+/// | --- | --- | --- |
+/// | command timeout | 2 s | budget of every command Slate sends (script calls, queries, renewal pipelines, subscriptions), enforced with a tokio timeout around the call; also the response timeout of connections the client creates |
+/// | connect timeout | 2 s | budget for opening a connection |
+/// | credentials | from the URL | ACL user and password; override the URL's |
+/// | pool size | 8 | connections of the pool [`RedisClient::open`] builds (commands are multiplexed, so few are needed) |
+/// | runtime | the current one | the tokio runtime that runs renewal, notifications and background releases |
+///
+/// TLS is chosen by the URL scheme, `rediss://`, and needs the `tls` cargo feature.
+///
+/// `Debug` never shows the password.
+///
+/// # Examples
+///
+/// ```
+/// use slate_redis::ClientOptions;
+/// use std::time::Duration;
+///
+/// let opts = ClientOptions::default()
+///     .command_timeout(Duration::from_millis(500))
+///     .credentials(Some("app"), "s3cret");
+/// assert!(!format!("{opts:?}").contains("s3cret"));
+/// ```
+#[derive(Clone)]
+pub struct ClientOptions {
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    username: Option<String>,
+    password: Option<String>,
+    pool_size: usize,
+    runtime: Option<Handle>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_COMMAND_TIMEOUT,
+            username: None,
+            password: None,
+            pool_size: 8,
+            runtime: None,
+        }
+    }
+}
+
+impl fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("command_timeout", &self.command_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("pool_size", &self.pool_size)
+            .field("runtime", &self.runtime.as_ref().map(|_| "<handle>"))
+            .finish()
+    }
+}
+
+impl ClientOptions {
+    /// Sets the budget of every command (default 2 s).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_redis::ClientOptions::default().command_timeout(Duration::from_secs(1));
+    /// assert_eq!(o.command_timeout_value(), Duration::from_secs(1));
+    /// ```
+    #[must_use]
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// The command timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_redis::ClientOptions::default();
+    /// assert_eq!(o.command_timeout_value(), Duration::from_secs(2));
+    /// ```
+    #[must_use]
+    pub fn command_timeout_value(&self) -> Duration {
+        self.command_timeout
+    }
+
+    /// Sets the budget for opening a connection (default 2 s).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let _ = slate_redis::ClientOptions::default().connect_timeout(Duration::from_secs(1));
+    /// ```
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets the ACL user (or `None` for the default user) and the password, overriding the
+    /// URL's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let _ = slate_redis::ClientOptions::default().credentials(None::<&str>, "s3cret");
+    /// ```
+    #[must_use]
+    pub fn credentials(
+        mut self,
+        username: Option<impl Into<String>>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.username = username.map(Into::into);
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Sets the size of the pool that [`RedisClient::open`] builds (default 8).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let _ = slate_redis::ClientOptions::default().pool_size(4);
+    /// ```
+    #[must_use]
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Sets the tokio runtime that runs renewal, notifications and background releases
+    /// (default: the runtime current when the client is built).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    /// let _ = slate_redis::ClientOptions::default().runtime(rt.handle().clone());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    #[must_use]
+    pub fn runtime(mut self, handle: Handle) -> Self {
+        self.runtime = Some(handle);
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.command_timeout.is_zero() {
+            return Err(Error::invalid_input(
+                "command timeout",
+                "it is zero, so every command would time out",
+                "use a command timeout of at least a few milliseconds (the default is 2s)",
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(Error::invalid_input(
+                "connect timeout",
+                "it is zero, so no connection could be opened",
+                "use a connect timeout of at least a few milliseconds (the default is 2s)",
+            ));
+        }
+        if self.pool_size == 0 {
+            return Err(Error::invalid_input(
+                "pool size",
+                "it is zero",
+                "use a pool size of at least 1 (the default is 8)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a client is doing right now (for tests, metrics and debugging).
+///
+/// # Examples
+///
+/// ```
+/// let s = slate_redis::ClientStats::default();
+/// assert_eq!(s.renewals, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientStats {
+    /// Held (lock, holder) pairs registered with the renewal service (re-entrant guards of one
+    /// holder count once).
+    pub renewals: usize,
+    /// Lock channels the pub/sub connection is subscribed to or subscribing.
+    pub subscriptions: usize,
+    /// Tasks and threads waiting in the local queues of this client's locks.
+    pub local_waiters: usize,
+    /// Lock names with live shared state in this client.
+    pub locks: usize,
+    /// Whether the pub/sub connection is up.
+    pub pubsub_up: bool,
+}
+
+/// A cheap-to-clone handle on one Redis server, shared by every lock built from it.
+///
+/// A client owns:
+/// - a `deadpool_redis` pool, from which it borrows one multiplexed connection that carries
+///   every command (it is replaced from the pool when it breaks);
+/// - **one renewal service** (a task that renews every held lock of this client with one
+///   pipeline per tick);
+/// - **one pub/sub connection** (opened when a lock first has waiters) that wakes local
+///   waiters when a lock is released anywhere;
+/// - a registry name → lock state, so every [`SingleLock`](crate::SingleLock) built for the
+///   same name from this client shares one local queue.
+///
+/// Build one client per server and process and clone it; locks from different clients do not
+/// share queues (they stay correct, only less efficient).
+///
+/// # Examples
+///
+/// ```no_run
+/// use slate_redis::RedisClient;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+/// let client = RedisClient::open("redis://127.0.0.1:6379")?;
+/// client.ping().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisClient {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pool: Pool,
+    address: String,
+    options: ClientOptions,
+    runtime: Handle,
+    conn: Mutex<ConnSlot>,
+    pub(crate) renewal: Renewal,
+    pub(crate) notifier: Notifier,
+    pub(crate) locks: Mutex<Registry>,
+}
+
+struct ConnSlot {
+    generation: u64,
+    conn: Option<deadpool_redis::Connection>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.renewal.close();
+        self.notifier.close();
+    }
+}
+
+impl fmt::Debug for RedisClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisClient")
+            .field("address", &self.inner.address)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Lock hash key → the shared state of that lock in this client.
+pub(crate) type Registry = HashMap<Arc<[u8]>, Weak<dyn LockEntry>>;
+
+/// What the client's registry knows of a lock's shared state.
+pub(crate) trait LockEntry: std::any::Any + Send + Sync {
+    /// Local waiters of this lock.
+    fn waiters(&self) -> usize;
+    /// For downcasting to the concrete state.
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
+
+/// Locks a std mutex, taking over a poisoned one: every value guarded here stays consistent
+/// at each unlock, so a panic elsewhere cannot leave it half-updated.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RedisClient {
+    /// Opens a client for the server at `url` with default options.
+    ///
+    /// `redis://[user:password@]host:port[/db]`, or `rediss://...` for TLS (with the `tls`
+    /// feature). Nothing is sent until the first command; call [`ping`](Self::ping) to check
+    /// the server and credentials at once.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL, a `rediss://` URL without the `tls`
+    /// feature, or when called outside a tokio runtime without [`ClientOptions::runtime`].
+    pub fn open(url: impl AsRef<str>) -> Result<Self> {
+        Self::open_with(url, ClientOptions::default())
+    }
+
+    /// Opens a client for the server at `url` with `options`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use slate_redis::{ClientOptions, RedisClient};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let opts = ClientOptions::default().command_timeout(Duration::from_millis(500));
+    /// let client = RedisClient::open_with("redis://127.0.0.1:6379", opts)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open), plus invalid options.
+    pub fn open_with(url: impl AsRef<str>, options: ClientOptions) -> Result<Self> {
+        options.validate()?;
+        let url = url.as_ref();
+        let info = parse_url(url)?;
+        let info = apply_credentials(info, &options);
+        let client = redis::Client::open(info.clone()).map_err(|e| bad_url(url, &e))?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.command_timeout));
+        let manager = Manager::new_with_config(info, config).map_err(|e| bad_url(url, &e))?;
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size)
+            .wait_timeout(Some(options.command_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.command_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| {
+                Error::invalid_input(
+                    "pool",
+                    format!("the pool could not be built: {e}"),
+                    "check the pool options",
+                )
+            })?;
+        Self::build(pool, Some(client), options)
+    }
+
+    /// Wraps an existing pool; `pubsub` (a client for the same server) opens the pub/sub
+    /// connection that wakes waiters on release.
+    ///
+    /// The pool's own connection settings apply (redis-rs's default response timeout is
+    /// 500 ms); Slate's command timeout applies on top of them.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = "redis://127.0.0.1:6379";
+    /// let pool = deadpool_redis::Config::from_url(url).create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+    /// let client = slate_redis::RedisClient::from_pool(pool, redis::Client::open(url)?)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] outside a tokio runtime.
+    pub fn from_pool(pool: Pool, pubsub: redis::Client) -> Result<Self> {
+        Self::from_pool_with(pool, Some(pubsub), ClientOptions::default())
+    }
+
+    /// Wraps an existing pool with `options` (credentials in `options` only apply to the
+    /// pub/sub client; the pool keeps its own). Without a `pubsub` client, waiters are woken by
+    /// the spin-wait timer only.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:6379")
+    ///     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+    /// let client = slate_redis::RedisClient::from_pool_with(pool, None, Default::default())?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for invalid options or outside a tokio runtime.
+    pub fn from_pool_with(
+        pool: Pool,
+        pubsub: Option<redis::Client>,
+        options: ClientOptions,
+    ) -> Result<Self> {
+        options.validate()?;
+        let pubsub = match pubsub {
+            Some(c) if options.password.is_some() => {
+                let info = apply_credentials(c.get_connection_info().clone(), &options);
+                Some(redis::Client::open(info).map_err(|e| bad_url("<pubsub client>", &e))?)
+            }
+            other => other,
+        };
+        Self::build(pool, pubsub, options)
+    }
+
+    fn build(pool: Pool, pubsub: Option<redis::Client>, options: ClientOptions) -> Result<Self> {
+        let runtime = match options.runtime.clone() {
+            Some(h) => h,
+            None => Handle::try_current().map_err(|_| {
+                Error::invalid_input(
+                    "runtime",
+                    "the client was built outside a tokio runtime",
+                    "build it inside a tokio runtime, or pass ClientOptions::runtime(handle)",
+                )
+            })?,
+        };
+        let address = pubsub.as_ref().map_or_else(
+            || "redis".to_owned(),
+            |c| c.get_connection_info().addr().to_string(),
+        );
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
+            renewal: Renewal::new(weak.clone()),
+            notifier: Notifier::new(pubsub, options.command_timeout, options.connect_timeout),
+            pool,
+            address,
+            runtime,
+            options,
+            conn: Mutex::new(ConnSlot {
+                generation: 0,
+                conn: None,
+            }),
+            locks: Mutex::new(HashMap::new()),
+        });
+        Ok(RedisClient { inner })
+    }
+
+    /// Sends a `PING`: checks that the server answers and the credentials are accepted.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// slate_redis::RedisClient::open("redis://127.0.0.1:6379")?.ping().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] classified by kind: `Io` (unreachable), `Auth` (wrong password),
+    /// `Timeout` (no reply within the command timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn ping(&self) -> Result<()> {
+        self.exec("PING", |mut c| async move {
+            redis::cmd("PING").query_async::<()>(&mut c).await
+        })
+        .await
+    }
+
+    /// What the client is doing right now: renewal registrations, subscriptions, local waiters.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// assert_eq!(client.stats().renewals, 0);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn stats(&self) -> ClientStats {
+        let locks: Vec<Arc<dyn LockEntry>> = lock(&self.inner.locks)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let (subscriptions, pubsub_up) = self.inner.notifier.stats();
+        ClientStats {
+            renewals: self.inner.renewal.len(),
+            subscriptions,
+            local_waiters: locks.iter().map(|l| l.waiters()).sum(),
+            locks: locks.len(),
+            pubsub_up,
+        }
+    }
+
+    /// The server's address (without credentials), as used in error messages.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://:pw@127.0.0.1:6379")?;
+    /// assert_eq!(client.address(), "127.0.0.1:6379");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    /// The options this client was built with.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// assert_eq!(client.options().command_timeout_value(), slate_redis::DEFAULT_COMMAND_TIMEOUT);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    /// The pool this client borrows its connection from.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let _status = client.pool().status();
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    pub(crate) fn runtime(&self) -> &Handle {
+        &self.inner.runtime
+    }
+
+    /// The shared multiplexed connection (borrowed from the pool on first use and after a
+    /// failure), with its generation for [`invalidate`](Self::invalidate).
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection)> {
+        {
+            let slot = lock(&self.inner.conn);
+            if let Some(c) = &slot.conn {
+                return Ok((slot.generation, MultiplexedConnection::clone(c)));
+            }
+        }
+        let budget = self.inner.options.connect_timeout;
+        let obj = self
+            .inner
+            .pool
+            .get()
+            .await
+            .map_err(|e| error::from_pool(e, &self.inner.address, budget))?;
+        let mut slot = lock(&self.inner.conn);
+        if let Some(c) = &slot.conn {
+            // Another task filled the slot meanwhile; ours goes back to the pool.
+            return Ok((slot.generation, MultiplexedConnection::clone(c)));
+        }
+        let conn = MultiplexedConnection::clone(&obj);
+        slot.conn = Some(obj);
+        Ok((slot.generation, conn))
+    }
+
+    fn invalidate(&self, generation: u64) {
+        let mut slot = lock(&self.inner.conn);
+        if slot.generation == generation {
+            slot.generation += 1;
+            if let Some(obj) = slot.conn.take() {
+                // A broken connection must not go back to the pool.
+                drop(deadpool_redis::Connection::take(obj));
+            }
+        }
+    }
+
+    /// Runs one command (or pipeline) on the shared connection within the command timeout.
+    pub(crate) async fn exec<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let budget = self.inner.options.command_timeout;
+        let run = async {
+            let (generation, conn) = self.connection().await?;
+            f(conn).await.map_err(|e| {
+                if error::breaks_connection(&e) {
+                    self.invalidate(generation);
+                }
+                error::from_redis(e, what, &self.inner.address)
+            })
+        };
+        match tokio::time::timeout(budget, run).await {
+            Ok(r) => r,
+            Err(_) => Err(error::command_timeout(what, &self.inner.address, budget)),
+        }
+    }
+
+    /// Runs `fut` in the current runtime context when there is one, otherwise on the client's
+    /// runtime (blocking callers poll from plain threads, where tokio timers and I/O need a
+    /// runtime to be registered with).
+    pub(crate) fn on_runtime<T, F>(
+        &self,
+        fut: F,
+    ) -> impl Future<Output = Result<T>> + Send + 'static + use<T, F>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        let handle = self.inner.runtime.clone();
+        async move {
+            if Handle::try_current().is_ok() {
+                fut.await
+            } else {
+                match handle.spawn(fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::Closed {
+                        what: "the client's tokio runtime",
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Spawns background work on the client's runtime.
+    pub(crate) fn spawn<F>(&self, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        drop(self.inner.runtime.spawn(fut));
+    }
+
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
+        RedisClient { inner }
+    }
+}
+
+impl TryFrom<Pool> for RedisClient {
+    type Error = Error;
+
+    /// Wraps a pool without a pub/sub client: waiters are woken by the spin-wait timer only.
+    fn try_from(pool: Pool) -> Result<Self> {
+        Self::from_pool_with(pool, None, ClientOptions::default())
+    }
+}
+
+fn parse_url(url: &str) -> Result<redis::ConnectionInfo> {
+    if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+        return Err(Error::invalid_input(
+            "url",
+            "a rediss:// (TLS) URL needs TLS support",
+            "enable the `tls` feature of slate-redis",
+        ));
+    }
+    url.into_connection_info().map_err(|e| bad_url(url, &e))
+}
+
+fn apply_credentials(
+    info: redis::ConnectionInfo,
+    options: &ClientOptions,
+) -> redis::ConnectionInfo {
+    let Some(password) = &options.password else {
+        return info;
+    };
+    let mut settings = info.redis_settings().clone().set_password(password);
+    if let Some(user) = &options.username {
+        settings = settings.set_username(user);
+    }
+    info.set_redis_settings(settings)
+}
+
+fn bad_url(url: &str, e: &redis::RedisError) -> Error {
+    let shown = redact(url);
+    Error::invalid_input(
+        "url",
+        format!("{shown} is not a usable Redis URL ({})", e.category()),
+        "use redis://[user:password@]host:port[/db] (or rediss:// with the `tls` feature)",
+    )
+}
+
+/// The URL with any password replaced, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}<credentials>{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// A backend error for a reply that does not have the shape the scripts promise.
+pub(crate) fn unexpected_reply(what: &str, node: &str, reply: impl fmt::Debug) -> Error {
+    Error::backend(
+        BackendKind::Response,
+        Some(node.to_owned()),
+        format!("{what} answered {reply:?}, which is not one of the script's replies"),
+        None,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_credentials() {
+        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://<credentials>@h:1/0");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn options_reject_zero() {
+        let e = ClientOptions::default()
+            .command_timeout(Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert!(e.is_invalid_input());
+        assert!(ClientOptions::default().pool_size(0).validate().is_err());
+    }
+
+    #[test]
+    fn open_outside_a_runtime_names_the_fix() {
+        let e = RedisClient::open("redis://127.0.0.1:1").unwrap_err();
+        assert!(e.to_string().contains("ClientOptions::runtime"), "{e}");
+    }
+
+    #[test]
+    fn tls_without_feature_is_refused() {
+        if cfg!(feature = "tls") {
+            return;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let e = RedisClient::open_with(
+            "rediss://127.0.0.1:1",
+            ClientOptions::default().runtime(rt.handle().clone()),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`tls` feature"), "{e}");
+    }
+}

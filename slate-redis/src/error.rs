@@ -1,0 +1,134 @@
+//! Classification of Redis and pool failures into Slate's [`Error`].
+//!
+//! Failures are classified by `redis::ErrorKind` (and, for server errors redis-rs does not know,
+//! by the server's error *code*), never by message text. Messages never carry credentials: the
+//! node is named by its sanitized address only.
+
+use std::time::Duration;
+
+use deadpool_redis::PoolError;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use slate_core::{BackendKind, Error};
+
+/// The kind of a Redis failure.
+pub(crate) fn kind_of(e: &RedisError) -> BackendKind {
+    match e.kind() {
+        ErrorKind::Io if e.is_timeout() => BackendKind::Timeout,
+        ErrorKind::Io => BackendKind::Io,
+        ErrorKind::AuthenticationFailed => BackendKind::Auth,
+        ErrorKind::Server(ServerErrorKind::NoPerm) => BackendKind::Permission,
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::ReadOnly,
+        ) => BackendKind::Unavailable,
+        ErrorKind::Extension => match e.code() {
+            Some("NOAUTH" | "WRONGPASS") => BackendKind::Auth,
+            Some("BUSY" | "MISCONF" | "OOM") => BackendKind::Unavailable,
+            _ => BackendKind::Response,
+        },
+        ErrorKind::Server(_)
+        | ErrorKind::Parse
+        | ErrorKind::UnexpectedReturnType
+        | ErrorKind::RESP3NotSupported => BackendKind::Response,
+        _ => BackendKind::Other,
+    }
+}
+
+/// Whether the connection that produced `e` should be replaced.
+pub(crate) fn breaks_connection(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Io || e.is_unrecoverable_error()
+}
+
+fn hint(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Auth => {
+            "; check the password (and ACL user) in the URL or ClientOptions::credentials"
+        }
+        BackendKind::Permission => {
+            "; grant the ACL user EVALSHA, SCRIPT, PUBLISH, SUBSCRIBE, HGET, EXISTS, PTTL, DEL on the lock keys"
+        }
+        BackendKind::Io => "; check that Redis runs at this address and is reachable",
+        _ => "",
+    }
+}
+
+/// Wraps a Redis failure, naming the operation and the node.
+pub(crate) fn from_redis(e: RedisError, what: &str, node: &str) -> Error {
+    let kind = kind_of(&e);
+    Error::backend(
+        kind,
+        Some(node.to_owned()),
+        format!("{what} failed: {e}{}", hint(kind)),
+        Some(Box::new(e)),
+    )
+}
+
+/// A command that got no answer within the command timeout.
+pub(crate) fn command_timeout(what: &str, node: &str, budget: Duration) -> Error {
+    Error::backend(
+        BackendKind::Timeout,
+        Some(node.to_owned()),
+        format!(
+            "{what} got no reply within the command timeout of {budget:?}; the server may be \
+             hung or unreachable (raise ClientOptions::command_timeout if it is only slow)"
+        ),
+        None,
+    )
+}
+
+/// Wraps a pool failure.
+pub(crate) fn from_pool(e: PoolError, node: &str, budget: Duration) -> Error {
+    match e {
+        PoolError::Backend(e) => from_redis(e, "connecting", node),
+        PoolError::Timeout(_) => command_timeout("taking a connection from the pool", node, budget),
+        PoolError::Closed => Error::Closed {
+            what: "the connection pool",
+        },
+        PoolError::NoRuntimeSpecified => Error::backend(
+            BackendKind::Other,
+            Some(node.to_owned()),
+            "the pool has timeouts but no runtime; build it with Runtime::Tokio1",
+            Some(Box::new(e)),
+        ),
+        PoolError::PostCreateHook(_) => Error::backend(
+            BackendKind::Other,
+            Some(node.to_owned()),
+            format!("the pool's post-create hook failed: {e}"),
+            None,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_follow_redis_error_kinds() {
+        let io: RedisError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+        assert_eq!(kind_of(&io), BackendKind::Io);
+        assert!(breaks_connection(&io));
+        let timeout: RedisError = std::io::Error::from(std::io::ErrorKind::TimedOut).into();
+        assert_eq!(kind_of(&timeout), BackendKind::Timeout);
+        let auth: RedisError = (ErrorKind::AuthenticationFailed, "nope").into();
+        assert_eq!(kind_of(&auth), BackendKind::Auth);
+        let perm: RedisError = (ErrorKind::Server(ServerErrorKind::NoPerm), "x").into();
+        assert_eq!(kind_of(&perm), BackendKind::Permission);
+        let loading: RedisError = (ErrorKind::Server(ServerErrorKind::BusyLoading), "x").into();
+        assert_eq!(kind_of(&loading), BackendKind::Unavailable);
+        let resp: RedisError = (ErrorKind::UnexpectedReturnType, "x").into();
+        assert_eq!(kind_of(&resp), BackendKind::Response);
+        assert!(!breaks_connection(&resp));
+    }
+
+    #[test]
+    fn messages_name_the_fix() {
+        let auth: RedisError = (ErrorKind::AuthenticationFailed, "nope").into();
+        let e = from_redis(auth, "connecting", "127.0.0.1:1");
+        assert_eq!(e.backend_kind(), Some(BackendKind::Auth));
+        assert!(e.to_string().contains("check the password"), "{e}");
+    }
+}

@@ -1,0 +1,851 @@
+//! The single lock: one Redis master, reentrant, leased, renewed, notified.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::Pool;
+use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
+use slate_core::{
+    DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions, Result, Wait,
+};
+use tracing::Instrument;
+
+use crate::client::{LockEntry, RedisClient, lock, unexpected_reply};
+use crate::guard::SingleLockGuard;
+use crate::keys::Keys;
+use crate::notify::ReleaseTarget;
+use crate::renewal::{self, Hold};
+use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
+
+/// A distributed, reentrant, leased lock on one Redis master.
+///
+/// Built once with [`SingleLock::builder`] and cloned wherever it is needed (cloning is an
+/// `Arc` clone). Every handle built for the same name (and key prefix) from one
+/// [`RedisClient`] shares one local queue: inside a process, waiters queue up in FIFO order and
+/// only the head talks to Redis.
+///
+/// The operations come from [`DistributedLock`] (`lock`, `try_lock`, `try_lock_for`,
+/// `lock_as`, queries); the blocking twins are inherent methods.
+///
+/// ## Behaviour
+///
+/// - **Reentrancy** is keyed by [`HolderId`]: the same holder locking again raises the count
+///   kept in Redis and gets the same fencing token. Re-enter with [`SingleLockGuard::reenter`],
+///   [`DistributedLock::lock_as`] or inside a [`HolderId::scope`].
+/// - **Fencing tokens** strictly increase across holders (a persistent counter next to the
+///   lock, `<prefix>{<name>}:fence`, which must never expire or be deleted) and stay fixed
+///   across re-entry. The counter restarts if the server loses its data.
+/// - **Renewal**: while held, the client's renewal service renews the lease every renewal
+///   period (all locks of a client in one pipeline per tick). It never re-creates a missing
+///   entry. The guard's lease deadline moves with every renewal; its loss signal fires with
+///   `EntryGone` when the entry is gone, `DeadlineExpired` when no renewal succeeded before the
+///   deadline, `MaxHoldReached` at the deadline after the optional max hold stopped renewal.
+/// - **Lease deadline** = the instant taken *before* the command was sent + lease − a drift
+///   allowance of 1% of the lease + 2 ms; the server's TTL ends no earlier than that.
+/// - **Notification**: the release script publishes on `<prefix>{<name>}:released`; while the
+///   lock has local waiters the client's pub/sub connection is subscribed and wakes the queue
+///   head at once. Without it (pub/sub down or not configured) the head retries after
+///   min(spin wait, holder's remaining lease).
+/// - **Drop**: a guard dropped without `unlock()` is released by a task spawned on the
+///   client's runtime; nothing blocks. If the release cannot reach Redis the entry ends with
+///   its lease (renewal stops at once).
+/// - **Failed release**: the local queue moves on whatever the outcome; a release that could
+///   not reach Redis leaves the entry to expire with its lease.
+///
+/// # Examples
+///
+/// ```no_run
+/// use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+/// use std::time::Duration;
+///
+/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// let client = RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = SingleLock::builder(&client, "orders")
+///     .lease(Duration::from_secs(10))
+///     .build()?;
+/// let guard = lock.lock().await?;
+/// println!("token {}", guard.fencing_token());
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct SingleLock {
+    pub(crate) shared: Arc<LockShared>,
+}
+
+/// What every handle of one lock (in one client) shares.
+pub(crate) struct LockShared {
+    pub(crate) sync: Synchronizer<RedisCompetitor>,
+}
+
+impl LockShared {
+    pub(crate) fn competitor(&self) -> &RedisCompetitor {
+        self.sync.competitor()
+    }
+}
+
+impl LockEntry for LockShared {
+    fn waiters(&self) -> usize {
+        self.sync.waiters()
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}
+
+impl ReleaseTarget for LockShared {
+    fn released(&self) {
+        self.sync.notify_released();
+    }
+}
+
+/// What a successful attempt yields.
+pub(crate) struct Grant {
+    pub(crate) token: FencingToken,
+    pub(crate) count: u32,
+    pub(crate) deadline: Instant,
+    pub(crate) watch: OnceLock<LeaseWatch>,
+}
+
+/// The Redis side of the lock, driven by the synchronizer.
+pub(crate) struct RedisCompetitor {
+    pub(crate) client: RedisClient,
+    pub(crate) keys: Keys,
+    pub(crate) name: LockName,
+    pub(crate) label: Arc<str>,
+    pub(crate) options: LockOptions,
+    me: Weak<LockShared>,
+    /// When the last attempt was sent (for [`Notifications::Live`]).
+    last_attempt: Arc<Mutex<Option<Instant>>>,
+}
+
+impl RedisCompetitor {
+    /// Runs the release script for `holder`: `-1` not held, `0` released, `n` still held.
+    pub(crate) async fn release_remote(&self, holder: HolderId) -> Result<i64> {
+        release_remote(&self.client, &self.keys, holder, self.options.lease()).await
+    }
+
+    fn hold(&self, holder: HolderId, deadline: Instant) -> Hold {
+        Hold {
+            key: self.keys.lock.clone(),
+            holder,
+            lease: self.options.lease(),
+            period: self.options.renewal_period(),
+            max_hold: self.options.max_hold(),
+            deadline,
+            label: self.label.clone(),
+        }
+    }
+
+    /// The lease watch for a grant (normally set by `after_acquire`).
+    pub(crate) fn watch(&self, holder: HolderId, grant: &Grant) -> LeaseWatch {
+        match grant.watch.get() {
+            Some(w) => w.clone(),
+            None => self
+                .client
+                .inner
+                .renewal
+                .register(&self.client, self.hold(holder, grant.deadline)),
+        }
+    }
+}
+
+pub(crate) async fn release_remote(
+    client: &RedisClient,
+    keys: &Keys,
+    holder: HolderId,
+    lease: Duration,
+) -> Result<i64> {
+    let (lock_key, channel) = (keys.lock.clone(), keys.channel.clone());
+    let holder_arg = holder.to_string();
+    let ms = scripts::lease_ms(lease);
+    client
+        .exec("release script", |mut c| async move {
+            RELEASE
+                .script
+                .key(&*lock_key)
+                .key(&*channel)
+                .arg(holder_arg)
+                .arg(ms)
+                .invoke_async(&mut c)
+                .await
+        })
+        .await
+}
+
+impl Competitor for RedisCompetitor {
+    type Grant = Grant;
+
+    fn attempt(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        let client = self.client.clone();
+        let (lock_key, fence_key) = (self.keys.lock.clone(), self.keys.fence.clone());
+        let lease = self.options.lease();
+        let last = self.last_attempt.clone();
+        let label = self.label.clone();
+        let inner = client.clone();
+        inner.on_runtime(async move {
+            let holder_arg = holder.to_string();
+            let ms = scripts::lease_ms(lease);
+            let sent = Instant::now();
+            *lock(&last) = Some(sent);
+            let reply: Vec<i64> = client
+                .exec("acquire script", |mut c| async move {
+                    ACQUIRE
+                        .script
+                        .key(&*lock_key)
+                        .key(&*fence_key)
+                        .arg(holder_arg)
+                        .arg(ms)
+                        .invoke_async(&mut c)
+                        .await
+                })
+                .await?;
+            let grant = |token: i64, count: i64| -> Result<Attempt<Grant>> {
+                let (Ok(token), Ok(count)) = (u64::try_from(token), u32::try_from(count)) else {
+                    return Err(unexpected_reply("acquire script", client.address(), &reply));
+                };
+                Ok(Attempt::Acquired(Grant {
+                    token: FencingToken::new(token),
+                    count,
+                    deadline: renewal::deadline(sent, lease),
+                    watch: OnceLock::new(),
+                }))
+            };
+            match reply.as_slice() {
+                [1, token] => {
+                    tracing::debug!(lock = %label, %holder, token, "acquired");
+                    grant(*token, 1)
+                }
+                [2, token, count] => {
+                    tracing::debug!(lock = %label, %holder, token, count, "re-entered");
+                    grant(*token, *count)
+                }
+                [0, pttl] => {
+                    tracing::trace!(lock = %label, %holder, pttl, "busy");
+                    let retry_after = u64::try_from(*pttl).ok().map(Duration::from_millis);
+                    Ok(Attempt::Busy { retry_after })
+                }
+                _ => Err(unexpected_reply("acquire script", client.address(), &reply)),
+            }
+        })
+    }
+
+    fn after_acquire(&self, holder: HolderId, grant: &Grant) {
+        let watch = self
+            .client
+            .inner
+            .renewal
+            .register(&self.client, self.hold(holder, grant.deadline));
+        let _ = grant.watch.set(watch);
+    }
+
+    fn after_release(&self, holder: HolderId) {
+        self.client
+            .inner
+            .renewal
+            .deregister(&self.keys.lock, holder);
+    }
+
+    fn abandon(&self, holder: HolderId, grant: Grant) {
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        let lease = self.options.lease();
+        let label = self.label.clone();
+        tracing::debug!(lock = %label, %holder, token = grant.token.get(), "releasing an abandoned grant");
+        self.client.spawn(async move {
+            if let Err(e) = release_remote(&client, &keys, holder, lease).await {
+                tracing::warn!(lock = %label, %holder, error = %e,
+                    "release of an abandoned grant failed; the entry ends with its lease");
+            }
+        });
+    }
+
+    fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
+        let client = self.client.clone();
+        let channel = self.keys.channel.clone();
+        let target: Weak<dyn ReleaseTarget> = self.me.clone();
+        let last = *lock(&self.last_attempt);
+        let run = client.clone();
+        async move {
+            run.on_runtime(async move {
+                Ok(client
+                    .inner
+                    .notifier
+                    .subscribe(&client, &channel, target, last)
+                    .await)
+            })
+            .await
+            .unwrap_or(Notifications::Off)
+        }
+    }
+
+    fn queue_drained(&self) {
+        self.client
+            .inner
+            .notifier
+            .unsubscribe(&self.client, &self.keys.channel);
+    }
+}
+
+/// Where a lock gets its client from: a [`RedisClient`] (shared queues, renewal and
+/// notifications with every other lock of that client) or a bare pool.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+/// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+/// # Ok(()) }
+/// ```
+pub struct ClientSource(Source);
+
+enum Source {
+    Client(RedisClient),
+    Pool(Pool),
+}
+
+impl From<RedisClient> for ClientSource {
+    fn from(c: RedisClient) -> Self {
+        ClientSource(Source::Client(c))
+    }
+}
+
+impl From<&RedisClient> for ClientSource {
+    fn from(c: &RedisClient) -> Self {
+        ClientSource(Source::Client(c.clone()))
+    }
+}
+
+/// A bare pool gets a client of its own, without pub/sub (waiters are woken by the spin-wait
+/// timer) and without sharing queues with other locks: prefer building one [`RedisClient`].
+impl From<Pool> for ClientSource {
+    fn from(p: Pool) -> Self {
+        ClientSource(Source::Pool(p))
+    }
+}
+
+/// Builds a [`SingleLock`]; see [`SingleLock::builder`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+/// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = slate_redis::SingleLock::builder(&client, "reports")
+///     .lease(Duration::from_secs(5))
+///     .renewal_period(Duration::from_secs(1))
+///     .spin_wait(Duration::from_millis(100))
+///     .max_hold(Duration::from_secs(600))
+///     .key_prefix("billing:")
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until build() is called"]
+pub struct SingleLockBuilder {
+    source: ClientSource,
+    name: Result<LockName>,
+    options: LockOptions,
+}
+
+impl fmt::Debug for SingleLockBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SingleLockBuilder")
+            .field("name", &self.name.as_ref().ok())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SingleLockBuilder {
+    /// Sets the lease (default 30 s, at least 30 ms).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a")
+    ///     .lease(std::time::Duration::from_secs(5))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lease(mut self, lease: std::time::Duration) -> Self {
+        self.options = self.options.with_lease(lease);
+        self
+    }
+
+    /// Sets the renewal period (default lease / 2; between lease / 10 and lease / 2).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a")
+    ///     .renewal_period(std::time::Duration::from_secs(5))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn renewal_period(mut self, period: std::time::Duration) -> Self {
+        self.options = self.options.with_renewal_period(period);
+        self
+    }
+
+    /// Sets the spin wait: the longest the queue head waits without a notification before it
+    /// retries (default 50 ms).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a")
+    ///     .spin_wait(std::time::Duration::from_millis(200))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn spin_wait(mut self, spin_wait: std::time::Duration) -> Self {
+        self.options = self.options.with_spin_wait(spin_wait);
+        self
+    }
+
+    /// Caps how long one hold is renewed; the lease then runs out (default: no cap).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a")
+    ///     .max_hold(std::time::Duration::from_secs(600))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn max_hold(mut self, max_hold: std::time::Duration) -> Self {
+        self.options = self.options.with_max_hold(max_hold);
+        self
+    }
+
+    /// Sets the namespace of the lock's keys and channel (default `slate:`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a").key_prefix("app:").build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.options = self.options.with_key_prefix(prefix);
+        self
+    }
+
+    /// Replaces every option at once.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let opts = slate_core::LockOptions::default().with_lease(std::time::Duration::from_secs(3));
+    /// let lock = slate_redis::SingleLock::builder(&client, "a").options(opts).build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Validates the name and options and returns the lock (sharing the local state of an
+    /// existing lock of the same name and prefix in the same client).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let a = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// let b = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for an empty or oversize name, an invalid option (zero lease,
+    /// renewal period not below the lease, ...), a lock of the same name in this client built
+    /// with other options, or a pool used outside a tokio runtime.
+    pub fn build(self) -> Result<SingleLock> {
+        let name = self.name?;
+        self.options.validate()?;
+        let client = match self.source.0 {
+            Source::Client(c) => c,
+            Source::Pool(p) => RedisClient::try_from(p)?,
+        };
+        let keys = Keys::new(self.options.key_prefix(), &name);
+        let mut registry = lock(&client.inner.locks);
+        if let Some(existing) = registry.get(&keys.lock).and_then(Weak::upgrade) {
+            let Ok(shared) = existing.into_any().downcast::<LockShared>() else {
+                return Err(Error::invalid_input(
+                    "lock name",
+                    format!("{name} is used by another kind of lock in this client"),
+                    "use another name or key prefix",
+                ));
+            };
+            if shared.competitor().options != self.options {
+                return Err(Error::invalid_input(
+                    "options",
+                    format!(
+                        "lock {name} already exists in this client with other options ({:?})",
+                        shared.competitor().options
+                    ),
+                    "build every handle of one lock with the same options (or clone the first \
+                     handle)",
+                ));
+            }
+            return Ok(SingleLock { shared });
+        }
+        let label: Arc<str> = Arc::from(name.to_string());
+        let spin_wait = self.options.spin_wait();
+        let shared = Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
+            sync: Synchronizer::new(
+                label.to_string(),
+                RedisCompetitor {
+                    client: client.clone(),
+                    keys: keys.clone(),
+                    name: name.clone(),
+                    label,
+                    options: self.options,
+                    me: me.clone(),
+                    last_attempt: Arc::new(Mutex::new(None)),
+                },
+                spin_wait,
+            ),
+        });
+        if registry.len() >= 64 && registry.len().is_power_of_two() {
+            registry.retain(|_, w| w.strong_count() > 0);
+        }
+        let entry: Weak<dyn LockEntry> = Arc::downgrade(&shared) as Weak<LockShared>;
+        registry.insert(keys.lock, entry);
+        Ok(SingleLock { shared })
+    }
+}
+
+fn assert_not_in_runtime(what: &str) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        panic!(
+            "SingleLock::{what} was called inside a tokio runtime, where blocking would stall \
+             the runtime's threads; use the async method instead"
+        );
+    }
+}
+
+impl SingleLock {
+    /// Starts building a lock named `name` on `client` (a [`RedisClient`], `&RedisClient` or a
+    /// `deadpool_redis::Pool`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(client: impl Into<ClientSource>, name: impl AsRef<[u8]>) -> SingleLockBuilder {
+        SingleLockBuilder {
+            source: client.into(),
+            name: LockName::new(name),
+            options: LockOptions::default(),
+        }
+    }
+
+    /// The options of this lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// assert_eq!(lock.options().key_prefix(), "slate:");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn options(&self) -> &LockOptions {
+        &self.shared.competitor().options
+    }
+
+    /// The client this lock uses.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// let _stats = lock.client().stats();
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn client(&self) -> &RedisClient {
+        &self.shared.competitor().client
+    }
+
+    /// The Redis key of the lock hash, `<prefix>{<name>}` (the fencing counter is this key
+    /// followed by `:fence`, the release channel by `:released`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// assert_eq!(lock.key(), b"slate:{a}");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn key(&self) -> &[u8] {
+        &self.shared.competitor().keys.lock
+    }
+
+    /// The local owner and its local hold count, if a task of this process holds the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// assert!(lock.local_owner().is_none());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn local_owner(&self) -> Option<(HolderId, u32)> {
+        self.shared.sync.owner()
+    }
+
+    /// Tasks and threads of this process waiting for this lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// assert_eq!(lock.local_waiters(), 0);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn local_waiters(&self) -> usize {
+        self.shared.sync.waiters()
+    }
+
+    fn guard(&self, holder: HolderId, grant: &Grant) -> SingleLockGuard {
+        let watch = self.shared.competitor().watch(holder, grant);
+        SingleLockGuard::new(self.clone(), holder, grant.token, grant.count, watch)
+    }
+
+    fn blocking_acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+        what: &str,
+    ) -> Result<SingleLockGuard> {
+        assert_not_in_runtime(what);
+        let grant = self.shared.sync.blocking_acquire(holder, wait)?;
+        Ok(self.guard(holder, &grant))
+    }
+
+    /// Blocks this thread until the lock is acquired for the current holder (the thread twin
+    /// of `lock()`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> slate_core::Result<()> {
+    /// let rt = tokio::runtime::Runtime::new()?;
+    /// let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// let guard = lock.blocking_lock()?;
+    /// guard.blocking_unlock()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime (use `lock().await` there).
+    pub fn blocking_lock(&self) -> Result<SingleLockGuard> {
+        self.blocking_acquire(HolderId::current(), Wait::Forever, "blocking_lock")
+    }
+
+    /// Blocks this thread until the lock is acquired for `holder` (re-enters if it holds it).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> slate_core::Result<()> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// let outer = lock.blocking_lock()?;
+    /// let inner = lock.blocking_lock_as(outer.holder())?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_lock_as(&self, holder: HolderId) -> Result<SingleLockGuard> {
+        self.blocking_acquire(holder, Wait::Forever, "blocking_lock_as")
+    }
+
+    /// Blocks this thread at most `d` waiting for the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> slate_core::Result<()> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// let guard = lock.blocking_try_lock_for(std::time::Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `d` passes first; backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_try_lock_for(&self, d: Duration) -> Result<SingleLockGuard> {
+        self.blocking_acquire(
+            HolderId::current(),
+            Wait::for_duration(d),
+            "blocking_try_lock_for",
+        )
+    }
+}
+
+impl fmt::Debug for SingleLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.shared.competitor();
+        f.debug_struct("SingleLock")
+            .field("name", &c.name)
+            .field("options", &c.options)
+            .field("address", &c.client.address())
+            .finish()
+    }
+}
+
+impl DistributedLock for SingleLock {
+    type Guard = SingleLockGuard;
+
+    fn name(&self) -> &LockName {
+        &self.shared.competitor().name
+    }
+
+    fn acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<SingleLockGuard>> + Send {
+        let span = tracing::debug_span!("acquire", lock = %self.shared.competitor().label, %holder);
+        async move {
+            let grant = self.shared.sync.acquire(holder, wait).await?;
+            Ok(self.guard(holder, &grant))
+        }
+        .instrument(span)
+    }
+
+    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
+        let c = self.shared.competitor();
+        let key = c.keys.lock.clone();
+        async move {
+            c.client
+                .exec("EXISTS", |mut conn| async move {
+                    redis::cmd("EXISTS").arg(&*key).query_async(&mut conn).await
+                })
+                .await
+        }
+    }
+
+    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
+        let c = self.shared.competitor();
+        let key = c.keys.lock.clone();
+        async move {
+            let count: Option<i64> = c
+                .client
+                .exec("HGET", |mut conn| async move {
+                    redis::cmd("HGET")
+                        .arg(&*key)
+                        .arg(holder.to_string())
+                        .query_async(&mut conn)
+                        .await
+                })
+                .await?;
+            Ok(count.and_then(|n| u32::try_from(n).ok()).unwrap_or(0))
+        }
+    }
+
+    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
+        let c = self.shared.competitor();
+        let key = c.keys.lock.clone();
+        async move {
+            let pttl: i64 = c
+                .client
+                .exec("PTTL", |mut conn| async move {
+                    redis::cmd("PTTL").arg(&*key).query_async(&mut conn).await
+                })
+                .await?;
+            Ok(match pttl {
+                -2 => None,
+                -1 => Some(Duration::MAX),
+                ms => Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+            })
+        }
+    }
+
+    /// Deletes the lock whoever holds it and publishes on its channel so that waiters retry at
+    /// once. **Unsafe for correctness**: the holder keeps running its critical section (its
+    /// renewal then finds the entry gone and signals `EntryGone`). The fencing counter is kept.
+    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
+        let c = self.shared.competitor();
+        let (key, channel) = (c.keys.lock.clone(), c.keys.channel.clone());
+        async move {
+            let deleted: i64 = c
+                .client
+                .exec("force-unlock script", |mut conn| async move {
+                    FORCE_UNLOCK
+                        .script
+                        .key(&*key)
+                        .key(&*channel)
+                        .invoke_async(&mut conn)
+                        .await
+                })
+                .await?;
+            tracing::warn!(lock = %c.label, deleted, "force unlock");
+            Ok(deleted == 1)
+        }
+    }
+}

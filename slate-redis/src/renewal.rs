@@ -1,0 +1,396 @@
+//! The renewal service: one task per client renews every held lock of that client.
+//!
+//! ## State of one registration
+//!
+//! | state | renewed? | leaves it when |
+//! | --- | --- | --- |
+//! | renewing | at its period, batched with every other due registration into one pipeline | reply 0 (→ lost, `EntryGone`), deadline passes without a successful renewal (→ lost, `DeadlineExpired`), max hold reached (→ capped) |
+//! | capped | no; the lease runs out | deadline passes (→ lost, `MaxHoldReached`) |
+//! | lost | no; loss signalled once | – |
+//!
+//! Every registration is removed when its holder's local hold count returns to zero (release,
+//! guard drop, failed release alike), whatever its state. Re-entrant guards of one holder share
+//! one registration and one lease.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use redis::RedisResult;
+use slate_core::lease::{self, LeaseKeeper, LeaseWatch, LossReason};
+use slate_core::{HolderId, Result};
+use tokio::sync::Notify;
+
+use crate::client::{Inner, RedisClient, lock};
+use crate::scripts;
+
+/// The clock-drift allowance taken off every lease deadline: 1% of the lease plus 2 ms.
+///
+/// The server counts the lease from when it runs the script, which is after the client took
+/// its send instant, so `sent + lease` is never later than the real expiry as long as the two
+/// clocks run at the same rate; the allowance covers a difference in rate (and timer
+/// granularity). It follows the Redlock analysis.
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// The lease deadline of a command sent at `sent` that set a TTL of `lease`.
+pub(crate) fn deadline(sent: Instant, lease: Duration) -> Instant {
+    sent + lease - drift(lease)
+}
+
+/// How long to wait before retrying a failed renewal.
+fn retry_delay(period: Duration) -> Duration {
+    (period / 4).clamp(Duration::from_millis(5), Duration::from_millis(250))
+}
+
+type RegKey = (Arc<[u8]>, HolderId);
+
+/// What a lock tells the service about one hold.
+pub(crate) struct Hold {
+    pub(crate) key: Arc<[u8]>,
+    pub(crate) holder: HolderId,
+    pub(crate) lease: Duration,
+    pub(crate) period: Duration,
+    pub(crate) max_hold: Option<Duration>,
+    /// The lease deadline the acquisition established.
+    pub(crate) deadline: Instant,
+    /// The lock's printable name, for logs.
+    pub(crate) label: Arc<str>,
+}
+
+enum Phase {
+    Renewing,
+    Capped,
+    Lost,
+}
+
+struct Registration {
+    hold: Hold,
+    generation: u64,
+    keeper: LeaseKeeper,
+    next_due: Instant,
+    cap: Option<Instant>,
+    phase: Phase,
+    in_flight: bool,
+    /// Releases of this holder that are on their way to the server: a renewal answering 0
+    /// meanwhile is the release's doing, not a loss.
+    releasing: u32,
+}
+
+#[derive(Default)]
+struct State {
+    regs: HashMap<RegKey, Registration>,
+    generation: u64,
+    /// When the service task will next wake on its own (None: it sleeps until notified).
+    wake_at: Option<Instant>,
+    running: bool,
+    closed: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    notify: Notify,
+}
+
+/// The renewal service of one client.
+pub(crate) struct Renewal {
+    shared: Arc<Shared>,
+    client: Weak<Inner>,
+}
+
+impl Renewal {
+    pub(crate) fn new(client: Weak<Inner>) -> Self {
+        Renewal {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                notify: Notify::new(),
+            }),
+            client,
+        }
+    }
+
+    /// Registers a hold (or, for a holder already registered, moves its lease deadline) and
+    /// returns a watch on its lease.
+    pub(crate) fn register(&self, client: &RedisClient, hold: Hold) -> LeaseWatch {
+        let now = Instant::now();
+        let mut st = lock(&self.shared.state);
+        let key = (hold.key.clone(), hold.holder);
+        if let Some(reg) = st.regs.get_mut(&key)
+            && !matches!(reg.phase, Phase::Lost)
+            && !reg.keeper.is_lost()
+        {
+            reg.keeper.extend(hold.deadline);
+            return reg.keeper.watch();
+        }
+        st.generation += 1;
+        let generation = st.generation;
+        let (keeper, watch) = lease::channel(hold.deadline);
+        let next_due = now + hold.period;
+        let cap = hold.max_hold.map(|m| now + m);
+        tracing::debug!(lock = %hold.label, holder = %hold.holder, "renewal registered");
+        st.regs.insert(
+            key,
+            Registration {
+                hold,
+                generation,
+                keeper,
+                next_due,
+                cap,
+                phase: Phase::Renewing,
+                in_flight: false,
+                releasing: 0,
+            },
+        );
+        let wake = cap.map_or(next_due, |c| c.min(next_due));
+        let start = !st.running && !st.closed;
+        st.running |= start;
+        let earlier = st.wake_at.is_none_or(|w| wake < w);
+        drop(st);
+        if start {
+            let shared = self.shared.clone();
+            let weak = self.client.clone();
+            client.spawn(run(shared, weak));
+        } else if earlier {
+            self.shared.notify.notify_one();
+        }
+        watch
+    }
+
+    /// Removes the registration of `holder` on `key` (its local hold count reached zero).
+    pub(crate) fn deregister(&self, key: &Arc<[u8]>, holder: HolderId) {
+        let removed = lock(&self.shared.state)
+            .regs
+            .remove(&(key.clone(), holder))
+            .is_some();
+        if removed {
+            tracing::debug!(holder = %holder, "renewal deregistered");
+        }
+    }
+
+    /// Marks a release of `holder` on `key` as in flight (see [`Registration::releasing`]).
+    pub(crate) fn begin_release(&self, key: &Arc<[u8]>, holder: HolderId) {
+        if let Some(reg) = lock(&self.shared.state)
+            .regs
+            .get_mut(&(key.clone(), holder))
+        {
+            reg.releasing += 1;
+        }
+    }
+
+    /// Ends what [`begin_release`](Self::begin_release) started.
+    pub(crate) fn end_release(&self, key: &Arc<[u8]>, holder: HolderId) {
+        if let Some(reg) = lock(&self.shared.state)
+            .regs
+            .get_mut(&(key.clone(), holder))
+        {
+            reg.releasing = reg.releasing.saturating_sub(1);
+        }
+    }
+
+    /// The number of registrations.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.shared.state).regs.len()
+    }
+
+    /// Stops the service task (the client is gone).
+    pub(crate) fn close(&self) {
+        lock(&self.shared.state).closed = true;
+        self.shared.notify.notify_one();
+    }
+}
+
+/// One renewal to send.
+struct Due {
+    key: RegKey,
+    generation: u64,
+    lease: Duration,
+}
+
+/// The service task.
+async fn run(shared: Arc<Shared>, client: Weak<Inner>) {
+    loop {
+        let (batch, wake_at) = {
+            let mut st = lock(&shared.state);
+            if st.closed {
+                st.running = false;
+                return;
+            }
+            let plan = plan(&mut st, Instant::now());
+            st.wake_at = plan.1;
+            plan
+        };
+        if !batch.is_empty() {
+            match client.upgrade() {
+                Some(inner) => {
+                    let client = RedisClient::from_inner(inner);
+                    let shared = shared.clone();
+                    client.clone().spawn(async move {
+                        send(&client, &shared, batch).await;
+                    });
+                }
+                None => {
+                    lock(&shared.state).running = false;
+                    return;
+                }
+            }
+        }
+        match wake_at {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at.into()) => {}
+                    () = shared.notify.notified() => {}
+                }
+            }
+            None => shared.notify.notified().await,
+        }
+    }
+}
+
+/// Decides what to send now and when to wake next; fires losses whose time has come.
+fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
+    let mut batch = Vec::new();
+    let mut wake: Option<Instant> = None;
+    let mut at = |t: Instant| wake = Some(wake.map_or(t, |w: Instant| w.min(t)));
+    for (key, reg) in &mut st.regs {
+        if matches!(reg.phase, Phase::Lost) {
+            continue;
+        }
+        if matches!(reg.phase, Phase::Renewing) && reg.cap.is_some_and(|c| now >= c) {
+            reg.phase = Phase::Capped;
+            tracing::info!(lock = %reg.hold.label, holder = %reg.hold.holder,
+                "max hold reached: renewal stopped, the lease will run out");
+        }
+        let deadline = reg.keeper.deadline();
+        if now >= deadline {
+            let reason = match reg.phase {
+                Phase::Capped => LossReason::MaxHoldReached,
+                _ => LossReason::DeadlineExpired,
+            };
+            lose(reg, reason);
+            continue;
+        }
+        at(deadline);
+        if let Phase::Renewing = reg.phase {
+            if let Some(cap) = reg.cap {
+                at(cap);
+            }
+            if !reg.in_flight {
+                // Renew a little early rather than send one more round trip soon after.
+                if reg.next_due <= now + reg.hold.period / 4 {
+                    reg.in_flight = true;
+                    batch.push(Due {
+                        key: key.clone(),
+                        generation: reg.generation,
+                        lease: reg.hold.lease,
+                    });
+                } else {
+                    at(reg.next_due);
+                }
+            }
+        }
+    }
+    (batch, wake)
+}
+
+fn lose(reg: &mut Registration, reason: LossReason) {
+    reg.phase = Phase::Lost;
+    reg.keeper.lose(reason);
+    tracing::warn!(lock = %reg.hold.label, holder = %reg.hold.holder, %reason, "lease lost");
+}
+
+/// Sends one pipeline of renewals and applies the replies.
+async fn send(client: &RedisClient, shared: &Shared, batch: Vec<Due>) {
+    let sent = Instant::now();
+    let span = tracing::debug_span!("renewal", locks = batch.len());
+    let _enter = span.enter();
+    let replies = renew_pipeline(client, &batch).await;
+    let now = Instant::now();
+    let mut st = lock(&shared.state);
+    for (i, due) in batch.iter().enumerate() {
+        let Some(reg) = st.regs.get_mut(&due.key) else {
+            continue;
+        };
+        if reg.generation != due.generation {
+            continue;
+        }
+        reg.in_flight = false;
+        let reply = match &replies {
+            Ok(r) => r.get(i).cloned().unwrap_or(Ok(-2)),
+            Err(e) => Err(e.to_string()),
+        };
+        match reply {
+            Ok(1) => {
+                reg.keeper.extend(deadline(sent, due.lease));
+                reg.next_due = sent + reg.hold.period;
+                tracing::trace!(lock = %reg.hold.label, "renewed");
+            }
+            Ok(0) if reg.releasing > 0 => {}
+            Ok(0) => {
+                if !matches!(reg.phase, Phase::Lost) {
+                    lose(reg, LossReason::EntryGone);
+                }
+            }
+            other => {
+                reg.next_due = now + retry_delay(reg.hold.period);
+                tracing::debug!(lock = %reg.hold.label, reply = ?other,
+                    "renewal failed; retrying until the deadline");
+            }
+        }
+    }
+    drop(st);
+    shared.notify.notify_one();
+}
+
+/// One round trip: every renewal of the batch as EVALSHA in one pipeline; entries that answer
+/// NOSCRIPT (a restarted server) are sent again once after `SCRIPT LOAD`.
+async fn renew_pipeline(
+    client: &RedisClient,
+    batch: &[Due],
+) -> Result<Vec<std::result::Result<i64, String>>> {
+    let build = |items: &[&Due]| {
+        let mut pipe = redis::pipe();
+        for due in items {
+            pipe.add_command(scripts::renew_cmd(&due.key.0, due.key.1, due.lease));
+        }
+        pipe.ignore_errors();
+        pipe
+    };
+    let all: Vec<&Due> = batch.iter().collect();
+    let pipe = build(&all);
+    let first: Vec<RedisResult<i64>> = client
+        .exec("renewal pipeline", |mut c| async move {
+            pipe.query_async(&mut c).await
+        })
+        .await?;
+    let missing: Vec<usize> = first
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.as_ref().is_err_and(scripts::is_noscript))
+        .map(|(i, _)| i)
+        .collect();
+    let mut out: Vec<std::result::Result<i64, String>> = first
+        .into_iter()
+        .map(|r| r.map_err(|e| e.to_string()))
+        .collect();
+    if missing.is_empty() {
+        return Ok(out);
+    }
+    let retry: Vec<&Due> = missing.iter().map(|&i| &batch[i]).collect();
+    // Load first, in the same round trip: the script is then known to every entry after it.
+    let mut pipe = redis::pipe();
+    pipe.add_command(scripts::RENEW.load_cmd()).ignore();
+    for due in retry {
+        pipe.add_command(scripts::renew_cmd(&due.key.0, due.key.1, due.lease));
+    }
+    pipe.ignore_errors();
+    let second: Vec<RedisResult<i64>> = client
+        .exec("renewal pipeline", |mut c| async move {
+            pipe.query_async(&mut c).await
+        })
+        .await?;
+    for (slot, r) in missing.into_iter().zip(second) {
+        out[slot] = r.map_err(|e| e.to_string());
+    }
+    Ok(out)
+}

@@ -1,0 +1,100 @@
+//! The Lua scripts of the single lock (`scripts/*.lua`), run by `EVALSHA`.
+//!
+//! Single calls go through [`redis::Script`], whose `invoke_async` sends `EVALSHA` and, on a
+//! `NOSCRIPT` reply (a restarted server has an empty script cache), loads the script and sends
+//! it once more. Pipelines (renewal) cannot use it, so [`SlateScript::evalsha_cmd`] builds the
+//! command and the renewal service loads the script and resends the entries that answered
+//! `NOSCRIPT`, once.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
+use slate_core::HolderId;
+
+/// One script: its text, and redis-rs's `Script` (which knows the SHA1).
+pub(crate) struct SlateScript {
+    pub(crate) code: &'static str,
+    pub(crate) script: Script,
+}
+
+impl SlateScript {
+    fn new(code: &'static str) -> Self {
+        SlateScript {
+            code,
+            script: Script::new(code),
+        }
+    }
+
+    /// `SCRIPT LOAD <code>`.
+    pub(crate) fn load_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.code);
+        cmd
+    }
+
+    /// `EVALSHA <sha> <#keys> <keys...> <args...>`.
+    pub(crate) fn evalsha_cmd(&self, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash()).arg(keys.len());
+        for k in keys {
+            cmd.arg(*k);
+        }
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd
+    }
+}
+
+/// `acquire.lua`: acquire or re-enter.
+pub(crate) static ACQUIRE: LazyLock<SlateScript> =
+    LazyLock::new(|| SlateScript::new(include_str!("scripts/acquire.lua")));
+/// `release.lua`: release one level.
+pub(crate) static RELEASE: LazyLock<SlateScript> =
+    LazyLock::new(|| SlateScript::new(include_str!("scripts/release.lua")));
+/// `renew.lua`: renew a holder's lease.
+pub(crate) static RENEW: LazyLock<SlateScript> =
+    LazyLock::new(|| SlateScript::new(include_str!("scripts/renew.lua")));
+/// `force_unlock.lua`: delete whoever holds it, and publish.
+pub(crate) static FORCE_UNLOCK: LazyLock<SlateScript> =
+    LazyLock::new(|| SlateScript::new(include_str!("scripts/force_unlock.lua")));
+
+/// A lease as the scripts' ARGV: whole milliseconds, at least 1.
+pub(crate) fn lease_ms(lease: Duration) -> u64 {
+    u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The renewal of one hold, for a pipeline.
+pub(crate) fn renew_cmd(key: &[u8], holder: HolderId, lease: Duration) -> Cmd {
+    let holder = holder.to_string();
+    let ms = lease_ms(lease).to_string();
+    RENEW.evalsha_cmd(&[key], &[holder.as_bytes(), ms.as_bytes()])
+}
+
+/// Whether a reply says the server does not know the script.
+pub(crate) fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_states_keys_argv_and_replies() {
+        for s in [&ACQUIRE, &RELEASE, &RENEW, &FORCE_UNLOCK] {
+            assert!(s.code.contains("KEYS[1]"));
+            assert!(s.code.contains("ARGV"));
+            assert!(s.code.contains("Replies"));
+            assert_eq!(s.script.get_hash().len(), 40);
+        }
+    }
+
+    #[test]
+    fn lease_is_whole_milliseconds() {
+        assert_eq!(lease_ms(Duration::from_micros(1500)), 1);
+        assert_eq!(lease_ms(Duration::from_secs(30)), 30_000);
+        assert_eq!(lease_ms(Duration::ZERO), 1);
+    }
+}
