@@ -1,0 +1,152 @@
+//! The side-by-side contention runner. See `docs/BENCHMARKS.md`.
+//!
+//! ```text
+//! cargo run --release -p benches --bin contention -- --shapes 4x8 --duration 5 --repeat 5
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use benches::contention::runner::{self, Plan};
+use benches::contention::{Impl, Shape, WorkerArgs, run_worker};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Slate and its peers side by side: P processes x T tasks on one lock")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Implementations, interleaved in this order.
+    #[arg(long, value_delimiter = ',', default_value = "rslock-1,rslock-3,spin")]
+    impls: Vec<Impl>,
+    /// Shapes as PROCSxTASKS.
+    #[arg(long, value_delimiter = ',', default_value = "1x32,4x8,4x64")]
+    shapes: Vec<Shape>,
+    /// Seconds of load per run.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Repetitions of the interleaved sequence.
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+    /// Write every run and the summary as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// (internal) One worker process.
+    #[command(hide = true)]
+    Worker {
+        #[arg(long = "impl")]
+        implementation: Impl,
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        #[arg(long)]
+        resource: String,
+        #[arg(long)]
+        tasks: usize,
+        #[arg(long)]
+        duration_ms: u64,
+        #[arg(long)]
+        start_at_ns: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Worker {
+            implementation,
+            nodes,
+            resource,
+            tasks,
+            duration_ms,
+            start_at_ns,
+        }) => {
+            let args = WorkerArgs {
+                implementation,
+                nodes,
+                resource,
+                tasks,
+                duration: Duration::from_millis(duration_ms),
+                start_at_ns,
+                lock: "bench:lock".into(),
+                counter: "bench:counter".into(),
+            };
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("worker: runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(run_worker(args)) {
+                Ok(report) => match serde_json::to_string(&report) {
+                    Ok(json) => {
+                        println!("REPORT {json}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("worker: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                Err(e) => {
+                    eprintln!("worker: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        None => {
+            if !(0.5..=600.0).contains(&cli.duration) || !(1..=50).contains(&cli.repeat) {
+                eprintln!("contention: --duration must be 0.5..=600 s and --repeat 1..=50");
+                return ExitCode::from(2);
+            }
+            let worker_exe = match std::env::current_exe() {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("contention: cannot find this program's path: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let plan = Plan {
+                impls: cli.impls,
+                shapes: cli.shapes,
+                duration: Duration::from_secs_f64(cli.duration),
+                repeat: cli.repeat,
+                worker_exe,
+                progress: !cli.quiet,
+            };
+            let results = match runner::run_plan(&plan) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("contention: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let rows = runner::summary(&results);
+            println!("{}", runner::markdown(&rows));
+            if let Some(path) = cli.json {
+                let doc = serde_json::json!({ "summary": rows, "runs": results });
+                if let Err(e) = std::fs::write(&path, format!("{doc:#}")) {
+                    eprintln!("contention: writing {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            let violated = results.iter().filter(|r| !r.mutex_ok).count();
+            if violated > 0 {
+                eprintln!("contention: {violated} run(s) violated mutual exclusion");
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The lock implementations the runner compares, as seen from one worker process.
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+use super::Impl;
+
+/// Lease given to every implementation (the perf anchors used 5 s).
+pub const LEASE: Duration = Duration::from_secs(5);
+
+/// Compare-and-delete, the release of the naive spin lock.
+const CAD: &str = r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0";
+
+/// One worker's handle on the implementation under test.
+pub enum Locker {
+    /// The `rslock` crate (Redlock), with its default retry settings.
+    Rslock(rslock::LockManager),
+    /// `SET NX PX`, sleeping 1 ms between failed attempts; compare-and-delete release.
+    Spin {
+        /// One multiplexed connection per process.
+        conn: MultiplexedConnection,
+        /// The release script.
+        release: redis::Script,
+    },
+}
+
+/// A held lock, whatever the implementation.
+pub enum Held {
+    /// rslock's lock.
+    Rslock(rslock::Lock),
+    /// The spin lock's random value.
+    Spin(String),
+}
+
+impl Locker {
+    /// Connects to `nodes` for `which`.
+    ///
+    /// # Errors
+    ///
+    /// Connection failures, as text.
+    pub async fn connect(which: Impl, nodes: &[String]) -> Result<Locker, String> {
+        match which {
+            Impl::Rslock1 | Impl::Rslock3 => {
+                Ok(Locker::Rslock(rslock::LockManager::new(nodes.to_vec())))
+            }
+            Impl::Spin => {
+                let client = redis::Client::open(nodes[0].as_str()).map_err(|e| e.to_string())?;
+                let conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Locker::Spin {
+                    conn,
+                    release: redis::Script::new(CAD),
+                })
+            }
+        }
+    }
+
+    /// Acquires `name`, giving up at `give_up` (`Ok(None)`).
+    ///
+    /// # Errors
+    ///
+    /// Backend failures, as text.
+    pub async fn acquire(&self, name: &str, give_up: Instant) -> Result<Option<Held>, String> {
+        match self {
+            Locker::Rslock(lm) => loop {
+                // Exactly `LockManager::acquire`, bounded by the deadline.
+                match lm.lock(name.as_bytes(), LEASE).await {
+                    Ok(lock) => return Ok(Some(Held::Rslock(lock))),
+                    Err(rslock::LockError::Unavailable) => {}
+                    Err(e) => return Err(format!("rslock: {e:?}")),
+                }
+                if Instant::now() >= give_up {
+                    return Ok(None);
+                }
+            },
+            Locker::Spin { conn, .. } => {
+                let value = format!("{:032x}", rand_u128());
+                let mut conn = conn.clone();
+                loop {
+                    let ok: Option<String> = redis::cmd("SET")
+                        .arg(name)
+                        .arg(&value)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(LEASE.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if ok.is_some() {
+                        return Ok(Some(Held::Spin(value)));
+                    }
+                    if Instant::now() >= give_up {
+                        return Ok(None);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+
+    /// Releases `held`.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures, as text.
+    pub async fn release(&self, name: &str, held: Held) -> Result<(), String> {
+        match (self, held) {
+            (Locker::Rslock(lm), Held::Rslock(lock)) => {
+                lm.unlock(&lock).await;
+                Ok(())
+            }
+            (Locker::Spin { conn, release }, Held::Spin(value)) => {
+                let mut conn = conn.clone();
+                let _: i64 = release
+                    .key(name)
+                    .arg(value)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(())
+            }
+            _ => Err("held lock of another implementation".to_owned()),
+        }
+    }
+}
+
+fn rand_u128() -> u128 {
+    let mut buf = [0u8; 16];
+    // The value only has to differ between holders; on the (impossible here) failure of the OS
+    // source, the time is unique enough for a benchmark.
+    if getrandom::fill(&mut buf).is_err() {
+        return u128::from(ecosphere::clock::now_ns());
+    }
+    u128::from_le_bytes(buf)
+}
+
+/// The workload: the deliberately non-atomic critical section, `GET counter; SET counter+1`.
+///
+/// # Errors
+///
+/// Backend failures, as text.
+pub async fn critical_section(
+    resource: &mut MultiplexedConnection,
+    key: &str,
+) -> Result<(), String> {
+    let v: Option<i64> = resource.get(key).await.map_err(|e| e.to_string())?;
+    let () = resource
+        .set(key, v.unwrap_or(0) + 1)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
