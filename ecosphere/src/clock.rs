@@ -142,7 +142,10 @@ mod tests {
             let after = now_ns();
             let c = to_mono_ns(i);
             // The conversion error is sub-microsecond; allow 50 us for scheduling noise.
-            assert!(c + 50_000 >= before && c <= after + 50_000, "{before} {c} {after}");
+            assert!(
+                c + 50_000 >= before && c <= after + 50_000,
+                "{before} {c} {after}"
+            );
         }
     }
 

@@ -28,7 +28,8 @@ struct B {
 
 impl B {
     fn push(&mut self, t_ms: u64, proc: u32, kind: EventKind) -> &mut Self {
-        self.ev.push(Event::new(T0 + t_ms * MS, proc, 0, LOCK, kind));
+        self.ev
+            .push(Event::new(T0 + t_ms * MS, proc, 0, LOCK, kind));
         self
     }
 
@@ -39,6 +40,7 @@ impl B {
         attempt
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn ok(&mut self, t: u64, proc: u32, attempt: u64, h: &str, token: u64, depth: u32, dl: u64) {
         let kind = EventKind::AcqOk {
             attempt,
@@ -52,36 +54,77 @@ impl B {
     }
 
     /// Invoke at `t_inv`, acquired at `t_ok`, deadline `t_inv + lease`.
-    fn acq(&mut self, t_inv: u64, t_ok: u64, proc: u32, h: &str, token: u64, depth: u32) -> &mut Self {
+    fn acq(
+        &mut self,
+        t_inv: u64,
+        t_ok: u64,
+        proc: u32,
+        h: &str,
+        token: u64,
+        depth: u32,
+    ) -> &mut Self {
         let a = self.invoke(t_inv, proc, None);
         self.ok(t_ok, proc, a, h, token, depth, t_inv + LEASE_MS);
         self
     }
 
     fn rel(&mut self, t_inv: u64, t_ok: u64, proc: u32, h: &str, before: u32) -> &mut Self {
-        self.push(t_inv, proc, EventKind::RelInvoke { holder: h.into(), depth_before: before });
-        self.push(t_ok, proc, EventKind::RelOk { holder: h.into(), depth_after: before - 1 })
+        self.push(
+            t_inv,
+            proc,
+            EventKind::RelInvoke {
+                holder: h.into(),
+                depth_before: before,
+            },
+        );
+        self.push(
+            t_ok,
+            proc,
+            EventKind::RelOk {
+                holder: h.into(),
+                depth_after: before - 1,
+            },
+        )
     }
 
     fn renew(&mut self, t: u64, proc: u32, h: &str, deadline_ms: u64) -> &mut Self {
-        let kind = EventKind::RenewOk { holder: h.into(), deadline: T0 + deadline_ms * MS };
+        let kind = EventKind::RenewOk {
+            holder: h.into(),
+            deadline: T0 + deadline_ms * MS,
+        };
         self.push(t, proc, kind)
     }
 
     fn lost(&mut self, t: u64, proc: u32, h: &str) -> &mut Self {
-        self.push(t, proc, EventKind::Lost { holder: h.into(), reason: "expired".into() })
+        self.push(
+            t,
+            proc,
+            EventKind::Lost {
+                holder: h.into(),
+                reason: "expired".into(),
+            },
+        )
     }
 
     fn op(&mut self, t: u64, proc: u32, h: &str, token: u64) -> &mut Self {
-        let kind =
-            EventKind::ResOp { holder: h.into(), token, op: "incr".into(), outcome: "ok".into() };
+        let kind = EventKind::ResOp {
+            holder: h.into(),
+            token,
+            op: "incr".into(),
+            outcome: "ok".into(),
+        };
         self.push(t, proc, kind)
     }
 
     fn observe(&mut self, t: u64, fields: &[(&str, u64)], pttl_ms: i64) -> &mut Self {
         let fields: BTreeMap<String, u64> =
             fields.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
-        let kind = EventKind::Observe { node: 0, fields, pttl_ms, run_id: "r1".into() };
+        let kind = EventKind::Observe {
+            node: 0,
+            fields,
+            pttl_ms,
+            run_id: "r1".into(),
+        };
         self.push(t, 99, kind)
     }
 
@@ -105,7 +148,12 @@ fn assert_fails(r: &Report, id: CheckId) {
 #[track_caller]
 fn assert_only_fails(r: &Report, id: CheckId) {
     assert_fails(r, id);
-    assert_eq!(r.failed(), vec![id], "only {} should fail:\n{r}", id.label());
+    assert_eq!(
+        r.failed(),
+        vec![id],
+        "only {} should fail:\n{r}",
+        id.label()
+    );
 }
 
 // ---------------------------------------------------------------- violations
@@ -117,14 +165,28 @@ fn two_holders_overlapping() {
     b.rel(20, 21, 2, "b", 1).rel(30, 31, 1, "a", 1);
     let r = b.check(&cfg());
     assert_only_fails(&r, CheckId::Exclusion);
-    let cx = r.status(CheckId::Exclusion).counterexample().cloned().unwrap_or_default();
-    assert!(cx.message.contains("\"a\"") && cx.message.contains("\"b\""), "{}", cx.message);
+    let cx = r
+        .status(CheckId::Exclusion)
+        .counterexample()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        cx.message.contains("\"a\"") && cx.message.contains("\"b\""),
+        "{}",
+        cx.message
+    );
     // Both windows' opening events are among the conflicting events, and context is shown.
     let kinds: Vec<_> = cx.events.iter().map(|(_, e)| e.kind.name()).collect();
-    assert!(kinds.iter().filter(|k| **k == "acq_ok").count() == 2, "{kinds:?}");
+    assert!(
+        kinds.iter().filter(|k| **k == "acq_ok").count() == 2,
+        "{kinds:?}"
+    );
     assert!(!cx.context.is_empty());
     let text = r.to_string();
-    assert!(text.contains("conflicting events") && text.contains("surrounding events"), "{text}");
+    assert!(
+        text.contains("conflicting events") && text.contains("surrounding events"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -144,7 +206,9 @@ fn late_release_after_deadline_is_not_an_overlap() {
 fn late_release_with_renewed_lease_is_an_overlap() {
     // Same schedule, but a renewed at 500 ms (deadline 1500): the late release is real.
     let mut b = B::default();
-    b.acq(0, 1, 1, "a", 1, 1).renew(500, 1, "a", 1499).acq(1050, 1100, 2, "b", 2, 1);
+    b.acq(0, 1, 1, "a", 1, 1)
+        .renew(500, 1, "a", 1499)
+        .acq(1050, 1100, 2, "b", 2, 1);
     b.rel(1200, 1201, 1, "a", 1).rel(1300, 1301, 2, "b", 1);
     let r = b.check(&cfg());
     assert_only_fails(&r, CheckId::Exclusion);
@@ -161,7 +225,11 @@ fn overlap_is_found_behind_a_long_earlier_window() {
     b.rel(900, 901, 1, "a", 1);
     let r = b.check(&cfg());
     assert_only_fails(&r, CheckId::Exclusion);
-    assert_eq!(r.result(CheckId::Exclusion).map(|c| c.violations), Some(2), "{r}");
+    assert_eq!(
+        r.result(CheckId::Exclusion).map(|c| c.violations),
+        Some(2),
+        "{r}"
+    );
 }
 
 #[test]
@@ -172,7 +240,10 @@ fn decreasing_token() {
     let r = b.check(&cfg());
     assert_only_fails(&r, CheckId::Tokens);
     // With resets allowed (single node with data loss) it is counted, not failed.
-    let r = b.check(&CheckConfig { allow_token_reset: true, ..cfg() });
+    let r = b.check(&CheckConfig {
+        allow_token_reset: true,
+        ..cfg()
+    });
     r.assert_ok();
     assert_eq!(r.stats.token_resets, 1);
 }
@@ -197,8 +268,22 @@ fn token_changing_on_reentry() {
 fn double_decrement() {
     let mut b = B::default();
     b.acq(0, 1, 1, "a", 1, 1).acq(10, 11, 1, "a", 1, 2);
-    b.push(20, 1, EventKind::RelInvoke { holder: "a".into(), depth_before: 2 });
-    b.push(21, 1, EventKind::RelOk { holder: "a".into(), depth_after: 0 });
+    b.push(
+        20,
+        1,
+        EventKind::RelInvoke {
+            holder: "a".into(),
+            depth_before: 2,
+        },
+    );
+    b.push(
+        21,
+        1,
+        EventKind::RelOk {
+            holder: "a".into(),
+            depth_after: 0,
+        },
+    );
     assert_only_fails(&b.check(&cfg()), CheckId::Reentry);
 }
 
@@ -206,8 +291,22 @@ fn double_decrement() {
 fn release_below_zero() {
     let mut b = B::default();
     b.acq(0, 1, 1, "a", 1, 1).rel(10, 11, 1, "a", 1);
-    b.push(20, 1, EventKind::RelInvoke { holder: "a".into(), depth_before: 1 });
-    b.push(21, 1, EventKind::RelOk { holder: "a".into(), depth_after: 0 });
+    b.push(
+        20,
+        1,
+        EventKind::RelInvoke {
+            holder: "a".into(),
+            depth_before: 1,
+        },
+    );
+    b.push(
+        21,
+        1,
+        EventKind::RelOk {
+            holder: "a".into(),
+            depth_after: 0,
+        },
+    );
     assert_only_fails(&b.check(&cfg()), CheckId::Ownership);
 }
 
@@ -219,7 +318,11 @@ fn release_by_a_non_holder() {
     b.rel(20, 21, 1, "a", 1);
     let r = b.check(&cfg());
     assert_only_fails(&r, CheckId::Ownership);
-    let cx = r.status(CheckId::Ownership).counterexample().cloned().unwrap_or_default();
+    let cx = r
+        .status(CheckId::Ownership)
+        .counterexample()
+        .cloned()
+        .unwrap_or_default();
     assert!(cx.message.contains("intruder"), "{}", cx.message);
 }
 
@@ -227,14 +330,32 @@ fn release_by_a_non_holder() {
 fn not_held_answer_inside_the_lease() {
     let mut b = B::default();
     b.acq(0, 1, 1, "a", 1, 1);
-    b.push(100, 1, EventKind::RelInvoke { holder: "a".into(), depth_before: 1 });
-    let kind = EventKind::RelFail { holder: "a".into(), reason: "not held".into(), not_held: true };
+    b.push(
+        100,
+        1,
+        EventKind::RelInvoke {
+            holder: "a".into(),
+            depth_before: 1,
+        },
+    );
+    let kind = EventKind::RelFail {
+        holder: "a".into(),
+        reason: "not held".into(),
+        not_held: true,
+    };
     b.push(101, 1, kind.clone());
     assert_only_fails(&b.check(&cfg()), CheckId::Ownership);
     // The same answer after the deadline is legitimate (the lease ran out).
     let mut b = B::default();
     b.acq(0, 1, 1, "a", 1, 1);
-    b.push(1100, 1, EventKind::RelInvoke { holder: "a".into(), depth_before: 1 });
+    b.push(
+        1100,
+        1,
+        EventKind::RelInvoke {
+            holder: "a".into(),
+            depth_before: 1,
+        },
+    );
     b.push(1101, 1, kind);
     b.check(&cfg()).assert_ok();
 }
@@ -276,7 +397,10 @@ fn deadline_beyond_invoke_plus_lease() {
     w.rel(10, 11, 1, "a", 1);
     w.check(&cfg()).assert_ok();
     // ...unless the strict bound is asked for.
-    let strict = CheckConfig { strict_invoke_bound: true, ..cfg() };
+    let strict = CheckConfig {
+        strict_invoke_bound: true,
+        ..cfg()
+    };
     assert_only_fails(&w.check(&strict), CheckId::Validity);
     // Within the tolerance is fine.
     let mut t = B::default();
@@ -288,7 +412,9 @@ fn deadline_beyond_invoke_plus_lease() {
 #[test]
 fn renew_deadline_beyond_lease() {
     let mut b = B::default();
-    b.acq(0, 1, 1, "a", 1, 1).renew(500, 1, "a", 1600).rel(600, 601, 1, "a", 1);
+    b.acq(0, 1, 1, "a", 1, 1)
+        .renew(500, 1, "a", 1600)
+        .rel(600, 601, 1, "a", 1);
     assert_only_fails(&b.check(&cfg()), CheckId::Validity);
 }
 
@@ -298,7 +424,10 @@ fn acquired_with_too_little_validity() {
     let a = b.invoke(0, 1, None);
     b.ok(950, 1, a, "a", 1, 1, 1000);
     b.rel(960, 961, 1, "a", 1);
-    let c = CheckConfig { min_validity: Duration::from_millis(100), ..cfg() };
+    let c = CheckConfig {
+        min_validity: Duration::from_millis(100),
+        ..cfg()
+    };
     assert_only_fails(&b.check(&c), CheckId::Validity);
     b.check(&cfg()).assert_ok();
 }
@@ -306,21 +435,38 @@ fn acquired_with_too_little_validity() {
 #[test]
 fn counter_mismatch() {
     let mut b = B::default();
-    b.acq(0, 1, 1, "a", 1, 1).op(2, 1, "a", 1).rel(3, 4, 1, "a", 1);
-    b.acq(5, 6, 2, "b", 2, 1).op(7, 2, "b", 2).rel(8, 9, 2, "b", 1);
-    b.acq(10, 11, 1, "c", 3, 1).op(12, 1, "c", 3).rel(13, 14, 1, "c", 1);
+    b.acq(0, 1, 1, "a", 1, 1)
+        .op(2, 1, "a", 1)
+        .rel(3, 4, 1, "a", 1);
+    b.acq(5, 6, 2, "b", 2, 1)
+        .op(7, 2, "b", 2)
+        .rel(8, 9, 2, "b", 1);
+    b.acq(10, 11, 1, "c", 3, 1)
+        .op(12, 1, "c", 3)
+        .rel(13, 14, 1, "c", 1);
     let c = |final_value, expected| CheckConfig {
-        counter: Some(CounterCheck { final_value, expected }),
+        counter: Some(CounterCheck {
+            final_value,
+            expected,
+        }),
         ..cfg()
     };
-    assert_only_fails(&b.check(&c(2, CounterExpectation::AckedIncrements)), CheckId::Counter);
+    assert_only_fails(
+        &b.check(&c(2, CounterExpectation::AckedIncrements)),
+        CheckId::Counter,
+    );
     assert_only_fails(
         &b.check(&c(2, CounterExpectation::FirstLevelAcquisitions)),
         CheckId::Counter,
     );
-    assert_only_fails(&b.check(&c(3, CounterExpectation::Exact(4))), CheckId::Counter);
-    b.check(&c(3, CounterExpectation::AckedIncrements)).assert_ok();
-    b.check(&c(3, CounterExpectation::FirstLevelAcquisitions)).assert_ok();
+    assert_only_fails(
+        &b.check(&c(3, CounterExpectation::Exact(4))),
+        CheckId::Counter,
+    );
+    b.check(&c(3, CounterExpectation::AckedIncrements))
+        .assert_ok();
+    b.check(&c(3, CounterExpectation::FirstLevelAcquisitions))
+        .assert_ok();
 }
 
 #[test]
@@ -328,14 +474,20 @@ fn leftover_key_observed() {
     let mut b = B::default();
     b.acq(0, 1, 1, "a", 1, 1).rel(10, 11, 1, "a", 1);
     b.observe(500, &[], -2).observe(2000, &[("a", 1)], 300);
-    let c = CheckConfig { quiescent_after: Some(T0 + 1500 * MS), ..cfg() };
+    let c = CheckConfig {
+        quiescent_after: Some(T0 + 1500 * MS),
+        ..cfg()
+    };
     assert_only_fails(&b.check(&c), CheckId::Quiescence);
     // A key without TTL (pttl -1) counts as present too.
     let mut k = B::default();
     k.observe(2000, &[], -1);
     assert_only_fails(&k.check(&c), CheckId::Quiescence);
     // Before quiescence began, a present key is fine.
-    let c = CheckConfig { quiescent_after: Some(T0 + 2500 * MS), ..cfg() };
+    let c = CheckConfig {
+        quiescent_after: Some(T0 + 2500 * MS),
+        ..cfg()
+    };
     assert!(b.check(&c).status(CheckId::Quiescence).is_ok());
 }
 
@@ -343,36 +495,55 @@ fn leftover_key_observed() {
 fn leftover_key_in_final_scan() {
     let mut b = B::default();
     b.acq(0, 1, 1, "a", 1, 1).rel(10, 11, 1, "a", 1);
-    let c = CheckConfig { final_keys: Some(vec!["slate:L".into()]), ..cfg() };
+    let c = CheckConfig {
+        final_keys: Some(vec!["slate:L".into()]),
+        ..cfg()
+    };
     assert_only_fails(&b.check(&c), CheckId::Quiescence);
-    let c = CheckConfig { final_keys: Some(vec![]), ..cfg() };
+    let c = CheckConfig {
+        final_keys: Some(vec![]),
+        ..cfg()
+    };
     b.check(&c).assert_ok();
 }
 
 #[test]
 fn zombie_renewal_after_release() {
     let mut b = B::default();
-    b.acq(0, 1, 1, "a", 1, 1).acq(5, 6, 1, "a", 1, 2).rel(50, 51, 1, "a", 2);
+    b.acq(0, 1, 1, "a", 1, 1)
+        .acq(5, 6, 1, "a", 1, 2)
+        .rel(50, 51, 1, "a", 2);
     b.lost(100, 1, "a");
     // The entry survived the loss (renewal timed out) and its TTL keeps being pushed up.
-    b.observe(200, &[("a", 1)], 700).observe(300, &[("a", 1)], 950);
+    b.observe(200, &[("a", 1)], 700)
+        .observe(300, &[("a", 1)], 950);
     assert_only_fails(&b.check(&cfg()), CheckId::Quiescence);
     // The TTL merely running down is fine.
     let mut d = B::default();
     d.acq(0, 1, 1, "a", 1, 1).lost(100, 1, "a");
-    d.observe(200, &[("a", 1)], 700).observe(300, &[("a", 1)], 600);
+    d.observe(200, &[("a", 1)], 700)
+        .observe(300, &[("a", 1)], 600);
     assert!(d.check(&cfg()).status(CheckId::Quiescence).is_ok());
 }
 
 #[test]
 fn activity_past_validity_warns_or_fails() {
     let mut b = B::default();
-    b.acq(0, 1, 1, "a", 1, 1).op(500, 1, "a", 1).op(1200, 1, "a", 1).rel(1300, 1301, 1, "a", 1);
+    b.acq(0, 1, 1, "a", 1, 1)
+        .op(500, 1, "a", 1)
+        .op(1200, 1, "a", 1)
+        .rel(1300, 1301, 1, "a", 1);
     let r = b.check(&cfg());
-    assert!(matches!(r.status(CheckId::Activity), Status::Warn(_)), "{r}");
+    assert!(
+        matches!(r.status(CheckId::Activity), Status::Warn(_)),
+        "{r}"
+    );
     assert!(r.is_ok());
     assert_eq!(r.stats.activity_past_validity, 1);
-    let c = CheckConfig { fail_on_activity_past_validity: true, ..cfg() };
+    let c = CheckConfig {
+        fail_on_activity_past_validity: true,
+        ..cfg()
+    };
     assert_only_fails(&b.check(&c), CheckId::Activity);
 }
 
@@ -384,12 +555,16 @@ fn sequential_holders() {
     let mut t = 0;
     for i in 0..20u32 {
         let h = format!("h{i}");
-        b.acq(t, t + 1, i % 3, &h, u64::from(i) + 1, 1).op(t + 2, i % 3, &h, u64::from(i) + 1);
+        b.acq(t, t + 1, i % 3, &h, u64::from(i) + 1, 1)
+            .op(t + 2, i % 3, &h, u64::from(i) + 1);
         b.rel(t + 3, t + 4, i % 3, &h, 1);
         t += 5;
     }
     let c = CheckConfig {
-        counter: Some(CounterCheck { final_value: 20, expected: CounterExpectation::AckedIncrements }),
+        counter: Some(CounterCheck {
+            final_value: 20,
+            expected: CounterExpectation::AckedIncrements,
+        }),
         quiescent_after: Some(T0 + 5000 * MS),
         final_keys: Some(vec![]),
         ..cfg()
@@ -400,15 +575,22 @@ fn sequential_holders() {
     for id in CheckId::ALL {
         assert_eq!(r.status(id), &Status::Pass, "{r}");
     }
-    assert_eq!((r.stats.acquisitions, r.stats.holders, r.stats.windows), (20, 20, 20));
+    assert_eq!(
+        (r.stats.acquisitions, r.stats.holders, r.stats.windows),
+        (20, 20, 20)
+    );
 }
 
 #[test]
 fn reentrant_nesting() {
     let mut b = B::default();
-    b.acq(0, 1, 1, "a", 7, 1).acq(10, 11, 1, "a", 7, 2).renew(400, 1, "a", 1399);
+    b.acq(0, 1, 1, "a", 7, 1)
+        .acq(10, 11, 1, "a", 7, 2)
+        .renew(400, 1, "a", 1399);
     b.acq(500, 501, 1, "a", 7, 3).op(600, 1, "a", 7);
-    b.rel(700, 701, 1, "a", 3).rel(800, 801, 1, "a", 2).renew(1200, 1, "a", 2199);
+    b.rel(700, 701, 1, "a", 3)
+        .rel(800, 801, 1, "a", 2)
+        .renew(1200, 1, "a", 2199);
     b.op(1300, 1, "a", 7).rel(1400, 1401, 1, "a", 1);
     b.acq(1405, 1410, 2, "b", 8, 1).rel(1500, 1501, 2, "b", 1);
     let r = b.check(&cfg());
@@ -423,12 +605,37 @@ fn paused_holder_reports_loss_after_successor_acquired() {
     // 1100; a resumes, learns of the loss and tries to release (not held).
     let mut b = B::default();
     b.acq(0, 1, 1, "a", 1, 1).op(50, 1, "a", 1);
-    b.push(100, 0, EventKind::Nemesis { action: "sigstop_worker".into(), target: "1".into() });
+    b.push(
+        100,
+        0,
+        EventKind::Nemesis {
+            action: "sigstop_worker".into(),
+            target: "1".into(),
+        },
+    );
     b.acq(1050, 1100, 2, "b", 2, 1).op(1150, 2, "b", 2);
-    b.push(2500, 0, EventKind::Nemesis { action: "sigcont_worker".into(), target: "1".into() });
+    b.push(
+        2500,
+        0,
+        EventKind::Nemesis {
+            action: "sigcont_worker".into(),
+            target: "1".into(),
+        },
+    );
     b.lost(2510, 1, "a");
-    b.push(2520, 1, EventKind::RelInvoke { holder: "a".into(), depth_before: 1 });
-    let nh = EventKind::RelFail { holder: "a".into(), reason: "not held".into(), not_held: true };
+    b.push(
+        2520,
+        1,
+        EventKind::RelInvoke {
+            holder: "a".into(),
+            depth_before: 1,
+        },
+    );
+    let nh = EventKind::RelFail {
+        holder: "a".into(),
+        reason: "not held".into(),
+        not_held: true,
+    };
     b.push(2521, 1, nh);
     b.rel(2600, 2601, 2, "b", 1);
     let r = b.check(&cfg());
@@ -449,7 +656,10 @@ fn killed_holder_successor_after_deadline() {
     let mut b = B::default();
     b.acq(0, 1, 1, "a", 1, 1).renew(500, 1, "a", 1499);
     b.acq(700, 1520, 2, "b", 2, 1).rel(1600, 1601, 2, "b", 1);
-    let c = CheckConfig { killed: vec![(1, T0 + 600 * MS)], ..cfg() };
+    let c = CheckConfig {
+        killed: vec![(1, T0 + 600 * MS)],
+        ..cfg()
+    };
     b.check(&c).assert_ok();
 }
 
@@ -458,7 +668,8 @@ fn kill_closes_the_window() {
     // The kill closes a's window at 600 ms (the dead process cannot act), so b acquiring at
     // 700 ms (the key must have been removed some other way) is not an I1 violation.
     let mut b = B::default();
-    b.acq(0, 1, 1, "a", 1, 1).push(600, 0, EventKind::kill_worker(1));
+    b.acq(0, 1, 1, "a", 1, 1)
+        .push(600, 0, EventKind::kill_worker(1));
     b.acq(650, 700, 2, "b", 2, 1).rel(800, 801, 2, "b", 1);
     b.check(&cfg()).assert_ok();
     // Without the kill it is one.
@@ -472,12 +683,28 @@ fn kill_closes_the_window() {
 fn ghost_acquisition_is_not_a_holder() {
     let mut b = B::default();
     let a = b.invoke(0, 1, None);
-    b.push(30, 1, EventKind::AcqInfo { attempt: a, reason: "timeout".into() });
+    b.push(
+        30,
+        1,
+        EventKind::AcqInfo {
+            attempt: a,
+            reason: "timeout".into(),
+        },
+    );
     b.acq(40, 1001, 2, "b", 2, 1).rel(1100, 1101, 2, "b", 1);
     // The same task retries and the ghost entry makes its depth 2: excused once.
     let a = b.invoke(1200, 1, None);
-    b.push(1210, 1, EventKind::AcqInfo { attempt: a, reason: "timeout".into() });
-    b.acq(1220, 1230, 1, "c", 3, 2).rel(1300, 1301, 1, "c", 2).rel(1302, 1303, 1, "c", 1);
+    b.push(
+        1210,
+        1,
+        EventKind::AcqInfo {
+            attempt: a,
+            reason: "timeout".into(),
+        },
+    );
+    b.acq(1220, 1230, 1, "c", 3, 2)
+        .rel(1300, 1301, 1, "c", 2)
+        .rel(1302, 1303, 1, "c", 1);
     let r = b.check(&cfg());
     r.assert_ok();
     assert_eq!(r.stats.ghosts, 2);
@@ -487,8 +714,22 @@ fn ghost_acquisition_is_not_a_holder() {
 fn indeterminate_release_then_reacquire() {
     let mut b = B::default();
     b.acq(0, 1, 1, "a", 1, 1);
-    b.push(10, 1, EventKind::RelInvoke { holder: "a".into(), depth_before: 1 });
-    b.push(20, 1, EventKind::RelInfo { holder: "a".into(), reason: "io".into() });
+    b.push(
+        10,
+        1,
+        EventKind::RelInvoke {
+            holder: "a".into(),
+            depth_before: 1,
+        },
+    );
+    b.push(
+        20,
+        1,
+        EventKind::RelInfo {
+            holder: "a".into(),
+            reason: "io".into(),
+        },
+    );
     // The release may not have happened: the entry may block b until a's deadline.
     b.acq(30, 1010, 2, "b", 2, 1).rel(1020, 1021, 2, "b", 1);
     b.acq(1030, 1031, 1, "a", 3, 1).rel(1040, 1041, 1, "a", 1);

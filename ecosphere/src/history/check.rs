@@ -9,9 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::event::{Event, EventKind, KILL_WORKER, OP_INCR, OUTCOME_OK};
-use super::report::{
-    CheckId, CheckResult, Counterexample, Latency, Report, Stats, Status, rel_ms,
-};
+use super::report::{CheckId, CheckResult, Counterexample, Latency, Report, Stats, Status, rel_ms};
 use super::store::History;
 
 /// What the checker is told about the scenario.
@@ -101,7 +99,10 @@ impl CheckConfig {
     ///
     /// None.
     pub fn new(lease: Duration) -> Self {
-        CheckConfig { lease: Some(lease), ..CheckConfig::default() }
+        CheckConfig {
+            lease: Some(lease),
+            ..CheckConfig::default()
+        }
     }
 }
 
@@ -234,6 +235,8 @@ struct HolderState<'h> {
     last_idx: usize,
     /// Latest time the holder was confirmed to hold (`acq_ok`, `renew_ok`).
     last_confirm_t: u64,
+    /// Latest `rel_invoke` of this holder: (t, index).
+    last_rel_invoke: Option<(u64, usize)>,
     /// When the holder last stopped holding (full release, loss, kill); cleared on `acq_ok`.
     released_at: Option<u64>,
     /// Latest acquire activity (`acq_invoke` of its task, `acq_ok`).
@@ -373,6 +376,7 @@ impl<'h> Checker<'h> {
                     acquired: false,
                     last_idx: idx,
                     last_confirm_t: e.t,
+                    last_rel_invoke: None,
                     released_at: None,
                     last_acq_activity: 0,
                 });
@@ -382,6 +386,20 @@ impl<'h> Checker<'h> {
         };
         self.task_holder.insert((e.proc, e.task, lock), id);
         id
+    }
+
+    /// Closes an open window of `h` whose release outcome (`rel_ok` to depth 0, `rel_fail`
+    /// not held, `rel_info`) arrives without a `rel_invoke` having closed it: at that release's
+    /// `rel_invoke` if there was one in this window (the server acted after it), else at the
+    /// last time holding was confirmed. Both are inner bounds.
+    fn close_late(&mut self, h: usize, idx: usize) {
+        let s = &self.hs[h];
+        let Some(w) = s.open else { return };
+        let (t, i) = match s.last_rel_invoke {
+            Some((t, i)) if t >= self.wins[w].start => (t, i),
+            _ => (s.last_confirm_t, idx),
+        };
+        self.close(h, t, i, Cause::Release);
     }
 
     fn close(&mut self, h: usize, t: u64, idx: usize, cause: Cause) {
@@ -394,8 +412,12 @@ impl<'h> Checker<'h> {
         let ev = self.ev;
         // Kills: from the config and from nemesis events, applied in time order before any
         // event with the same or a later timestamp.
-        let mut kills: Vec<(u64, u32, usize)> =
-            self.cfg.killed.iter().map(|&(p, t)| (t, p, NO_EVENT)).collect();
+        let mut kills: Vec<(u64, u32, usize)> = self
+            .cfg
+            .killed
+            .iter()
+            .map(|&(p, t)| (t, p, NO_EVENT))
+            .collect();
         for (i, e) in ev.iter().enumerate() {
             if let EventKind::Nemesis { action, target } = &e.kind
                 && action == KILL_WORKER
@@ -427,7 +449,9 @@ impl<'h> Checker<'h> {
     }
 
     fn kill(&mut self, t: u64, proc: u32, idx: usize) {
-        let Some(hs) = self.by_proc.get(&proc) else { return };
+        let Some(hs) = self.by_proc.get(&proc) else {
+            return;
+        };
         for h in hs.clone() {
             if self.hs[h].open.is_some() {
                 self.close(h, t, idx, Cause::Kill);
@@ -453,7 +477,14 @@ impl<'h> Checker<'h> {
                     self.hs[h].last_acq_activity = e.t;
                 }
             }
-            EventKind::AcqOk { attempt, holder, token, depth, deadline, .. } => {
+            EventKind::AcqOk {
+                attempt,
+                holder,
+                token,
+                depth,
+                deadline,
+                ..
+            } => {
                 self.acq_ok(i, e, lock, *attempt, holder, *token, *depth, *deadline);
             }
             EventKind::AcqFail { attempt, .. } | EventKind::AcqInfo { attempt, .. } => {
@@ -483,13 +514,21 @@ impl<'h> Checker<'h> {
                 s.released_at = Some(e.t);
                 s.last_idx = i;
             }
-            EventKind::RelInvoke { holder, depth_before } => {
+            EventKind::RelInvoke {
+                holder,
+                depth_before,
+            } => {
                 self.rel_invoke(i, e, lock, holder, *depth_before);
             }
-            EventKind::RelOk { holder, depth_after } => {
+            EventKind::RelOk {
+                holder,
+                depth_after,
+            } => {
                 self.rel_ok(i, e, lock, holder, *depth_after);
             }
-            EventKind::RelFail { holder, not_held, .. } => {
+            EventKind::RelFail {
+                holder, not_held, ..
+            } => {
                 self.rel_fail(i, e, lock, holder, *not_held);
             }
             EventKind::RelInfo { holder, .. } => {
@@ -497,12 +536,9 @@ impl<'h> Checker<'h> {
                 // open (a deeper release, or no rel_invoke), close it where holding was last
                 // confirmed unless the holder certainly keeps an outer level.
                 let h = self.holder_id(lock, holder, i);
-                let (depth, certain, confirm) = {
-                    let s = &self.hs[h];
-                    (s.depth, s.certain, s.last_confirm_t)
-                };
+                let (depth, certain) = (self.hs[h].depth, self.hs[h].certain);
                 if depth <= 1 || !certain {
-                    self.close(h, confirm, i, Cause::Release);
+                    self.close_late(h, i);
                 }
                 let s = &mut self.hs[h];
                 s.certain = false;
@@ -515,7 +551,12 @@ impl<'h> Checker<'h> {
                 }
             }
             EventKind::Nemesis { .. } => {}
-            EventKind::Observe { node, fields, pttl_ms, .. } => {
+            EventKind::Observe {
+                node,
+                fields,
+                pttl_ms,
+                ..
+            } => {
                 self.observe(i, e, lock, *node, fields, *pttl_ms);
             }
         }
@@ -545,7 +586,13 @@ impl<'h> Checker<'h> {
         if let Some(lease) = self.cfg.lease {
             let single = invoke.is_some_and(|inv| {
                 self.cfg.strict_invoke_bound
-                    || matches!(self.ev[inv].kind, EventKind::AcqInvoke { budget_ms: Some(0), .. })
+                    || matches!(
+                        self.ev[inv].kind,
+                        EventKind::AcqInvoke {
+                            budget_ms: Some(0),
+                            ..
+                        }
+                    )
             });
             let (from, what, from_idx) = match invoke {
                 Some(inv) if single => (self.ev[inv].t, "acq_invoke", inv),
@@ -568,7 +615,11 @@ impl<'h> Checker<'h> {
                 if from_idx != i {
                     events.insert(0, from_idx);
                 }
-                self.valid.add(|| Finding { message: msg, events, anchor: i });
+                self.valid.add(|| Finding {
+                    message: msg,
+                    events,
+                    anchor: i,
+                });
             }
         }
         let min_v = dur_ns(self.cfg.min_validity);
@@ -584,40 +635,59 @@ impl<'h> Checker<'h> {
                 self.rel(deadline),
                 self.cfg.min_validity
             );
-            self.valid.add(|| Finding { message: msg, events: vec![i], anchor: i });
+            self.valid.add(|| Finding {
+                message: msg,
+                events: vec![i],
+                anchor: i,
+            });
         }
 
         let h = self.holder_id(lock, holder, i);
         let ghost = self.ghosts.remove(&(e.proc, e.task, lock));
-        let (prev_depth, certain, prev_token, prev_idx) = {
+        let (prev_depth, certain, prev_token, prev_idx, prev_deadline) = {
             let s = &self.hs[h];
-            (s.depth, s.certain, s.token, s.last_idx)
+            (s.depth, s.certain, s.token, s.last_idx, s.deadline)
         };
+        // A re-entrant call that reaches the server after the entry expired creates a fresh
+        // entry (depth 1, new token): legitimate once the holder's deadline has passed.
+        let recreated = depth == 1 && prev_depth >= 1 && e.t >= prev_deadline;
         // I6: depth goes up by exactly one.
-        if certain && depth != prev_depth.saturating_add(1) && !ghost {
+        if certain && depth != prev_depth.saturating_add(1) && !ghost && !recreated {
             let msg = format!(
                 "holder {holder:?}: acq_ok reports depth {depth} but the holder had depth \
                  {prev_depth} (expected {})",
                 prev_depth.saturating_add(1)
             );
-            let events = if prev_idx == i { vec![i] } else { vec![prev_idx, i] };
-            self.reent.add(|| Finding { message: msg, events, anchor: i });
+            let events = if prev_idx == i {
+                vec![i]
+            } else {
+                vec![prev_idx, i]
+            };
+            self.reent.add(|| Finding {
+                message: msg,
+                events,
+                anchor: i,
+            });
         }
         // I3: tokens.
         if depth <= 1 {
             self.stats.first_level_acquisitions += 1;
-            if let Some((prev, pidx)) = self.last_first_level[lock] {
-                if token <= prev {
-                    if self.cfg.allow_token_reset {
-                        self.stats.token_resets += 1;
-                    } else {
-                        let msg = format!(
-                            "lock {:?}: holder {holder:?} acquired with token {token}, not greater \
-                             than token {prev} of the previous first-level acquisition",
-                            self.lock_names[lock]
-                        );
-                        self.tokens.add(|| Finding { message: msg, events: vec![pidx, i], anchor: i });
-                    }
+            if let Some((prev, pidx)) = self.last_first_level[lock]
+                && token <= prev
+            {
+                if self.cfg.allow_token_reset {
+                    self.stats.token_resets += 1;
+                } else {
+                    let msg = format!(
+                        "lock {:?}: holder {holder:?} acquired with token {token}, not greater \
+                         than token {prev} of the previous first-level acquisition",
+                        self.lock_names[lock]
+                    );
+                    self.tokens.add(|| Finding {
+                        message: msg,
+                        events: vec![pidx, i],
+                        anchor: i,
+                    });
                 }
             }
             self.last_first_level[lock] = Some((token, i));
@@ -629,8 +699,16 @@ impl<'h> Checker<'h> {
                 "holder {holder:?}: re-entrant acquisition (depth {depth}) returned token {token}, \
                  the holder's token is {prev}"
             );
-            let events = if prev_idx == i { vec![i] } else { vec![prev_idx, i] };
-            self.tokens.add(|| Finding { message: msg, events, anchor: i });
+            let events = if prev_idx == i {
+                vec![i]
+            } else {
+                vec![prev_idx, i]
+            };
+            self.tokens.add(|| Finding {
+                message: msg,
+                events,
+                anchor: i,
+            });
         }
 
         let s = &mut self.hs[h];
@@ -643,6 +721,10 @@ impl<'h> Checker<'h> {
         s.last_confirm_t = e.t;
         s.released_at = None;
         s.last_acq_activity = e.t;
+        if depth <= 1 {
+            // A fresh entry: the previous one is gone, its window ends by its own deadline.
+            s.open = None;
+        }
         match s.open {
             Some(w) => {
                 let w = &mut self.wins[w];
@@ -668,17 +750,20 @@ impl<'h> Checker<'h> {
 
     fn renew_ok(&mut self, i: usize, e: &'h Event, lock: usize, holder: &'h str, deadline: u64) {
         if let Some(lease) = self.cfg.lease {
-            let bound = e
-                .t
-                .saturating_add(dur_ns(lease))
-                .saturating_add(dur_ns(self.cfg.deadline_tolerance));
+            let bound =
+                e.t.saturating_add(dur_ns(lease))
+                    .saturating_add(dur_ns(self.cfg.deadline_tolerance));
             if deadline > bound {
                 let msg = format!(
                     "holder {holder:?}: renew_ok deadline {} is {} beyond renew_ok.t + lease",
                     self.rel(deadline),
                     ms(deadline - bound)
                 );
-                self.valid.add(|| Finding { message: msg, events: vec![i], anchor: i });
+                self.valid.add(|| Finding {
+                    message: msg,
+                    events: vec![i],
+                    anchor: i,
+                });
             }
         }
         let h = self.holder_id(lock, holder, i);
@@ -689,8 +774,16 @@ impl<'h> Checker<'h> {
                  acquisition; a reply reordered against the release is possible, so this is a \
                  warning)"
             );
-            let events = if s.last_idx == i { vec![i] } else { vec![s.last_idx, i] };
-            self.own_warn.add(|| Finding { message: msg, events, anchor: i });
+            let events = if s.last_idx == i {
+                vec![i]
+            } else {
+                vec![s.last_idx, i]
+            };
+            self.own_warn.add(|| Finding {
+                message: msg,
+                events,
+                anchor: i,
+            });
             self.hs[h].last_idx = i;
             return;
         }
@@ -716,20 +809,25 @@ impl<'h> Checker<'h> {
                 "holder {holder:?}: rel_invoke says depth_before {before}, the history gives \
                  depth {depth}"
             );
-            self.reent.add(|| Finding { message: msg, events: vec![prev_idx, i], anchor: i });
+            self.reent.add(|| Finding {
+                message: msg,
+                events: vec![prev_idx, i],
+                anchor: i,
+            });
         }
         if before <= 1 || (certain && depth <= 1) {
             self.close(h, e.t, i, Cause::Release);
         }
         self.hs[h].last_idx = i;
+        self.hs[h].last_rel_invoke = Some((e.t, i));
     }
 
     fn rel_ok(&mut self, i: usize, e: &'h Event, lock: usize, holder: &'h str, after: u32) {
         self.stats.releases += 1;
         let h = self.holder_id(lock, holder, i);
-        let (depth, certain, prev_idx, confirm) = {
+        let (depth, certain, prev_idx) = {
             let s = &self.hs[h];
-            (s.depth, s.certain, s.last_idx, s.last_confirm_t)
+            (s.depth, s.certain, s.last_idx)
         };
         if certain && depth == 0 {
             let msg = format!(
@@ -737,19 +835,31 @@ impl<'h> Checker<'h> {
                  (depth_after {after})",
                 self.lock_names[lock]
             );
-            let events = if prev_idx == i { vec![i] } else { vec![prev_idx, i] };
-            self.own.add(|| Finding { message: msg, events, anchor: i });
+            let events = if prev_idx == i {
+                vec![i]
+            } else {
+                vec![prev_idx, i]
+            };
+            self.own.add(|| Finding {
+                message: msg,
+                events,
+                anchor: i,
+            });
         } else if certain && after != depth - 1 {
             let msg = format!(
                 "holder {holder:?}: one release took depth from {depth} to {after} (expected {})",
                 depth - 1
             );
-            self.reent.add(|| Finding { message: msg, events: vec![prev_idx, i], anchor: i });
+            self.reent.add(|| Finding {
+                message: msg,
+                events: vec![prev_idx, i],
+                anchor: i,
+            });
         }
         if after == 0 && self.hs[h].open.is_some() {
-            // No rel_invoke closed the window: close it at the last time holding was
-            // confirmed, which is sound (rel_ok.t is after the server-side delete).
-            self.close(h, confirm, i, Cause::Release);
+            // No rel_invoke at depth 1 closed the window (rel_ok.t is after the server-side
+            // delete, so it cannot be the end).
+            self.close_late(h, i);
         }
         let s = &mut self.hs[h];
         if after == 0 && (s.depth > 0 || !s.certain) {
@@ -766,9 +876,9 @@ impl<'h> Checker<'h> {
             self.hs[h].last_idx = i;
             return;
         }
-        let (depth, certain, prev_idx, deadline, confirm) = {
+        let (depth, certain, prev_idx, deadline) = {
             let s = &self.hs[h];
-            (s.depth, s.certain, s.last_idx, s.deadline, s.last_confirm_t)
+            (s.depth, s.certain, s.last_idx, s.deadline)
         };
         if certain && depth > 0 && e.t < deadline {
             let msg = format!(
@@ -777,11 +887,13 @@ impl<'h> Checker<'h> {
                 self.rel(deadline),
                 self.rel(e.t)
             );
-            self.own.add(|| Finding { message: msg, events: vec![prev_idx, i], anchor: i });
+            self.own.add(|| Finding {
+                message: msg,
+                events: vec![prev_idx, i],
+                anchor: i,
+            });
         }
-        if self.hs[h].open.is_some() {
-            self.close(h, confirm, i, Cause::Release);
-        }
+        self.close_late(h, i);
         let s = &mut self.hs[h];
         if s.depth > 0 || !s.certain {
             s.released_at = Some(e.t);
@@ -809,11 +921,19 @@ impl<'h> Checker<'h> {
                 self.lock_names[lock],
                 self.rel(e.t)
             );
-            self.quiet.add(|| Finding { message: msg, events: vec![i], anchor: i });
+            self.quiet.add(|| Finding {
+                message: msg,
+                events: vec![i],
+                anchor: i,
+            });
         }
         // Zombie renewal: the TTL of a field whose holder has stopped holding jumps up.
         if let Some(prev) = self.last_observe.insert((lock, node), i)
-            && let EventKind::Observe { fields: pf, pttl_ms: pp, .. } = &self.ev[prev].kind
+            && let EventKind::Observe {
+                fields: pf,
+                pttl_ms: pp,
+                ..
+            } = &self.ev[prev].kind
             && *pp >= 0
             && pttl_ms >= 0
         {
@@ -824,7 +944,9 @@ impl<'h> Checker<'h> {
                     if !pf.contains_key(field) {
                         continue;
                     }
-                    let Some(&h) = self.holder_ids.get(&(lock, field.as_str())) else { continue };
+                    let Some(&h) = self.holder_ids.get(&(lock, field.as_str())) else {
+                        continue;
+                    };
                     let s = &self.hs[h];
                     if let Some(r) = s.released_at
                         && r < t1
@@ -837,7 +959,11 @@ impl<'h> Checker<'h> {
                             self.rel(r)
                         );
                         let events = vec![s.last_idx, prev, i];
-                        self.quiet.add(|| Finding { message: msg, events, anchor: i });
+                        self.quiet.add(|| Finding {
+                            message: msg,
+                            events,
+                            anchor: i,
+                        });
                     }
                 }
             }
@@ -920,8 +1046,14 @@ impl<'h> Checker<'h> {
             cb.as_str(),
             ms(ea.min(eb) - wb.start)
         );
-        let mut events =
-            vec![wa.start_idx, wa.deadline_idx, ea_idx, wb.start_idx, wb.deadline_idx, eb_idx];
+        let mut events = vec![
+            wa.start_idx,
+            wa.deadline_idx,
+            ea_idx,
+            wb.start_idx,
+            wb.deadline_idx,
+            eb_idx,
+        ];
         if let Some((_, i, _)) = wa.close {
             events.push(i);
         }
@@ -931,7 +1063,11 @@ impl<'h> Checker<'h> {
         events.retain(|&i| i != NO_EVENT);
         events.sort_unstable();
         events.dedup();
-        Finding { message, events, anchor: wb.start_idx }
+        Finding {
+            message,
+            events,
+            anchor: wb.start_idx,
+        }
     }
 
     /// Resource operations must fall inside their holder's window.
@@ -939,8 +1075,15 @@ impl<'h> Checker<'h> {
         let ops = std::mem::take(&mut self.res_ops);
         for &i in &ops {
             let e = &self.ev[i];
-            let EventKind::ResOp { holder, op, token, .. } = &e.kind else { continue };
-            let Some(&lock) = self.locks.get(e.lock.as_str()) else { continue };
+            let EventKind::ResOp {
+                holder, op, token, ..
+            } = &e.kind
+            else {
+                continue;
+            };
+            let Some(&lock) = self.locks.get(e.lock.as_str()) else {
+                continue;
+            };
             let h = self.holder_ids.get(&(lock, holder.as_str())).copied();
             let wins: &[usize] = h.map_or(&[], |h| &self.hs[h].windows);
             let k = wins.partition_point(|&w| self.wins[w].start <= e.t);
@@ -979,7 +1122,11 @@ impl<'h> Checker<'h> {
                     vec![i],
                 )
             };
-            self.activity.add(|| Finding { message, events, anchor: i });
+            self.activity.add(|| Finding {
+                message,
+                events,
+                anchor: i,
+            });
         }
         self.res_ops = ops;
     }
@@ -1008,7 +1155,11 @@ impl<'h> Checker<'h> {
                         c.final_value,
                         i128::from(expected) - i128::from(c.final_value)
                     );
-                    self.counter.add(|| Finding { message, events: Vec::new(), anchor: NO_EVENT });
+                    self.counter.add(|| Finding {
+                        message,
+                        events: Vec::new(),
+                        anchor: NO_EVENT,
+                    });
                 }
                 None
             }
@@ -1019,7 +1170,11 @@ impl<'h> Checker<'h> {
         {
             let message = format!("lock keys left after the scenario: {keys:?}");
             let last = self.ev.len().checked_sub(1).unwrap_or(NO_EVENT);
-            self.quiet.add(|| Finding { message, events: Vec::new(), anchor: last });
+            self.quiet.add(|| Finding {
+                message,
+                events: Vec::new(),
+                anchor: last,
+            });
         }
         // Latency.
         let mut lat = std::mem::take(&mut self.latencies);
@@ -1043,16 +1198,30 @@ impl<'h> Checker<'h> {
             CheckId::Exclusion,
             excl,
             false,
-            if acquisitions == 0 { none("no acq_ok events") } else { None },
-            format!("{} windows on {} locks", self.stats.windows, self.stats.locks),
+            if acquisitions == 0 {
+                none("no acq_ok events")
+            } else {
+                None
+            },
+            format!(
+                "{} windows on {} locks",
+                self.stats.windows, self.stats.locks
+            ),
         ));
         let tokens = std::mem::take(&mut self.tokens);
         checks.push(self.result(
             CheckId::Tokens,
             tokens,
             false,
-            if acquisitions == 0 { none("no acq_ok events") } else { None },
-            format!("{} first-level acquisitions", self.stats.first_level_acquisitions),
+            if acquisitions == 0 {
+                none("no acq_ok events")
+            } else {
+                None
+            },
+            format!(
+                "{} first-level acquisitions",
+                self.stats.first_level_acquisitions
+            ),
         ));
         let own = std::mem::take(&mut self.own);
         let mut own_res = self.result(
@@ -1068,7 +1237,11 @@ impl<'h> Checker<'h> {
         }
         checks.push(own_res);
         let reent = std::mem::take(&mut self.reent);
-        checks.push(self.result(CheckId::Reentry, reent, false, None, String::new()));
+        let reent_note = format!(
+            "{acquisitions} acquisitions, {} releases",
+            self.stats.releases
+        );
+        checks.push(self.result(CheckId::Reentry, reent, false, None, reent_note));
         let valid = std::mem::take(&mut self.valid);
         let valid_note = if self.cfg.lease.is_some() {
             format!("min validity {:?}", self.cfg.min_validity)
@@ -1079,7 +1252,11 @@ impl<'h> Checker<'h> {
             CheckId::Validity,
             valid,
             false,
-            if acquisitions == 0 { none("no acq_ok events") } else { None },
+            if acquisitions == 0 {
+                none("no acq_ok events")
+            } else {
+                None
+            },
             valid_note,
         ));
         let activity = std::mem::take(&mut self.activity);
@@ -1088,11 +1265,21 @@ impl<'h> Checker<'h> {
             CheckId::Activity,
             activity,
             !self.cfg.fail_on_activity_past_validity,
-            if n_ops == 0 { none("no res_op events") } else { None },
+            if n_ops == 0 {
+                none("no res_op events")
+            } else {
+                None
+            },
             format!("{n_ops} resource operations"),
         ));
         let counter = std::mem::take(&mut self.counter);
-        checks.push(self.result(CheckId::Counter, counter, false, counter_status, counter_note));
+        checks.push(self.result(
+            CheckId::Counter,
+            counter,
+            false,
+            counter_status,
+            counter_note,
+        ));
         let quiet = std::mem::take(&mut self.quiet);
         let quiet_unchecked = self.cfg.quiescent_after.is_none()
             && self.cfg.final_keys.is_none()
@@ -1100,17 +1287,33 @@ impl<'h> Checker<'h> {
         let quiet_note = format!(
             "{} snapshots{}{}",
             self.observes,
-            if self.cfg.quiescent_after.is_some() { ", quiescence window" } else { "" },
-            if self.cfg.final_keys.is_some() { ", final key scan" } else { "" }
+            if self.cfg.quiescent_after.is_some() {
+                ", quiescence window"
+            } else {
+                ""
+            },
+            if self.cfg.final_keys.is_some() {
+                ", final key scan"
+            } else {
+                ""
+            }
         );
         checks.push(self.result(
             CheckId::Quiescence,
             quiet,
             false,
-            if quiet_unchecked { none("no observer snapshots or final key scan") } else { None },
+            if quiet_unchecked {
+                none("no observer snapshots or final key scan")
+            } else {
+                None
+            },
             quiet_note,
         ));
-        Report { checks, stats: self.stats, origin: self.origin }
+        Report {
+            checks,
+            stats: self.stats,
+            origin: self.origin,
+        }
     }
 
     fn result(
@@ -1124,17 +1327,32 @@ impl<'h> Checker<'h> {
         let status = match (tally.first, unchecked) {
             (Some(f), _) => {
                 let cx = Box::new(self.counterexample(f));
-                if warn_only { Status::Warn(cx) } else { Status::Fail(cx) }
+                if warn_only {
+                    Status::Warn(cx)
+                } else {
+                    Status::Fail(cx)
+                }
             }
             (None, Some(u)) => u,
             (None, None) => Status::Pass,
         };
-        CheckResult { id, status, violations: tally.count, note }
+        CheckResult {
+            id,
+            status,
+            violations: tally.count,
+            note,
+        }
     }
 
     fn counterexample(&self, f: Finding) -> Counterexample {
         let pick = |i: usize| (i, self.ev[i].clone());
-        let events = f.events.iter().copied().filter(|&i| i < self.ev.len()).map(pick).collect();
+        let events = f
+            .events
+            .iter()
+            .copied()
+            .filter(|&i| i < self.ev.len())
+            .map(pick)
+            .collect();
         let context = if f.anchor < self.ev.len() {
             let n = self.cfg.context_events;
             let lo = f.anchor.saturating_sub(n / 2);
@@ -1144,6 +1362,10 @@ impl<'h> Checker<'h> {
         } else {
             Vec::new()
         };
-        Counterexample { message: f.message, events, context }
+        Counterexample {
+            message: f.message,
+            events,
+            context,
+        }
     }
 }

@@ -65,7 +65,13 @@ impl Event {
     ///
     /// None.
     pub fn new(t: u64, proc: u32, task: u64, lock: impl Into<String>, kind: EventKind) -> Self {
-        Event { t, proc, task, lock: lock.into(), kind }
+        Event {
+            t,
+            proc,
+            task,
+            lock: lock.into(),
+            kind,
+        }
     }
 }
 
@@ -238,7 +244,10 @@ impl EventKind {
     ///
     /// None.
     pub fn kill_worker(proc: u32) -> Self {
-        EventKind::Nemesis { action: KILL_WORKER.to_owned(), target: proc.to_string() }
+        EventKind::Nemesis {
+            action: KILL_WORKER.to_owned(),
+            target: proc.to_string(),
+        }
     }
 
     /// The snake-case name used as `"kind"` in JSON.

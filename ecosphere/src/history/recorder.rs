@@ -104,7 +104,10 @@ impl Recorder {
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|source| HistoryError::Io { path: path.clone(), source })?;
+            .map_err(|source| HistoryError::Io {
+                path: path.clone(),
+                source,
+            })?;
         Ok(Recorder {
             inner: Arc::new(Inner {
                 proc,
@@ -223,7 +226,10 @@ impl Recorder {
     fn lock_out(&self) -> MutexGuard<'_, BufWriter<File>> {
         // A panic while holding the lock cannot leave a half-written line in the buffer that
         // matters more than losing the whole recorder would; keep going.
-        self.inner.out.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .out
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn write_line(
@@ -234,7 +240,13 @@ impl Recorder {
         lock: &str,
         kind: &EventKind,
     ) -> Result<(), HistoryError> {
-        let ev = EventRef { t, proc: self.inner.proc, task, lock, kind };
+        let ev = EventRef {
+            t,
+            proc: self.inner.proc,
+            task,
+            lock,
+            kind,
+        };
         let mut line = serde_json::to_vec(&ev).map_err(HistoryError::Encode)?;
         line.push(b'\n');
         out.write_all(&line).map_err(|source| self.io(source))?;
@@ -245,6 +257,9 @@ impl Recorder {
     }
 
     fn io(&self, source: std::io::Error) -> HistoryError {
-        HistoryError::Io { path: self.inner.path.clone(), source }
+        HistoryError::Io {
+            path: self.inner.path.clone(),
+            source,
+        }
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::event::Event;
+use super::event::{Event, EventKind};
 
 /// The checks, in report order.
 ///
@@ -363,7 +363,11 @@ impl Report {
     ///
     /// None.
     pub fn failed(&self) -> Vec<CheckId> {
-        self.checks.iter().filter(|c| !c.status.is_ok()).map(|c| c.id).collect()
+        self.checks
+            .iter()
+            .filter(|c| !c.status.is_ok())
+            .map(|c| c.id)
+            .collect()
     }
 
     /// Panics with the whole report if any check failed.
@@ -391,10 +395,20 @@ impl Report {
 
     fn fmt_event(&self, f: &mut fmt::Formatter<'_>, idx: usize, e: &Event) -> fmt::Result {
         let kind = serde_json::to_string(&e.kind).unwrap_or_else(|_| format!("{:?}", e.kind));
-        let idx = if idx == usize::MAX { "config".to_owned() } else { format!("#{idx}") };
+        let idx = if idx == usize::MAX {
+            "config".to_owned()
+        } else {
+            format!("#{idx}")
+        };
+        let deadline = match &e.kind {
+            EventKind::AcqOk { deadline, .. } | EventKind::RenewOk { deadline, .. } => {
+                format!(" (deadline {})", rel_ms(*deadline, self.origin))
+            }
+            _ => String::new(),
+        };
         writeln!(
             f,
-            "    {idx:>7} {:>13} proc={} task={} lock={:?} {kind}",
+            "    {idx:>7} {:>13} proc={} task={} lock={:?} {kind}{deadline}",
             rel_ms(e.t, self.origin),
             e.proc,
             e.task,
@@ -431,7 +445,13 @@ impl fmt::Display for Report {
                 Status::Fail(_) | Status::Warn(_) => format!(" {} found", c.violations),
                 Status::Pass => String::new(),
             };
-            writeln!(f, "  {:<22} {:<9}{extra}  {}", c.id.label(), c.status.word(), c.note)?;
+            writeln!(
+                f,
+                "  {:<22} {:<9}{extra}  {}",
+                c.id.label(),
+                c.status.word(),
+                c.note
+            )?;
         }
         let l = &s.acquire_latency;
         writeln!(
@@ -462,8 +482,16 @@ impl fmt::Display for Report {
             l.count
         )?;
         for c in &self.checks {
-            let Some(cx) = c.status.counterexample() else { continue };
-            writeln!(f, "--- {} {}: first of {} ---", c.id.label(), c.status.word(), c.violations)?;
+            let Some(cx) = c.status.counterexample() else {
+                continue;
+            };
+            writeln!(
+                f,
+                "--- {} {}: first of {} ---",
+                c.id.label(),
+                c.status.word(),
+                c.violations
+            )?;
             writeln!(f, "  {}", cx.message)?;
             if !cx.events.is_empty() {
                 writeln!(f, "  conflicting events:")?;

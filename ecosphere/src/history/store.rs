@@ -85,7 +85,11 @@ impl History {
                     Ok(e) => events.push(e),
                     Err(_) if !complete && i + 1 == n_lines => truncated_lines += 1,
                     Err(source) => {
-                        return Err(HistoryError::Parse { path: path.clone(), line: i + 1, source });
+                        return Err(HistoryError::Parse {
+                            path: path.clone(),
+                            line: i + 1,
+                            source,
+                        });
                     }
                 }
             }
@@ -110,7 +114,11 @@ impl History {
     /// None.
     pub fn from_events(mut events: Vec<Event>) -> History {
         events.sort_by_key(|e| e.t);
-        History { events, files: Vec::new(), truncated_lines: 0 }
+        History {
+            events,
+            files: Vec::new(),
+            truncated_lines: 0,
+        }
     }
 
     /// The events, in time order.
