@@ -27,7 +27,8 @@
 //!   Depth > 1 must repeat the holder's current token.
 //! - **I5 ownership.** A `rel_ok` by a holder the history shows at depth 0 fails; a
 //!   `rel_fail{not_held: true}` before the holder's deadline while it held a known depth fails
-//!   (its entry vanished inside its lease). A `renew_ok` while not holding is a warning.
+//!   (its entry vanished inside its lease; a warning with [`CheckConfig::allow_token_reset`]).
+//!   A `renew_ok` while not holding is a warning (its reply may be reordered with the release).
 //! - **I6 reentry.** `acq_ok.depth` = previous + 1; `rel_ok.depth_after` = previous − 1;
 //!   `rel_invoke.depth_before` = the known depth. After `lost`, `rel_info` or a kill the depth
 //!   is unknown and the next `acq_ok`/`rel_ok` resynchronises it; after an `acq_info` by the
@@ -42,8 +43,8 @@
 //! - **I8 quiescence.** No `observe` at or after [`CheckConfig::quiescent_after`] shows the key
 //!   (fields or PTTL ≥ −1); [`CheckConfig::final_keys`] is empty; and, over the whole run, the
 //!   PTTL of a field never rises (beyond [`CheckConfig::ttl_bump_tolerance`]) between two
-//!   snapshots that both show it, after its holder stopped holding and without any acquire by
-//!   its task since (zombie renewal).
+//!   snapshots that both show it, more than [`CheckConfig::zombie_grace`] after its holder stopped
+//!   holding and without any acquire by its task since (zombie renewal).
 //!
 //! # Examples
 //!

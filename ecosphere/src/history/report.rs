@@ -509,3 +509,36 @@ impl fmt::Display for Report {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_times() {
+        assert_eq!(rel_ms(1_500_000, 1_000_000), "+0.500000ms");
+        assert_eq!(rel_ms(1_000_000, 3_000_001), "-2.000001ms");
+    }
+
+    #[test]
+    fn status_is_ok_only_without_failure() {
+        let cx = Box::<Counterexample>::default;
+        assert!(Status::Warn(cx()).is_ok());
+        assert!(!Status::Fail(cx()).is_ok());
+        assert!(Status::Fail(cx()).counterexample().is_some());
+        let r = Report {
+            checks: vec![CheckResult {
+                id: CheckId::Tokens,
+                status: Status::Fail(cx()),
+                violations: 1,
+                note: String::new(),
+            }],
+            stats: Stats::default(),
+            origin: 0,
+        };
+        assert!(!r.is_ok());
+        assert_eq!(r.failed(), vec![CheckId::Tokens]);
+        assert!(matches!(r.status(CheckId::Counter), Status::Unchecked(_)));
+        assert!(r.to_string().contains("I3 tokens"));
+    }
+}

@@ -212,3 +212,35 @@ impl History {
         check(self, cfg)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::EventKind;
+
+    #[test]
+    fn from_events_sorts_stably() {
+        let e = |t, attempt| {
+            Event::new(
+                t,
+                0,
+                0,
+                "l",
+                EventKind::AcqInvoke {
+                    attempt,
+                    budget_ms: None,
+                },
+            )
+        };
+        let h = History::from_events(vec![e(5, 0), e(3, 1), e(5, 2), e(3, 3)]);
+        let order: Vec<u64> = h
+            .events()
+            .iter()
+            .map(|e| match e.kind {
+                EventKind::AcqInvoke { attempt, .. } => attempt,
+                _ => u64::MAX,
+            })
+            .collect();
+        assert_eq!(order, vec![1, 3, 0, 2]);
+    }
+}
