@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_redis::{Manager, Pool, Runtime};
 use redis::aio::MultiplexedConnection;
@@ -266,7 +266,12 @@ pub(crate) struct Inner {
 struct ConnSlot {
     generation: u64,
     conn: Option<deadpool_redis::Connection>,
+    /// When the connection last answered.
+    last_ok: Instant,
 }
+
+/// How long the shared connection may sit idle before it is checked with a `PING`.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -449,6 +454,7 @@ impl RedisClient {
             conn: Mutex::new(ConnSlot {
                 generation: 0,
                 conn: None,
+                last_ok: Instant::now(),
             }),
             locks: Mutex::new(HashMap::new()),
         });
@@ -557,11 +563,38 @@ impl RedisClient {
 
     /// The shared multiplexed connection (borrowed from the pool on first use and after a
     /// failure), with its generation for [`invalidate`](Self::invalidate).
+    ///
+    /// A connection idle for longer than [`IDLE_CHECK`] is checked with a `PING` first: a
+    /// server that restarted meanwhile broke it, and a script sent on it would fail without the
+    /// caller knowing whether it ran. Busy connections are never checked (no extra round trip).
     async fn connection(&self) -> Result<(u64, MultiplexedConnection)> {
-        {
-            let slot = lock(&self.inner.conn);
-            if let Some(c) = &slot.conn {
-                return Ok((slot.generation, MultiplexedConnection::clone(c)));
+        for _ in 0..2 {
+            let cached = {
+                let slot = lock(&self.inner.conn);
+                slot.conn.as_ref().map(|c| {
+                    (
+                        slot.generation,
+                        MultiplexedConnection::clone(c),
+                        slot.last_ok.elapsed() > IDLE_CHECK,
+                    )
+                })
+            };
+            match cached {
+                Some((generation, conn, false)) => return Ok((generation, conn)),
+                Some((generation, mut conn, true)) => {
+                    match redis::cmd("PING").query_async::<()>(&mut conn).await {
+                        Ok(()) => {
+                            self.mark_ok(generation);
+                            return Ok((generation, conn));
+                        }
+                        Err(e) if error::breaks_connection(&e) => {
+                            tracing::debug!(error = %e, "idle connection is broken; replacing it");
+                            self.invalidate(generation);
+                        }
+                        Err(e) => return Err(error::from_redis(e, "PING", &self.inner.address)),
+                    }
+                }
+                None => break,
             }
         }
         let budget = self.inner.options.connect_timeout;
@@ -578,7 +611,15 @@ impl RedisClient {
         }
         let conn = MultiplexedConnection::clone(&obj);
         slot.conn = Some(obj);
+        slot.last_ok = Instant::now();
         Ok((slot.generation, conn))
+    }
+
+    fn mark_ok(&self, generation: u64) {
+        let mut slot = lock(&self.inner.conn);
+        if slot.generation == generation {
+            slot.last_ok = Instant::now();
+        }
     }
 
     fn invalidate(&self, generation: u64) {
@@ -601,12 +642,18 @@ impl RedisClient {
         let budget = self.inner.options.command_timeout;
         let run = async {
             let (generation, conn) = self.connection().await?;
-            f(conn).await.map_err(|e| {
-                if error::breaks_connection(&e) {
-                    self.invalidate(generation);
+            match f(conn).await {
+                Ok(v) => {
+                    self.mark_ok(generation);
+                    Ok(v)
                 }
-                error::from_redis(e, what, &self.inner.address)
-            })
+                Err(e) => {
+                    if error::breaks_connection(&e) {
+                        self.invalidate(generation);
+                    }
+                    Err(error::from_redis(e, what, &self.inner.address))
+                }
+            }
         };
         match tokio::time::timeout(budget, run).await {
             Ok(r) => r,

@@ -1,0 +1,455 @@
+//! Single-process behaviour of `SingleLock` against a real Redis: basics, reentrancy, tokens,
+//! ownership, bad input, and the `Send`/`Sync` promises.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ecosphere::server::RedisServer;
+use slate_core::BackendKind;
+use slate_redis::{
+    ClientOptions, DistributedLock, HolderId, LockGuard, LossReason, RedisClient, SingleLock,
+    SingleLockGuard,
+};
+
+const LEASE: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_and_release() {
+    let server = server();
+    let client = client(&server);
+    let lock = lock(&client, "basics", LEASE);
+    assert_eq!(lock.key(), b"slate:{basics}");
+
+    let before = Instant::now();
+    let guard = lock.lock().await.unwrap();
+    assert_eq!(guard.depth(), 1);
+    assert!(guard.fencing_token().get() >= 1);
+    assert!(!guard.is_lost());
+    // Deadline = send instant + lease - drift: inside (before, now + lease).
+    assert!(guard.lease_deadline() > before + LEASE - Duration::from_millis(100));
+    assert!(guard.lease_deadline() < Instant::now() + LEASE);
+    assert!(lock.is_locked().await.unwrap());
+    assert_eq!(lock.hold_count(guard.holder()).await.unwrap(), 1);
+    assert_eq!(lock.hold_count(HolderId::new()).await.unwrap(), 0);
+    let remaining = lock.remaining_lease().await.unwrap().unwrap();
+    assert!(remaining <= LEASE && remaining > LEASE - Duration::from_secs(1));
+    assert_eq!(client.stats().renewals, 1);
+    assert_eq!(lock.local_owner(), Some((guard.holder(), 1)));
+
+    assert_eq!(guard.unlock().await.unwrap(), 0);
+    assert!(!lock.is_locked().await.unwrap());
+    assert_eq!(lock.remaining_lease().await.unwrap(), None);
+    assert_eq!(client.stats().renewals, 0);
+    assert_eq!(lock.local_owner(), None);
+    // Only the fencing counter remains, and it has no TTL.
+    assert_eq!(keys(&server), vec!["slate:{basics}:fence".to_owned()]);
+    assert_eq!(int(&server, &["TTL", "slate:{basics}:fence"]), -1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_on_a_busy_lock_is_none() {
+    let server = server();
+    let (a, b) = (client(&server), client(&server));
+    let lock_a = lock(&a, "busy", LEASE);
+    let lock_b = lock(&b, "busy", LEASE);
+    let guard = lock_a.lock().await.unwrap();
+    // Same client, another holder: the local queue answers.
+    assert!(lock_a.try_lock().await.unwrap().is_none());
+    // Another client: Redis answers busy.
+    assert!(lock_b.try_lock().await.unwrap().is_none());
+    guard.unlock().await.unwrap();
+    let g = lock_b.try_lock().await.unwrap().expect("free now");
+    g.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_for_times_out_in_the_queue() {
+    let server = server();
+    let client = client(&server);
+    let lock = lock(&client, "timeout", LEASE);
+    let guard = lock.lock().await.unwrap();
+    let start = Instant::now();
+    let err = lock
+        .try_lock_for(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(start.elapsed() >= Duration::from_millis(290));
+    assert_eq!(client.stats().local_waiters, 0);
+    guard.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrancy_depth_three_with_renewal_and_a_waiter() {
+    let server = server();
+    let client = client(&server);
+    let lease = Duration::from_millis(300);
+    let lock = lock(&client, "reentrant", lease);
+
+    let g1 = lock.lock().await.unwrap();
+    let g2 = g1.reenter().await.unwrap();
+    let g3 = lock.lock_as(g1.holder()).await.unwrap();
+    assert_eq!((g1.depth(), g2.depth(), g3.depth()), (1, 2, 3));
+    assert_eq!(g2.fencing_token(), g1.fencing_token());
+    assert_eq!(g3.fencing_token(), g1.fencing_token());
+    assert_eq!(
+        client.stats().renewals,
+        1,
+        "re-entrant guards share one registration"
+    );
+
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move {
+            let g = lock.lock().await.unwrap();
+            let token = g.fencing_token();
+            (g, token)
+        }
+    });
+    eventually(Duration::from_secs(2), "the waiter to queue", || {
+        client.stats().local_waiters == 1
+    })
+    .await;
+
+    // Hold for more than three leases: renewal keeps it, the waiter keeps waiting.
+    let held_until = Instant::now() + lease * 4;
+    while Instant::now() < held_until {
+        assert!(
+            !g1.is_lost(),
+            "lease lost while held: {:?}",
+            g1.lease().loss_reason()
+        );
+        assert!(!waiter.is_finished());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(lock.hold_count(g1.holder()).await.unwrap(), 3);
+
+    let holder = g1.holder();
+    let t1 = g1.fencing_token();
+    assert_eq!(g3.unlock().await.unwrap(), 2);
+    assert_eq!(g2.unlock().await.unwrap(), 1);
+    tokio::time::sleep(lease).await;
+    assert!(!waiter.is_finished(), "freed before depth 0");
+    assert!(lock.is_locked().await.unwrap());
+    assert_eq!(g1.unlock().await.unwrap(), 0);
+
+    let (g, token) = within(Duration::from_secs(2), "the waiter", waiter)
+        .await
+        .unwrap();
+    assert!(token > t1, "{token} after {t1}");
+    // One more release by the first holder: not held, nothing touched.
+    let key = "slate:{reentrant}";
+    let before = server.command(&["HGETALL", key]).unwrap();
+    assert_eq!(
+        run_script(
+            &server,
+            RELEASE_LUA,
+            &[key, "slate:{reentrant}:released"],
+            &[&holder.to_string(), "300"]
+        ),
+        -1
+    );
+    assert_eq!(server.command(&["HGETALL", key]).unwrap(), before);
+    g.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_holders_and_stay_on_reentry() {
+    let server = server();
+    let (a, b) = (client(&server), client(&server));
+    let locks = [lock(&a, "tokens", LEASE), lock(&b, "tokens", LEASE)];
+    let mut last = 0;
+    for i in 0..20 {
+        let l = &locks[i % 2];
+        let g = l.lock().await.unwrap();
+        let t = g.fencing_token().get();
+        assert!(t > last, "token {t} after {last}");
+        let again = g.reenter().await.unwrap();
+        assert_eq!(again.fencing_token().get(), t);
+        again.unlock().await.unwrap();
+        g.unlock().await.unwrap();
+        last = t;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_in_a_holder_scope_follows_the_task_across_threads() {
+    let server = server();
+    let client = client(&server);
+    let lock = lock(&client, "scope", LEASE);
+    let holder = HolderId::new();
+    let task = tokio::spawn({
+        let lock = lock.clone();
+        holder.scope(async move {
+            let mut threads = std::collections::HashSet::new();
+            let outer = lock.lock().await.unwrap();
+            let mut guards = Vec::new();
+            for _ in 0..20 {
+                threads.insert(std::thread::current().id());
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let g = lock.lock().await.unwrap();
+                assert_eq!(g.holder(), outer.holder());
+                assert_eq!(g.fencing_token(), outer.fencing_token());
+                guards.push(g);
+            }
+            assert_eq!(guards.last().unwrap().depth(), 21);
+            for g in guards.into_iter().rev() {
+                g.unlock().await.unwrap();
+            }
+            outer.unlock().await.unwrap();
+            threads.len()
+        })
+    });
+    let threads = within(Duration::from_secs(10), "the scoped task", task)
+        .await
+        .unwrap();
+    println!("the scoped task ran on {threads} thread(s)");
+    assert!(!lock.is_locked().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_owner_cannot_release_or_renew() {
+    let server = server();
+    let client = client(&server);
+    let lock = lock(&client, "owner", LEASE);
+    let key = "slate:{owner}";
+    let channel = "slate:{owner}:released";
+    let stranger = HolderId::new().to_string();
+
+    // A release of a lock nobody ever held leaves no key at all (Bedrock created a -1 entry).
+    assert_eq!(
+        run_script(&server, RELEASE_LUA, &[key, channel], &[&stranger, "5000"]),
+        -1
+    );
+    assert_eq!(
+        run_script(&server, RENEW_LUA, &[key], &[&stranger, "5000"]),
+        0
+    );
+    assert!(keys(&server).is_empty(), "{:?}", keys(&server));
+
+    let guard = lock.lock().await.unwrap();
+    let before = server.command(&["HGETALL", key]).unwrap();
+    let ttl_before = int(&server, &["PTTL", key]);
+    // A shorter lease would show up as a lower TTL if renew touched the key.
+    assert_eq!(
+        run_script(&server, RELEASE_LUA, &[key, channel], &[&stranger, "100"]),
+        -1
+    );
+    assert_eq!(
+        run_script(&server, RENEW_LUA, &[key], &[&stranger, "100"]),
+        0
+    );
+    assert_eq!(server.command(&["HGETALL", key]).unwrap(), before);
+    let ttl_after = int(&server, &["PTTL", key]);
+    assert!(
+        ttl_after > 1000 && ttl_after <= ttl_before,
+        "{ttl_after} vs {ttl_before}"
+    );
+    assert_eq!(guard.unlock().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_unlock_wakes_waiters_and_the_holder_learns() {
+    let server = server();
+    let (a, b) = (client(&server), client(&server));
+    let lease = Duration::from_millis(600);
+    let holder_lock = lock(&a, "force", lease);
+    let other = SingleLock::builder(&b, "force")
+        .lease(lease)
+        .spin_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let guard = holder_lock.lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move { other.lock().await.unwrap() }
+    });
+    eventually(Duration::from_secs(2), "the waiter to subscribe", || {
+        b.stats().subscriptions == 1
+    })
+    .await;
+    assert!(other.force_unlock().await.unwrap());
+    let g = within(Duration::from_secs(2), "the woken waiter", waiter)
+        .await
+        .unwrap();
+    // The first holder's renewal finds its entry gone.
+    let reason = within(Duration::from_secs(2), "loss", guard.lost()).await;
+    assert_eq!(reason, LossReason::EntryGone);
+    let err = guard.unlock().await.unwrap_err();
+    assert!(err.is_not_held(), "{err}");
+    assert_eq!(a.stats().renewals, 0);
+    assert_eq!(g.unlock().await.unwrap(), 0);
+    assert!(!other.force_unlock().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_guard_is_released_in_the_background() {
+    let server = server();
+    let client = client(&server);
+    let lock = lock(&client, "drop", LEASE);
+    let guard = lock.lock().await.unwrap();
+    drop(guard);
+    eventually_async(Duration::from_secs(2), "the background release", || {
+        let lock = lock.clone();
+        async move { !lock.is_locked().await.unwrap() }
+    })
+    .await;
+    eventually(Duration::from_secs(2), "deregistration", || {
+        client.stats().renewals == 0
+    })
+    .await;
+    assert!(lock.local_owner().is_none());
+}
+
+#[test]
+fn blocking_twins_work_on_threads() {
+    let server = server();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(async { client(&server) });
+    let lock = SingleLock::builder(&client, "blocking").build().unwrap();
+    let g = lock.blocking_lock().unwrap();
+    let inner = lock.blocking_lock_as(g.holder()).unwrap();
+    assert_eq!(inner.depth(), 2);
+    let other = std::thread::spawn({
+        let lock = lock.clone();
+        move || {
+            lock.blocking_try_lock_for(Duration::from_millis(200))
+                .unwrap_err()
+        }
+    })
+    .join()
+    .unwrap();
+    assert!(other.is_timeout(), "{other}");
+    assert_eq!(inner.blocking_unlock().unwrap(), 1);
+    assert_eq!(g.blocking_unlock().unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "inside a tokio runtime")]
+async fn blocking_lock_panics_inside_a_runtime() {
+    let server = server();
+    let client = client(&server);
+    let lock = SingleLock::builder(&client, "panics").build().unwrap();
+    let _ = lock.blocking_lock();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_the_fix() {
+    let server = server();
+    let client = client(&server);
+    let invalid = |r: slate_core::Result<SingleLock>| match r {
+        Err(slate_core::Error::InvalidInput { what, problem, fix }) => (what, problem, fix),
+        other => panic!("expected invalid input, got {other:?}"),
+    };
+
+    let (what, _, fix) = invalid(SingleLock::builder(&client, "").build());
+    assert_eq!(what, "lock name");
+    assert!(fix.contains("non-empty"), "{fix}");
+    let (what, problem, _) = invalid(SingleLock::builder(&client, vec![b'x'; 1025]).build());
+    assert_eq!(what, "lock name");
+    assert!(problem.contains("1025 bytes"), "{problem}");
+    let (what, _, fix) = invalid(
+        SingleLock::builder(&client, "a")
+            .lease(Duration::ZERO)
+            .build(),
+    );
+    assert_eq!(what, "lease");
+    assert!(fix.contains("at least"), "{fix}");
+    let (what, _, _) = invalid(
+        SingleLock::builder(&client, "a")
+            .lease(Duration::from_secs(1))
+            .renewal_period(Duration::from_secs(1))
+            .build(),
+    );
+    assert_eq!(what, "renewal period");
+    // A second handle of one name with other options.
+    let _first = SingleLock::builder(&client, "same").build().unwrap();
+    let (what, _, _) = invalid(SingleLock::builder(&client, "same").lease(LEASE).build());
+    assert_eq!(what, "options");
+
+    // Unreachable server: a port nothing listens on.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let nowhere = RedisClient::open_with(
+        format!("redis://127.0.0.1:{port}"),
+        ClientOptions::default().command_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let start = Instant::now();
+    let err = SingleLock::builder(&nowhere, "a")
+        .build()
+        .unwrap()
+        .lock()
+        .await
+        .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert_eq!(err.backend_kind(), Some(BackendKind::Io), "{err}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(err.to_string().contains("reachable"), "{err}");
+
+    // Malformed URL.
+    let err = RedisClient::open("not a url").unwrap_err();
+    assert!(err.is_invalid_input(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_an_auth_error_without_the_password() {
+    let server = RedisServer::builder()
+        .password("right-horse")
+        .start()
+        .unwrap();
+    let url = format!("redis://:wrong-battery@127.0.0.1:{}", server.port());
+    let client = RedisClient::open(&url).unwrap();
+    let err = client.ping().await.unwrap_err();
+    assert_eq!(err.backend_kind(), Some(BackendKind::Auth), "{err}");
+    let text = format!("{err} {err:?} {client:?}");
+    assert!(text.contains("check the password"), "{text}");
+    assert!(!text.contains("wrong-battery"), "{text}");
+    let err = SingleLock::builder(&client, "a")
+        .build()
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap_err();
+    assert_eq!(err.backend_kind(), Some(BackendKind::Auth), "{err}");
+
+    // The right password through the options works.
+    let good = RedisClient::open_with(
+        format!("redis://127.0.0.1:{}", server.port()),
+        ClientOptions::default().credentials(None::<String>, "right-horse"),
+    )
+    .unwrap();
+    good.ping().await.unwrap();
+    assert!(!format!("{good:?}").contains("right-horse"));
+}
+
+#[test]
+fn send_sync_and_static() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<SingleLock>();
+    send_sync::<SingleLockGuard>();
+    send_sync::<RedisClient>();
+
+    #[allow(dead_code, clippy::diverging_sub_expression)]
+    fn futures_are_send(lock: SingleLock, guard: SingleLockGuard) {
+        send(&lock.lock());
+        send(&lock.try_lock());
+        send(&lock.try_lock_for(Duration::from_secs(1)));
+        send(&lock.is_locked());
+        send(&guard.reenter());
+        send(&guard.unlock());
+    }
+}
