@@ -1,0 +1,105 @@
+//! A remote attempt in flight, and what happens to it when its acquire future is dropped.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use slate_core::{HolderId, Result};
+
+use crate::Synchronizer;
+use crate::competitor::{Attempt, Competitor};
+
+type BoxAttempt<G> = Pin<Box<dyn Future<Output = Result<Attempt<G>>> + Send + 'static>>;
+
+/// Owns one boxed attempt until it completes.
+///
+/// If it is dropped first (its acquire future was cancelled), the attempt moves to a
+/// background task that finishes it and hands any grant to [`Competitor::abandon`], so a
+/// grant is never leaked. Where that task runs, in order of preference: the tokio runtime
+/// of the dropping thread, the runtime captured when the synchronizer was built, a new
+/// detached thread.
+pub(crate) struct InFlight<'a, C: Competitor> {
+    /// The `Mutex` is never locked: `get_mut` gives access through `&mut self`. It is there
+    /// only to make this type (and so every acquire future) `Sync` although attempt futures
+    /// are only required to be `Send`.
+    attempt: Mutex<Option<BoxAttempt<C::Grant>>>,
+    sync: &'a Synchronizer<C>,
+    holder: &'a HolderId,
+}
+
+impl<'a, C: Competitor> InFlight<'a, C> {
+    pub(crate) fn start(sync: &'a Synchronizer<C>, holder: &'a HolderId) -> Self {
+        InFlight {
+            attempt: Mutex::new(Some(Box::pin(sync.competitor_arc().attempt(*holder)))),
+            sync,
+            holder,
+        }
+    }
+}
+
+impl<C: Competitor> Future for InFlight<'_, C> {
+    type Output = Result<Attempt<C::Grant>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // `InFlight` is `Unpin` (its attempt is boxed), so this is a plain `&mut`.
+        let this = self.get_mut();
+        let slot = this
+            .attempt
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(attempt) = slot.as_mut() else {
+            unreachable!("InFlight polled after completion")
+        };
+        let out = std::task::ready!(attempt.as_mut().poll(cx));
+        *slot = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<C: Competitor> Drop for InFlight<'_, C> {
+    fn drop(&mut self) {
+        let slot = self
+            .attempt
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(attempt) = slot.take() else { return };
+        let holder = *self.holder;
+        let competitor = Arc::clone(self.sync.competitor_arc());
+        tracing::debug!(%holder, "acquire dropped with an attempt in flight; finishing it in the background");
+        let finish = async move {
+            match attempt.await {
+                Ok(Attempt::Acquired(grant)) => {
+                    tracing::debug!(%holder, "abandoning a grant nobody will receive");
+                    competitor.abandon(holder, grant);
+                }
+                Ok(Attempt::Busy { .. }) => {}
+                Err(e) => tracing::debug!(%holder, error = %e, "abandoned attempt failed"),
+            }
+        };
+        spawn_background(finish, self.sync.captured_handle());
+    }
+}
+
+#[cfg(not(slate_loom))]
+fn spawn_background<F>(fut: F, captured: Option<&tokio::runtime::Handle>)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        drop(handle.spawn(fut));
+    } else if let Some(handle) = captured {
+        drop(handle.spawn(fut));
+    } else {
+        crate::blocking::spawn_thread(fut);
+    }
+}
+
+/// Loom models only drop attempts that already completed; anything else is a model bug.
+#[cfg(slate_loom)]
+fn spawn_background<F>(_fut: F, _captured: Option<&tokio::runtime::Handle>)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    panic!("loom models must not abandon an attempt in flight");
+}

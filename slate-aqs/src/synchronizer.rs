@@ -1,0 +1,896 @@
+//! The synchronizer: a local FIFO in front of a remote lock.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use slate_core::{Error, HolderId, LossReason, Result, TimeoutKind, Wait};
+
+use crate::competitor::{Attempt, Competitor, Notifications};
+use crate::in_flight::InFlight;
+use crate::queue::Queue;
+use crate::sync::{Mutex, MutexGuard};
+use crate::timer::{ThreadTimer, Timer, TokioTimer};
+
+/// The shortest time a head parks after a busy answer when no notification arrives: a
+/// backend that answers "busy, retry in 0 s" forever must not turn the head into a busy loop
+/// (Bedrock's M3).
+pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
+
+/// The local queued synchronizer of one distributed lock.
+///
+/// Inside one process, callers that want the lock queue up in FIFO order and park; only the
+/// **head** of the queue, and only while **no local holder** has the lock, runs remote
+/// attempts through the [`Competitor`]. Everybody else sleeps. Backends wrap one
+/// synchronizer per lock in an `Arc` and call [`acquire`](Synchronizer::acquire) /
+/// [`release`](Synchronizer::release) around their remote calls.
+///
+/// ## Behaviour
+///
+/// - **Fast path.** No local owner and an empty queue: the caller attempts at once.
+/// - **Re-entry.** A caller whose holder is the local owner attempts at once without queueing
+///   (the backend raises its remote count); the local depth goes up by one.
+/// - **Queue.** Otherwise the caller joins the tail. The head attempts; on *busy* it calls
+///   [`Competitor::prepare_wait`] and parks until the first of: a local release, a
+///   [`notify_released`](Synchronizer::notify_released), the retry timer
+///   `min(spin_wait, retry_after)` (at least [`MIN_RETRY_DELAY`]), its deadline, or its
+///   cancellation. A release notification that arrives while the head's attempt is in
+///   flight makes it retry at once instead of parking (the *epoch* below).
+/// - **Timed waits** queue like everyone else (Bedrock's timed `tryLock` gave up at once
+///   when others were waiting, C4) and time out at their deadline with
+///   [`Error::Timeout`]. An attempt in flight at the deadline is not interrupted: a grant
+///   that comes back is returned, slightly late.
+/// - **[`Wait::Immediate`]** never queues: busy at once if another local holder holds the
+///   lock, otherwise exactly one attempt, which **may barge ahead of the queue**.
+/// - **Hooks** ([`Competitor::after_acquire`], [`after_release`](Competitor::after_release),
+///   [`queue_drained`](Competitor::queue_drained), [`abandon`](Competitor::abandon)) are never
+///   called while the internal mutex is held.
+/// - **Cancel safety.** Dropping an acquire future at any await point unlinks its waiter; if
+///   it was the head, the next waiter is woken to take its turn. An attempt in flight is
+///   finished in the background and any grant goes to [`Competitor::abandon`].
+/// - Bedrock's `destroy()` is `Drop`: dropping the synchronizer drops the competitor (once no
+///   abandoned attempt still runs).
+///
+/// ## State and invariants
+///
+/// The state is one mutex-protected record: `owner: Option<(holder, depth)>`, the FIFO
+/// `queue`, and a notification `epoch`.
+///
+/// | state | invariant |
+/// | --- | --- |
+/// | `owner = Some((h, d))` | `d ≥ 1`. No queued waiter starts an attempt, except a head whose holder is `h` (re-entry). |
+/// | `owner = None`, queue empty | idle: the next caller takes the fast path |
+/// | `owner = None`, queue non-empty | the head is attempting, preparing to park, or parked with a retry timer; it was woken after the last event that freed the lock locally |
+/// | head | changes only when the head's own future unlinks itself (grant, timeout, error, drop); on any exit but a grant the new head is woken |
+/// | attempt in flight (`in_flight`) | only the head's node carries it: at most one queued attempt at a time |
+/// | `epoch` | bumped by every local release to depth 0 and every `notify_released`; a parked head waits for it to differ from the value it read before its last attempt |
+/// | waker | a parked waiter stores its waker in the same critical section in which it found its condition false, so a later event cannot miss it |
+///
+/// The O(1) invariants are `debug_assert!`ed at every transition; with the `test-util`
+/// feature, [`check_invariants`](Synchronizer::check_invariants) walks the whole queue.
+///
+/// # Examples
+///
+/// ```
+/// use slate_aqs::Synchronizer;
+/// use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+/// use slate_core::{HolderId, Wait};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> slate_core::Result<()> {
+/// let remote = MemoryRemote::new();
+/// let sync = Synchronizer::new("orders", MemoryCompetitor::new(remote.clone()), Duration::from_millis(50));
+/// let me = HolderId::new();
+/// let grant = sync.acquire(me, Wait::Forever).await?;
+/// assert_eq!(sync.owner(), Some((me, 1)));
+/// // A backend releases remotely first, then locally:
+/// remote.release(grant.holder)?;
+/// sync.release(me);
+/// assert_eq!(sync.owner(), None);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Synchronizer<C: Competitor> {
+    label: String,
+    competitor: Arc<C>,
+    spin_wait: Duration,
+    /// The runtime current at `new()`, if any: where abandoned attempts run when the
+    /// dropping thread has no runtime, and the context blocking callers enter.
+    handle: Option<tokio::runtime::Handle>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    owner: Option<(HolderId, u32)>,
+    queue: Queue,
+    epoch: u64,
+}
+
+impl State {
+    fn bump_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+    }
+}
+
+/// What a parked waiter waits for (besides its timer).
+#[derive(Clone, Copy, Debug)]
+enum Cond {
+    /// To become the head.
+    Head,
+    /// The local owner to release.
+    Free,
+    /// The epoch to move on from this value.
+    Epoch(u64),
+}
+
+/// Where the head is in its retry cycle.
+#[derive(Clone, Copy, Debug)]
+enum Retry {
+    /// Attempt as soon as it is head and the lock is free locally.
+    Now,
+    /// The attempt sent at `epoch` was busy; prepare the wait.
+    AfterBusy {
+        epoch: u64,
+        retry_after: Option<Duration>,
+    },
+    /// Parked: attempt when the epoch moves or at `at` (`None`: the delay overflowed the
+    /// clock, so only a notification or the deadline ends the wait).
+    Parked { epoch: u64, at: Option<Instant> },
+}
+
+/// The decision taken under the lock at the top of each round.
+#[derive(Debug)]
+enum Step {
+    /// `Wait::Immediate` and another local holder holds the lock: busy, no remote call.
+    LocallyBusy,
+    /// The deadline passed.
+    Timeout,
+    /// Run one remote attempt (the epoch read before sending it; whether it is a re-entry).
+    Attempt { epoch: u64, reentrant: bool },
+    /// A busy answer came back: let the competitor switch notifications on.
+    PrepareWait {
+        epoch: u64,
+        retry_after: Option<Duration>,
+    },
+    /// Park the queued waiter `key` until `cond` or `until`.
+    Park {
+        key: usize,
+        cond: Cond,
+        until: Option<Instant>,
+    },
+}
+
+impl<C: Competitor> Synchronizer<C> {
+    /// Creates a synchronizer for the lock printed as `label`, driving `competitor`.
+    ///
+    /// `spin_wait` is the longest a parked head waits without a notification before it
+    /// retries. If a tokio runtime is current, its handle is kept: abandoned attempts run on it
+    /// when they are dropped outside any runtime, and blocking callers enter it so that the
+    /// competitor's futures find their reactor (that runtime must then be multi-threaded, or
+    /// driven by another thread, while a blocking caller waits).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_aqs::Synchronizer;
+    /// use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// use std::time::Duration;
+    ///
+    /// let sync = Synchronizer::new("orders", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert_eq!(sync.label(), "orders");
+    /// ```
+    pub fn new(label: impl Into<String>, competitor: C, spin_wait: Duration) -> Self {
+        Synchronizer {
+            label: label.into(),
+            competitor: Arc::new(competitor),
+            spin_wait,
+            handle: current_handle(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The competitor this synchronizer drives.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert_eq!(sync.competitor().stats().attempts, 0);
+    /// ```
+    pub fn competitor(&self) -> &C {
+        &self.competitor
+    }
+
+    /// The printable lock name used in errors and tracing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("orders", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert_eq!(sync.label(), "orders");
+    /// ```
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Acquires the lock for `holder`, waiting as `wait` allows, and returns the competitor's
+    /// grant.
+    ///
+    /// - No local owner and nobody queued: one attempt at once (fast path).
+    /// - `holder` is the local owner: one attempt at once, never queued (re-entry); on success
+    ///   the local depth goes up by one.
+    /// - [`Wait::Immediate`]: [`Error::Busy`] without a remote call if another local holder
+    ///   holds the lock; otherwise exactly one attempt, which may barge ahead of queued
+    ///   waiters.
+    /// - Otherwise the caller queues in FIFO order; see the type's docs for how the head waits.
+    ///
+    /// [`Competitor::after_acquire`] has run when this returns `Ok`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_core::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> slate_core::Result<()> {
+    /// let remote = MemoryRemote::new();
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(remote.clone()), Duration::from_millis(50));
+    /// let (a, b) = (HolderId::new(), HolderId::new());
+    /// sync.acquire(a, Wait::Forever).await?;
+    /// sync.acquire(a, Wait::Forever).await?; // re-entry
+    /// assert_eq!(sync.owner(), Some((a, 2)));
+    /// let err = sync.acquire(b, Wait::Immediate).await.unwrap_err();
+    /// assert!(err.is_busy());
+    /// let err = sync.acquire(b, Wait::for_duration(Duration::from_millis(10))).await.unwrap_err();
+    /// assert!(err.is_timeout());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Busy`] under [`Wait::Immediate`] when another holder has the lock (locally:
+    ///   `retry_after` is `None`; remotely: the backend's remaining lease).
+    /// - [`Error::Timeout`] with [`TimeoutKind::Wait`] when the deadline of [`Wait::Until`]
+    ///   passes first.
+    /// - [`Error::LeaseLost`] when a re-entrant attempt (with a waiting `wait`) finds the lock
+    ///   held by someone else: the local hold no longer exists remotely.
+    /// - [`Error::InvalidInput`] if the local re-entry depth would overflow `u32`.
+    /// - Whatever the competitor's attempt returns; the caller's waiter leaves the queue and
+    ///   the next one takes its turn.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. Dropping the future at any await point removes the caller from the queue;
+    /// if it was the head (including a head that was just woken and had not run yet), the next
+    /// waiter is woken in its place. An attempt in flight is finished by a background task
+    /// (the current tokio runtime, else the one captured by [`new`](Synchronizer::new), else a
+    /// new thread), and a grant it obtains goes to [`Competitor::abandon`]: never leaked.
+    pub fn acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<C::Grant>> + '_ {
+        self.run(holder, wait.deadline(), wait == Wait::Immediate, TokioTimer)
+    }
+
+    /// The blocking twin of [`acquire`](Synchronizer::acquire), for thread callers.
+    ///
+    /// It drives the same code path on this thread with a thread-parking waker; its own waits
+    /// (retry timer, deadline) park the thread with a deadline, so it needs no runtime. If a
+    /// runtime was current when the synchronizer was built, it is entered while waiting so the
+    /// competitor's futures can use it (it must be multi-threaded or driven by another
+    /// thread).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_core::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// sync.blocking_acquire(me, Wait::Forever)?;
+    /// assert_eq!(sync.owner(), Some((me, 1)));
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Synchronizer::acquire).
+    ///
+    /// # Panics
+    ///
+    /// When called from inside a tokio runtime context (including `spawn_blocking` threads,
+    /// which carry the context: use `Handle::current().block_on(sync.acquire(..))` there).
+    pub fn blocking_acquire(&self, holder: HolderId, wait: Wait) -> Result<C::Grant> {
+        assert!(
+            tokio::runtime::Handle::try_current().is_err(),
+            "blocking_acquire called from inside an async runtime; use `acquire().await`"
+        );
+        let _entered = self.handle.as_ref().map(tokio::runtime::Handle::enter);
+        let timer = ThreadTimer::default();
+        let run = self.run(
+            holder,
+            wait.deadline(),
+            wait == Wait::Immediate,
+            timer.clone(),
+        );
+        crate::blocking::block_on(run, &timer)
+    }
+
+    /// Releases one local level of `holder`'s hold.
+    ///
+    /// The backend calls this **after** its remote release, whatever that release's outcome.
+    /// At depth 0 the owner is cleared, [`Competitor::after_release`] runs and the head of the
+    /// queue is woken. A call for a holder that is not the local owner does nothing (its hold
+    /// was already displaced by a newer grant, see `after_release`'s contract).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_core::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// sync.blocking_acquire(me, Wait::Forever)?;
+    /// sync.blocking_acquire(me, Wait::Forever)?;
+    /// sync.release(me);
+    /// assert_eq!(sync.owner(), Some((me, 1)));
+    /// sync.release(me);
+    /// assert_eq!(sync.owner(), None);
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    pub fn release(&self, holder: HolderId) {
+        let waker = {
+            let mut st = self.lock();
+            match &mut st.owner {
+                Some((owner, depth)) if *owner == holder => {
+                    debug_assert!(*depth >= 1, "owner depth is at least 1");
+                    if *depth > 1 {
+                        *depth -= 1;
+                        tracing::trace!(lock = %self.label, %holder, depth = *depth, "released one level");
+                        return;
+                    }
+                    st.owner = None;
+                    st.bump_epoch();
+                    st.queue.take_head_waker()
+                }
+                _ => {
+                    tracing::debug!(lock = %self.label, %holder, "release by a holder that is not the local owner; ignored");
+                    return;
+                }
+            }
+        };
+        tracing::debug!(lock = %self.label, %holder, "released");
+        self.competitor.after_release(holder);
+        if let Some(waker) = waker {
+            tracing::trace!(lock = %self.label, "waking the head after a local release");
+            waker.wake();
+        }
+    }
+
+    /// Reports that the remote lock was released (e.g. a pub/sub unlock message): the head
+    /// retries now instead of waiting for its timer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// sync.notify_released(); // nobody waits: nothing happens
+    /// assert_eq!(sync.waiters(), 0);
+    /// ```
+    pub fn notify_released(&self) {
+        let waker = {
+            let mut st = self.lock();
+            st.bump_epoch();
+            st.queue.take_head_waker()
+        };
+        if let Some(waker) = waker {
+            tracing::trace!(lock = %self.label, "waking the head after a release notification");
+            waker.wake();
+        }
+    }
+
+    /// The local owner and its local depth.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert_eq!(sync.owner(), None);
+    /// ```
+    pub fn owner(&self) -> Option<(HolderId, u32)> {
+        self.lock().owner
+    }
+
+    /// How many callers wait in the queue (the head included).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert_eq!(sync.waiters(), 0);
+    /// ```
+    pub fn waiters(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// Walks the queue and checks every invariant of the table on this type; returns the first
+    /// violation. O(n): a testing aid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert_eq!(sync.check_invariants(), Ok(()));
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A description of the first broken invariant.
+    #[cfg(feature = "test-util")]
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let st = self.lock();
+        if let Some((holder, 0)) = st.owner {
+            return Err(format!("owner {holder} at depth 0"));
+        }
+        st.queue.check()
+    }
+
+    /// Bytes one parked waiter occupies in the queue itself (the acquire future and its task
+    /// come on top). A measurement aid for benchmarks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::MemoryCompetitor};
+    /// assert!(Synchronizer::<MemoryCompetitor>::queue_slot_bytes() <= 64);
+    /// ```
+    #[cfg(feature = "test-util")]
+    pub const fn queue_slot_bytes() -> usize {
+        Queue::SLOT_BYTES
+    }
+
+    pub(crate) fn competitor_arc(&self) -> &Arc<C> {
+        &self.competitor
+    }
+
+    pub(crate) fn captured_handle(&self) -> Option<&tokio::runtime::Handle> {
+        self.handle.as_ref()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No critical section panics (short of a failed debug assertion), and the state stays
+        // consistent at every line that could; a poisoned lock is safe to take over.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn busy(&self, retry_after: Option<Duration>) -> Error {
+        Error::Busy {
+            lock: self.label.clone(),
+            retry_after,
+        }
+    }
+
+    /// The driver shared by `acquire` and `blocking_acquire`: one loop that decides under the
+    /// lock (`decide`), then awaits outside it (an attempt, `prepare_wait`, or a park).
+    ///
+    /// A plain `fn` returning an `async move` block rather than an `async fn`: an `async fn`
+    /// stores its arguments twice in its state (rust-lang/rust#62958), and parked waiters
+    /// are what this crate keeps by the thousand.
+    #[allow(clippy::manual_async_fn)] // on purpose, see above
+    fn run<'a, T: Timer + 'a>(
+        &'a self,
+        holder: HolderId,
+        deadline: Option<Instant>,
+        immediate: bool,
+        timer: T,
+    ) -> impl Future<Output = Result<C::Grant>> + 'a {
+        async move {
+            let start = timer.now();
+            let mut slot = QueueSlot {
+                sync: self,
+                key: None,
+            };
+            let mut retry = Retry::Now;
+            // Allocated at the first timed park, then reset: parked waiters without a deadline
+            // carry no timer at all.
+            let mut sleep: Option<Pin<Box<T::Sleep>>> = None;
+            let mut started_retried = false;
+            loop {
+                let now = timer.now();
+                match self.decide(&mut slot, holder, deadline, immediate, now, retry) {
+                    Step::LocallyBusy => return Err(self.busy(None)),
+                    Step::Timeout => {
+                        slot.leave();
+                        tracing::debug!(lock = %self.label, %holder, "wait timed out");
+                        return Err(self.timed_out(start, deadline, now));
+                    }
+                    Step::Attempt { epoch, reentrant } => {
+                        match InFlight::start(self, &holder).await {
+                            Ok(Attempt::Acquired(grant)) => {
+                                return self.grant(holder, &mut slot, grant);
+                            }
+                            Ok(Attempt::Busy { retry_after }) if immediate => {
+                                return Err(self.busy(retry_after));
+                            }
+                            Ok(Attempt::Busy { .. }) if reentrant => {
+                                return Err(self.lease_lost(holder));
+                            }
+                            Ok(Attempt::Busy { retry_after }) => {
+                                let now = timer.now();
+                                if deadline.is_some_and(|d| now >= d) {
+                                    slot.leave();
+                                    return Err(self.timed_out(start, deadline, now));
+                                }
+                                tracing::trace!(lock = %self.label, %holder, ?retry_after, "busy");
+                                retry = Retry::AfterBusy { epoch, retry_after };
+                            }
+                            Err(e) => {
+                                slot.leave();
+                                tracing::debug!(lock = %self.label, %holder, error = %e, "attempt failed");
+                                return Err(e);
+                            }
+                        }
+                    }
+                    Step::PrepareWait { epoch, retry_after } => {
+                        let notifications = SyncFuture::new(self.competitor.prepare_wait()).await;
+                        if notifications == Notifications::Started && !started_retried {
+                            // A release may have slipped in before notifications were on.
+                            started_retried = true;
+                            retry = Retry::Now;
+                        } else {
+                            let delay = retry_after
+                                .map_or(self.spin_wait, |r| r.min(self.spin_wait))
+                                .max(MIN_RETRY_DELAY);
+                            retry = Retry::Parked {
+                                epoch,
+                                at: timer.now().checked_add(delay),
+                            };
+                        }
+                    }
+                    Step::Park { key, cond, until } => {
+                        let timed = match until {
+                            None => None,
+                            Some(at) => match sleep.as_mut() {
+                                Some(s) => {
+                                    timer.reset(s.as_mut(), at);
+                                    Some(s.as_mut())
+                                }
+                                None => {
+                                    Some(sleep.insert(Box::pin(timer.sleep_until(at))).as_mut())
+                                }
+                            },
+                        };
+                        tracing::trace!(lock = %self.label, %holder, ?cond, "parked");
+                        let sync = self;
+                        Park {
+                            sync,
+                            key,
+                            cond,
+                            sleep: timed,
+                        }
+                        .await;
+                        tracing::trace!(lock = %self.label, %holder, "woke");
+                        if let Cond::Epoch(_) = cond {
+                            started_retried = false;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decides the caller's next step, under the lock; joins the queue when the entry rules
+    /// say so (in the same critical section as the check).
+    fn decide(
+        &self,
+        slot: &mut QueueSlot<'_, C>,
+        holder: HolderId,
+        deadline: Option<Instant>,
+        immediate: bool,
+        now: Instant,
+        retry: Retry,
+    ) -> Step {
+        let mut st = self.lock();
+        let key = match slot.key {
+            Some(key) => {
+                st.queue.node_mut(key).in_flight = false;
+                key
+            }
+            None => {
+                // Entry rules (a busy entry attempt, `AfterBusy`, always queues).
+                let entry = match (st.owner, retry) {
+                    (_, Retry::AfterBusy { .. }) => None,
+                    (Some((owner, _)), _) if owner == holder => Some(true),
+                    (Some(_), _) if immediate => return Step::LocallyBusy,
+                    (Some(_), _) => None,
+                    (None, _) if immediate || st.queue.is_empty() => Some(false),
+                    (None, _) => None,
+                };
+                if let Some(reentrant) = entry {
+                    return Step::Attempt {
+                        epoch: st.epoch,
+                        reentrant,
+                    };
+                }
+                debug_assert!(!immediate, "an immediate acquire never queues");
+                let key = st.queue.push_back();
+                slot.key = Some(key);
+                tracing::trace!(lock = %self.label, %holder, waiters = st.queue.len(), "queued");
+                key
+            }
+        };
+        if deadline.is_some_and(|d| now >= d) {
+            return Step::Timeout;
+        }
+        if !st.queue.is_head(key) {
+            return Step::Park {
+                key,
+                cond: Cond::Head,
+                until: deadline,
+            };
+        }
+        let step = match st.owner {
+            Some((owner, _)) if owner == holder => Step::Attempt {
+                epoch: st.epoch,
+                reentrant: true,
+            },
+            Some(_) => Step::Park {
+                key,
+                cond: Cond::Free,
+                until: deadline,
+            },
+            None => match retry {
+                Retry::Now => Step::Attempt {
+                    epoch: st.epoch,
+                    reentrant: false,
+                },
+                Retry::AfterBusy { epoch, retry_after } => Step::PrepareWait { epoch, retry_after },
+                Retry::Parked { epoch, at }
+                    if st.epoch != epoch || at.is_some_and(|at| now >= at) =>
+                {
+                    Step::Attempt {
+                        epoch: st.epoch,
+                        reentrant: false,
+                    }
+                }
+                Retry::Parked { epoch, at } => Step::Park {
+                    key,
+                    cond: Cond::Epoch(epoch),
+                    until: match (at, deadline) {
+                        (Some(at), Some(d)) => Some(at.min(d)),
+                        (at, d) => at.or(d),
+                    },
+                },
+            },
+        };
+        if let Step::Attempt { .. } = step {
+            st.queue.node_mut(key).in_flight = true;
+        }
+        step
+    }
+
+    fn poll_cond(&self, key: usize, cond: Cond, cx: &mut Context<'_>) -> bool {
+        let mut st = self.lock();
+        let ready = match cond {
+            Cond::Head => st.queue.is_head(key),
+            Cond::Free => st.owner.is_none(),
+            Cond::Epoch(epoch) => st.epoch != epoch,
+        };
+        if !ready {
+            let node = st.queue.node_mut(key);
+            match &node.waker {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => node.waker = Some(cx.waker().clone()),
+            }
+        }
+        ready
+    }
+
+    /// Records a grant for `holder` (unlinking its waiter, if queued) and runs the hooks.
+    fn grant(
+        &self,
+        holder: HolderId,
+        slot: &mut QueueSlot<'_, C>,
+        grant: C::Grant,
+    ) -> Result<C::Grant> {
+        let (depth, displaced, drained) = {
+            let mut st = self.lock();
+            let new_depth = match st.owner {
+                Some((owner, depth)) if owner == holder => depth.checked_add(1),
+                _ => Some(1),
+            };
+            let Some(depth) = new_depth else {
+                drop(st);
+                slot.leave();
+                self.competitor.abandon(holder, grant);
+                return Err(Error::invalid_input(
+                    "re-entry depth",
+                    format!("{holder} re-entered lock {} u32::MAX times", self.label),
+                    "release some levels before acquiring again",
+                ));
+            };
+            // The head leaves on a grant without waking its successor: the lock is now held
+            // locally, and the successor is woken by the release.
+            let drained = match slot.key.take() {
+                Some(key) => {
+                    let was_head = st.queue.remove(key);
+                    debug_assert!(was_head, "only the head attempts from the queue");
+                    st.queue.is_empty()
+                }
+                None => false,
+            };
+            // A different owner can only be recorded here if its remote hold already ended
+            // (released remotely, local release not yet called; or lease lost): the remote
+            // granted us. Its local hold is over: displace it.
+            let displaced = match st.owner {
+                Some((owner, _)) if owner != holder => Some(owner),
+                _ => None,
+            };
+            st.owner = Some((holder, depth));
+            (depth, displaced, drained)
+        };
+        if let Some(old) = displaced {
+            tracing::debug!(lock = %self.label, %holder, displaced = %old, "grant displaced a local owner whose remote hold had ended");
+            self.competitor.after_release(old);
+        }
+        if drained {
+            self.competitor.queue_drained();
+        }
+        self.competitor.after_acquire(holder, &grant);
+        tracing::debug!(lock = %self.label, %holder, depth, "granted");
+        Ok(grant)
+    }
+
+    fn timed_out(&self, start: Instant, deadline: Option<Instant>, now: Instant) -> Error {
+        Error::Timeout {
+            lock: self.label.clone(),
+            kind: TimeoutKind::Wait,
+            budget: deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(start)),
+            elapsed: now.saturating_duration_since(start),
+        }
+    }
+
+    fn lease_lost(&self, holder: HolderId) -> Error {
+        tracing::debug!(lock = %self.label, %holder, "re-entrant attempt found the lock held by another holder");
+        Error::LeaseLost {
+            lock: self.label.clone(),
+            holder,
+            reason: LossReason::EntryGone,
+        }
+    }
+
+    /// Unlinks a waiter that leaves without a grant and passes its turn on.
+    fn leave(&self, key: usize) {
+        let (waker, drained) = {
+            let mut st = self.lock();
+            let was_head = st.queue.remove(key);
+            let waker = if was_head {
+                st.queue.take_head_waker()
+            } else {
+                None
+            };
+            (waker, st.queue.is_empty())
+        };
+        if let Some(waker) = waker {
+            tracing::trace!(lock = %self.label, "head left; waking the next waiter");
+            waker.wake();
+        }
+        if drained {
+            self.competitor.queue_drained();
+        }
+    }
+}
+
+impl<C: Competitor> fmt::Debug for Synchronizer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.lock();
+        f.debug_struct("Synchronizer")
+            .field("label", &self.label)
+            .field("owner", &st.owner)
+            .field("waiters", &st.queue.len())
+            .field("spin_wait", &self.spin_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parks a queued waiter until its condition holds or its sleep fires. The condition is
+/// checked, and the waker stored, in one critical section: an event after the check finds
+/// the waker.
+struct Park<'a, C: Competitor, S> {
+    sync: &'a Synchronizer<C>,
+    key: usize,
+    cond: Cond,
+    sleep: Option<Pin<&'a mut S>>,
+}
+
+impl<C: Competitor, S: Future<Output = ()>> Future for Park<'_, C, S> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // `Park` is `Unpin`: it holds the sleep by pinned reference.
+        let this = self.get_mut();
+        if this.sync.poll_cond(this.key, this.cond, cx) {
+            return Poll::Ready(());
+        }
+        match this.sleep.as_mut() {
+            Some(sleep) => sleep.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// A caller's place in the queue. Dropping it (cancellation) leaves the queue and passes a
+/// head's turn on.
+struct QueueSlot<'a, C: Competitor> {
+    sync: &'a Synchronizer<C>,
+    key: Option<usize>,
+}
+
+impl<C: Competitor> QueueSlot<'_, C> {
+    fn leave(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.sync.leave(key);
+        }
+    }
+}
+
+impl<C: Competitor> Drop for QueueSlot<'_, C> {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+/// Polls a `Send` future through `&mut`. The never-locked `Mutex` makes the holder `Sync`,
+/// so acquire futures are `Sync` although competitor futures need only be `Send`.
+struct SyncFuture<F>(std::sync::Mutex<Pin<Box<F>>>);
+
+impl<F: Future> SyncFuture<F> {
+    fn new(fut: F) -> Self {
+        SyncFuture(std::sync::Mutex::new(Box::pin(fut)))
+    }
+}
+
+impl<F: Future> Future for SyncFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.get_mut()
+            .0
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+            .poll(cx)
+    }
+}
+
+#[cfg(not(slate_loom))]
+fn current_handle() -> Option<tokio::runtime::Handle> {
+    tokio::runtime::Handle::try_current().ok()
+}
+
+#[cfg(slate_loom)]
+fn current_handle() -> Option<tokio::runtime::Handle> {
+    None
+}

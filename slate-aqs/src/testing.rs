@@ -1,0 +1,611 @@
+//! An in-memory remote lock and a scriptable competitor, for tests and benchmarks
+//! (feature `test-util`).
+//!
+//! - [`MemoryRemote`] stands in for the Redis hash: one holder with a re-entry count, and
+//!   "pub/sub" listeners called when the count reaches zero.
+//! - [`MemoryCompetitor`] attempts against a `MemoryRemote`. Each attempt follows the next
+//!   [`Behavior`] of its script (then a default): try the remote, answer busy, fail, answer
+//!   late, or never answer. [`Stats`] counts attempts, grants, abandons and hook calls.
+//! - [`release`] is what a backend's unlock does: remote release, then local release.
+//!
+//! Several synchronizers (several "processes") may share one remote.
+//!
+//! # Examples
+//!
+//! ```
+//! use slate_aqs::Synchronizer;
+//! use slate_aqs::testing::{self, Behavior, MemoryCompetitor, MemoryRemote};
+//! use slate_core::{HolderId, Wait};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! let remote = MemoryRemote::new();
+//! let competitor = MemoryCompetitor::new(remote.clone());
+//! competitor.script([Behavior::Fail]);
+//! let sync = Arc::new(Synchronizer::new("a", competitor, Duration::from_millis(5)));
+//! testing::subscribe(&sync);
+//! let me = HolderId::new();
+//! assert!(sync.blocking_acquire(me, Wait::Forever).unwrap_err().is_backend());
+//! sync.blocking_acquire(me, Wait::Forever)?;
+//! assert_eq!(testing::release(&sync, me)?, 0);
+//! assert_eq!(remote.holder(), None);
+//! let stats = sync.competitor().stats();
+//! assert_eq!((stats.attempts, stats.acquired, stats.after_release), (2, 1, 1));
+//! # Ok::<(), slate_core::Error>(())
+//! ```
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use slate_core::{BackendKind, Error, HolderId, Result};
+
+use crate::{Attempt, Competitor, Notifications, Synchronizer};
+
+type Listener = Arc<dyn Fn() + Send + Sync>;
+
+/// A shared "remote" lock: a holder with a re-entry count, like Slate's Redis hash.
+///
+/// # Examples
+///
+/// ```
+/// use slate_aqs::testing::MemoryRemote;
+/// use slate_core::HolderId;
+///
+/// let remote = MemoryRemote::new();
+/// let (a, b) = (HolderId::new(), HolderId::new());
+/// assert_eq!(remote.try_acquire(a), Some(1));
+/// assert_eq!(remote.try_acquire(a), Some(2));
+/// assert_eq!(remote.try_acquire(b), None);
+/// assert!(remote.release(b).unwrap_err().is_not_held());
+/// ```
+#[derive(Default)]
+pub struct MemoryRemote {
+    holder: Mutex<Option<(HolderId, u32)>>,
+    listeners: Mutex<Vec<Listener>>,
+}
+
+impl std::fmt::Debug for MemoryRemote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRemote")
+            .field("holder", &self.holder())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryRemote {
+    /// A free remote lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_aqs::testing::MemoryRemote::new().holder(), None);
+    /// ```
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The holder and its count, if held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let me = slate_core::HolderId::new();
+    /// remote.try_acquire(me);
+    /// assert_eq!(remote.holder(), Some((me, 1)));
+    /// ```
+    pub fn holder(&self) -> Option<(HolderId, u32)> {
+        *self.holder.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Acquires for `holder` if free or already held by it; returns the new count.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// assert_eq!(remote.try_acquire(slate_core::HolderId::new()), Some(1));
+    /// ```
+    pub fn try_acquire(&self, holder: HolderId) -> Option<u32> {
+        let mut held = self.holder.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut *held {
+            Some((h, count)) if *h == holder => {
+                *count += 1;
+                Some(*count)
+            }
+            Some(_) => None,
+            None => {
+                *held = Some((holder, 1));
+                Some(1)
+            }
+        }
+    }
+
+    /// Releases one level for `holder`; at zero the lock is free and every listener is told
+    /// (the "unlock message"). Returns the remaining count.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let me = slate_core::HolderId::new();
+    /// remote.try_acquire(me);
+    /// assert_eq!(remote.release(me)?, 0);
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if `holder` does not hold the lock (nothing changes).
+    pub fn release(&self, holder: HolderId) -> Result<u32> {
+        let remaining = self.release_silently(holder)?;
+        if remaining == 0 {
+            let listeners = self
+                .listeners
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            for listener in listeners {
+                listener();
+            }
+        }
+        Ok(remaining)
+    }
+
+    /// As [`release`](MemoryRemote::release), without telling the listeners (a lost unlock
+    /// message).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let me = slate_core::HolderId::new();
+    /// remote.try_acquire(me);
+    /// assert_eq!(remote.release_silently(me)?, 0);
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if `holder` does not hold the lock.
+    pub fn release_silently(&self, holder: HolderId) -> Result<u32> {
+        let mut held = self.holder.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut *held {
+            Some((h, count)) if *h == holder => {
+                *count -= 1;
+                let remaining = *count;
+                if remaining == 0 {
+                    *held = None;
+                }
+                Ok(remaining)
+            }
+            _ => Err(Error::NotHeld {
+                lock: "memory".to_owned(),
+                holder,
+            }),
+        }
+    }
+
+    /// Calls `listener` every time the lock becomes free through [`release`](MemoryRemote::release).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let heard = Arc::new(AtomicBool::new(false));
+    /// let h = heard.clone();
+    /// remote.on_release(move || h.store(true, Ordering::SeqCst));
+    /// let me = slate_core::HolderId::new();
+    /// remote.try_acquire(me);
+    /// remote.release(me)?;
+    /// assert!(heard.load(Ordering::SeqCst));
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    pub fn on_release(&self, listener: impl Fn() + Send + Sync + 'static) {
+        self.listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::new(listener));
+    }
+}
+
+/// What one attempt of a [`MemoryCompetitor`] does.
+///
+/// # Examples
+///
+/// ```
+/// use slate_aqs::testing::Behavior;
+/// assert_eq!(Behavior::default(), Behavior::Remote);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Behavior {
+    /// Try the remote lock: acquired if free or held by the same holder, busy otherwise.
+    #[default]
+    Remote,
+    /// Answer busy without looking at the remote.
+    Busy,
+    /// Fail with a backend I/O error.
+    Fail,
+    /// Wait this long on tokio's timer, then behave as [`Behavior::Remote`].
+    Slow(Duration),
+    /// Wait this long on tokio's timer, then answer busy (a busy answer that was decided
+    /// before a release happened, still on the wire).
+    SlowBusy(Duration),
+    /// Never answer.
+    Never,
+}
+
+/// A grant of a [`MemoryCompetitor`].
+///
+/// # Examples
+///
+/// ```
+/// let g = slate_aqs::testing::MemoryGrant { holder: slate_core::HolderId::new(), count: 1 };
+/// assert_eq!(g.count, 1);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryGrant {
+    /// Who holds.
+    pub holder: HolderId,
+    /// The remote count after this acquisition.
+    pub count: u32,
+}
+
+/// Counters of a [`MemoryCompetitor`] (a snapshot).
+///
+/// # Examples
+///
+/// ```
+/// let s = slate_aqs::testing::Stats::default();
+/// assert_eq!(s.attempts, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Attempts started.
+    pub attempts: u64,
+    /// Attempt futures alive (started, neither finished nor dropped).
+    pub live_attempts: u64,
+    /// Attempts that acquired.
+    pub acquired: u64,
+    /// Attempts that answered busy.
+    pub busy: u64,
+    /// Attempts that failed.
+    pub failed: u64,
+    /// Grants handed back through `abandon`.
+    pub abandoned: u64,
+    /// `after_acquire` calls.
+    pub after_acquire: u64,
+    /// `after_release` calls.
+    pub after_release: u64,
+    /// `prepare_wait` calls.
+    pub prepare_wait: u64,
+    /// `queue_drained` calls.
+    pub queue_drained: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    attempts: AtomicU64,
+    live_attempts: AtomicU64,
+    acquired: AtomicU64,
+    busy: AtomicU64,
+    failed: AtomicU64,
+    abandoned: AtomicU64,
+    after_acquire: AtomicU64,
+    after_release: AtomicU64,
+    prepare_wait: AtomicU64,
+    queue_drained: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::SeqCst);
+}
+
+#[derive(Debug)]
+struct Plan {
+    script: VecDeque<Behavior>,
+    default: Behavior,
+    notifications: Notifications,
+    prepare_delay: Option<Duration>,
+    retry_after: Option<Duration>,
+}
+
+/// A [`Competitor`] against a [`MemoryRemote`], with scripted behaviour per attempt.
+///
+/// `prepare_wait` answers the configured [`Notifications`] (default `Off`), after the
+/// configured delay (default none); busy answers carry the configured `retry_after` (default
+/// `None`).
+///
+/// # Examples
+///
+/// ```
+/// use slate_aqs::testing::{Behavior, MemoryCompetitor, MemoryRemote};
+///
+/// let c = MemoryCompetitor::new(MemoryRemote::new());
+/// c.script([Behavior::Busy, Behavior::Remote]);
+/// c.set_default(Behavior::Never);
+/// ```
+#[derive(Debug)]
+pub struct MemoryCompetitor {
+    remote: Arc<MemoryRemote>,
+    plan: Mutex<Plan>,
+    counters: Arc<Counters>,
+}
+
+impl MemoryCompetitor {
+    /// A competitor whose attempts all try `remote` until scripted otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = slate_aqs::testing::MemoryCompetitor::new(slate_aqs::testing::MemoryRemote::new());
+    /// assert_eq!(c.remote().holder(), None);
+    /// ```
+    pub fn new(remote: Arc<MemoryRemote>) -> Self {
+        MemoryCompetitor {
+            remote,
+            plan: Mutex::new(Plan {
+                script: VecDeque::new(),
+                default: Behavior::Remote,
+                notifications: Notifications::Off,
+                prepare_delay: None,
+                retry_after: None,
+            }),
+            counters: Arc::default(),
+        }
+    }
+
+    /// The remote lock this competitor attempts against.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// let remote = MemoryRemote::new();
+    /// assert!(std::sync::Arc::ptr_eq(MemoryCompetitor::new(remote.clone()).remote(), &remote));
+    /// ```
+    pub fn remote(&self) -> &Arc<MemoryRemote> {
+        &self.remote
+    }
+
+    /// Appends behaviours for the next attempts, in order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::testing::{Behavior, MemoryCompetitor, MemoryRemote};
+    /// MemoryCompetitor::new(MemoryRemote::new()).script([Behavior::Fail, Behavior::Busy]);
+    /// ```
+    pub fn script(&self, behaviors: impl IntoIterator<Item = Behavior>) {
+        self.plan().script.extend(behaviors);
+    }
+
+    /// The behaviour of attempts once the script is used up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::testing::{Behavior, MemoryCompetitor, MemoryRemote};
+    /// MemoryCompetitor::new(MemoryRemote::new()).set_default(Behavior::Never);
+    /// ```
+    pub fn set_default(&self, behavior: Behavior) {
+        self.plan().default = behavior;
+    }
+
+    /// What `prepare_wait` answers from now on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Notifications, testing::{MemoryCompetitor, MemoryRemote}};
+    /// MemoryCompetitor::new(MemoryRemote::new()).set_notifications(Notifications::Live);
+    /// ```
+    pub fn set_notifications(&self, notifications: Notifications) {
+        self.plan().notifications = notifications;
+    }
+
+    /// Makes `prepare_wait` take this long (on tokio's timer) before answering; `None`
+    /// answers at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// # use std::time::Duration;
+    /// MemoryCompetitor::new(MemoryRemote::new()).set_prepare_delay(Some(Duration::from_millis(3)));
+    /// ```
+    pub fn set_prepare_delay(&self, delay: Option<Duration>) {
+        self.plan().prepare_delay = delay;
+    }
+
+    /// The `retry_after` busy answers carry from now on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// # use std::time::Duration;
+    /// MemoryCompetitor::new(MemoryRemote::new()).set_retry_after(Some(Duration::from_millis(3)));
+    /// ```
+    pub fn set_retry_after(&self, retry_after: Option<Duration>) {
+        self.plan().retry_after = retry_after;
+    }
+
+    /// A snapshot of the counters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// assert_eq!(MemoryCompetitor::new(MemoryRemote::new()).stats().acquired, 0);
+    /// ```
+    pub fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::SeqCst);
+        Stats {
+            attempts: get(&c.attempts),
+            live_attempts: get(&c.live_attempts),
+            acquired: get(&c.acquired),
+            busy: get(&c.busy),
+            failed: get(&c.failed),
+            abandoned: get(&c.abandoned),
+            after_acquire: get(&c.after_acquire),
+            after_release: get(&c.after_release),
+            prepare_wait: get(&c.prepare_wait),
+            queue_drained: get(&c.queue_drained),
+        }
+    }
+
+    fn plan(&self) -> std::sync::MutexGuard<'_, Plan> {
+        self.plan.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Decrements `live_attempts` when an attempt future finishes or is dropped.
+struct Live(Arc<Counters>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.live_attempts.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Competitor for MemoryCompetitor {
+    type Grant = MemoryGrant;
+
+    fn attempt(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
+        let (behavior, retry_after) = {
+            let mut plan = self.plan();
+            let next = plan.script.pop_front().unwrap_or(plan.default);
+            (next, plan.retry_after)
+        };
+        bump(&self.counters.attempts);
+        bump(&self.counters.live_attempts);
+        let live = Live(Arc::clone(&self.counters));
+        let remote = Arc::clone(&self.remote);
+        async move {
+            let counters = &live.0;
+            let behavior = match behavior {
+                Behavior::Slow(d) => {
+                    tokio::time::sleep(d).await;
+                    Behavior::Remote
+                }
+                Behavior::SlowBusy(d) => {
+                    tokio::time::sleep(d).await;
+                    Behavior::Busy
+                }
+                Behavior::Never => std::future::pending().await,
+                b => b,
+            };
+            let busy = || {
+                bump(&counters.busy);
+                Ok(Attempt::Busy { retry_after })
+            };
+            match behavior {
+                Behavior::Remote => match remote.try_acquire(holder) {
+                    Some(count) => {
+                        bump(&counters.acquired);
+                        Ok(Attempt::Acquired(MemoryGrant { holder, count }))
+                    }
+                    None => busy(),
+                },
+                Behavior::Busy => busy(),
+                _ => {
+                    bump(&counters.failed);
+                    Err(Error::backend(
+                        BackendKind::Io,
+                        None,
+                        "injected failure",
+                        None,
+                    ))
+                }
+            }
+        }
+    }
+
+    fn after_acquire(&self, _holder: HolderId, _grant: &MemoryGrant) {
+        bump(&self.counters.after_acquire);
+    }
+
+    fn after_release(&self, _holder: HolderId) {
+        bump(&self.counters.after_release);
+    }
+
+    fn abandon(&self, holder: HolderId, _grant: MemoryGrant) {
+        bump(&self.counters.abandoned);
+        // A grant nobody received: give its level back (and tell the listeners at zero).
+        let _ = self.remote.release(holder);
+    }
+
+    fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
+        bump(&self.counters.prepare_wait);
+        let (notifications, delay) = {
+            let plan = self.plan();
+            (plan.notifications, plan.prepare_delay)
+        };
+        async move {
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
+            }
+            notifications
+        }
+    }
+
+    fn queue_drained(&self) {
+        bump(&self.counters.queue_drained);
+    }
+}
+
+/// Releases one level of `holder` the way a backend's unlock does: remotely first, then
+/// locally (whatever the remote outcome). Returns the remote's remaining count.
+///
+/// # Examples
+///
+/// ```
+/// # use slate_aqs::{Synchronizer, testing::{self, MemoryCompetitor, MemoryRemote}};
+/// # use slate_core::{HolderId, Wait};
+/// # use std::time::Duration;
+/// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+/// let me = HolderId::new();
+/// sync.blocking_acquire(me, Wait::Forever)?;
+/// assert_eq!(testing::release(&sync, me)?, 0);
+/// # Ok::<(), slate_core::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::NotHeld`] from the remote (the local release happens anyway).
+pub fn release(sync: &Synchronizer<MemoryCompetitor>, holder: HolderId) -> Result<u32> {
+    let remote = sync.competitor().remote().release(holder);
+    sync.release(holder);
+    remote
+}
+
+/// Wires the remote's unlock messages to `sync.notify_released()` (the pub/sub listener of a
+/// real backend). Holds the synchronizer weakly.
+///
+/// # Examples
+///
+/// ```
+/// # use slate_aqs::{Synchronizer, testing::{self, MemoryCompetitor, MemoryRemote}};
+/// # use std::{sync::Arc, time::Duration};
+/// let sync = Arc::new(Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50)));
+/// testing::subscribe(&sync);
+/// ```
+pub fn subscribe(sync: &Arc<Synchronizer<MemoryCompetitor>>) {
+    let weak: Weak<Synchronizer<MemoryCompetitor>> = Arc::downgrade(sync);
+    sync.competitor().remote().on_release(move || {
+        if let Some(sync) = weak.upgrade() {
+            sync.notify_released();
+        }
+    });
+}
