@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use deadpool_redis::Pool;
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::{
-    DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions, Result, Wait,
+    BackendKind, DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions,
+    Result, Wait,
 };
 use tracing::Instrument;
 
@@ -125,6 +126,36 @@ pub(crate) struct RedisCompetitor {
 
 impl RedisCompetitor {
     /// Runs the release script for `holder`: `-1` not held, `0` released, `n` still held.
+    /// After an acquire that timed out (the script may still run later: a hung server processes
+    /// its queue when it resumes), queues a release of that holder on the same connection, behind
+    /// the acquire, so that a late first-level grant nobody receives is undone. Re-entries are left
+    /// alone (the release would take a level the holder owns). Only the enqueueing is awaited.
+    async fn compensate(
+        client: &RedisClient,
+        keys: &Keys,
+        me: &Weak<LockShared>,
+        holder: HolderId,
+        lease: Duration,
+    ) {
+        let owner = me.upgrade().and_then(|s| s.sync.owner()).map(|(h, _)| h);
+        if owner == Some(holder) {
+            return;
+        }
+        let (client2, keys2) = (client.clone(), keys.clone());
+        let mut release = Box::pin(async move {
+            match release_remote(&client2, &keys2, holder, lease).await {
+                Ok(0) => tracing::info!(%holder, "undid a late grant of a timed-out acquire"),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(%holder, error = %e, "compensating release failed"),
+            }
+        });
+        // One poll puts the command on the connection (ordered after the acquire); the reply is
+        // awaited in the background.
+        if futures::poll!(release.as_mut()).is_pending() {
+            client.spawn(release);
+        }
+    }
+
     pub(crate) async fn release_remote(&self, holder: HolderId) -> Result<i64> {
         release_remote(&self.client, &self.keys, holder, self.options.lease()).await
     }
@@ -151,6 +182,36 @@ impl RedisCompetitor {
                 .renewal
                 .register(&self.client, self.hold(holder, grant.deadline)),
         }
+    }
+}
+
+/// After an acquire that timed out (the script may still run later: a hung server processes
+/// its queue when it resumes), queues a release of that holder on the same connection, behind
+/// the acquire, so that a late first-level grant nobody receives is undone. Re-entries are left
+/// alone (the release would take a level the holder owns). Only the enqueueing is awaited.
+async fn compensate(
+    client: &RedisClient,
+    keys: &Keys,
+    me: &Weak<LockShared>,
+    holder: HolderId,
+    lease: Duration,
+) {
+    let owner = me.upgrade().and_then(|s| s.sync.owner()).map(|(h, _)| h);
+    if owner == Some(holder) {
+        return;
+    }
+    let (client2, keys2) = (client.clone(), keys.clone());
+    let mut release = Box::pin(async move {
+        match release_remote(&client2, &keys2, holder, lease).await {
+            Ok(0) => tracing::info!(%holder, "undid a late grant of a timed-out acquire"),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(%holder, error = %e, "compensating release failed"),
+        }
+    });
+    // One poll puts the command on the connection (ordered after the acquire); the reply is
+    // awaited in the background.
+    if futures::poll!(release.as_mut()).is_pending() {
+        client.spawn(release);
     }
 }
 
@@ -189,13 +250,15 @@ impl Competitor for RedisCompetitor {
         let lease = self.options.lease();
         let last = self.last_attempt.clone();
         let label = self.label.clone();
+        let keys = self.keys.clone();
+        let me = self.me.clone();
         let inner = client.clone();
         inner.on_runtime(async move {
             let holder_arg = holder.to_string();
             let ms = scripts::lease_ms(lease);
             let sent = Instant::now();
             *lock(&last) = Some(sent);
-            let reply: Vec<i64> = client
+            let reply: Result<Vec<i64>> = client
                 .exec("acquire script", |mut c| async move {
                     ACQUIRE
                         .script
@@ -206,7 +269,16 @@ impl Competitor for RedisCompetitor {
                         .invoke_async(&mut c)
                         .await
                 })
-                .await?;
+                .await;
+            let reply = match reply {
+                Ok(r) => r,
+                Err(e) => {
+                    if e.backend_kind() == Some(BackendKind::Timeout) {
+                        compensate(&client, &keys, &me, holder, lease).await;
+                    }
+                    return Err(e);
+                }
+            };
             let grant = |token: i64, count: i64| -> Result<Attempt<Grant>> {
                 let (Ok(token), Ok(count)) = (u64::try_from(token), u32::try_from(count)) else {
                     return Err(unexpected_reply("acquire script", client.address(), &reply));

@@ -44,6 +44,9 @@ fn retry_delay(period: Duration) -> Duration {
     (period / 4).clamp(Duration::from_millis(5), Duration::from_millis(250))
 }
 
+/// How much before its deadline a capped lease is reported lost.
+const CAPPED_EARLY: Duration = Duration::from_millis(5);
+
 type RegKey = (Arc<[u8]>, HolderId);
 
 /// What a lock tells the service about one hold.
@@ -262,7 +265,13 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
                 "max hold reached: renewal stopped, the lease will run out");
         }
         let deadline = reg.keeper.deadline();
-        if now >= deadline {
+        // A capped lease is reported a little early, so that the reason reaches the guard
+        // before its own deadline check answers `DeadlineExpired`.
+        let report_at = match reg.phase {
+            Phase::Capped => deadline.checked_sub(CAPPED_EARLY).unwrap_or(deadline),
+            _ => deadline,
+        };
+        if now >= report_at {
             let reason = match reg.phase {
                 Phase::Capped => LossReason::MaxHoldReached,
                 _ => LossReason::DeadlineExpired,
@@ -270,7 +279,7 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
             lose(reg, reason);
             continue;
         }
-        at(deadline);
+        at(report_at);
         if let Phase::Renewing = reg.phase {
             if let Some(cap) = reg.cap {
                 at(cap);

@@ -1,0 +1,160 @@
+//! `SingleLock` against a server that restarts empty or hangs (SIGSTOP).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ecosphere::server::Data;
+use slate_core::BackendKind;
+use slate_redis::{ClientOptions, DistributedLock, LockGuard, LossReason, SingleLock};
+
+fn script_loaded(server: &ecosphere::server::RedisServer, code: &str) -> bool {
+    let sha = redis::Script::new(code).get_hash().to_owned();
+    let v = server.command(&["SCRIPT", "EXISTS", &sha]).unwrap();
+    let flags: Vec<i64> = redis::from_redis_value(v).unwrap();
+    flags == [1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_while_idle_reloads_scripts_for_acquire_and_pipelined_renewal() {
+    let mut server = server();
+    let client = client(&server);
+    let lease = Duration::from_millis(400);
+    let lock = lock(&client, "restart", lease);
+
+    // Warm up: the connection is cached and every script is known to the server.
+    let g = lock.lock().await.unwrap();
+    tokio::time::sleep(lease).await;
+    assert!(script_loaded(&server, RENEW_LUA));
+    g.unlock().await.unwrap();
+
+    // Idle (longer than the idle check), then the server comes back empty.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    server.restart(Data::Wipe).unwrap();
+    assert!(!script_loaded(&server, RENEW_LUA));
+    assert!(keys(&server).is_empty());
+
+    let g = within(
+        Duration::from_secs(5),
+        "the first lock after a restart",
+        lock.lock(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        g.fencing_token().get(),
+        1,
+        "the counter restarted with the data"
+    );
+    // Held for three leases: the renewal pipeline met NOSCRIPT, loaded the script, renewed.
+    let until = Instant::now() + lease * 3;
+    while Instant::now() < until {
+        assert!(!g.is_lost(), "{:?}", g.lease().loss_reason());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(script_loaded(&server, RENEW_LUA));
+    assert!(lock.is_locked().await.unwrap());
+    assert_eq!(g.unlock().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_server_calls_time_out_loss_fires_by_the_deadline_nothing_resurrects() {
+    let mut server = server();
+    let timeout = Duration::from_millis(300);
+    let opts = ClientOptions::default().command_timeout(timeout);
+    let (a, b) = (
+        client_with(&server, opts.clone()),
+        client_with(&server, opts),
+    );
+    let lease = Duration::from_millis(800);
+    let lock_a = lock(&a, "hung", lease);
+    let lock_b = SingleLock::builder(&b, "hung")
+        .lease(lease)
+        .build()
+        .unwrap();
+    let key = "slate:{hung}";
+
+    let guard = lock_a.lock().await.unwrap();
+    // Let one renewal happen so the deadline is a renewed one.
+    tokio::time::sleep(lease / 2 + Duration::from_millis(100)).await;
+    server.pause().unwrap();
+    let paused_at = Instant::now();
+    let watcher = tokio::spawn({
+        let watch = guard.lease().clone();
+        async move {
+            let reason = watch.lost().await;
+            (reason, Instant::now(), watch.deadline())
+        }
+    });
+
+    // Every call returns within its timeout (plus scheduling slack).
+    let bound = timeout + Duration::from_millis(400);
+    let start = Instant::now();
+    let err = lock_a.is_locked().await.unwrap_err();
+    assert_eq!(err.backend_kind(), Some(BackendKind::Timeout), "{err}");
+    assert!(start.elapsed() < bound, "{:?}", start.elapsed());
+    let start = Instant::now();
+    let err = lock_b.try_lock().await.unwrap_err();
+    assert_eq!(err.backend_kind(), Some(BackendKind::Timeout), "{err}");
+    assert!(start.elapsed() < bound, "{:?}", start.elapsed());
+    let start = Instant::now();
+    let err = b.ping().await.unwrap_err();
+    assert_eq!(err.backend_kind(), Some(BackendKind::Timeout), "{err}");
+    assert!(start.elapsed() < bound, "{:?}", start.elapsed());
+
+    // The holder learns by its deadline.
+    let (reason, fired_at, deadline) = within(lease * 2, "loss", watcher).await.unwrap();
+    assert!(
+        deadline < paused_at + lease,
+        "the deadline is inside the last lease"
+    );
+    let late = fired_at.saturating_duration_since(deadline);
+    assert_eq!(reason, LossReason::DeadlineExpired);
+    assert!(
+        late < Duration::from_millis(150),
+        "loss signalled {late:?} late"
+    );
+    assert!(guard.is_lost());
+
+    server.resume().unwrap();
+    // The key ends with its TTL; queued renewals and the timed-out acquire do not bring it back.
+    eventually(lease * 3, "the key to expire", || {
+        int(&server, &["EXISTS", key]) == 0
+    })
+    .await;
+    let quiet_until = Instant::now() + lease * 2;
+    while Instant::now() < quiet_until {
+        assert_eq!(int(&server, &["EXISTS", key]), 0, "entry resurrected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let err = guard.unlock().await.unwrap_err();
+    assert!(err.is_not_held(), "{err}");
+    assert_eq!(a.stats().renewals, 0);
+    // The lock works again.
+    let g = lock_b.lock().await.unwrap();
+    g.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_stops_renewal_and_reports_at_the_deadline() {
+    let server = server();
+    let client = client(&server);
+    let lease = Duration::from_millis(300);
+    let lock = SingleLock::builder(&client, "max-hold")
+        .lease(lease)
+        .max_hold(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let guard = lock.lock().await.unwrap();
+    let reason = within(Duration::from_secs(3), "loss", guard.lost()).await;
+    assert_eq!(reason, LossReason::MaxHoldReached);
+    let held = start.elapsed();
+    assert!(held >= Duration::from_millis(500), "{held:?}");
+    eventually(Duration::from_secs(2), "the key to expire", || {
+        int(&server, &["EXISTS", "slate:{max-hold}"]) == 0
+    })
+    .await;
+    assert!(guard.unlock().await.unwrap_err().is_not_held());
+}
