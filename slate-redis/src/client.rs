@@ -15,6 +15,7 @@ use tokio::runtime::Handle;
 use crate::error;
 use crate::notify::Notifier;
 use crate::renewal::Renewal;
+use crate::scripts;
 
 /// The default command timeout.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -258,6 +259,7 @@ pub(crate) struct Inner {
     options: ClientOptions,
     runtime: Handle,
     conn: Mutex<ConnSlot>,
+    fill: tokio::sync::Mutex<()>,
     pub(crate) renewal: Renewal,
     pub(crate) notifier: Notifier,
     pub(crate) locks: Mutex<Registry>,
@@ -456,6 +458,7 @@ impl RedisClient {
                 conn: None,
                 last_ok: Instant::now(),
             }),
+            fill: tokio::sync::Mutex::new(()),
             locks: Mutex::new(HashMap::new()),
         });
         Ok(RedisClient { inner })
@@ -597,6 +600,15 @@ impl RedisClient {
                 None => break,
             }
         }
+        // One task fills the slot; the others wait for it instead of each taking (and
+        // PING-recycling) a pool connection.
+        let _filling = self.inner.fill.lock().await;
+        {
+            let slot = lock(&self.inner.conn);
+            if let Some(c) = &slot.conn {
+                return Ok((slot.generation, MultiplexedConnection::clone(c)));
+            }
+        }
         let budget = self.inner.options.connect_timeout;
         let obj = self
             .inner
@@ -604,12 +616,17 @@ impl RedisClient {
             .get()
             .await
             .map_err(|e| error::from_pool(e, &self.inner.address, budget))?;
-        let mut slot = lock(&self.inner.conn);
-        if let Some(c) = &slot.conn {
-            // Another task filled the slot meanwhile; ours goes back to the pool.
-            return Ok((slot.generation, MultiplexedConnection::clone(c)));
+        let mut conn = MultiplexedConnection::clone(&obj);
+        // Load every script once per connection, so that normal operation never meets NOSCRIPT
+        // (after a restart it still can; the callers reload then).
+        let mut load = redis::pipe();
+        for script in scripts::ALL {
+            load.add_command(script.load_cmd()).ignore();
         }
-        let conn = MultiplexedConnection::clone(&obj);
+        load.query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| error::from_redis(e, "loading the lock scripts", &self.inner.address))?;
+        let mut slot = lock(&self.inner.conn);
         slot.conn = Some(obj);
         slot.last_ok = Instant::now();
         Ok((slot.generation, conn))

@@ -129,7 +129,8 @@ impl SingleLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn main() -> slate_core::Result<()> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use slate_redis::LockGuard;
     /// # let rt = tokio::runtime::Runtime::new()?;
     /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
     /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;

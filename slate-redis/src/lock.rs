@@ -126,36 +126,6 @@ pub(crate) struct RedisCompetitor {
 
 impl RedisCompetitor {
     /// Runs the release script for `holder`: `-1` not held, `0` released, `n` still held.
-    /// After an acquire that timed out (the script may still run later: a hung server processes
-    /// its queue when it resumes), queues a release of that holder on the same connection, behind
-    /// the acquire, so that a late first-level grant nobody receives is undone. Re-entries are left
-    /// alone (the release would take a level the holder owns). Only the enqueueing is awaited.
-    async fn compensate(
-        client: &RedisClient,
-        keys: &Keys,
-        me: &Weak<LockShared>,
-        holder: HolderId,
-        lease: Duration,
-    ) {
-        let owner = me.upgrade().and_then(|s| s.sync.owner()).map(|(h, _)| h);
-        if owner == Some(holder) {
-            return;
-        }
-        let (client2, keys2) = (client.clone(), keys.clone());
-        let mut release = Box::pin(async move {
-            match release_remote(&client2, &keys2, holder, lease).await {
-                Ok(0) => tracing::info!(%holder, "undid a late grant of a timed-out acquire"),
-                Ok(_) => {}
-                Err(e) => tracing::debug!(%holder, error = %e, "compensating release failed"),
-            }
-        });
-        // One poll puts the command on the connection (ordered after the acquire); the reply is
-        // awaited in the background.
-        if futures::poll!(release.as_mut()).is_pending() {
-            client.spawn(release);
-        }
-    }
-
     pub(crate) async fn release_remote(&self, holder: HolderId) -> Result<i64> {
         release_remote(&self.client, &self.keys, holder, self.options.lease()).await
     }
@@ -745,7 +715,7 @@ impl SingleLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn main() -> slate_core::Result<()> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let rt = tokio::runtime::Runtime::new()?;
     /// let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
@@ -770,7 +740,8 @@ impl SingleLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn main() -> slate_core::Result<()> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use slate_redis::LockGuard;
     /// # let rt = tokio::runtime::Runtime::new()?;
     /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
     /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
@@ -795,7 +766,8 @@ impl SingleLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn main() -> slate_core::Result<()> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use slate_redis::LockGuard;
     /// # let rt = tokio::runtime::Runtime::new()?;
     /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
     /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;

@@ -60,6 +60,9 @@ pub(crate) static RENEW: LazyLock<SlateScript> =
 pub(crate) static FORCE_UNLOCK: LazyLock<SlateScript> =
     LazyLock::new(|| SlateScript::new(include_str!("scripts/force_unlock.lua")));
 
+/// Every script, for loading them on a new connection.
+pub(crate) static ALL: [&LazyLock<SlateScript>; 4] = [&ACQUIRE, &RELEASE, &RENEW, &FORCE_UNLOCK];
+
 /// A lease as the scripts' ARGV: whole milliseconds, at least 1.
 pub(crate) fn lease_ms(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)

@@ -1,5 +1,7 @@
 //! `SingleLock` against a server that restarts empty or hangs (SIGSTOP).
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

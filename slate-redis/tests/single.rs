@@ -1,6 +1,8 @@
 //! Single-process behaviour of `SingleLock` against a real Redis: basics, reentrancy, tokens,
 //! ownership, bad input, and the `Send`/`Sync` promises.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: a harness server per test, a client, key
 //! listings and condition waits with deadlines.
 #![allow(dead_code)]
+#![allow(clippy::unwrap_used)]
 
 use std::future::Future;
 use std::time::{Duration, Instant};
