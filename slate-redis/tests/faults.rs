@@ -49,6 +49,10 @@ async fn restart_while_idle_reloads_scripts_for_acquire_and_pipelined_renewal() 
         1,
         "the counter restarted with the data"
     );
+    // A new connection loads every script; empty the cache again so that renewal and release
+    // meet NOSCRIPT on a connection that is already in use.
+    server.command(&["SCRIPT", "FLUSH"]).unwrap();
+    assert!(!script_loaded(&server, RENEW_LUA));
     // Held for three leases: the renewal pipeline met NOSCRIPT, loaded the script, renewed.
     let until = Instant::now() + lease * 3;
     while Instant::now() < until {
@@ -57,7 +61,9 @@ async fn restart_while_idle_reloads_scripts_for_acquire_and_pipelined_renewal() 
     }
     assert!(script_loaded(&server, RENEW_LUA));
     assert!(lock.is_locked().await.unwrap());
-    assert_eq!(g.unlock().await.unwrap(), 0);
+    assert!(!script_loaded(&server, RELEASE_LUA));
+    assert_eq!(g.unlock().await.unwrap(), 0, "release reloaded its script");
+    assert_eq!(keys(&server), ["slate:{restart}:fence"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
