@@ -1,0 +1,909 @@
+//! `slate-worker`: one OS process of a multi-process scenario of Slate's single lock.
+//!
+//! Every worker records its event history (`<history-dir>/proc-<proc>.jsonl`, written through)
+//! following the rules of `ecosphere::history`: `acq_invoke`/`rel_invoke` stamped before the
+//! call, everything else after the reply; `holder` is the exact hash field
+//! (`guard.holder().to_string()`); a `renew_ok` is logged whenever the guard's deadline moved,
+//! checked before each resource operation.
+//!
+//! ```text
+//! slate-worker --redis-url URL --lock NAME --proc N --history-dir DIR --mode MODE
+//!     [--resource-url URL] [--tasks N] [--iterations N] [--max-duration-ms MS]
+//!     [--lease-ms MS] [--renewal-ms MS] [--spin-wait-ms MS] [--command-timeout-ms MS]
+//!     [--hold-ms MS] [--step-ms MS] [--budget-ms MS] [--linger-ms MS] [--go-file PATH]
+//!     [--counter-key KEY] [--unsafe-skip-lock]
+//! ```
+//!
+//! Modes (all print `READY` after connecting; with `--go-file` they then wait, bounded, until
+//! that file exists and print `GO`; all print `STATS renewals=R subscriptions=S
+//! local_waiters=W` last):
+//!
+//! - `contend`: `--tasks` tasks, each `--iterations` times: `lock()`, GET then SET+1 of the
+//!   counter on the resource server, `unlock()`. Prints `DONE acquisitions=N`.
+//!   `--unsafe-skip-lock` skips the lock (negative control) and logs made-up holders.
+//! - `hold`: acquires once, prints `HOLDING <holder> <token>`, increments the counter every
+//!   50 ms for `--hold-ms` or until the lease is lost (`LOST <reason>`), then unlocks and prints
+//!   `UNLOCK ok <remaining>`, `UNLOCK not_held` or `UNLOCK error <message>`.
+//! - `reenter`: acquires, re-enters to depth 3 (`reenter()`, then `lock_as(holder)`), prints
+//!   `DEPTH n` per level and `HOLD_COUNT n`, holds `--hold-ms` with resource operations,
+//!   releases level by level (`RELEASED n`, `--step-ms` apart), then sends one extra release
+//!   (the library's release script, as no guard is left) and prints `EXTRA not_held`.
+//! - `wait`: `--tasks` waiters each call `try_lock_for(--budget-ms)` once (`try_lock()` for a
+//!   budget of 0); prints `INVOKED n` once all have invoked; winners hold `--hold-ms` (one
+//!   counter increment if `--resource-url` is given) and unlock. Prints
+//!   `DONE acquired=A failed=F errors=E`.
+//!
+//! Exit code 0 on success; 1 with a message on stderr otherwise (bad arguments: 2). In `hold`
+//! and `wait`, lock errors are outcomes (recorded), not worker failures.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use ecosphere::clock::{now_ns, to_mono_ns};
+use ecosphere::history::{EventKind, OP_INCR, OUTCOME_OK, Recorder};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use slate_redis::{
+    ClientOptions, DistributedLock, LockGuard, LossReason, RedisClient, SingleLock,
+    SingleLockGuard,
+};
+
+/// The library's release script, for the one release no guard can express (past depth 0).
+const RELEASE_LUA: &str = include_str!("../../../slate-redis/src/scripts/release.lua");
+
+/// Interval of the resource operations while holding (`hold`, `reenter`).
+const TICK: Duration = Duration::from_millis(50);
+
+/// Poll interval of the go-file wait.
+const GO_POLL: Duration = Duration::from_millis(5);
+
+type Res<T> = Result<T, String>;
+
+/// What the worker does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Loop lock / GET+SET counter / unlock.
+    Contend,
+    /// Acquire once and hold until done or lost.
+    Hold,
+    /// Re-enter to depth 3, release level by level, one extra release.
+    Reenter,
+    /// Many waiters, one `try_lock_for` each.
+    Wait,
+}
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(name = "slate-worker", about = "One process of a Slate single-lock scenario")]
+struct Args {
+    /// URL of the Redis server that holds the lock.
+    #[arg(long)]
+    redis_url: String,
+    /// URL of the resource Redis (the shared counter); required by contend, hold and reenter.
+    #[arg(long)]
+    resource_url: Option<String>,
+    /// Lock name.
+    #[arg(long)]
+    lock: String,
+    /// Process number in the history (`proc`).
+    #[arg(long)]
+    proc: u32,
+    /// Directory of the history files.
+    #[arg(long)]
+    history_dir: PathBuf,
+    /// What to do.
+    #[arg(long, value_enum)]
+    mode: Mode,
+    /// Concurrent tasks (contend, wait).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=2000))]
+    tasks: u64,
+    /// Iterations per task (contend).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    iterations: u64,
+    /// Upper bound of the whole run; the worker stops (and fails) when it passes.
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    max_duration_ms: u64,
+    /// Lease of the lock.
+    #[arg(long, default_value_t = 2_000)]
+    lease_ms: u64,
+    /// Renewal period (library default if absent).
+    #[arg(long)]
+    renewal_ms: Option<u64>,
+    /// Spin wait: retry interval when no release notification arrives (library default if
+    /// absent).
+    #[arg(long)]
+    spin_wait_ms: Option<u64>,
+    /// Command timeout of the client (library default if absent).
+    #[arg(long)]
+    command_timeout_ms: Option<u64>,
+    /// How long to hold (hold: total; reenter: at depth 3; wait: critical section).
+    #[arg(long, default_value_t = 1_000)]
+    hold_ms: u64,
+    /// Reenter: time held at each depth on the way down.
+    #[arg(long, default_value_t = 200)]
+    step_ms: u64,
+    /// Wait: the budget of each `try_lock_for` (0 = `try_lock`).
+    #[arg(long, default_value_t = 5_000)]
+    budget_ms: u64,
+    /// Keep the client (and its renewal service) alive this long after the mode ends.
+    #[arg(long, default_value_t = 0)]
+    linger_ms: u64,
+    /// After `READY`, wait until this file exists before starting.
+    #[arg(long)]
+    go_file: Option<PathBuf>,
+    /// Key of the shared counter on the resource server.
+    #[arg(long, default_value = "counter")]
+    counter_key: String,
+    /// Negative control (contend only): skip the lock entirely and log made-up holders.
+    #[arg(long)]
+    unsafe_skip_lock: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("slate-worker: cannot build the tokio runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let proc = args.proc;
+    let result = rt.block_on(run(args));
+    // Background tasks (renewal, pub/sub) must not keep the process alive.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("slate-worker {proc}: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Prints one stdout line and flushes it (the harness reads lines as they come).
+fn say(line: &str) -> Res<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("writing stdout: {e}"))
+}
+
+/// Short code of a loss reason (one word, for the `LOST` line).
+fn reason_code(r: LossReason) -> String {
+    match r {
+        LossReason::EntryGone => "entry_gone".to_owned(),
+        LossReason::DeadlineExpired => "deadline_expired".to_owned(),
+        LossReason::MaxHoldReached => "max_hold".to_owned(),
+        other => format!("{other:?}").replace(' ', "_"),
+    }
+}
+
+/// Everything the modes share.
+struct Ctx {
+    args: Args,
+    rec: Recorder,
+    client: RedisClient,
+    lock: SingleLock,
+    resource: Option<MultiplexedConnection>,
+    /// A plain connection to the lock server (the extra release of `reenter`).
+    direct: MultiplexedConnection,
+    deadline: Instant,
+    attempts: AtomicU64,
+}
+
+/// A holder's state as this worker logged it.
+struct Held {
+    holder: String,
+    token: u64,
+    depth: u32,
+    /// Latest deadline logged (mono ns).
+    deadline: u64,
+}
+
+impl Ctx {
+    fn record(&self, task: u64, kind: EventKind) -> Res<u64> {
+        self.rec
+            .record(task, &self.args.lock, kind)
+            .map_err(|e| format!("recording: {e}"))
+    }
+
+    fn next_attempt(&self) -> u64 {
+        self.attempts.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    fn resource(&self) -> Res<MultiplexedConnection> {
+        self.resource
+            .clone()
+            .ok_or_else(|| "this mode needs --resource-url".to_owned())
+    }
+
+    /// Logs `acq_ok` for a fresh guard and returns the logged state.
+    fn acquired(&self, task: u64, attempt: u64, guard: &SingleLockGuard) -> Res<Held> {
+        let held = Held {
+            holder: guard.holder().to_string(),
+            token: guard.fencing_token().get(),
+            depth: guard.depth(),
+            deadline: to_mono_ns(guard.lease_deadline()),
+        };
+        self.record(
+            task,
+            EventKind::AcqOk {
+                attempt,
+                holder: held.holder.clone(),
+                token: held.token,
+                depth: held.depth,
+                deadline: held.deadline,
+                nodes: vec![],
+            },
+        )?;
+        Ok(held)
+    }
+
+    /// Logs `renew_ok` if the guard's deadline moved since the last logged one.
+    fn note_renewal(&self, task: u64, held: &mut Held, guard: &SingleLockGuard) -> Res<()> {
+        let d = to_mono_ns(guard.lease_deadline());
+        if d > held.deadline {
+            held.deadline = d;
+            self.record(
+                task,
+                EventKind::RenewOk {
+                    holder: held.holder.clone(),
+                    deadline: d,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// GET then SET+1 of the counter (non-atomic on purpose), then `res_op incr` (after a
+    /// `renew_ok` if the deadline moved).
+    async fn incr(
+        &self,
+        task: u64,
+        held: &mut Held,
+        guard: Option<&SingleLockGuard>,
+    ) -> Res<()> {
+        let mut conn = self.resource()?;
+        let key = self.args.counter_key.as_str();
+        let value: Option<u64> = conn
+            .get(key)
+            .await
+            .map_err(|e| format!("GET {key} on the resource server: {e}"))?;
+        let next = value.unwrap_or(0) + 1;
+        let () = conn
+            .set(key, next)
+            .await
+            .map_err(|e| format!("SET {key} on the resource server: {e}"))?;
+        if let Some(g) = guard {
+            self.note_renewal(task, held, g)?;
+        }
+        self.record(
+            task,
+            EventKind::ResOp {
+                holder: held.holder.clone(),
+                token: held.token,
+                op: OP_INCR.to_owned(),
+                outcome: OUTCOME_OK.to_owned(),
+            },
+        )?;
+        Ok(())
+    }
+
+    /// `rel_invoke`, `unlock()`, then `rel_ok` / `rel_fail{not_held}` / `rel_info`.
+    async fn release(&self, task: u64, held: &mut Held, guard: SingleLockGuard) -> Res<Released> {
+        self.record(
+            task,
+            EventKind::RelInvoke {
+                holder: held.holder.clone(),
+                depth_before: held.depth,
+            },
+        )?;
+        let outcome = tokio::time::timeout(self.remaining(), guard.unlock()).await;
+        let (kind, released) = match outcome {
+            Ok(Ok(n)) => {
+                held.depth = n;
+                (
+                    EventKind::RelOk {
+                        holder: held.holder.clone(),
+                        depth_after: n,
+                    },
+                    Released::Ok(n),
+                )
+            }
+            Ok(Err(e)) if e.is_not_held() => {
+                held.depth = 0;
+                (
+                    EventKind::RelFail {
+                        holder: held.holder.clone(),
+                        reason: e.to_string(),
+                        not_held: true,
+                    },
+                    Released::NotHeld,
+                )
+            }
+            Ok(Err(e)) => (
+                EventKind::RelInfo {
+                    holder: held.holder.clone(),
+                    reason: e.to_string(),
+                },
+                Released::Error(e.to_string()),
+            ),
+            Err(_) => (
+                EventKind::RelInfo {
+                    holder: held.holder.clone(),
+                    reason: "cancelled: worker max duration".to_owned(),
+                },
+                Released::Error("max duration reached during unlock".to_owned()),
+            ),
+        };
+        self.record(task, kind)?;
+        Ok(released)
+    }
+
+    /// `lock()` bounded by the run's deadline; logs `acq_invoke` and the outcome.
+    async fn lock_logged(
+        &self,
+        task: u64,
+        as_holder: Option<slate_redis::HolderId>,
+    ) -> Res<(SingleLockGuard, Held)> {
+        let attempt = self.next_attempt();
+        self.record(
+            task,
+            EventKind::AcqInvoke {
+                attempt,
+                budget_ms: None,
+            },
+        )?;
+        let call = async {
+            match as_holder {
+                Some(h) => self.lock.lock_as(h).await,
+                None => self.lock.lock().await,
+            }
+        };
+        match tokio::time::timeout(self.remaining(), call).await {
+            Ok(Ok(guard)) => {
+                let held = self.acquired(task, attempt, &guard)?;
+                Ok((guard, held))
+            }
+            Ok(Err(e)) => {
+                self.record(
+                    task,
+                    EventKind::AcqInfo {
+                        attempt,
+                        reason: e.to_string(),
+                    },
+                )?;
+                Err(format!("lock() failed: {e}"))
+            }
+            Err(_) => {
+                self.record(
+                    task,
+                    EventKind::AcqInfo {
+                        attempt,
+                        reason: "cancelled: worker max duration".to_owned(),
+                    },
+                )?;
+                Err("max duration reached while waiting for the lock".to_owned())
+            }
+        }
+    }
+}
+
+/// Outcome of a logged release.
+#[derive(Debug)]
+enum Released {
+    Ok(u32),
+    NotHeld,
+    Error(String),
+}
+
+impl Released {
+    fn line(&self) -> String {
+        match self {
+            Released::Ok(n) => format!("ok {n}"),
+            Released::NotHeld => "not_held".to_owned(),
+            Released::Error(m) => format!("error {}", m.replace('\n', " ")),
+        }
+    }
+}
+
+async fn run(args: Args) -> Res<()> {
+    let deadline = Instant::now() + Duration::from_millis(args.max_duration_ms);
+    let rec = Recorder::create(&args.history_dir, args.proc)
+        .map_err(|e| format!("opening the history: {e}"))?;
+    let mut opts = ClientOptions::default();
+    if let Some(ms) = args.command_timeout_ms {
+        opts = opts.command_timeout(Duration::from_millis(ms));
+    }
+    let client = RedisClient::open_with(&args.redis_url, opts)
+        .map_err(|e| format!("opening the lock client: {e}"))?;
+    let mut builder =
+        SingleLock::builder(&client, &args.lock).lease(Duration::from_millis(args.lease_ms));
+    if let Some(ms) = args.renewal_ms {
+        builder = builder.renewal_period(Duration::from_millis(ms));
+    }
+    if let Some(ms) = args.spin_wait_ms {
+        builder = builder.spin_wait(Duration::from_millis(ms));
+    }
+    let lock = builder
+        .build()
+        .map_err(|e| format!("building the lock: {e}"))?;
+    let connect = |url: &str| {
+        let url = url.to_owned();
+        async move {
+            let c = redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                c.get_multiplexed_async_connection(),
+            )
+            .await
+            .map_err(|_| format!("{url}: connect timed out"))?
+            .map_err(|e| format!("{url}: {e}"))
+        }
+    };
+    let resource = match &args.resource_url {
+        Some(url) => Some(connect(url).await?),
+        None => None,
+    };
+    let direct = connect(&args.redis_url).await?;
+    tokio::time::timeout(Duration::from_secs(5), client.ping())
+        .await
+        .map_err(|_| "PING of the lock server timed out".to_owned())?
+        .map_err(|e| format!("PING of the lock server: {e}"))?;
+    let ctx = Arc::new(Ctx {
+        args,
+        rec,
+        client,
+        lock,
+        resource,
+        direct,
+        deadline,
+        attempts: AtomicU64::new(0),
+    });
+    say("READY")?;
+    if let Some(go) = &ctx.args.go_file {
+        while !go.exists() {
+            if Instant::now() >= deadline {
+                return Err(format!("{} did not appear in time", go.display()));
+            }
+            tokio::time::sleep(GO_POLL).await;
+        }
+        say("GO")?;
+    }
+    let result = match ctx.args.mode {
+        Mode::Contend => contend(&ctx).await,
+        Mode::Hold => hold(&ctx).await,
+        Mode::Reenter => reenter(&ctx).await,
+        Mode::Wait => wait(&ctx).await,
+    };
+    if ctx.args.linger_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ctx.args.linger_ms).min(ctx.remaining())).await;
+    }
+    let s = ctx.client.stats();
+    say(&format!(
+        "STATS renewals={} subscriptions={} local_waiters={}",
+        s.renewals, s.subscriptions, s.local_waiters
+    ))?;
+    ctx.rec.flush().map_err(|e| format!("flushing: {e}"))?;
+    result
+}
+
+/// `contend`: tasks × iterations of lock / GET+SET / unlock.
+async fn contend(ctx: &Arc<Ctx>) -> Res<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..ctx.args.tasks {
+        let ctx = Arc::clone(ctx);
+        tasks.spawn(async move { contend_task(&ctx, task).await });
+    }
+    let mut total = 0u64;
+    let mut errors = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(n)) => total += n,
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(format!("task panicked: {e}")),
+        }
+    }
+    say(&format!("DONE acquisitions={total}"))?;
+    match errors.first() {
+        None => Ok(()),
+        Some(first) => Err(format!("{} task(s) failed; first: {first}", errors.len())),
+    }
+}
+
+async fn contend_task(ctx: &Ctx, task: u64) -> Res<u64> {
+    let mut done = 0;
+    for i in 0..ctx.args.iterations {
+        if Instant::now() >= ctx.deadline {
+            return Err(format!("max duration reached after {done} iterations"));
+        }
+        if ctx.args.unsafe_skip_lock {
+            unsafe_iteration(ctx, task, i).await?;
+            done += 1;
+            continue;
+        }
+        let (guard, mut held) = ctx.lock_logged(task, None).await?;
+        let op = ctx.incr(task, &mut held, Some(&guard)).await;
+        if let Some(reason) = guard.lease().loss_reason() {
+            ctx.record(
+                task,
+                EventKind::Lost {
+                    holder: held.holder.clone(),
+                    reason: reason.to_string(),
+                },
+            )?;
+        }
+        let released = ctx.release(task, &mut held, guard).await?;
+        op?;
+        match released {
+            Released::Ok(0) => {}
+            other => return Err(format!("unlock of a depth-1 guard answered {other:?}")),
+        }
+        done += 1;
+    }
+    Ok(done)
+}
+
+/// One iteration of the negative control: no lock at all, a made-up holder and token.
+async fn unsafe_iteration(ctx: &Ctx, task: u64, i: u64) -> Res<()> {
+    let attempt = ctx.next_attempt();
+    ctx.record(
+        task,
+        EventKind::AcqInvoke {
+            attempt,
+            budget_ms: None,
+        },
+    )?;
+    let mut conn = ctx.resource()?;
+    let token: u64 = conn
+        .incr("unsafe-token", 1)
+        .await
+        .map_err(|e| format!("INCR unsafe-token: {e}"))?;
+    let mut held = Held {
+        holder: format!("unsafe:{}:{task}:{i}", ctx.args.proc),
+        token,
+        depth: 1,
+        deadline: now_ns() + ctx.args.lease_ms * 1_000_000,
+    };
+    ctx.record(
+        task,
+        EventKind::AcqOk {
+            attempt,
+            holder: held.holder.clone(),
+            token,
+            depth: 1,
+            deadline: held.deadline,
+            nodes: vec![],
+        },
+    )?;
+    ctx.incr(task, &mut held, None).await?;
+    ctx.record(
+        task,
+        EventKind::RelInvoke {
+            holder: held.holder.clone(),
+            depth_before: 1,
+        },
+    )?;
+    ctx.record(
+        task,
+        EventKind::RelOk {
+            holder: held.holder.clone(),
+            depth_after: 0,
+        },
+    )?;
+    Ok(())
+}
+
+/// `hold`: acquire, hold with resource operations until done or lost, unlock.
+async fn hold(ctx: &Ctx) -> Res<()> {
+    let (guard, mut held) = ctx.lock_logged(0, None).await?;
+    say(&format!("HOLDING {} {}", held.holder, held.token))?;
+    let end = (Instant::now() + Duration::from_millis(ctx.args.hold_ms)).min(ctx.deadline);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let lost = loop {
+        tokio::select! {
+            biased;
+            reason = guard.lost() => break Some(reason),
+            () = tokio::time::sleep_until(end.into()) => break None,
+            _ = tick.tick() => {
+                if !guard.is_lost() {
+                    ctx.incr(0, &mut held, Some(&guard)).await?;
+                }
+            }
+        }
+    };
+    if let Some(reason) = lost {
+        ctx.record(
+            0,
+            EventKind::Lost {
+                holder: held.holder.clone(),
+                reason: reason.to_string(),
+            },
+        )?;
+        say(&format!("LOST {}", reason_code(reason)))?;
+    }
+    let released = ctx.release(0, &mut held, guard).await?;
+    say(&format!("UNLOCK {}", released.line()))?;
+    Ok(())
+}
+
+/// Holds `guard` for `d`, incrementing the counter every tick; fails if the lease is lost.
+async fn hold_for(ctx: &Ctx, held: &mut Held, guard: &SingleLockGuard, d: Duration) -> Res<()> {
+    let end = (Instant::now() + d).min(ctx.deadline);
+    while Instant::now() < end {
+        if let Some(reason) = guard.lease().loss_reason() {
+            ctx.record(
+                0,
+                EventKind::Lost {
+                    holder: held.holder.clone(),
+                    reason: reason.to_string(),
+                },
+            )?;
+            return Err(format!("lease lost while holding: {reason}"));
+        }
+        ctx.incr(0, held, Some(guard)).await?;
+        tokio::time::sleep(TICK.min(end.saturating_duration_since(Instant::now()))).await;
+    }
+    Ok(())
+}
+
+/// Releases one level and checks that exactly one level went.
+async fn release_level(ctx: &Ctx, held: &mut Held, guard: SingleLockGuard) -> Res<()> {
+    let expect = held.depth.saturating_sub(1);
+    ctx.note_renewal(0, held, &guard)?;
+    match ctx.release(0, held, guard).await? {
+        Released::Ok(n) if n == expect => say(&format!("RELEASED {n}")),
+        other => Err(format!("release to depth {expect} answered {other:?}")),
+    }
+}
+
+/// `reenter`: depth 3 and back, with renewal running, then one release too many.
+async fn reenter(ctx: &Ctx) -> Res<()> {
+    let (g1, mut held) = ctx.lock_logged(0, None).await?;
+    say(&format!("HOLDING {} {}", held.holder, held.token))?;
+    say("DEPTH 1")?;
+    let holder = g1.holder();
+    let (g2, h2) = {
+        let attempt = ctx.next_attempt();
+        ctx.record(
+            0,
+            EventKind::AcqInvoke {
+                attempt,
+                budget_ms: None,
+            },
+        )?;
+        match tokio::time::timeout(ctx.remaining(), g1.reenter()).await {
+            Ok(Ok(g)) => {
+                let h = ctx.acquired(0, attempt, &g)?;
+                (g, h)
+            }
+            Ok(Err(e)) => {
+                ctx.record(
+                    0,
+                    EventKind::AcqInfo {
+                        attempt,
+                        reason: e.to_string(),
+                    },
+                )?;
+                return Err(format!("reenter() failed: {e}"));
+            }
+            Err(_) => return Err("max duration reached in reenter()".to_owned()),
+        }
+    };
+    say("DEPTH 2")?;
+    let (g3, h3) = ctx.lock_logged(0, Some(holder)).await?;
+    say("DEPTH 3")?;
+    for (d, h) in [(2, &h2), (3, &h3)] {
+        if h.depth != d || h.token != held.token || h.holder != held.holder {
+            return Err(format!(
+                "re-entry {d}: depth {} token {} holder {} (first level: token {} holder {})",
+                h.depth, h.token, h.holder, held.token, held.holder
+            ));
+        }
+    }
+    held.depth = 3;
+    held.deadline = held.deadline.max(h2.deadline).max(h3.deadline);
+    let count = ctx
+        .lock
+        .hold_count(holder)
+        .await
+        .map_err(|e| format!("hold_count: {e}"))?;
+    say(&format!("HOLD_COUNT {count}"))?;
+    if count != 3 {
+        return Err(format!("hold_count is {count} at depth 3"));
+    }
+    hold_for(ctx, &mut held, &g3, Duration::from_millis(ctx.args.hold_ms)).await?;
+    let step = Duration::from_millis(ctx.args.step_ms);
+    for inner in [g3, g2] {
+        release_level(ctx, &mut held, inner).await?;
+        hold_for(ctx, &mut held, &g1, step).await?;
+    }
+    release_level(ctx, &mut held, g1).await?;
+    // One release too many: no guard is left, so send the library's release script directly.
+    let key = ctx.lock.key().to_vec();
+    let mut channel = key.clone();
+    channel.extend_from_slice(b":released");
+    ctx.record(
+        0,
+        EventKind::RelInvoke {
+            holder: held.holder.clone(),
+            depth_before: 0,
+        },
+    )?;
+    let mut direct = ctx.direct.clone();
+    let reply: i64 = redis::Script::new(RELEASE_LUA)
+        .key(key)
+        .key(channel)
+        .arg(&held.holder)
+        .arg(ctx.args.lease_ms)
+        .invoke_async(&mut direct)
+        .await
+        .map_err(|e| format!("extra release: {e}"))?;
+    if reply == -1 {
+        ctx.record(
+            0,
+            EventKind::RelFail {
+                holder: held.holder.clone(),
+                reason: "not held (release past depth 0)".to_owned(),
+                not_held: true,
+            },
+        )?;
+        say("EXTRA not_held")?;
+        Ok(())
+    } else {
+        let depth_after = u32::try_from(reply).unwrap_or(u32::MAX);
+        ctx.record(
+            0,
+            EventKind::RelOk {
+                holder: held.holder.clone(),
+                depth_after,
+            },
+        )?;
+        say(&format!("EXTRA unexpected {reply}"))?;
+        Err(format!("a release past depth 0 answered {reply}, not -1"))
+    }
+}
+
+/// `wait`: many waiters, one bounded acquire each.
+async fn wait(ctx: &Arc<Ctx>) -> Res<()> {
+    let invoked = Arc::new(AtomicUsize::new(0));
+    let all_invoked = Arc::new(tokio::sync::Notify::new());
+    let n = usize::try_from(ctx.args.tasks).map_err(|e| e.to_string())?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..ctx.args.tasks {
+        let (ctx, invoked, all_invoked) = (
+            Arc::clone(ctx),
+            Arc::clone(&invoked),
+            Arc::clone(&all_invoked),
+        );
+        tasks.spawn(async move {
+            let attempt = ctx.next_attempt();
+            let budget = ctx.args.budget_ms;
+            ctx.record(
+                task,
+                EventKind::AcqInvoke {
+                    attempt,
+                    budget_ms: Some(budget),
+                },
+            )?;
+            if invoked.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                all_invoked.notify_one();
+            }
+            wait_task(&ctx, task, attempt, budget).await
+        });
+    }
+    let announce = async {
+        all_invoked.notified().await;
+        say(&format!("INVOKED {n}"))
+    };
+    tokio::select! {
+        r = announce => r?,
+        () = tokio::time::sleep(ctx.remaining()) => {},
+    }
+    let (mut acquired, mut failed, mut errors) = (0u64, 0u64, 0u64);
+    let mut problems = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(WaitOutcome::Acquired)) => acquired += 1,
+            Ok(Ok(WaitOutcome::Failed)) => failed += 1,
+            Ok(Ok(WaitOutcome::Error)) => errors += 1,
+            Ok(Err(e)) => problems.push(e),
+            Err(e) => problems.push(format!("task panicked: {e}")),
+        }
+    }
+    say(&format!(
+        "DONE acquired={acquired} failed={failed} errors={errors}"
+    ))?;
+    match problems.first() {
+        None => Ok(()),
+        Some(first) => Err(format!("{} waiter(s) failed; first: {first}", problems.len())),
+    }
+}
+
+enum WaitOutcome {
+    Acquired,
+    Failed,
+    Error,
+}
+
+async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitOutcome> {
+    let call = async {
+        if budget == 0 {
+            ctx.lock.try_lock().await.map(|g| g.ok_or(()))
+        } else {
+            ctx.lock
+                .try_lock_for(Duration::from_millis(budget))
+                .await
+                .map(Ok)
+        }
+    };
+    let guard = match tokio::time::timeout(ctx.remaining(), call).await {
+        Ok(Ok(Ok(guard))) => guard,
+        Ok(Ok(Err(()))) => {
+            ctx.record(
+                task,
+                EventKind::AcqFail {
+                    attempt,
+                    reason: "busy".to_owned(),
+                },
+            )?;
+            return Ok(WaitOutcome::Failed);
+        }
+        Ok(Err(e)) if e.is_timeout() || e.is_busy() => {
+            ctx.record(
+                task,
+                EventKind::AcqFail {
+                    attempt,
+                    reason: e.to_string(),
+                },
+            )?;
+            return Ok(WaitOutcome::Failed);
+        }
+        Ok(Err(e)) => {
+            ctx.record(
+                task,
+                EventKind::AcqInfo {
+                    attempt,
+                    reason: e.to_string(),
+                },
+            )?;
+            return Ok(WaitOutcome::Error);
+        }
+        Err(_) => {
+            ctx.record(
+                task,
+                EventKind::AcqInfo {
+                    attempt,
+                    reason: "cancelled: worker max duration".to_owned(),
+                },
+            )?;
+            return Err("max duration reached while waiting".to_owned());
+        }
+    };
+    let mut held = ctx.acquired(task, attempt, &guard)?;
+    if ctx.resource.is_some() {
+        ctx.incr(task, &mut held, Some(&guard)).await?;
+    }
+    if ctx.args.hold_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ctx.args.hold_ms)).await;
+    }
+    match ctx.release(task, &mut held, guard).await? {
+        Released::Ok(0) => Ok(WaitOutcome::Acquired),
+        other => Err(format!("unlock of a depth-1 guard answered {other:?}")),
+    }
+}

@@ -1,0 +1,304 @@
+//! Shared by the `single_*` scenario tests: the worker's command line, servers, condition
+//! waits with deadlines, and history helpers.
+#![allow(dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ecosphere::history::{CheckConfig, Event, EventKind, History, Report};
+use ecosphere::server::RedisServer;
+use ecosphere::workers::{WorkerOutput, WorkerSet};
+
+/// The worker binary built with this package.
+pub const WORKER: &str = env!("CARGO_BIN_EXE_slate-worker");
+
+/// One `slate-worker` configuration; `args(proc)` renders its command line.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    pub redis_url: String,
+    pub resource_url: Option<String>,
+    pub lock: String,
+    pub history_dir: PathBuf,
+    pub mode: &'static str,
+    pub tasks: u64,
+    pub iterations: u64,
+    pub max_duration: Duration,
+    pub lease: Duration,
+    pub renewal: Option<Duration>,
+    pub spin_wait: Option<Duration>,
+    pub command_timeout: Option<Duration>,
+    pub hold: Duration,
+    pub step: Duration,
+    pub budget: Duration,
+    pub linger: Duration,
+    pub go_file: Option<PathBuf>,
+    pub unsafe_skip_lock: bool,
+    /// Added to the worker index to form `--proc`.
+    pub proc_base: u32,
+}
+
+impl Worker {
+    pub fn new(mode: &'static str, lock_server: &RedisServer, lock: &str, dir: &Path) -> Self {
+        Worker {
+            redis_url: lock_server.url(),
+            resource_url: None,
+            lock: lock.to_owned(),
+            history_dir: dir.to_owned(),
+            mode,
+            tasks: 1,
+            iterations: 1,
+            max_duration: Duration::from_secs(50),
+            lease: Duration::from_secs(1),
+            renewal: None,
+            spin_wait: None,
+            command_timeout: None,
+            hold: Duration::from_secs(1),
+            step: Duration::from_millis(200),
+            budget: Duration::from_secs(5),
+            linger: Duration::ZERO,
+            go_file: None,
+            unsafe_skip_lock: false,
+            proc_base: 0,
+        }
+    }
+
+    pub fn args(&self, index: usize) -> Vec<String> {
+        let ms = |d: Duration| d.as_millis().to_string();
+        let mut a: Vec<String> = vec![
+            "--redis-url".into(),
+            self.redis_url.clone(),
+            "--lock".into(),
+            self.lock.clone(),
+            "--proc".into(),
+            (self.proc_base + u32::try_from(index).unwrap()).to_string(),
+            "--history-dir".into(),
+            self.history_dir.display().to_string(),
+            "--mode".into(),
+            self.mode.into(),
+            "--tasks".into(),
+            self.tasks.to_string(),
+            "--iterations".into(),
+            self.iterations.to_string(),
+            "--max-duration-ms".into(),
+            ms(self.max_duration),
+            "--lease-ms".into(),
+            ms(self.lease),
+            "--hold-ms".into(),
+            ms(self.hold),
+            "--step-ms".into(),
+            ms(self.step),
+            "--budget-ms".into(),
+            ms(self.budget),
+            "--linger-ms".into(),
+            ms(self.linger),
+        ];
+        let mut opt = |flag: &str, v: Option<String>| {
+            if let Some(v) = v {
+                a.push(flag.into());
+                a.push(v);
+            }
+        };
+        opt("--resource-url", self.resource_url.clone());
+        opt("--renewal-ms", self.renewal.map(ms));
+        opt("--spin-wait-ms", self.spin_wait.map(ms));
+        opt("--command-timeout-ms", self.command_timeout.map(ms));
+        opt(
+            "--go-file",
+            self.go_file.as_ref().map(|p| p.display().to_string()),
+        );
+        if self.unsafe_skip_lock {
+            a.push("--unsafe-skip-lock".into());
+        }
+        a
+    }
+
+    /// Spawns `n` copies (indices 0..n).
+    pub fn spawn(&self, n: usize) -> WorkerSet {
+        let me = self.clone();
+        WorkerSet::builder(WORKER)
+            .count(n)
+            .args(move |i| me.args(i))
+            .env("RUST_BACKTRACE", "1")
+            .spawn()
+            .expect("spawn slate-worker")
+    }
+}
+
+/// A fresh `redis-server`.
+pub fn server() -> RedisServer {
+    RedisServer::start().expect("start redis-server (is it installed?)")
+}
+
+/// One integer reply.
+pub fn int(server: &RedisServer, args: &[&str]) -> i64 {
+    redis::from_redis_value(server.command(args).expect("command")).expect("integer reply")
+}
+
+/// `GET key` as a number (0 when absent).
+pub fn get_u64(server: &RedisServer, key: &str) -> u64 {
+    let v: Option<u64> =
+        redis::from_redis_value(server.command(&["GET", key]).expect("GET")).expect("GET reply");
+    v.unwrap_or(0)
+}
+
+/// `HGETALL key` as field → count.
+pub fn hgetall(server: &RedisServer, key: &str) -> BTreeMap<String, u64> {
+    redis::from_redis_value(server.command(&["HGETALL", key]).expect("HGETALL"))
+        .expect("HGETALL reply")
+}
+
+/// Polls `f` every 10 ms until it returns `Some`, failing the test after `within`.
+pub fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until every worker printed a line equal to `line`.
+pub fn wait_line_all(workers: &mut WorkerSet, line: &str, within: Duration) {
+    for i in 0..workers.len() {
+        workers
+            .wait_for_line(i, |l| l == line, within)
+            .unwrap_or_else(|e| panic!("worker {i} never printed {line:?}: {e}"));
+    }
+}
+
+/// Waits for a line of worker `i` starting with `prefix` and returns it.
+pub fn wait_line(workers: &mut WorkerSet, i: usize, prefix: &str, within: Duration) -> String {
+    workers
+        .wait_for_line(i, |l| l.starts_with(prefix), within)
+        .unwrap_or_else(|e| panic!("worker {i} never printed {prefix:?}...: {e}"))
+}
+
+/// Creates the go file: every worker gated on it starts now.
+pub fn go(path: &Path) {
+    std::fs::write(path, b"go").expect("create the go file");
+}
+
+/// Waits for all workers and asserts each exited 0 with a `STATS renewals=0 ...
+/// local_waiters=0` line (no renewal or waiter left behind).
+pub fn finish_ok(workers: &mut WorkerSet, within: Duration) -> Vec<WorkerOutput> {
+    let outputs = workers.wait_all(within).expect("workers finish in time");
+    for out in &outputs {
+        assert!(
+            out.status.success(),
+            "worker {} failed ({:?})\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            out.index,
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+        assert_quiet(out);
+    }
+    outputs
+}
+
+/// The worker's last line says no renewal is registered and no local waiter is left.
+pub fn assert_quiet(out: &WorkerOutput) {
+    let stats = out
+        .stdout_lines()
+        .find(|l| l.starts_with("STATS "))
+        .unwrap_or_else(|| panic!("worker {} printed no STATS line:\n{}", out.index, out.stdout));
+    assert!(
+        stats.contains(" renewals=0 ") && stats.ends_with(" local_waiters=0"),
+        "worker {} left work behind: {stats}",
+        out.index
+    );
+}
+
+/// Loads the history, checks it, prints the report, and returns both.
+pub fn check(dir: &Path, cfg: &CheckConfig) -> (History, Report) {
+    let history = History::load(dir).expect("load history");
+    assert_eq!(history.truncated_lines(), 0, "truncated history lines");
+    let report = history.check(cfg);
+    println!("{report}");
+    (history, report)
+}
+
+/// The events of one kind (by name) in time order.
+pub fn events<'a>(h: &'a History, kind: &str) -> Vec<&'a Event> {
+    h.events().iter().filter(|e| e.kind.name() == kind).collect()
+}
+
+/// Milliseconds between two monotonic stamps (`b − a`, may be negative).
+pub fn ms_between(a: u64, b: u64) -> f64 {
+    (i128::from(b) - i128::from(a)) as f64 / 1e6
+}
+
+/// For each acquire attempt (proc, attempt): invoke time, outcome kind and outcome time.
+pub fn attempts(h: &History) -> Vec<(u32, u64, u64, &'static str, u64)> {
+    let mut open: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    let mut out = Vec::new();
+    for e in h.events() {
+        match &e.kind {
+            EventKind::AcqInvoke { attempt, .. } => {
+                open.insert((e.proc, *attempt), e.t);
+            }
+            EventKind::AcqOk { attempt, .. }
+            | EventKind::AcqFail { attempt, .. }
+            | EventKind::AcqInfo { attempt, .. } => {
+                let t0 = open
+                    .remove(&(e.proc, *attempt))
+                    .unwrap_or_else(|| panic!("outcome without invoke: {e:?}"));
+                out.push((e.proc, *attempt, t0, e.kind.name(), e.t));
+            }
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "attempts without outcome: {open:?}");
+    out
+}
+
+/// The latest deadline a holder logged (from `acq_ok` / `renew_ok`).
+pub fn last_deadline(h: &History, holder: &str) -> u64 {
+    h.events()
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::AcqOk {
+                holder: x,
+                deadline,
+                ..
+            }
+            | EventKind::RenewOk {
+                holder: x,
+                deadline,
+            } if x == holder => Some(*deadline),
+            _ => None,
+        })
+        .max()
+        .unwrap_or_else(|| panic!("no deadline logged for {holder}"))
+}
+
+/// Lock keys left on the lock server (every key but the persistent fencing counters), for
+/// [`CheckConfig::final_keys`].
+pub fn lock_keys(server: &RedisServer) -> Vec<String> {
+    let v = server.command(&["KEYS", "*"]).expect("KEYS");
+    let keys: Vec<String> = redis::from_redis_value(v).expect("KEYS reply");
+    keys.into_iter().filter(|k| !k.ends_with(":fence")).collect()
+}
+
+/// `INFO commandstats` as command → calls.
+pub fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
+    let v = server
+        .command(&["INFO", "commandstats"])
+        .expect("INFO commandstats");
+    let text: String = redis::from_redis_value(v).expect("INFO reply");
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("cmdstat_")?;
+            let (name, fields) = rest.split_once(':')?;
+            let calls = fields.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
