@@ -1,6 +1,8 @@
 //! The synchronizer's behaviour, scenario by scenario, on tokio's paused clock where time
 //! matters (so counts and orders are exact, and no test sleeps and hopes).
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -7,6 +7,8 @@
 //!
 //! Then the same checks under random schedules: paused time (proptest), and real threads.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
