@@ -454,7 +454,8 @@ fn behavior_strategy() -> impl Strategy<Value = Behavior> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 96,
+        // `PROPTEST_CASES=N` runs a longer search.
+        cases: common::proptest_cases(96),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]

@@ -112,3 +112,11 @@ pub fn with_watchdog<T: Send + 'static>(
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the test body panicked"),
     }
 }
+
+/// `PROPTEST_CASES` if set, else `default`.
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
