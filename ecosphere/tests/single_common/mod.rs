@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ecosphere::history::{CheckConfig, Event, EventKind, History, Report};
+use ecosphere::history::{CheckConfig, Event, EventKind, History, Recorder, Report};
 use ecosphere::server::RedisServer;
 use ecosphere::workers::{WorkerOutput, WorkerSet};
 
@@ -216,13 +216,43 @@ pub fn assert_quiet(out: &WorkerOutput) {
     );
 }
 
-/// Loads the history, checks it, prints the report, and returns both.
+/// Loads the history, checks it, prints the report, and returns both. No line may be cut
+/// short (only a killed worker could leave one; see [`check_killed`]).
 pub fn check(dir: &Path, cfg: &CheckConfig) -> (History, Report) {
-    let history = History::load(dir).expect("load history");
+    let (history, report) = check_killed(dir, cfg);
     assert_eq!(history.truncated_lines(), 0, "truncated history lines");
+    (history, report)
+}
+
+/// As [`check`], tolerating a last line cut short by a killed worker.
+pub fn check_killed(dir: &Path, cfg: &CheckConfig) -> (History, Report) {
+    let history = History::load(dir).expect("load history");
     let report = history.check(cfg);
     println!("{report}");
     (history, report)
+}
+
+/// Reloads the (growing) history every 20 ms until `pred` holds; fails after `within`.
+pub fn wait_history(dir: &Path, within: Duration, what: &str, pred: impl Fn(&History) -> bool) {
+    wait_for(within, what, || {
+        let h = History::load(dir).expect("load history");
+        pred(&h).then_some(())
+    });
+}
+
+/// Logs an observer snapshot (`observe`) of a lock key: fields, PTTL and run id.
+pub fn observe(rec: &Recorder, server: &RedisServer, lock: &str, key: &str) -> Event {
+    let fields = hgetall(server, key);
+    let pttl_ms = int(server, &["PTTL", key]);
+    let run_id = server.run_id().expect("run_id");
+    let kind = EventKind::Observe {
+        node: 0,
+        fields,
+        pttl_ms,
+        run_id,
+    };
+    let t = rec.record(0, lock, kind.clone()).expect("record observe");
+    Event::new(t, rec.proc(), 0, lock, kind)
 }
 
 /// The events of one kind (by name) in time order.
