@@ -53,6 +53,8 @@ pub struct ClientOptions {
     password: Option<String>,
     pool_size: usize,
     runtime: Option<Handle>,
+    #[cfg(feature = "tls")]
+    tls_root_certificate: Option<Vec<u8>>,
 }
 
 impl Default for ClientOptions {
@@ -64,6 +66,8 @@ impl Default for ClientOptions {
             password: None,
             pool_size: 8,
             runtime: None,
+            #[cfg(feature = "tls")]
+            tls_root_certificate: None,
         }
     }
 }
@@ -77,7 +81,7 @@ impl fmt::Debug for ClientOptions {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("pool_size", &self.pool_size)
             .field("runtime", &self.runtime.as_ref().map(|_| "<handle>"))
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -170,6 +174,23 @@ impl ClientOptions {
     #[must_use]
     pub fn runtime(mut self, handle: Handle) -> Self {
         self.runtime = Some(handle);
+        self
+    }
+
+    /// Trusts this CA certificate (PEM) for `rediss://` connections instead of the platform's
+    /// root store (feature `tls`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pem = std::fs::read("ca.crt")?;
+    /// let _ = slate_redis::ClientOptions::default().tls_root_certificate(pem);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into());
         self
     }
 
@@ -353,6 +374,20 @@ impl RedisClient {
         let url = url.as_ref();
         let info = parse_url(url)?;
         let info = apply_credentials(info, &options);
+        #[cfg(feature = "tls")]
+        let info = match &options.tls_root_certificate {
+            Some(pem) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            )
+            .map_err(|e| bad_url(url, &e))?
+            .get_connection_info()
+            .clone(),
+            None => info,
+        };
         let client = redis::Client::open(info.clone()).map_err(|e| bad_url(url, &e))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
