@@ -842,7 +842,10 @@ enum WaitOutcome {
 }
 
 async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitOutcome> {
-    let call = async {
+    // An explicit holder scope, so that a failed attempt can name the holder it tried as (a
+    // late grant after a timeout would leave that field behind as a ghost).
+    let holder = slate_redis::HolderId::new();
+    let call = holder.scope(async {
         if budget == 0 {
             ctx.lock.try_lock().await.map(|g| g.ok_or(()))
         } else {
@@ -851,7 +854,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
                 .await
                 .map(Ok)
         }
-    };
+    });
     let guard = match tokio::time::timeout(ctx.remaining(), call).await {
         Ok(Ok(Ok(guard))) => guard,
         Ok(Ok(Err(()))) => {
@@ -859,7 +862,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
                 task,
                 EventKind::AcqFail {
                     attempt,
-                    reason: "busy".to_owned(),
+                    reason: format!("busy (as holder {holder})"),
                 },
             )?;
             return Ok(WaitOutcome::Failed);
@@ -869,7 +872,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
                 task,
                 EventKind::AcqFail {
                     attempt,
-                    reason: e.to_string(),
+                    reason: format!("{e} (as holder {holder})"),
                 },
             )?;
             return Ok(WaitOutcome::Failed);
@@ -879,7 +882,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
                 task,
                 EventKind::AcqInfo {
                     attempt,
-                    reason: e.to_string(),
+                    reason: format!("{e} (as holder {holder})"),
                 },
             )?;
             return Ok(WaitOutcome::Error);
