@@ -84,7 +84,10 @@ fn a_killed_holder_is_replaced_after_its_lease_within_slack() {
     ] {
         assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
     }
-    assert_eq!(report.stats.windows_closed[3], 1, "A's window closed by the kill");
+    assert_eq!(
+        report.stats.windows_closed[3], 1,
+        "A's window closed by the kill"
+    );
 
     let a_deadline = last_deadline(&h, &a_holder);
     let b_ok = h

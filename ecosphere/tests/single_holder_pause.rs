@@ -58,10 +58,15 @@ fn a_paused_holder_learns_it_lost_and_cannot_release_the_new_holder() {
     let stop_at = Instant::now();
     let t_stop = now_ns();
     holder.pause(0).expect("SIGSTOP A");
-    rec.record_at(t_stop, 0, "paused", EventKind::Nemesis {
-        action: "sigstop_worker".into(),
-        target: "0".into(),
-    })
+    rec.record_at(
+        t_stop,
+        0,
+        "paused",
+        EventKind::Nemesis {
+            action: "sigstop_worker".into(),
+            target: "0".into(),
+        },
+    )
     .expect("record");
 
     let b_holding = wait_line(&mut other, 0, "HOLDING ", LEASE + Duration::from_secs(5));
@@ -70,10 +75,15 @@ fn a_paused_holder_learns_it_lost_and_cannot_release_the_new_holder() {
     std::thread::sleep((stop_at + LEASE * 5 / 2).saturating_duration_since(Instant::now()));
     let t_cont = now_ns();
     holder.resume(0).expect("SIGCONT A");
-    rec.record_at(t_cont, 0, "paused", EventKind::Nemesis {
-        action: "sigcont_worker".into(),
-        target: "0".into(),
-    })
+    rec.record_at(
+        t_cont,
+        0,
+        "paused",
+        EventKind::Nemesis {
+            action: "sigcont_worker".into(),
+            target: "0".into(),
+        },
+    )
     .expect("record");
 
     let lost = wait_line(&mut holder, 0, "LOST ", Duration::from_secs(5));
@@ -81,7 +91,11 @@ fn a_paused_holder_learns_it_lost_and_cannot_release_the_new_holder() {
     assert_eq!(unlock, "UNLOCK not_held", "A's unlock after the loss");
     // B is still inside its 4 s hold: its entry must be exactly as B left it.
     let fields = hgetall(&lock_server, key);
-    assert_eq!(fields, BTreeMap::from([(b_holder.clone(), 1)]), "lock hash after A's unlock");
+    assert_eq!(
+        fields,
+        BTreeMap::from([(b_holder.clone(), 1)]),
+        "lock hash after A's unlock"
+    );
 
     finish_ok(&mut holder, Duration::from_secs(20));
     let b_out = finish_ok(&mut other, Duration::from_secs(20)).remove(0);
@@ -142,8 +156,9 @@ fn a_paused_holder_learns_it_lost_and_cannot_release_the_new_holder() {
         ms_between(t_cont, a_lost.t)
     );
     assert!(
-        h.events().iter().any(|e| e.proc == 0
-            && matches!(e.kind, EventKind::RelFail { not_held: true, .. })),
+        h.events()
+            .iter()
+            .any(|e| e.proc == 0 && matches!(e.kind, EventKind::RelFail { not_held: true, .. })),
         "A's rel_fail{{not_held}}"
     );
     println!(

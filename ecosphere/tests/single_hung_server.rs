@@ -89,10 +89,15 @@ fn a_hung_server_bounds_every_call_and_resurrects_nothing() {
 
     let t_stop = now_ns();
     lock_server.pause().expect("SIGSTOP redis-server");
-    rec.record_at(t_stop, 0, LOCK, EventKind::Nemesis {
-        action: "sigstop_server".into(),
-        target: "node:0".into(),
-    })
+    rec.record_at(
+        t_stop,
+        0,
+        LOCK,
+        EventKind::Nemesis {
+            action: "sigstop_server".into(),
+            target: "node:0".into(),
+        },
+    )
     .expect("record");
     go(&go_file);
 
@@ -102,25 +107,37 @@ fn a_hung_server_bounds_every_call_and_resurrects_nothing() {
     assert!(unlock.starts_with("UNLOCK error "), "{unlock}");
     for waiters in [&mut try_waiters, &mut for_waiters] {
         let done = wait_line(waiters, 0, "DONE ", Duration::from_secs(20));
-        assert!(done.starts_with("DONE acquired=0 "), "acquired from a stopped server? {done}");
+        assert!(
+            done.starts_with("DONE acquired=0 "),
+            "acquired from a stopped server? {done}"
+        );
     }
 
     let t_cont = now_ns();
     lock_server.resume().expect("SIGCONT redis-server");
-    rec.record_at(t_cont, 0, LOCK, EventKind::Nemesis {
-        action: "sigcont_server".into(),
-        target: "node:0".into(),
-    })
+    rec.record_at(
+        t_cont,
+        0,
+        LOCK,
+        EventKind::Nemesis {
+            action: "sigcont_server".into(),
+            target: "node:0".into(),
+        },
+    )
     .expect("record");
     // Gone within a lease of the resume (its TTL ran out while stopped; a late acquire that
     // ran after the resume leaves at most a lease-long ghost)...
-    let gone = wait_for(LEASE + Duration::from_secs(3), "the lock key to vanish", || {
-        let snap = observe(&rec, &lock_server, LOCK, KEY);
-        match &snap.kind {
-            EventKind::Observe { pttl_ms: -2, .. } => Some(snap.t),
-            _ => None,
-        }
-    });
+    let gone = wait_for(
+        LEASE + Duration::from_secs(3),
+        "the lock key to vanish",
+        || {
+            let snap = observe(&rec, &lock_server, LOCK, KEY);
+            match &snap.kind {
+                EventKind::Observe { pttl_ms: -2, .. } => Some(snap.t),
+                _ => None,
+            }
+        },
+    );
     // ...and nothing re-creates it for one more lease, A's client still running.
     let until = Instant::now() + LEASE;
     let mut snapshots = 0;
@@ -161,7 +178,10 @@ fn a_hung_server_bounds_every_call_and_resurrects_nothing() {
     for e in h.events().iter().filter(|e| e.t > t_cont) {
         if let EventKind::Observe { fields, .. } = &e.kind {
             for f in fields.keys() {
-                assert_ne!(f, &a_holder, "A's entry resurrected after the resume: {e:?}");
+                assert_ne!(
+                    f, &a_holder,
+                    "A's entry resurrected after the resume: {e:?}"
+                );
                 ghosts.entry(f.clone()).or_insert(e.t);
             }
         }

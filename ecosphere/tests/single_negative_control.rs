@@ -61,7 +61,10 @@ fn without_the_lock_the_checker_reports_lost_increments_and_overlaps() {
         // the overlap is what I1 must catch.
         if counter < 1280 {
             assert!(failed.contains(&CheckId::Counter));
-            assert!(failed.contains(&CheckId::Exclusion), "lost updates without overlap?");
+            assert!(
+                failed.contains(&CheckId::Exclusion),
+                "lost updates without overlap?"
+            );
         }
         return;
     }

@@ -12,7 +12,9 @@ mod single_common;
 
 use std::time::Duration;
 
-use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, Status};
+use ecosphere::history::{
+    CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, Status,
+};
 use single_common::*;
 
 const LEASE: Duration = Duration::from_millis(600);
@@ -59,7 +61,10 @@ fn depth_three_and_back_frees_the_lock_only_at_zero() {
         "RELEASED 0",
         "EXTRA not_held",
     ] {
-        assert!(a_lines.contains(&want), "A never printed {want:?}: {a_lines:?}");
+        assert!(
+            a_lines.contains(&want),
+            "A never printed {want:?}: {a_lines:?}"
+        );
     }
     assert!(
         b_out.stdout.contains("DONE acquired=1 failed=0 errors=0"),
@@ -111,7 +116,9 @@ fn depth_three_and_back_frees_the_lock_only_at_zero() {
     let releases: Vec<(&str, u64)> = a_events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::RelOk { depth_after, .. } => Some((["0", "1", "2"][*depth_after as usize], e.t)),
+            EventKind::RelOk { depth_after, .. } => {
+                Some((["0", "1", "2"][*depth_after as usize], e.t))
+            }
             EventKind::RelFail { not_held: true, .. } => Some(("not_held", e.t)),
             _ => None,
         })
@@ -123,7 +130,9 @@ fn depth_three_and_back_frees_the_lock_only_at_zero() {
     let final_invoke = a_events
         .iter()
         .find_map(|e| match &e.kind {
-            EventKind::RelInvoke { depth_before: 1, .. } => Some(e.t),
+            EventKind::RelInvoke {
+                depth_before: 1, ..
+            } => Some(e.t),
             _ => None,
         })
         .expect("A's release at depth 1");

@@ -22,7 +22,7 @@
 //!   counter on the resource server, `unlock()`. Prints `DONE acquisitions=N`.
 //!   `--unsafe-skip-lock` skips the lock (negative control) and logs made-up holders.
 //! - `hold`: acquires once, prints `HOLDING <holder> <token>`, increments the counter every
-//!   50 ms for `--hold-ms` or until the lease is lost (`LOST <reason>`), then unlocks and prints
+//!   50 ms (if `--resource-url` is given) for `--hold-ms` or until the lease is lost (`LOST <reason>`), then unlocks and prints
 //!   `UNLOCK ok <remaining>`, `UNLOCK not_held` or `UNLOCK error <message>`.
 //! - `reenter`: acquires, re-enters to depth 3 (`reenter()`, then `lock_as(holder)`), prints
 //!   `DEPTH n` per level and `HOLD_COUNT n`, holds `--hold-ms` with resource operations,
@@ -49,8 +49,7 @@ use ecosphere::history::{EventKind, OP_INCR, OUTCOME_OK, Recorder};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use slate_redis::{
-    ClientOptions, DistributedLock, LockGuard, LossReason, RedisClient, SingleLock,
-    SingleLockGuard,
+    ClientOptions, DistributedLock, LockGuard, LossReason, RedisClient, SingleLock, SingleLockGuard,
 };
 
 /// The library's release script, for the one release no guard can express (past depth 0).
@@ -79,12 +78,16 @@ enum Mode {
 
 /// Command line.
 #[derive(Debug, Parser)]
-#[command(name = "slate-worker", about = "One process of a Slate single-lock scenario")]
+#[command(
+    name = "slate-worker",
+    about = "One process of a Slate single-lock scenario"
+)]
 struct Args {
     /// URL of the Redis server that holds the lock.
     #[arg(long)]
     redis_url: String,
-    /// URL of the resource Redis (the shared counter); required by contend, hold and reenter.
+    /// URL of the resource Redis (the shared counter); required by contend; without it, hold,
+    /// reenter and wait do no resource operations.
     #[arg(long)]
     resource_url: Option<String>,
     /// Lock name.
@@ -271,12 +274,7 @@ impl Ctx {
 
     /// GET then SET+1 of the counter (non-atomic on purpose), then `res_op incr` (after a
     /// `renew_ok` if the deadline moved).
-    async fn incr(
-        &self,
-        task: u64,
-        held: &mut Held,
-        guard: Option<&SingleLockGuard>,
-    ) -> Res<()> {
+    async fn incr(&self, task: u64, held: &mut Held, guard: Option<&SingleLockGuard>) -> Res<()> {
         let mut conn = self.resource()?;
         let key = self.args.counter_key.as_str();
         let value: Option<u64> = conn
@@ -446,13 +444,10 @@ async fn run(args: Args) -> Res<()> {
         let url = url.to_owned();
         async move {
             let c = redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
-            tokio::time::timeout(
-                Duration::from_secs(5),
-                c.get_multiplexed_async_connection(),
-            )
-            .await
-            .map_err(|_| format!("{url}: connect timed out"))?
-            .map_err(|e| format!("{url}: {e}"))
+            tokio::time::timeout(Duration::from_secs(5), c.get_multiplexed_async_connection())
+                .await
+                .map_err(|_| format!("{url}: connect timed out"))?
+                .map_err(|e| format!("{url}: {e}"))
         }
     };
     let resource = match &args.resource_url {
@@ -621,8 +616,12 @@ async fn hold(ctx: &Ctx) -> Res<()> {
             reason = guard.lost() => break Some(reason),
             () = tokio::time::sleep_until(end.into()) => break None,
             _ = tick.tick() => {
-                if !guard.is_lost() {
+                if guard.is_lost() {
+                    // lost() completes at once.
+                } else if ctx.resource.is_some() {
                     ctx.incr(0, &mut held, Some(&guard)).await?;
+                } else {
+                    ctx.note_renewal(0, &mut held, &guard)?;
                 }
             }
         }
@@ -656,7 +655,11 @@ async fn hold_for(ctx: &Ctx, held: &mut Held, guard: &SingleLockGuard, d: Durati
             )?;
             return Err(format!("lease lost while holding: {reason}"));
         }
-        ctx.incr(0, held, Some(guard)).await?;
+        if ctx.resource.is_some() {
+            ctx.incr(0, held, Some(guard)).await?;
+        } else {
+            ctx.note_renewal(0, held, guard)?;
+        }
         tokio::time::sleep(TICK.min(end.saturating_duration_since(Instant::now()))).await;
     }
     Ok(())
@@ -831,7 +834,10 @@ async fn wait(ctx: &Arc<Ctx>) -> Res<()> {
     ))?;
     match problems.first() {
         None => Ok(()),
-        Some(first) => Err(format!("{} waiter(s) failed; first: {first}", problems.len())),
+        Some(first) => Err(format!(
+            "{} waiter(s) failed; first: {first}",
+            problems.len()
+        )),
     }
 }
 

@@ -208,7 +208,12 @@ pub fn assert_quiet(out: &WorkerOutput) {
     let stats = out
         .stdout_lines()
         .find(|l| l.starts_with("STATS "))
-        .unwrap_or_else(|| panic!("worker {} printed no STATS line:\n{}", out.index, out.stdout));
+        .unwrap_or_else(|| {
+            panic!(
+                "worker {} printed no STATS line:\n{}",
+                out.index, out.stdout
+            )
+        });
     assert!(
         stats.contains(" renewals=0 ") && stats.ends_with(" local_waiters=0"),
         "worker {} left work behind: {stats}",
@@ -257,7 +262,10 @@ pub fn observe(rec: &Recorder, server: &RedisServer, lock: &str, key: &str) -> E
 
 /// The events of one kind (by name) in time order.
 pub fn events<'a>(h: &'a History, kind: &str) -> Vec<&'a Event> {
-    h.events().iter().filter(|e| e.kind.name() == kind).collect()
+    h.events()
+        .iter()
+        .filter(|e| e.kind.name() == kind)
+        .collect()
 }
 
 /// Milliseconds between two monotonic stamps (`b − a`, may be negative).
@@ -314,7 +322,9 @@ pub fn last_deadline(h: &History, holder: &str) -> u64 {
 pub fn lock_keys(server: &RedisServer) -> Vec<String> {
     let v = server.command(&["KEYS", "*"]).expect("KEYS");
     let keys: Vec<String> = redis::from_redis_value(v).expect("KEYS reply");
-    keys.into_iter().filter(|k| !k.ends_with(":fence")).collect()
+    keys.into_iter()
+        .filter(|k| !k.ends_with(":fence"))
+        .collect()
 }
 
 /// `INFO commandstats` as command → calls.
