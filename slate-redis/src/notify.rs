@@ -21,6 +21,9 @@ use crate::client::{RedisClient, lock};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often an idle pub/sub connection is checked with a `PING` (a silently dead connection
+/// would otherwise look subscribed forever).
+const KEEPALIVE: Duration = Duration::from_secs(5);
 
 /// What a release message wakes.
 pub(crate) trait ReleaseTarget: Send + Sync {
@@ -193,6 +196,7 @@ impl Listener {
                     _ => std::future::pending().await,
                 }
             };
+            let connected = stream.is_some();
             let next_msg = async {
                 match stream.as_mut() {
                     Some(s) => s.next().await,
@@ -213,12 +217,18 @@ impl Listener {
                                 backoff = (backoff * 2).min(BACKOFF_MAX);
                             }
                         }
-                        let ok = stream.is_some() && self.subscribe_one(&channel).await;
-                        if stream.is_some() && !ok {
-                            stream = None;
-                            self.down();
-                            retry_at = Some(Instant::now() + backoff);
-                        }
+                        let ok = match stream {
+                            Some(_) => match self.subscribe_one(&channel).await {
+                                Some(confirmed) => confirmed,
+                                None => {
+                                    stream = None;
+                                    self.down();
+                                    retry_at = Some(Instant::now() + backoff);
+                                    false
+                                }
+                            },
+                            None => false,
+                        };
                         let _ = reply.send(ok);
                     }
                     Some(Command::Unsubscribe(channel)) => {
@@ -237,6 +247,13 @@ impl Listener {
                     }
                 },
                 () = retry => {}
+                () = tokio::time::sleep(KEEPALIVE), if connected => {
+                    if !self.ping().await {
+                        tracing::warn!("pub/sub connection does not answer; reconnecting");
+                        stream = None;
+                        self.down();
+                    }
+                }
             }
         }
     }
@@ -290,12 +307,12 @@ impl Listener {
         Some(stream)
     }
 
-    async fn subscribe_one(&mut self, channel: &Arc<[u8]>) -> bool {
-        let Some(sink) = self.sink.as_mut() else {
-            return false;
-        };
+    /// `Some(true)`: confirmed; `Some(false)`: no longer wanted (nothing sent); `None`: the
+    /// connection failed.
+    async fn subscribe_one(&mut self, channel: &Arc<[u8]>) -> Option<bool> {
+        let sink = self.sink.as_mut()?;
         if !lock(&self.state).channels.contains_key(channel) {
-            return false;
+            return Some(false);
         }
         match tokio::time::timeout(self.command_timeout, sink.subscribe(&**channel)).await {
             Ok(Ok(())) => {
@@ -303,9 +320,9 @@ impl Listener {
                 if let Some(ch) = st.channels.get_mut(channel) {
                     ch.confirmed_at = Some(Instant::now());
                 }
-                true
+                Some(true)
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -320,6 +337,16 @@ impl Listener {
         matches!(
             tokio::time::timeout(self.command_timeout, sink.unsubscribe(&**channel)).await,
             Ok(Ok(()))
+        )
+    }
+
+    async fn ping(&mut self) -> bool {
+        let Some(sink) = self.sink.as_mut() else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(self.command_timeout, sink.ping::<redis::Value>()).await,
+            Ok(Ok(_))
         )
     }
 

@@ -115,11 +115,26 @@ async fn cancellation_storm_leaves_nothing_behind() {
             }
         }));
     }
+    // Diagnostics for a slow run: what the client holds and who waits.
+    let watch = tokio::spawn({
+        let (client, lock) = (client.clone(), lock.clone());
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                eprintln!(
+                    "storm still running: {:?}, local owner {:?}",
+                    client.stats(),
+                    lock.local_owner()
+                );
+            }
+        }
+    });
     for h in handles {
         within(Duration::from_secs(60), "a storm task", h)
             .await
             .unwrap();
     }
+    watch.abort();
     println!(
         "{} acquisitions reached a caller",
         acquired.load(Ordering::Relaxed)
