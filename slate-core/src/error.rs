@@ -18,6 +18,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`Error::NotHeld`] | nothing to release: the lease ran out or was never held |
 /// | [`Error::LeaseLost`] | stop acting as holder; the lease is gone |
 /// | [`Error::InsufficientNodes`] | too few nodes reachable; retry when nodes are back |
+/// | [`Error::ReleaseIncomplete`] | nothing; the entries left end with their lease |
 /// | [`Error::Backend`] | a Redis or network failure; see [`BackendKind`] |
 /// | [`Error::InvalidInput`] | fix the argument or option named in the message |
 /// | [`Error::Closed`] | the client was shut down |
@@ -88,6 +89,19 @@ pub enum Error {
         /// The state of every node.
         nodes: Vec<NodeReport>,
     },
+    /// A release over several nodes failed on some of them (it went on past each failure);
+    /// the entries left behind end with their lease.
+    #[error(
+        "release of lock {lock} failed on {} node(s): {}",
+        failed(nodes),
+        NodeList(nodes)
+    )]
+    ReleaseIncomplete {
+        /// The lock's printable name.
+        lock: String,
+        /// Every node the release was sent to, with its outcome.
+        nodes: Vec<NodeReport>,
+    },
     /// The backend (Redis, the network) failed.
     #[error("{kind} error{}: {message}", node_hint(node.as_deref()))]
     Backend {
@@ -117,6 +131,13 @@ pub enum Error {
         /// What was shut down.
         what: &'static str,
     },
+}
+
+fn failed(nodes: &[NodeReport]) -> usize {
+    nodes
+        .iter()
+        .filter(|n| matches!(n.state, NodeState::Failed { .. }))
+        .count()
 }
 
 fn retry_hint(retry_after: Option<Duration>) -> String {
@@ -244,6 +265,8 @@ impl fmt::Display for NodeReport {
 pub enum NodeState {
     /// This attempt acquired the node.
     Acquired,
+    /// The node's entry was released.
+    Released,
     /// Another holder holds the lock on this node.
     HeldByOther,
     /// This attempt did not reach the node.
@@ -273,6 +296,7 @@ impl fmt::Display for NodeState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NodeState::Acquired => f.write_str("acquired"),
+            NodeState::Released => f.write_str("released"),
             NodeState::HeldByOther => f.write_str("held by another holder"),
             NodeState::NotTried => f.write_str("not tried"),
             NodeState::Unavailable { since, last_error } => {
@@ -414,6 +438,38 @@ impl Error {
     #[must_use]
     pub fn is_insufficient_nodes(&self) -> bool {
         matches!(self, Error::InsufficientNodes { .. })
+    }
+
+    /// Whether this is [`Error::ReleaseIncomplete`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = slate_core::Error::ReleaseIncomplete { lock: "a".into(), nodes: vec![] };
+    /// assert!(e.is_release_incomplete());
+    /// ```
+    #[must_use]
+    pub fn is_release_incomplete(&self) -> bool {
+        matches!(self, Error::ReleaseIncomplete { .. })
+    }
+
+    /// The per-node detail of a multi-node error ([`Error::InsufficientNodes`],
+    /// [`Error::ReleaseIncomplete`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = slate_core::Error::ReleaseIncomplete { lock: "a".into(), nodes: vec![] };
+    /// assert_eq!(e.nodes().map(<[_]>::len), Some(0));
+    /// ```
+    #[must_use]
+    pub fn nodes(&self) -> Option<&[NodeReport]> {
+        match self {
+            Error::InsufficientNodes { nodes, .. } | Error::ReleaseIncomplete { nodes, .. } => {
+                Some(nodes)
+            }
+            _ => None,
+        }
     }
 
     /// Whether this is [`Error::Backend`].

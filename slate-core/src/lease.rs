@@ -244,6 +244,34 @@ impl LeaseWatch {
             .or_else(|| (now() >= s.deadline).then_some(LossReason::DeadlineExpired))
     }
 
+    /// Completes when the deadline moved or loss was signalled since this watch last looked
+    /// (or at once if the keeper is gone, which also ends every later call at once).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+    /// let now = Instant::now();
+    /// let (keeper, mut watch) = slate_core::lease::channel(now);
+    /// keeper.extend(now + Duration::from_secs(1));
+    /// watch.changed().await;
+    /// assert_eq!(watch.deadline(), now + Duration::from_secs(1));
+    /// # });
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a change seen by a dropped call is seen by the next one.
+    pub async fn changed(&mut self) {
+        // An error means the keeper is gone: nothing will change any more, and the caller
+        // looks at the deadline.
+        let _ = self.rx.changed().await;
+        self.rx.borrow_and_update();
+    }
+
     /// Completes when the lease is lost: at the signal, or when the (moving) deadline passes,
     /// whichever comes first. Needs a tokio runtime with the time driver.
     ///

@@ -44,6 +44,7 @@ mod error;
 mod guard;
 mod keys;
 mod lock;
+pub mod node;
 mod notify;
 mod renewal;
 mod scripts;

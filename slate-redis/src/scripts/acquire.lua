@@ -2,6 +2,8 @@
 --
 -- KEYS[1]  lock hash: <prefix>{<name>}; field = holder id, value = reentry count, TTL = lease
 -- KEYS[2]  fencing counter: <prefix>{<name>}:fence (persistent, never expires)
+-- KEYS[3]  (optional, multi-node locks) the node marker: <prefix>node-marker, a persistent key
+--          written once per server; its absence means the server lost its data
 -- ARGV[1]  holder id (the text of a HolderId)
 -- ARGV[2]  lease in milliseconds (positive integer)
 --
@@ -13,8 +15,13 @@
 --                      moves when a new holder acquires, so it is this holder's token)
 --   {0, pttl}          busy: another holder has the lock; pttl is its remaining lease in ms
 --                      (as PTTL answers it)
+--   {-2}               (only with KEYS[3]) the node marker is missing: the server lost its
+--                      data since it was marked; nothing was touched
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
+if #KEYS >= 3 and redis.call('EXISTS', KEYS[3]) == 0 then
+    return {-2}
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
     redis.call('HSET', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -1,0 +1,395 @@
+//! Building blocks for locks that span several independent servers (the combination lock of
+//! `slate-combination`): one lock entry on one server, with the single lock's scripts,
+//! connection, command timeout and renewal service.
+//!
+//! Nothing here queues or waits: a multi-node lock drives these calls from its own attempt
+//! logic. Every call is bounded by the client's command timeout.
+//!
+//! ## The node marker
+//!
+//! A server that restarts without its data forgets every lock entry on it, and a holder that
+//! counted that node in its quorum silently loses it. To see this from any client (even one
+//! that never talked to the server before the restart), multi-node locks keep one persistent
+//! key per server, the *node marker* (`<prefix>node-marker`). [`RedisClient::node_acquire`]
+//! answers [`NodeAcquire::DataLost`] when it is missing, and touches nothing. The multi-node
+//! lock then quarantines the node until the server has been up for a lease (every entry it
+//! lost has expired by then everywhere else too) and writes the marker again with
+//! [`RedisClient::node_mark`].
+
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use redis::Script;
+use slate_core::{FencingToken, HolderId, LeaseWatch, LockName, Result};
+
+use crate::client::{RedisClient, unexpected_reply};
+use crate::keys::Keys;
+use crate::lock::release_remote;
+use crate::renewal::{self, Hold};
+use crate::scripts::{self, ACQUIRE};
+
+static RAISE_FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
+static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/inspect.lua")));
+
+/// The keys of one lock on one server, plus the server's node marker.
+///
+/// # Examples
+///
+/// ```
+/// use slate_redis::node::NodeKeys;
+///
+/// let keys = NodeKeys::new("slate:", &slate_core::LockName::new("orders")?);
+/// assert_eq!(keys.lock_key(), b"slate:{orders}");
+/// assert_eq!(keys.marker_key(), b"slate:node-marker");
+/// # Ok::<(), slate_core::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeKeys {
+    keys: Keys,
+    marker: Arc<[u8]>,
+}
+
+impl NodeKeys {
+    /// The keys of lock `name` under `prefix`.
+    #[must_use]
+    pub fn new(prefix: &str, name: &LockName) -> Self {
+        let mut marker = prefix.as_bytes().to_vec();
+        marker.extend_from_slice(b"node-marker");
+        NodeKeys {
+            keys: Keys::new(prefix, name),
+            marker: Arc::from(marker),
+        }
+    }
+
+    /// The lock hash key.
+    #[must_use]
+    pub fn lock_key(&self) -> &[u8] {
+        &self.keys.lock
+    }
+
+    /// The fencing counter key.
+    #[must_use]
+    pub fn fence_key(&self) -> &[u8] {
+        &self.keys.fence
+    }
+
+    /// The node marker key.
+    #[must_use]
+    pub fn marker_key(&self) -> &[u8] {
+        &self.marker
+    }
+}
+
+/// The answer of [`RedisClient::node_acquire`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeAcquire {
+    /// The entry was created (`count == 1`) or re-entered.
+    Acquired {
+        /// This node's fencing counter for the holder.
+        token: FencingToken,
+        /// The holder's reentry count on this node.
+        count: u32,
+        /// When the entry's lease ends at the latest, on the monotonic clock (taken before
+        /// sending, minus a drift allowance).
+        deadline: Instant,
+    },
+    /// Another holder holds the lock on this node.
+    Busy {
+        /// Its remaining lease.
+        retry_after: Option<Duration>,
+    },
+    /// The node marker is missing: the server lost its data. Nothing was touched.
+    DataLost,
+}
+
+/// A server's identity and age, from `INFO server`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// The server's run id (changes at every start).
+    pub run_id: String,
+    /// How long the server has been up (second resolution).
+    pub uptime: Duration,
+}
+
+/// One lock's state on one server (see [`RedisClient::node_inspect`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEntries {
+    /// Holders and their reentry counts.
+    pub holders: Vec<(String, u32)>,
+    /// The lock's remaining lease, `None` when there is no lock.
+    pub remaining: Option<Duration>,
+    /// The fencing counter.
+    pub fence: u64,
+}
+
+/// What the renewal service needs to renew one node entry.
+#[derive(Clone, Debug)]
+pub struct NodeHold {
+    /// The lease each renewal sets.
+    pub lease: Duration,
+    /// How often to renew.
+    pub period: Duration,
+    /// Stop renewing after this long.
+    pub max_hold: Option<Duration>,
+    /// The deadline the acquisition established.
+    pub deadline: Instant,
+}
+
+impl RedisClient {
+    /// Acquires (or re-enters) `holder`'s entry on this server, checking the node marker.
+    ///
+    /// Unlike [`SingleLock`](crate::SingleLock), a timed-out call is not compensated here: the
+    /// multi-node lock releases every node whose command may have run.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures (timeouts included), unexpected replies.
+    ///
+    /// # Cancel safety
+    ///
+    /// The command may or may not have run when the future is dropped; release the node.
+    pub async fn node_acquire(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        lease: Duration,
+    ) -> Result<NodeAcquire> {
+        let (lock_key, fence, marker) = (
+            keys.keys.lock.clone(),
+            keys.keys.fence.clone(),
+            keys.marker.clone(),
+        );
+        let holder_arg = holder.to_string();
+        let ms = scripts::lease_ms(lease);
+        let sent = Instant::now();
+        let reply: Vec<i64> = self
+            .exec("acquire script", |mut c| async move {
+                ACQUIRE
+                    .script
+                    .key(&*lock_key)
+                    .key(&*fence)
+                    .key(&*marker)
+                    .arg(holder_arg)
+                    .arg(ms)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let acquired = |token: i64, count: i64| match (u64::try_from(token), u32::try_from(count)) {
+            (Ok(token), Ok(count)) => Ok(NodeAcquire::Acquired {
+                token: FencingToken::new(token),
+                count,
+                deadline: renewal::deadline(sent, lease),
+            }),
+            _ => Err(unexpected_reply("acquire script", self.address(), &reply)),
+        };
+        match reply.as_slice() {
+            [1, token] => acquired(*token, 1),
+            [2, token, count] => acquired(*token, *count),
+            [0, pttl] => Ok(NodeAcquire::Busy {
+                retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            }),
+            [-2] => Ok(NodeAcquire::DataLost),
+            _ => Err(unexpected_reply("acquire script", self.address(), &reply)),
+        }
+    }
+
+    /// Releases one level of `holder`'s entry: `Some(remaining)`, or `None` when the holder has
+    /// no entry (nothing is touched then).
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// The release may or may not have run when the future is dropped.
+    pub async fn node_release(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        lease: Duration,
+    ) -> Result<Option<u32>> {
+        let renewal = &self.inner.renewal;
+        renewal.begin_release(&keys.keys.lock, holder);
+        let reply = release_remote(self, &keys.keys, holder, lease).await;
+        renewal.end_release(&keys.keys.lock, holder);
+        match reply? {
+            -1 => Ok(None),
+            n => u32::try_from(n)
+                .map(Some)
+                .map_err(|_| unexpected_reply("release script", self.address(), n)),
+        }
+    }
+
+    /// Raises this server's fencing counter of the lock to at least `token`; returns its value.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Idempotent: safe to drop and repeat.
+    pub async fn node_raise_fence(&self, keys: &NodeKeys, token: FencingToken) -> Result<u64> {
+        let fence = keys.keys.fence.clone();
+        self.exec("raise-fence script", |mut c| async move {
+            RAISE_FENCE
+                .key(&*fence)
+                .arg(token.get())
+                .invoke_async(&mut c)
+                .await
+        })
+        .await
+    }
+
+    /// Writes the node marker (if absent). Call it only when the server has been up for at
+    /// least a lease, or after a quarantine of that length.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Idempotent.
+    pub async fn node_mark(&self, keys: &NodeKeys) -> Result<()> {
+        let marker = keys.marker.clone();
+        self.exec("SET node marker", |mut c| async move {
+            redis::cmd("SET")
+                .arg(&*marker)
+                .arg(1)
+                .arg("NX")
+                .query_async::<()>(&mut c)
+                .await
+        })
+        .await
+    }
+
+    /// Whether the node marker exists.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn node_is_marked(&self, keys: &NodeKeys) -> Result<bool> {
+        let marker = keys.marker.clone();
+        self.exec("EXISTS node marker", |mut c| async move {
+            redis::cmd("EXISTS")
+                .arg(&*marker)
+                .query_async::<bool>(&mut c)
+                .await
+        })
+        .await
+    }
+
+    /// The server's run id and uptime.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures; a reply without the two fields.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn server_info(&self) -> Result<ServerInfo> {
+        let text: String = self
+            .exec("INFO server", |mut c| async move {
+                redis::cmd("INFO").arg("server").query_async(&mut c).await
+            })
+            .await?;
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        match (
+            field("run_id"),
+            field("uptime_in_seconds").and_then(|u| u.parse().ok()),
+        ) {
+            (Some(run_id), Some(secs)) => Ok(ServerInfo {
+                run_id: run_id.to_owned(),
+                uptime: Duration::from_secs(secs),
+            }),
+            _ => Err(unexpected_reply(
+                "INFO server",
+                self.address(),
+                "no run_id/uptime",
+            )),
+        }
+    }
+
+    /// Registers `holder`'s entry with this client's renewal service and returns its lease.
+    /// Registering a holder again moves its deadline and returns a watch on the same lease.
+    #[must_use]
+    pub fn node_renew(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        hold: NodeHold,
+        label: &str,
+    ) -> LeaseWatch {
+        self.inner.renewal.register(
+            self,
+            Hold {
+                key: keys.keys.lock.clone(),
+                holder,
+                lease: hold.lease,
+                period: hold.period,
+                max_hold: hold.max_hold,
+                deadline: hold.deadline,
+                label: Arc::from(label),
+            },
+        )
+    }
+
+    /// Stops renewing `holder`'s entry.
+    pub fn node_stop_renewal(&self, keys: &NodeKeys, holder: HolderId) {
+        self.inner.renewal.deregister(&keys.keys.lock, holder);
+    }
+
+    /// Reads the lock's state on this server in one round trip.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures, unexpected replies.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn node_inspect(&self, keys: &NodeKeys) -> Result<NodeEntries> {
+        let (lock_key, fence) = (keys.keys.lock.clone(), keys.keys.fence.clone());
+        let reply: Vec<redis::Value> = self
+            .exec("inspect script", |mut c| async move {
+                INSPECT
+                    .key(&*lock_key)
+                    .key(&*fence)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let bad = || unexpected_reply("inspect script", self.address(), "malformed reply");
+        let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).map_err(|_| bad());
+        let (pttl, fence, rest) = match reply.as_slice() {
+            [p, f, rest @ ..] if rest.len() % 2 == 0 => (int(p)?, int(f)?, rest),
+            _ => return Err(bad()),
+        };
+        let mut holders = Vec::with_capacity(rest.len() / 2);
+        for pair in rest.chunks(2) {
+            let h: String = redis::from_redis_value_ref(&pair[0]).map_err(|_| bad())?;
+            let c = u32::try_from(int(&pair[1])?).map_err(|_| bad())?;
+            holders.push((h, c));
+        }
+        Ok(NodeEntries {
+            holders,
+            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            fence: u64::try_from(fence).unwrap_or(0),
+        })
+    }
+}
