@@ -49,6 +49,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for t in tasks {
         t.await??;
     }
-    println!("process {pid}: done; renewals still registered: {}", client.stats().renewals);
+    println!(
+        "process {pid}: done; renewals still registered: {}",
+        client.stats().renewals
+    );
     Ok(())
 }

@@ -130,14 +130,14 @@ impl RedisCompetitor {
         release_remote(&self.client, &self.keys, holder, self.options.lease()).await
     }
 
-    fn hold(&self, holder: HolderId, deadline: Instant) -> Hold {
+    fn hold(&self, holder: HolderId, grant: &Grant) -> Hold {
         Hold {
             key: self.keys.lock.clone(),
             holder,
             lease: self.options.lease(),
             period: self.options.renewal_period(),
             max_hold: self.options.max_hold(),
-            deadline,
+            deadline: grant.deadline,
             label: self.label.clone(),
         }
     }
@@ -146,11 +146,11 @@ impl RedisCompetitor {
     pub(crate) fn watch(&self, holder: HolderId, grant: &Grant) -> LeaseWatch {
         match grant.watch.get() {
             Some(w) => w.clone(),
-            None => self
-                .client
-                .inner
-                .renewal
-                .register(&self.client, self.hold(holder, grant.deadline)),
+            None => self.client.inner.renewal.register_hold(
+                &self.client,
+                self.hold(holder, grant),
+                grant.count == 1,
+            ),
         }
     }
 }
@@ -280,11 +280,11 @@ impl Competitor for RedisCompetitor {
     }
 
     fn after_acquire(&self, holder: HolderId, grant: &Grant) {
-        let watch = self
-            .client
-            .inner
-            .renewal
-            .register(&self.client, self.hold(holder, grant.deadline));
+        let watch = self.client.inner.renewal.register_hold(
+            &self.client,
+            self.hold(holder, grant),
+            grant.count == 1,
+        );
         let _ = grant.watch.set(watch);
     }
 

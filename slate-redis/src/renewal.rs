@@ -116,15 +116,30 @@ impl Renewal {
     /// Registers a hold (or, for a holder already registered, moves its lease deadline) and
     /// returns a watch on its lease.
     pub(crate) fn register(&self, client: &RedisClient, hold: Hold) -> LeaseWatch {
+        self.register_hold(client, hold, false)
+    }
+
+    /// As [`register`](Self::register); `fresh` marks a first-level acquisition (count 1): for
+    /// a holder that is still registered it means its earlier hold was lost and the lock was
+    /// taken afresh, so the old lease ends (`EntryGone`) and a new one starts.
+    pub(crate) fn register_hold(
+        &self,
+        client: &RedisClient,
+        hold: Hold,
+        fresh: bool,
+    ) -> LeaseWatch {
         let now = Instant::now();
         let mut st = lock(&self.shared.state);
         let key = (hold.key.clone(), hold.holder);
-        if let Some(reg) = st.regs.get_mut(&key)
-            && !matches!(reg.phase, Phase::Lost)
-            && !reg.keeper.is_lost()
-        {
-            reg.keeper.extend(hold.deadline);
-            return reg.keeper.watch();
+        if let Some(reg) = st.regs.get_mut(&key) {
+            if fresh {
+                if !matches!(reg.phase, Phase::Lost) {
+                    lose(reg, LossReason::EntryGone);
+                }
+            } else if !matches!(reg.phase, Phase::Lost) && !reg.keeper.is_lost() {
+                reg.keeper.extend(hold.deadline);
+                return reg.keeper.watch();
+            }
         }
         st.generation += 1;
         let generation = st.generation;
