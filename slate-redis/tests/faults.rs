@@ -84,6 +84,7 @@ async fn hung_server_calls_time_out_loss_fires_by_the_deadline_nothing_resurrect
     let key = "slate:{hung}";
 
     let guard = lock_a.lock().await.unwrap();
+    let inner = guard.reenter().await.unwrap();
     // Let one renewal happen so the deadline is a renewed one.
     tokio::time::sleep(lease / 2 + Duration::from_millis(100)).await;
     server.pause().unwrap();
@@ -104,6 +105,10 @@ async fn hung_server_calls_time_out_loss_fires_by_the_deadline_nothing_resurrect
     assert!(start.elapsed() < bound, "{:?}", start.elapsed());
     let start = Instant::now();
     let err = lock_b.try_lock().await.unwrap_err();
+    assert_eq!(err.backend_kind(), Some(BackendKind::Timeout), "{err}");
+    assert!(start.elapsed() < bound, "{:?}", start.elapsed());
+    let start = Instant::now();
+    let err = inner.unlock().await.unwrap_err();
     assert_eq!(err.backend_kind(), Some(BackendKind::Timeout), "{err}");
     assert!(start.elapsed() < bound, "{:?}", start.elapsed());
     let start = Instant::now();
