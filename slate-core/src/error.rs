@@ -267,6 +267,8 @@ pub enum NodeState {
     Acquired,
     /// The node's entry was released.
     Released,
+    /// The node had no entry of this holder (its lease there ran out).
+    NotHeld,
     /// Another holder holds the lock on this node.
     HeldByOther,
     /// This attempt did not reach the node.
@@ -297,6 +299,7 @@ impl fmt::Display for NodeState {
         match self {
             NodeState::Acquired => f.write_str("acquired"),
             NodeState::Released => f.write_str("released"),
+            NodeState::NotHeld => f.write_str("not held"),
             NodeState::HeldByOther => f.write_str("held by another holder"),
             NodeState::NotTried => f.write_str("not tried"),
             NodeState::Unavailable { since, last_error } => {

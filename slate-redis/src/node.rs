@@ -26,7 +26,7 @@ use crate::client::{RedisClient, unexpected_reply};
 use crate::keys::Keys;
 use crate::lock::release_remote;
 use crate::renewal::{self, Hold};
-use crate::scripts::{self, ACQUIRE};
+use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK};
 
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
@@ -323,6 +323,32 @@ impl RedisClient {
                 "no run_id/uptime",
             )),
         }
+    }
+
+    /// Deletes the lock on this server whoever holds it, and wakes its waiters. **Unsafe for
+    /// correctness** (see [`DistributedLock::force_unlock`](slate_core::DistributedLock::force_unlock)).
+    /// Returns whether there was an entry.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// The deletion may or may not have happened when the future is dropped.
+    pub async fn node_force_unlock(&self, keys: &NodeKeys) -> Result<bool> {
+        let (lock_key, channel) = (keys.keys.lock.clone(), keys.keys.channel.clone());
+        let n: i64 = self
+            .exec("force-unlock script", |mut c| async move {
+                FORCE_UNLOCK
+                    .script
+                    .key(&*lock_key)
+                    .key(&*channel)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(n == 1)
     }
 
     /// Registers `holder`'s entry with this client's renewal service and returns its lease.

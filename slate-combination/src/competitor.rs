@@ -1,0 +1,431 @@
+//! The combination lock's remote attempt: the I/O around [`decision::AttemptState`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use slate_aqs::{Attempt, Competitor};
+use slate_core::lease::{self, LeaseWatch};
+use slate_core::{
+    BackendKind, Error, FencingToken, HolderId, LockOptions, NodeReport, NodeState, Result,
+    TimeoutKind,
+};
+use slate_redis::node::{NodeAcquire, NodeHold, NodeKeys};
+use tokio::runtime::Handle;
+use tokio::task::AbortHandle;
+
+use crate::decision::{AttemptState, NodeAnswer, Next, Order};
+use crate::lease::{aggregate, combined_deadline};
+use crate::node_set::NodeSet;
+
+/// What a successful attempt yields.
+pub(crate) struct Grant {
+    pub(crate) token: FencingToken,
+    /// Nodes held, ascending.
+    pub(crate) nodes: Vec<usize>,
+    /// Per held node, its lease deadline at acquisition.
+    node_deadlines: Vec<Instant>,
+    /// The combined lease deadline at acquisition.
+    pub(crate) deadline: Instant,
+    /// The lease watch (set by `after_acquire`).
+    pub(crate) watch: OnceLock<LeaseWatch>,
+}
+
+/// One holder's hold of the combination lock in this process.
+struct Hold {
+    nodes: Vec<usize>,
+    token: FencingToken,
+    watch: LeaseWatch,
+    aggregator: AbortHandle,
+}
+
+pub(crate) struct Inner {
+    pub(crate) nodes: NodeSet,
+    pub(crate) keys: NodeKeys,
+    pub(crate) label: Arc<str>,
+    pub(crate) options: LockOptions,
+    pub(crate) required: usize,
+    pub(crate) budget: Duration,
+    pub(crate) order: Order,
+    pub(crate) runtime: Handle,
+    holds: Mutex<HashMap<HolderId, Hold>>,
+}
+
+/// The Redis side of the combination lock, driven by the synchronizer.
+pub(crate) struct CombinationCompetitor {
+    pub(crate) inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update keeps the map consistent, so a poisoned lock is still sound.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl CombinationCompetitor {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        nodes: NodeSet,
+        keys: NodeKeys,
+        label: Arc<str>,
+        options: LockOptions,
+        required: usize,
+        budget: Duration,
+        order: Order,
+        runtime: Handle,
+    ) -> Self {
+        CombinationCompetitor {
+            inner: Arc::new(Inner {
+                nodes,
+                keys,
+                label,
+                options,
+                required,
+                budget,
+                order,
+                runtime,
+                holds: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+impl Inner {
+    fn op_time(&self) -> Duration {
+        self.nodes.options().node_operation_time_value()
+    }
+
+    /// The nodes `holder` holds in this process, if any.
+    pub(crate) fn held_nodes(&self, holder: HolderId) -> Option<Vec<usize>> {
+        lock(&self.holds).get(&holder).map(|h| h.nodes.clone())
+    }
+
+    async fn acquire_on(&self, i: usize, holder: HolderId) -> Result<NodeAcquire> {
+        let client = &self.nodes.node(i).client;
+        let lease = self.options.lease();
+        match tokio::time::timeout(self.op_time(), client.node_acquire(&self.keys, holder, lease)).await
+        {
+            Ok(r) => r,
+            Err(_) => Err(self.node_timeout(i, "acquire")),
+        }
+    }
+
+    fn node_timeout(&self, i: usize, what: &str) -> Error {
+        Error::backend(
+            BackendKind::Timeout,
+            Some(self.nodes.node(i).address().to_owned()),
+            format!("{what} took longer than the node operation time {:?}", self.op_time()),
+            None,
+        )
+    }
+
+    /// Releases one level of `holder` on `nodes`, in the order given (callers pass it
+    /// descending), going on past failures. Returns each node's report.
+    pub(crate) async fn release_nodes(&self, nodes: &[usize], holder: HolderId) -> Vec<NodeReport> {
+        let mut reports = Vec::with_capacity(nodes.len());
+        for &i in nodes {
+            let node = self.nodes.node(i);
+            let lease = self.options.lease();
+            let r = tokio::time::timeout(
+                self.op_time(),
+                node.client.node_release(&self.keys, holder, lease),
+            )
+            .await
+            .unwrap_or_else(|_| Err(self.node_timeout(i, "release")));
+            let state = match r {
+                Ok(Some(_)) => NodeState::Released,
+                Ok(None) => NodeState::NotHeld,
+                Err(e) => {
+                    tracing::debug!(lock = %self.label, node = node.address(), error = %e, "release failed");
+                    NodeState::Failed {
+                        kind: e.backend_kind().unwrap_or(BackendKind::Other),
+                        message: e.to_string(),
+                    }
+                }
+            };
+            reports.push(NodeReport { index: i, address: node.address().to_owned(), state });
+        }
+        reports
+    }
+
+    /// One first-level attempt over the nodes.
+    async fn first_level(&self, holder: HolderId) -> Result<Attempt<Grant>> {
+        let start = Instant::now();
+        let usable = self.nodes.usable_for_attempt(&self.keys).await;
+        let usable_count = usable.iter().filter(|u| **u).count();
+        let mut state = AttemptState::new(usable, self.required, self.budget, self.order);
+        let mut next = state.start();
+        let mut won: HashMap<usize, (FencingToken, Instant)> = HashMap::new();
+        let mut retry_after = None;
+        let mut failures: HashMap<usize, Error> = HashMap::new();
+        loop {
+            match next {
+                Next::Send(batch) => {
+                    let replies =
+                        join_all(batch.iter().map(|&i| async move { (i, self.acquire_on(i, holder).await) }))
+                            .await;
+                    let mut answers = Vec::with_capacity(replies.len());
+                    for (i, reply) in replies {
+                        let answer = match reply {
+                            Ok(NodeAcquire::Acquired { token, deadline, .. }) => {
+                                won.insert(i, (token, deadline));
+                                NodeAnswer::Acquired
+                            }
+                            Ok(NodeAcquire::Busy { retry_after: r }) => {
+                                retry_after = retry_after.or(r);
+                                NodeAnswer::HeldByOther
+                            }
+                            Ok(NodeAcquire::DataLost) => {
+                                self.nodes.mark_data_lost(i);
+                                NodeAnswer::Failed
+                            }
+                            Ok(_) => NodeAnswer::Failed,
+                            Err(e) => {
+                                self.nodes.mark_failed(i, &e);
+                                failures.insert(i, e);
+                                NodeAnswer::Failed
+                            }
+                        };
+                        answers.push((i, answer));
+                    }
+                    next = state.on_answers(&answers, start.elapsed());
+                }
+                Next::Acquired { held } => return self.win(holder, start, held, &won).await,
+                Next::Busy { at, release } => {
+                    tracing::trace!(lock = %self.label, %holder, at, "busy");
+                    self.release_nodes(&release, holder).await;
+                    return Ok(Attempt::Busy { retry_after });
+                }
+                Next::InsufficientNodes { release } => {
+                    self.release_nodes(&release, holder).await;
+                    return Err(self.insufficient(usable_count, &won, &failures));
+                }
+                Next::BudgetExceeded { release } => {
+                    self.release_nodes(&release, holder).await;
+                    return Err(Error::Timeout {
+                        lock: self.label.to_string(),
+                        kind: TimeoutKind::AcquireBudget,
+                        budget: self.budget,
+                        elapsed: start.elapsed(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// After the walk was won: establish the fencing token on enough nodes, compute the
+    /// combined deadline.
+    async fn win(
+        &self,
+        holder: HolderId,
+        start: Instant,
+        held: Vec<usize>,
+        won: &HashMap<usize, (FencingToken, Instant)>,
+    ) -> Result<Attempt<Grant>> {
+        let token = held.iter().filter_map(|i| won.get(i)).map(|(t, _)| *t).max();
+        let Some(token) = token else {
+            return Err(Error::backend(BackendKind::Other, None, "won without nodes", None));
+        };
+        // Write the token back where a node's counter is behind, so that any later holder,
+        // whose quorum shares a node with ours, draws a greater one there.
+        let lagging: Vec<usize> =
+            held.iter().copied().filter(|i| won.get(i).is_some_and(|(t, _)| *t < token)).collect();
+        let raised = join_all(lagging.iter().map(|&i| async move {
+            let client = &self.nodes.node(i).client;
+            matches!(
+                tokio::time::timeout(self.op_time(), client.node_raise_fence(&self.keys, token)).await,
+                Ok(Ok(v)) if v >= token.get()
+            )
+        }))
+        .await;
+        let fenced = held.len() - lagging.len() + raised.iter().filter(|ok| **ok).count();
+        let need = self.nodes.len() - self.required + 1;
+        let deadlines: Vec<Instant> = held.iter().filter_map(|i| won.get(i)).map(|(_, d)| *d).collect();
+        let deadline = combined_deadline(&deadlines, self.required);
+        let mut release: Vec<usize> = held.clone();
+        release.reverse();
+        if fenced < need {
+            self.release_nodes(&release, holder).await;
+            return Err(Error::InsufficientNodes {
+                lock: self.label.to_string(),
+                required: need,
+                usable: fenced,
+                nodes: self.nodes.report(),
+            });
+        }
+        match deadline {
+            Some(deadline) if deadline > Instant::now() => {
+                tracing::debug!(lock = %self.label, %holder, token = token.get(), ?held, "acquired");
+                Ok(Attempt::Acquired(Grant {
+                    token,
+                    node_deadlines: deadlines,
+                    nodes: held,
+                    deadline,
+                    watch: OnceLock::new(),
+                }))
+            }
+            _ => {
+                self.release_nodes(&release, holder).await;
+                Err(Error::Timeout {
+                    lock: self.label.to_string(),
+                    kind: TimeoutKind::AcquireBudget,
+                    budget: self.budget,
+                    elapsed: start.elapsed(),
+                })
+            }
+        }
+    }
+
+    /// A re-entry by a holder that holds the lock here: exactly its nodes, all of them.
+    async fn reenter(&self, holder: HolderId, nodes: Vec<usize>) -> Result<Attempt<Grant>> {
+        let replies =
+            join_all(nodes.iter().map(|&i| async move { (i, self.acquire_on(i, holder).await) })).await;
+        let (token, watch) = match lock(&self.holds).get(&holder) {
+            Some(h) => (h.token, h.watch.clone()),
+            None => return Err(Error::NotHeld { lock: self.label.to_string(), holder }),
+        };
+        let ok: Vec<usize> = replies
+            .iter()
+            .filter(|(_, r)| matches!(r, Ok(NodeAcquire::Acquired { .. })))
+            .map(|(i, _)| *i)
+            .collect();
+        if ok.len() == nodes.len() {
+            let grant = Grant {
+                token,
+                node_deadlines: Vec::new(),
+                nodes,
+                deadline: watch.deadline(),
+                watch: OnceLock::new(),
+            };
+            let _ = grant.watch.set(watch);
+            return Ok(Attempt::Acquired(grant));
+        }
+        // Undo the levels taken, so that every node keeps the same count.
+        let mut undo = ok;
+        undo.reverse();
+        self.release_nodes(&undo, holder).await;
+        let reports = replies
+            .into_iter()
+            .map(|(i, r)| NodeReport {
+                index: i,
+                address: self.nodes.node(i).address().to_owned(),
+                state: match r {
+                    Ok(NodeAcquire::Acquired { .. }) => NodeState::Released,
+                    Ok(_) => NodeState::HeldByOther,
+                    Err(e) => NodeState::Failed {
+                        kind: e.backend_kind().unwrap_or(BackendKind::Other),
+                        message: e.to_string(),
+                    },
+                },
+            })
+            .collect();
+        Err(Error::InsufficientNodes {
+            lock: self.label.to_string(),
+            required: self.required,
+            usable: 0,
+            nodes: reports,
+        })
+    }
+
+    fn insufficient(
+        &self,
+        usable: usize,
+        won: &HashMap<usize, (FencingToken, Instant)>,
+        failures: &HashMap<usize, Error>,
+    ) -> Error {
+        let mut nodes = self.nodes.report();
+        for n in &mut nodes {
+            if won.contains_key(&n.index) {
+                n.state = NodeState::Released;
+            } else if let Some(e) = failures.get(&n.index) {
+                n.state = NodeState::Failed {
+                    kind: e.backend_kind().unwrap_or(BackendKind::Other),
+                    message: e.to_string(),
+                };
+            }
+        }
+        Error::InsufficientNodes {
+            lock: self.label.to_string(),
+            required: self.required,
+            usable,
+            nodes,
+        }
+    }
+
+    /// Starts renewal of a new hold and returns its lease.
+    fn start_hold(&self, holder: HolderId, grant: &Grant) -> LeaseWatch {
+        let hold = |deadline| NodeHold {
+            lease: self.options.lease(),
+            period: self.options.renewal_period(),
+            max_hold: self.options.max_hold(),
+            deadline,
+        };
+        let watches: Vec<LeaseWatch> = grant
+            .nodes
+            .iter()
+            .zip(&grant.node_deadlines)
+            .map(|(&i, &d)| self.nodes.node(i).client.node_renew(&self.keys, holder, hold(d), &self.label))
+            .collect();
+        let (keeper, watch) = lease::channel(grant.deadline);
+        let aggregator = self.runtime.spawn(aggregate(watches, self.required, keeper)).abort_handle();
+        lock(&self.holds).insert(
+            holder,
+            Hold { nodes: grant.nodes.clone(), token: grant.token, watch: watch.clone(), aggregator },
+        );
+        watch
+    }
+
+    /// Ends the renewal of `holder`'s hold.
+    fn end_hold(&self, holder: HolderId) {
+        if let Some(hold) = lock(&self.holds).remove(&holder) {
+            hold.aggregator.abort();
+            for i in hold.nodes {
+                self.nodes.node(i).client.node_stop_renewal(&self.keys, holder);
+            }
+        }
+    }
+}
+
+impl Competitor for CombinationCompetitor {
+    type Grant = Grant;
+
+    fn attempt(&self, holder: HolderId) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        let inner = self.inner.clone();
+        let run = async move {
+            match inner.held_nodes(holder) {
+                Some(nodes) => inner.reenter(holder, nodes).await,
+                None => inner.first_level(holder).await,
+            }
+        };
+        let runtime = self.inner.runtime.clone();
+        async move {
+            // Blocking callers poll from plain threads: run the I/O on the lock's runtime.
+            if Handle::try_current().is_ok() {
+                run.await
+            } else {
+                runtime.spawn(run).await.unwrap_or_else(|_| Err(Error::Closed { what: "the lock's tokio runtime" }))
+            }
+        }
+    }
+
+    fn after_acquire(&self, holder: HolderId, grant: &Grant) {
+        if grant.watch.get().is_none() {
+            let watch = self.inner.start_hold(holder, grant);
+            let _ = grant.watch.set(watch);
+        }
+    }
+
+    fn after_release(&self, holder: HolderId) {
+        self.inner.end_hold(holder);
+    }
+
+    fn abandon(&self, holder: HolderId, grant: Grant) {
+        let inner = self.inner.clone();
+        tracing::debug!(lock = %inner.label, %holder, "releasing an abandoned grant");
+        let mut nodes = grant.nodes;
+        nodes.reverse();
+        self.inner.runtime.spawn(async move {
+            inner.release_nodes(&nodes, holder).await;
+        });
+    }
+}

@@ -1,0 +1,493 @@
+//! [`CombinationLock`]: one lock across N independent Redis masters.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use slate_aqs::Synchronizer;
+use slate_core::lease::{self, LeaseWatch};
+use slate_core::{
+    DistributedLock, Error, FencingToken, HolderId, LockGuard, LockName, LockOptions, Result, Wait,
+};
+use slate_redis::node::{NodeEntries, NodeKeys};
+use tokio::runtime::Handle;
+
+use crate::competitor::{CombinationCompetitor, Grant};
+use crate::decision::{Order, quorum};
+use crate::lease::combined_deadline;
+use crate::node_set::NodeSet;
+
+pub(crate) struct Shared {
+    pub(crate) sync: Synchronizer<CombinationCompetitor>,
+    name: LockName,
+}
+
+/// A reentrant, leased, fenced lock held across N independent Redis masters, so that losing
+/// nodes (fewer than N − quorum + 1... i.e. while a quorum remains) does not lose the lock.
+///
+/// ## Behaviour
+///
+/// - **Attempt**: the nodes usable when it starts are taken left to right (the configured
+///   order), within the acquire budget; the first node held by another holder ends the attempt
+///   ("leftmost weight"); failed nodes are skipped and marked unavailable while the quorum stays
+///   reachable. Every unsuccessful exit releases, in reverse order, every node that may hold an
+///   entry of this attempt. See [`decision`](crate::decision) for the table.
+/// - **Quorum**: at least `max(2, ⌊N/2⌋ + 1)` nodes (a lower setting is refused).
+/// - **Renewal**: exactly the nodes held, each by its node's renewal service; the lease is the
+///   quorum-th latest node deadline, and it is lost when fewer than the quorum can be renewed.
+/// - **Release**: one level on every node held, in reverse order, going on past failures
+///   ([`Error::ReleaseIncomplete`] lists them).
+/// - **Fencing token**: see the crate documentation.
+/// - **Waiting**: local waiters queue in FIFO order; only the head attempts. There is no unlock
+///   notification across nodes yet: a parked head retries after the spin wait or the holder's
+///   remaining lease, whichever is shorter.
+/// - **Drop** of a guard without `unlock()` releases in the background.
+///
+/// # Examples
+///
+/// ```no_run
+/// use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+/// use slate_core::{DistributedLock, LockGuard};
+///
+/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// let nodes = NodeSet::connect(
+///     ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"],
+///     NodeSetOptions::default(),
+/// )?;
+/// let lock = CombinationLock::builder(&nodes, "orders").build()?;
+/// let guard = lock.lock().await?;
+/// println!("token {}", guard.fencing_token());
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct CombinationLock {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for CombinationLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CombinationLock").field("name", &self.shared.name).finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`CombinationLock`]; see [`CombinationLock::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct CombinationLockBuilder {
+    nodes: NodeSet,
+    name: Vec<u8>,
+    options: LockOptions,
+    required: Option<usize>,
+    budget: Option<Duration>,
+    order: Order,
+}
+
+impl CombinationLockBuilder {
+    /// Sets the lease (default 30 s).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.options = self.options.with_lease(lease);
+        self
+    }
+
+    /// Sets the renewal period (default half the lease).
+    pub fn renewal_period(mut self, period: Duration) -> Self {
+        self.options = self.options.with_renewal_period(period);
+        self
+    }
+
+    /// Sets the spin wait (default 50 ms).
+    pub fn spin_wait(mut self, spin_wait: Duration) -> Self {
+        self.options = self.options.with_spin_wait(spin_wait);
+        self
+    }
+
+    /// Caps how long the lock is renewed.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.options = self.options.with_max_hold(max_hold);
+        self
+    }
+
+    /// Sets the key prefix (default `slate:`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.options = self.options.with_key_prefix(prefix);
+        self
+    }
+
+    /// Replaces all common options at once.
+    pub fn options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Sets the quorum (default `max(2, ⌊N/2⌋ + 1)`; lower values are refused).
+    pub fn required_nodes(mut self, n: usize) -> Self {
+        self.required = Some(n);
+        self
+    }
+
+    /// Sets the acquire budget (default node operation time × N + 100 ms).
+    pub fn acquire_budget(mut self, budget: Duration) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Sets the acquisition order (default [`Order::Sequential`]).
+    pub fn order(mut self, order: Order) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// Validates everything and builds the lock. Call it inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the bad option: invalid common options or name, a quorum
+    /// below the majority or above N, an acquire budget of zero or not shorter than the lease,
+    /// a node-set quarantine shorter than the lease, no tokio runtime.
+    pub fn build(self) -> Result<CombinationLock> {
+        self.options.validate()?;
+        let name = LockName::new(&self.name)?;
+        let n = self.nodes.len();
+        let required = quorum(n, self.required)?;
+        let set_opts = self.nodes.options();
+        let op = set_opts.node_operation_time_value();
+        let budget = self.budget.unwrap_or(op * u32::try_from(n).unwrap_or(u32::MAX) + Duration::from_millis(100));
+        let lease = self.options.lease();
+        if budget.is_zero() || budget >= lease {
+            return Err(Error::invalid_input(
+                "acquire budget",
+                format!("{budget:?} must be positive and shorter than the {lease:?} lease"),
+                "use a longer lease or a shorter budget (the default is node operation time x N + 100ms)",
+            ));
+        }
+        if set_opts.quarantine_enabled() && set_opts.quarantine_value() < lease {
+            return Err(Error::invalid_input(
+                "quarantine",
+                format!(
+                    "the node set's quarantine {:?} is shorter than this lock's {lease:?} lease",
+                    set_opts.quarantine_value()
+                ),
+                "give the node set a quarantine of at least the longest lease of its locks",
+            ));
+        }
+        let runtime = Handle::try_current().map_err(|_| {
+            Error::invalid_input(
+                "runtime",
+                "no tokio runtime is running",
+                "build the lock inside a tokio runtime (its background work runs there)",
+            )
+        })?;
+        let label: Arc<str> = Arc::from(name.to_string());
+        let keys = NodeKeys::new(self.options.key_prefix(), &name);
+        let spin = self.options.spin_wait();
+        let competitor = CombinationCompetitor::new(
+            self.nodes,
+            keys,
+            label.clone(),
+            self.options,
+            required,
+            budget,
+            self.order,
+            runtime,
+        );
+        let sync = Synchronizer::new(label.to_string(), competitor, spin);
+        Ok(CombinationLock { shared: Arc::new(Shared { sync, name }) })
+    }
+}
+
+impl CombinationLock {
+    /// Starts building a lock named `name` on `nodes`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"], NodeSetOptions::default())?;
+    /// let lock = CombinationLock::builder(&nodes, "orders")
+    ///     .lease(std::time::Duration::from_secs(10))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(nodes: &NodeSet, name: impl AsRef<[u8]>) -> CombinationLockBuilder {
+        CombinationLockBuilder {
+            nodes: nodes.clone(),
+            name: name.as_ref().to_vec(),
+            options: LockOptions::default(),
+            required: None,
+            budget: None,
+            order: Order::Sequential,
+        }
+    }
+
+    fn inner(&self) -> &crate::competitor::Inner {
+        &self.shared.sync.competitor().inner
+    }
+
+    /// The quorum.
+    #[must_use]
+    pub fn required_nodes(&self) -> usize {
+        self.inner().required
+    }
+
+    /// The node set.
+    #[must_use]
+    pub fn nodes(&self) -> &NodeSet {
+        &self.inner().nodes
+    }
+
+    /// The options.
+    #[must_use]
+    pub fn options(&self) -> &LockOptions {
+        &self.inner().options
+    }
+
+    /// The local owner and its depth (this process only).
+    #[must_use]
+    pub fn local_owner(&self) -> Option<(HolderId, u32)> {
+        self.shared.sync.owner()
+    }
+
+    /// Tasks of this process waiting for the lock.
+    #[must_use]
+    pub fn local_waiters(&self) -> usize {
+        self.shared.sync.waiters()
+    }
+
+    /// The lock's state on every node (`Err` for a node that did not answer in time).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (reads).
+    pub async fn inspect(&self) -> Vec<Result<NodeEntries>> {
+        let inner = self.inner();
+        let op = inner.nodes.options().node_operation_time_value();
+        join_all((0..inner.nodes.len()).map(|i| async move {
+            let client = &inner.nodes.node(i).client;
+            tokio::time::timeout(op, client.node_inspect(&inner.keys))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::backend(
+                        slate_core::BackendKind::Timeout,
+                        Some(client.address().to_owned()),
+                        "inspect timed out",
+                        None,
+                    ))
+                })
+        }))
+        .await
+    }
+
+    /// The answers of at least a quorum of nodes, or `InsufficientNodes`.
+    async fn quorum_entries(&self) -> Result<Vec<NodeEntries>> {
+        let answers: Vec<NodeEntries> = self.inspect().await.into_iter().filter_map(Result::ok).collect();
+        let required = self.required_nodes();
+        if answers.len() < required {
+            return Err(Error::InsufficientNodes {
+                lock: self.shared.name.to_string(),
+                required,
+                usable: answers.len(),
+                nodes: self.nodes().report(),
+            });
+        }
+        Ok(answers)
+    }
+
+    fn guard(&self, holder: HolderId, grant: &Grant) -> CombinationGuard {
+        let watch = grant.watch.get().cloned().unwrap_or_else(|| lease::channel(grant.deadline).1);
+        let depth = match self.shared.sync.owner() {
+            Some((h, d)) if h == holder => d,
+            _ => 1,
+        };
+        CombinationGuard {
+            lock: self.clone(),
+            holder,
+            token: grant.token,
+            nodes: grant.nodes.clone(),
+            depth,
+            watch,
+            released: false,
+        }
+    }
+}
+
+impl DistributedLock for CombinationLock {
+    type Guard = CombinationGuard;
+
+    fn name(&self) -> &LockName {
+        &self.shared.name
+    }
+
+    fn acquire(&self, holder: HolderId, wait: Wait) -> impl Future<Output = Result<CombinationGuard>> + Send {
+        async move {
+            let grant = self.shared.sync.acquire(holder, wait).await?;
+            Ok(self.guard(holder, &grant))
+        }
+    }
+
+    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
+        async move {
+            let entries = self.quorum_entries().await?;
+            Ok(entries.iter().filter(|e| !e.holders.is_empty()).count() >= self.required_nodes())
+        }
+    }
+
+    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
+        async move {
+            let id = holder.to_string();
+            let counts: Vec<u32> = self
+                .quorum_entries()
+                .await?
+                .iter()
+                .filter_map(|e| e.holders.iter().find(|(h, _)| *h == id).map(|(_, c)| *c))
+                .collect();
+            Ok(if counts.len() >= self.required_nodes() {
+                counts.into_iter().min().unwrap_or(0)
+            } else {
+                0
+            })
+        }
+    }
+
+    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
+        async move {
+            let now = Instant::now();
+            let ends: Vec<Instant> = self
+                .quorum_entries()
+                .await?
+                .iter()
+                .filter(|e| !e.holders.is_empty())
+                .filter_map(|e| e.remaining.map(|r| now + r))
+                .collect();
+            Ok(combined_deadline(&ends, self.required_nodes()).map(|d| d.saturating_duration_since(now)))
+        }
+    }
+
+    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
+        async move {
+            let inner = self.inner();
+            let results =
+                join_all((0..inner.nodes.len()).map(|i| inner.nodes.node(i).client.node_force_unlock(&inner.keys)))
+                    .await;
+            let mut any = false;
+            let mut first_err = None;
+            for r in results {
+                match r {
+                    Ok(deleted) => any |= deleted,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            match first_err {
+                Some(e) if !any => Err(e),
+                _ => Ok(any),
+            }
+        }
+    }
+}
+
+/// One level of a [`CombinationLock`] hold: holder, fencing token, the nodes held, the lease.
+///
+/// Dropping it without [`unlock`](LockGuard::unlock) releases in the background.
+#[must_use = "dropping the guard releases the lock in the background; call unlock().await to see the outcome"]
+pub struct CombinationGuard {
+    lock: CombinationLock,
+    holder: HolderId,
+    token: FencingToken,
+    nodes: Vec<usize>,
+    depth: u32,
+    watch: LeaseWatch,
+    released: bool,
+}
+
+impl fmt::Debug for CombinationGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CombinationGuard")
+            .field("holder", &self.holder)
+            .field("token", &self.token)
+            .field("nodes", &self.nodes)
+            .field("depth", &self.depth)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CombinationGuard {
+    /// The nodes held, ascending.
+    #[must_use]
+    pub fn nodes(&self) -> &[usize] {
+        &self.nodes
+    }
+
+    /// This guard's level (1 for the first acquisition).
+    #[must_use]
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Acquires one more level for the same holder (on exactly the same nodes).
+    ///
+    /// # Errors
+    ///
+    /// As [`DistributedLock::lock`]; `InsufficientNodes` when a held node could not re-enter.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`DistributedLock::acquire`].
+    pub fn reenter(&self) -> impl Future<Output = Result<CombinationGuard>> + Send + '_ {
+        self.lock.lock_as(self.holder)
+    }
+}
+
+async fn release(lock: CombinationLock, holder: HolderId, nodes: Vec<usize>, depth: u32) -> Result<u32> {
+    let mut order = nodes;
+    order.reverse();
+    let inner = lock.inner();
+    let reports = inner.release_nodes(&order, holder).await;
+    lock.shared.sync.release(holder);
+    let failed = reports.iter().any(|r| matches!(r.state, slate_core::NodeState::Failed { .. }));
+    let released = reports.iter().filter(|r| r.state == slate_core::NodeState::Released).count();
+    if failed {
+        return Err(Error::ReleaseIncomplete { lock: lock.shared.name.to_string(), nodes: reports });
+    }
+    if released < inner.required {
+        return Err(Error::NotHeld { lock: lock.shared.name.to_string(), holder });
+    }
+    Ok(depth.saturating_sub(1))
+}
+
+impl LockGuard for CombinationGuard {
+    fn holder(&self) -> HolderId {
+        self.holder
+    }
+
+    fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn lease(&self) -> &LeaseWatch {
+        &self.watch
+    }
+
+    fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
+        self.released = true;
+        release(self.lock.clone(), self.holder, std::mem::take(&mut self.nodes), self.depth)
+    }
+}
+
+impl Drop for CombinationGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            let fut = release(self.lock.clone(), self.holder, std::mem::take(&mut self.nodes), self.depth);
+            let label = self.lock.shared.name.to_string();
+            drop(self.lock.inner().runtime.spawn(async move {
+                if let Err(e) = fut.await {
+                    tracing::debug!(lock = %label, error = %e, "background release of a dropped guard failed");
+                }
+            }));
+        }
+    }
+}

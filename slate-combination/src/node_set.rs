@@ -1,0 +1,384 @@
+//! The nodes of a combination lock and what this process knows of their health, shared by
+//! every combination lock built on the same [`NodeSet`].
+//!
+//! ## Node health
+//!
+//! | state | used by new attempts | leaves it when |
+//! | --- | --- | --- |
+//! | unverified (new, or data loss seen) | after a verification at the next attempt's start | verification: marker present or written → usable; server younger than the quarantine → quarantined; unreachable → unavailable |
+//! | usable | yes | a command fails (→ unavailable), an acquire answers "data lost" (→ unverified) |
+//! | unavailable (since, last error) | no | the re-probe interval passed and a verification succeeds |
+//! | quarantined (until) | no | the time passes and a verification succeeds |
+//!
+//! A verification is `INFO server` plus the node marker check (see `slate_redis::node`): a
+//! server whose run id changed since this process last saw it, or whose marker is gone, is
+//! quarantined until it has been up for the quarantine period, so that no entry it lost is
+//! still believed held anywhere when it is used again. Verifications run at the start of an
+//! attempt, before the attempt fixes its usable nodes; a node never joins an attempt under way.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use slate_core::{Error, NodeReport, NodeState, Result};
+use slate_redis::node::NodeKeys;
+use slate_redis::{ClientOptions, RedisClient};
+
+/// Options of a [`NodeSet`].
+///
+/// | option | default | meaning |
+/// | --- | --- | --- |
+/// | node operation time | 50 ms | budget of one command on one node (its command timeout) |
+/// | re-probe interval | 15 min | how long an unavailable node is skipped before a probe may bring it back |
+/// | quarantine | 30 s | how long a restarted server is not used (must be at least every lock's lease) |
+///
+/// # Examples
+///
+/// ```
+/// use slate_combination::NodeSetOptions;
+/// use std::time::Duration;
+///
+/// let o = NodeSetOptions::default().node_operation_time(Duration::from_millis(100));
+/// assert_eq!(o.node_operation_time_value(), Duration::from_millis(100));
+/// ```
+#[derive(Clone, Debug)]
+pub struct NodeSetOptions {
+    node_op_time: Duration,
+    reprobe: Duration,
+    quarantine: Duration,
+    quarantine_enabled: bool,
+    client: ClientOptions,
+}
+
+impl Default for NodeSetOptions {
+    fn default() -> Self {
+        NodeSetOptions {
+            node_op_time: Duration::from_millis(50),
+            reprobe: Duration::from_secs(15 * 60),
+            quarantine: Duration::from_secs(30),
+            quarantine_enabled: true,
+            client: ClientOptions::default(),
+        }
+    }
+}
+
+impl NodeSetOptions {
+    /// Sets the budget of one command on one node (also each node client's command and
+    /// connect timeout).
+    #[must_use]
+    pub fn node_operation_time(mut self, d: Duration) -> Self {
+        self.node_op_time = d;
+        self
+    }
+
+    /// The node operation time.
+    #[must_use]
+    pub fn node_operation_time_value(&self) -> Duration {
+        self.node_op_time
+    }
+
+    /// Sets the re-probe interval.
+    #[must_use]
+    pub fn reprobe_interval(mut self, d: Duration) -> Self {
+        self.reprobe = d;
+        self
+    }
+
+    /// Sets the quarantine of a restarted server.
+    #[must_use]
+    pub fn quarantine(mut self, d: Duration) -> Self {
+        self.quarantine = d;
+        self
+    }
+
+    /// The quarantine of a restarted server.
+    #[must_use]
+    pub fn quarantine_value(&self) -> Duration {
+        self.quarantine
+    }
+
+    /// Whether quarantine is on (it is unless disabled for a test).
+    #[must_use]
+    pub fn quarantine_enabled(&self) -> bool {
+        self.quarantine_enabled
+    }
+
+    /// **Unsafe for correctness; for tests that show why quarantine exists.** Uses restarted
+    /// servers at once, even when they lost the entries of a lock still held.
+    #[must_use]
+    pub fn disable_quarantine_unsafe(mut self) -> Self {
+        self.quarantine_enabled = false;
+        self
+    }
+
+    /// Client options for every node (credentials, TLS, pool size). Their command and connect
+    /// timeouts are replaced by the node operation time.
+    #[must_use]
+    pub fn client_options(mut self, options: ClientOptions) -> Self {
+        self.client = options;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.node_op_time < Duration::from_millis(1) {
+            return Err(Error::invalid_input(
+                "node operation time",
+                format!("{:?} is too short for any round trip", self.node_op_time),
+                "use at least 1ms (the default is 50ms)",
+            ));
+        }
+        if self.reprobe.is_zero() {
+            return Err(Error::invalid_input(
+                "re-probe interval",
+                "zero would probe a failed node before every attempt",
+                "use a positive interval (the default is 15min)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Health {
+    Unverified,
+    Usable,
+    Unavailable { since: Instant, error: String },
+    Quarantined { until: Instant },
+}
+
+#[derive(Debug)]
+struct NodeHealth {
+    health: Health,
+    run_id: Option<String>,
+}
+
+/// One node: its client and health.
+pub(crate) struct Node {
+    pub(crate) index: usize,
+    pub(crate) client: RedisClient,
+    health: Mutex<NodeHealth>,
+}
+
+impl Node {
+    fn health(&self) -> MutexGuard<'_, NodeHealth> {
+        // Every update leaves the health consistent, so a poisoned lock is still sound.
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn address(&self) -> &str {
+        self.client.address()
+    }
+}
+
+pub(crate) struct SetInner {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) options: NodeSetOptions,
+}
+
+/// The ordered nodes of combination locks, with their shared health. Cheap to clone; build one
+/// per set of servers and share it among every lock on those servers.
+///
+/// # Examples
+///
+/// ```no_run
+/// use slate_combination::{NodeSet, NodeSetOptions};
+///
+/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// let nodes = NodeSet::connect(
+///     ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"],
+///     NodeSetOptions::default(),
+/// )?;
+/// assert_eq!(nodes.len(), 3);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct NodeSet {
+    pub(crate) inner: Arc<SetInner>,
+}
+
+impl fmt::Debug for NodeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let addrs: Vec<_> = self.inner.nodes.iter().map(Node::address).collect();
+        f.debug_struct("NodeSet").field("nodes", &addrs).finish_non_exhaustive()
+    }
+}
+
+impl NodeSet {
+    /// Opens one client per URL, in this order (the acquisition order). Nothing is sent yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for fewer than 2 URLs, a malformed URL, bad options, or when
+    /// called outside a tokio runtime.
+    pub fn connect<I, S>(urls: I, options: NodeSetOptions) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        options.validate()?;
+        let client_opts = options
+            .client
+            .clone()
+            .command_timeout(options.node_op_time)
+            .connect_timeout(options.node_op_time);
+        let clients = urls
+            .into_iter()
+            .map(|u| RedisClient::open_with(u, client_opts.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        Self::from_clients(clients, options)
+    }
+
+    /// Uses existing clients, in this order. Their own command timeouts apply; keep them at the
+    /// node operation time.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for fewer than 2 clients or bad options.
+    pub fn from_clients(clients: Vec<RedisClient>, options: NodeSetOptions) -> Result<Self> {
+        options.validate()?;
+        crate::decision::quorum(clients.len(), None)?;
+        let nodes = clients
+            .into_iter()
+            .enumerate()
+            .map(|(index, client)| Node {
+                index,
+                client,
+                health: Mutex::new(NodeHealth { health: Health::Unverified, run_id: None }),
+            })
+            .collect();
+        Ok(NodeSet { inner: Arc::new(SetInner { nodes, options }) })
+    }
+
+    /// The number of nodes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// Always false (a node set has at least 2 nodes).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.inner.nodes.is_empty()
+    }
+
+    /// The options.
+    #[must_use]
+    pub fn options(&self) -> &NodeSetOptions {
+        &self.inner.options
+    }
+
+    /// The client of node `i`.
+    #[must_use]
+    pub fn client(&self, i: usize) -> Option<&RedisClient> {
+        self.inner.nodes.get(i).map(|n| &n.client)
+    }
+
+    /// What this process knows of every node, as reported in errors.
+    #[must_use]
+    pub fn report(&self) -> Vec<NodeReport> {
+        let now = Instant::now();
+        self.inner.nodes.iter().map(|n| n.report(now)).collect()
+    }
+
+    /// Brings the health of every node up to date where a verification is due, then returns
+    /// which nodes a new attempt may use. Verifications run concurrently, each within the node
+    /// operation time.
+    pub(crate) async fn usable_for_attempt(&self, keys: &NodeKeys) -> Vec<bool> {
+        let now = Instant::now();
+        let opts = &self.inner.options;
+        let due: Vec<&Node> = self
+            .inner
+            .nodes
+            .iter()
+            .filter(|n| match n.health().health {
+                Health::Unverified => true,
+                Health::Usable => false,
+                Health::Unavailable { since, .. } => now >= since + opts.reprobe,
+                Health::Quarantined { until } => now >= until,
+            })
+            .collect();
+        if !due.is_empty() {
+            let checks = due.iter().map(|n| self.verify(n, keys));
+            futures::future::join_all(checks).await;
+        }
+        self.inner.nodes.iter().map(|n| n.health().health == Health::Usable).collect()
+    }
+
+    /// Verifies one node: reachable, same server as before (run id), data not lost (marker).
+    async fn verify(&self, node: &Node, keys: &NodeKeys) {
+        let opts = &self.inner.options;
+        let info = match node.client.server_info().await {
+            Ok(i) => i,
+            Err(e) => return self.mark_failed(node.index, &e),
+        };
+        let marked = match node.client.node_is_marked(keys).await {
+            Ok(m) => m,
+            Err(e) => return self.mark_failed(node.index, &e),
+        };
+        let restarted = {
+            let h = node.health();
+            h.run_id.as_ref().is_some_and(|r| *r != info.run_id)
+        };
+        let young = info.uptime < opts.quarantine;
+        if opts.quarantine_enabled && (restarted || !marked) && young {
+            let until = Instant::now() + (opts.quarantine - info.uptime);
+            tracing::warn!(node = node.address(), restarted, marked, "node quarantined after a restart");
+            let mut h = node.health();
+            h.health = Health::Quarantined { until };
+            h.run_id = Some(info.run_id);
+            return;
+        }
+        if !marked && let Err(e) = node.client.node_mark(keys).await {
+            return self.mark_failed(node.index, &e);
+        }
+        let mut h = node.health();
+        if h.health != Health::Usable {
+            tracing::info!(node = node.address(), "node usable");
+        }
+        h.health = Health::Usable;
+        h.run_id = Some(info.run_id);
+    }
+
+    /// Marks node `i` unavailable after a failed command.
+    pub(crate) fn mark_failed(&self, i: usize, error: &Error) {
+        if let Some(node) = self.inner.nodes.get(i) {
+            let mut h = node.health();
+            if !matches!(h.health, Health::Unavailable { .. }) {
+                tracing::warn!(node = node.address(), %error, "node marked unavailable");
+                h.health = Health::Unavailable { since: Instant::now(), error: error.to_string() };
+            }
+        }
+    }
+
+    /// Marks node `i` for verification (an acquire answered "data lost").
+    pub(crate) fn mark_data_lost(&self, i: usize) {
+        if let Some(node) = self.inner.nodes.get(i) {
+            tracing::warn!(node = node.address(), "node lost its data; verifying it");
+            node.health().health = Health::Unverified;
+        }
+    }
+
+    pub(crate) fn node(&self, i: usize) -> &Node {
+        &self.inner.nodes[i]
+    }
+}
+
+impl Node {
+    fn report(&self, now: Instant) -> NodeReport {
+        let state = match &self.health().health {
+            Health::Usable => NodeState::NotTried,
+            Health::Unverified => NodeState::Failed {
+                kind: slate_core::BackendKind::Unavailable,
+                message: "not verified yet".into(),
+            },
+            Health::Unavailable { since, error } => NodeState::Unavailable {
+                since: now.saturating_duration_since(*since),
+                last_error: error.clone(),
+            },
+            Health::Quarantined { until } => {
+                NodeState::Quarantined { remaining: until.saturating_duration_since(now) }
+            }
+        };
+        NodeReport { index: self.index, address: self.address().to_owned(), state }
+    }
+}
