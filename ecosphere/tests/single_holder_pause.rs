@@ -5,7 +5,9 @@
 //! A's guard reports the loss (`LOST` line and `lost` event), its unlock answers *not held*,
 //! and B's entry is untouched (`HGETALL`: only B's field, count 1). The checker must pass: A's
 //! window closes at its deadline. A resource operation A may issue just after resuming, past
-//! its validity, is the expected pause hazard: a warning, not a failure.
+//! its validity, is the expected pause hazard: a warning, not a failure; so are increments of
+//! B it overwrites that way (GET before the pause, SET after), which must then coincide with
+//! such an operation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod single_common;
@@ -14,9 +16,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ecosphere::clock::now_ns;
-use ecosphere::history::{
-    CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, Recorder, Status,
-};
+use ecosphere::history::{CheckConfig, CheckId, EventKind, OP_INCR, OUTCOME_OK, Recorder, Status};
 use single_common::*;
 
 const LEASE: Duration = Duration::from_secs(1);
@@ -105,12 +105,12 @@ fn a_paused_holder_learns_it_lost_and_cannot_release_the_new_holder() {
         b_out.stdout
     );
 
+    // The counter is "U" of reliability.md §6.1 in a "U-loss allowed" scenario: if the pause
+    // lands between A's GET and SET, A's SET after the resume overwrites B's increments (the
+    // pause hazard that fencing exists for). So no exact counter check; losses are reported
+    // and must be explained by an operation of A past its validity (checked below).
     let counter = get_u64(&resource, "counter");
     let cfg = CheckConfig {
-        counter: Some(CounterCheck {
-            final_value: counter,
-            expected: CounterExpectation::AckedIncrements,
-        }),
         final_keys: Some(lock_keys(&lock_server)),
         ..CheckConfig::new(LEASE)
     };
@@ -122,15 +122,33 @@ fn a_paused_holder_learns_it_lost_and_cannot_release_the_new_holder() {
         CheckId::Ownership,
         CheckId::Reentry,
         CheckId::Validity,
-        CheckId::Counter,
         CheckId::Quiescence,
     ] {
         assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
     }
-    // Activity past validity is allowed here (warning); report it.
+    // Activity past validity is allowed here (a warning); lost increments must come with it.
+    let acked = h
+        .events()
+        .iter()
+        .filter(|e| {
+            matches!(&e.kind, EventKind::ResOp { op, outcome, .. } if op == OP_INCR && outcome == OUTCOME_OK)
+        })
+        .count() as u64;
+    assert!(
+        counter <= acked,
+        "counter {counter} above {acked} acknowledged increments"
+    );
+    if counter < acked {
+        assert!(
+            report.stats.activity_past_validity > 0,
+            "{} lost increments without any operation past validity",
+            acked - counter
+        );
+    }
     println!(
-        "activity: {:?}; A ops past validity: {}",
-        report.status(CheckId::Activity).is_ok(),
+        "counter {counter} of {acked} acknowledged increments ({} lost to the pause hazard); \
+         operations past validity: {}",
+        acked - counter,
         report.stats.activity_past_validity
     );
 
