@@ -22,10 +22,12 @@
 //!   counter on the resource server, `unlock()`. Prints `DONE acquisitions=N`.
 //!   `--unsafe-skip-lock` skips the lock (negative control) and logs made-up holders.
 //! - `hold`: acquires once, prints `HOLDING <holder> <token>`, increments the counter every
-//!   50 ms (if `--resource-url` is given) for `--hold-ms` or until the lease is lost (`LOST <reason>`), then unlocks and prints
-//!   `UNLOCK ok <remaining>`, `UNLOCK not_held` or `UNLOCK error <message>`.
+//!   50 ms (if `--resource-url` is given) for `--hold-ms` or until the lease is lost
+//!   (`LOST <reason>`), then unlocks and prints `UNLOCK ok <remaining>`, `UNLOCK not_held` or
+//!   `UNLOCK error <message>`.
 //! - `reenter`: acquires, re-enters to depth 3 (`reenter()`, then `lock_as(holder)`), prints
-//!   `DEPTH n` per level and `HOLD_COUNT n`, holds `--hold-ms` with resource operations,
+//!   `DEPTH n` per level and `HOLD_COUNT n`, holds `--hold-ms` (with resource operations if
+//!   `--resource-url` is given),
 //!   releases level by level (`RELEASED n`, `--step-ms` apart), then sends one extra release
 //!   (the library's release script, as no guard is left) and prints `EXTRA not_held`.
 //! - `wait`: `--tasks` waiters each call `try_lock_for(--budget-ms)` once (`try_lock()` for a
