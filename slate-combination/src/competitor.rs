@@ -15,7 +15,7 @@ use slate_redis::node::{NodeAcquire, NodeHold, NodeKeys};
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
 
-use crate::decision::{AttemptState, NodeAnswer, Next, Order};
+use crate::decision::{AttemptState, Next, NodeAnswer, Order};
 use crate::lease::{aggregate, combined_deadline};
 use crate::node_set::NodeSet;
 
@@ -103,7 +103,11 @@ impl Inner {
     async fn acquire_on(&self, i: usize, holder: HolderId) -> Result<NodeAcquire> {
         let client = &self.nodes.node(i).client;
         let lease = self.options.lease();
-        match tokio::time::timeout(self.op_time(), client.node_acquire(&self.keys, holder, lease)).await
+        match tokio::time::timeout(
+            self.op_time(),
+            client.node_acquire(&self.keys, holder, lease),
+        )
+        .await
         {
             Ok(r) => r,
             Err(_) => Err(self.node_timeout(i, "acquire")),
@@ -114,7 +118,10 @@ impl Inner {
         Error::backend(
             BackendKind::Timeout,
             Some(self.nodes.node(i).address().to_owned()),
-            format!("{what} took longer than the node operation time {:?}", self.op_time()),
+            format!(
+                "{what} took longer than the node operation time {:?}",
+                self.op_time()
+            ),
             None,
         )
     }
@@ -143,7 +150,11 @@ impl Inner {
                     }
                 }
             };
-            reports.push(NodeReport { index: i, address: node.address().to_owned(), state });
+            reports.push(NodeReport {
+                index: i,
+                address: node.address().to_owned(),
+                state,
+            });
         }
         reports
     }
@@ -161,13 +172,18 @@ impl Inner {
         loop {
             match next {
                 Next::Send(batch) => {
-                    let replies =
-                        join_all(batch.iter().map(|&i| async move { (i, self.acquire_on(i, holder).await) }))
-                            .await;
+                    let replies = join_all(
+                        batch
+                            .iter()
+                            .map(|&i| async move { (i, self.acquire_on(i, holder).await) }),
+                    )
+                    .await;
                     let mut answers = Vec::with_capacity(replies.len());
                     for (i, reply) in replies {
                         let answer = match reply {
-                            Ok(NodeAcquire::Acquired { token, deadline, .. }) => {
+                            Ok(NodeAcquire::Acquired {
+                                token, deadline, ..
+                            }) => {
                                 won.insert(i, (token, deadline));
                                 NodeAnswer::Acquired
                             }
@@ -222,14 +238,26 @@ impl Inner {
         held: Vec<usize>,
         won: &HashMap<usize, (FencingToken, Instant)>,
     ) -> Result<Attempt<Grant>> {
-        let token = held.iter().filter_map(|i| won.get(i)).map(|(t, _)| *t).max();
+        let token = held
+            .iter()
+            .filter_map(|i| won.get(i))
+            .map(|(t, _)| *t)
+            .max();
         let Some(token) = token else {
-            return Err(Error::backend(BackendKind::Other, None, "won without nodes", None));
+            return Err(Error::backend(
+                BackendKind::Other,
+                None,
+                "won without nodes",
+                None,
+            ));
         };
         // Write the token back where a node's counter is behind, so that any later holder,
         // whose quorum shares a node with ours, draws a greater one there.
-        let lagging: Vec<usize> =
-            held.iter().copied().filter(|i| won.get(i).is_some_and(|(t, _)| *t < token)).collect();
+        let lagging: Vec<usize> = held
+            .iter()
+            .copied()
+            .filter(|i| won.get(i).is_some_and(|(t, _)| *t < token))
+            .collect();
         let raised = join_all(lagging.iter().map(|&i| async move {
             let client = &self.nodes.node(i).client;
             matches!(
@@ -240,7 +268,11 @@ impl Inner {
         .await;
         let fenced = held.len() - lagging.len() + raised.iter().filter(|ok| **ok).count();
         let need = self.nodes.len() - self.required + 1;
-        let deadlines: Vec<Instant> = held.iter().filter_map(|i| won.get(i)).map(|(_, d)| *d).collect();
+        let deadlines: Vec<Instant> = held
+            .iter()
+            .filter_map(|i| won.get(i))
+            .map(|(_, d)| *d)
+            .collect();
         let deadline = combined_deadline(&deadlines, self.required);
         let mut release: Vec<usize> = held.clone();
         release.reverse();
@@ -278,11 +310,20 @@ impl Inner {
 
     /// A re-entry by a holder that holds the lock here: exactly its nodes, all of them.
     async fn reenter(&self, holder: HolderId, nodes: Vec<usize>) -> Result<Attempt<Grant>> {
-        let replies =
-            join_all(nodes.iter().map(|&i| async move { (i, self.acquire_on(i, holder).await) })).await;
+        let replies = join_all(
+            nodes
+                .iter()
+                .map(|&i| async move { (i, self.acquire_on(i, holder).await) }),
+        )
+        .await;
         let (token, watch) = match lock(&self.holds).get(&holder) {
             Some(h) => (h.token, h.watch.clone()),
-            None => return Err(Error::NotHeld { lock: self.label.to_string(), holder }),
+            None => {
+                return Err(Error::NotHeld {
+                    lock: self.label.to_string(),
+                    holder,
+                });
+            }
         };
         let ok: Vec<usize> = replies
             .iter()
@@ -364,13 +405,26 @@ impl Inner {
             .nodes
             .iter()
             .zip(&grant.node_deadlines)
-            .map(|(&i, &d)| self.nodes.node(i).client.node_renew(&self.keys, holder, hold(d), &self.label))
+            .map(|(&i, &d)| {
+                self.nodes
+                    .node(i)
+                    .client
+                    .node_renew(&self.keys, holder, hold(d), &self.label)
+            })
             .collect();
         let (keeper, watch) = lease::channel(grant.deadline);
-        let aggregator = self.runtime.spawn(aggregate(watches, self.required, keeper)).abort_handle();
+        let aggregator = self
+            .runtime
+            .spawn(aggregate(watches, self.required, keeper))
+            .abort_handle();
         lock(&self.holds).insert(
             holder,
-            Hold { nodes: grant.nodes.clone(), token: grant.token, watch: watch.clone(), aggregator },
+            Hold {
+                nodes: grant.nodes.clone(),
+                token: grant.token,
+                watch: watch.clone(),
+                aggregator,
+            },
         );
         watch
     }
@@ -380,7 +434,10 @@ impl Inner {
         if let Some(hold) = lock(&self.holds).remove(&holder) {
             hold.aggregator.abort();
             for i in hold.nodes {
-                self.nodes.node(i).client.node_stop_renewal(&self.keys, holder);
+                self.nodes
+                    .node(i)
+                    .client
+                    .node_stop_renewal(&self.keys, holder);
             }
         }
     }
@@ -389,7 +446,10 @@ impl Inner {
 impl Competitor for CombinationCompetitor {
     type Grant = Grant;
 
-    fn attempt(&self, holder: HolderId) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+    fn attempt(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
         let inner = self.inner.clone();
         let run = async move {
             match inner.held_nodes(holder) {
@@ -403,7 +463,11 @@ impl Competitor for CombinationCompetitor {
             if Handle::try_current().is_ok() {
                 run.await
             } else {
-                runtime.spawn(run).await.unwrap_or_else(|_| Err(Error::Closed { what: "the lock's tokio runtime" }))
+                runtime.spawn(run).await.unwrap_or_else(|_| {
+                    Err(Error::Closed {
+                        what: "the lock's tokio runtime",
+                    })
+                })
             }
         }
     }

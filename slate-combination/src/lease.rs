@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use futures::FutureExt;
 use futures::future::select_all;
-use slate_core::lease::{LeaseKeeper, LeaseWatch};
 use slate_core::LossReason;
+use slate_core::lease::{LeaseKeeper, LeaseWatch};
 
 /// The combined deadline of `deadlines` for a quorum of `required`: the `required`-th latest.
 /// `None` when fewer than `required` are given.
@@ -41,8 +41,11 @@ pub fn combined_deadline(deadlines: &[Instant], required: usize) -> Option<Insta
 pub(crate) async fn aggregate(watches: Vec<LeaseWatch>, required: usize, keeper: LeaseKeeper) {
     let mut watches: Vec<(LeaseWatch, bool)> = watches.into_iter().map(|w| (w, true)).collect();
     loop {
-        let alive: Vec<&LeaseWatch> =
-            watches.iter().map(|(w, _)| w).filter(|w| !w.is_lost()).collect();
+        let alive: Vec<&LeaseWatch> = watches
+            .iter()
+            .map(|(w, _)| w)
+            .filter(|w| !w.is_lost())
+            .collect();
         let deadlines: Vec<Instant> = alive.iter().map(|w| w.deadline()).collect();
         let Some(deadline) = combined_deadline(&deadlines, required) else {
             let capped = watches
@@ -51,7 +54,10 @@ pub(crate) async fn aggregate(watches: Vec<LeaseWatch>, required: usize, keeper:
             keeper.lose(if capped {
                 LossReason::MaxHoldReached
             } else {
-                LossReason::QuorumLost { renewed: alive.len(), required }
+                LossReason::QuorumLost {
+                    renewed: alive.len(),
+                    required,
+                }
             });
             return;
         };
@@ -59,8 +65,10 @@ pub(crate) async fn aggregate(watches: Vec<LeaseWatch>, required: usize, keeper:
         // Wake when a node lease changes, or when the earliest live node deadline passes (that
         // node then counts as lost).
         let next_expiry = deadlines.iter().min().copied().unwrap_or(deadline);
-        let snapshot: Vec<(Instant, bool)> =
-            watches.iter().map(|(w, _)| (w.deadline(), w.is_lost())).collect();
+        let snapshot: Vec<(Instant, bool)> = watches
+            .iter()
+            .map(|(w, _)| (w.deadline(), w.is_lost()))
+            .collect();
         let listening: Vec<usize> = (0..watches.len()).filter(|&i| watches[i].1).collect();
         let changed = {
             let mut futs: Vec<_> = watches
@@ -122,8 +130,16 @@ mod tests {
         wait_for(now + s(12)).await;
         assert!(!watch.is_lost());
         nodes[1].0.lose(LossReason::EntryGone);
-        let reason = tokio::time::timeout(s(5), watch.lost()).await.expect("lost");
-        assert_eq!(reason, LossReason::QuorumLost { renewed: 1, required: 2 });
+        let reason = tokio::time::timeout(s(5), watch.lost())
+            .await
+            .expect("lost");
+        assert_eq!(
+            reason,
+            LossReason::QuorumLost {
+                renewed: 1,
+                required: 2
+            }
+        );
         task.await.expect("aggregator ends after loss");
     }
 }

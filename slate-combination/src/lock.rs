@@ -69,7 +69,9 @@ pub struct CombinationLock {
 
 impl fmt::Debug for CombinationLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CombinationLock").field("name", &self.shared.name).finish_non_exhaustive()
+        f.debug_struct("CombinationLock")
+            .field("name", &self.shared.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -154,7 +156,9 @@ impl CombinationLockBuilder {
         let required = quorum(n, self.required)?;
         let set_opts = self.nodes.options();
         let op = set_opts.node_operation_time_value();
-        let budget = self.budget.unwrap_or(op * u32::try_from(n).unwrap_or(u32::MAX) + Duration::from_millis(100));
+        let budget = self
+            .budget
+            .unwrap_or(op * u32::try_from(n).unwrap_or(u32::MAX) + Duration::from_millis(100));
         let lease = self.options.lease();
         if budget.is_zero() || budget >= lease {
             return Err(Error::invalid_input(
@@ -194,7 +198,9 @@ impl CombinationLockBuilder {
             runtime,
         );
         let sync = Synchronizer::new(label.to_string(), competitor, spin);
-        Ok(CombinationLock { shared: Arc::new(Shared { sync, name }) })
+        Ok(CombinationLock {
+            shared: Arc::new(Shared { sync, name }),
+        })
     }
 }
 
@@ -283,7 +289,12 @@ impl CombinationLock {
 
     /// The answers of at least a quorum of nodes, or `InsufficientNodes`.
     async fn quorum_entries(&self) -> Result<Vec<NodeEntries>> {
-        let answers: Vec<NodeEntries> = self.inspect().await.into_iter().filter_map(Result::ok).collect();
+        let answers: Vec<NodeEntries> = self
+            .inspect()
+            .await
+            .into_iter()
+            .filter_map(Result::ok)
+            .collect();
         let required = self.required_nodes();
         if answers.len() < required {
             return Err(Error::InsufficientNodes {
@@ -297,7 +308,11 @@ impl CombinationLock {
     }
 
     fn guard(&self, holder: HolderId, grant: &Grant) -> CombinationGuard {
-        let watch = grant.watch.get().cloned().unwrap_or_else(|| lease::channel(grant.deadline).1);
+        let watch = grant
+            .watch
+            .get()
+            .cloned()
+            .unwrap_or_else(|| lease::channel(grant.deadline).1);
         let depth = match self.shared.sync.owner() {
             Some((h, d)) if h == holder => d,
             _ => 1,
@@ -321,7 +336,11 @@ impl DistributedLock for CombinationLock {
         &self.shared.name
     }
 
-    fn acquire(&self, holder: HolderId, wait: Wait) -> impl Future<Output = Result<CombinationGuard>> + Send {
+    fn acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<CombinationGuard>> + Send {
         async move {
             let grant = self.shared.sync.acquire(holder, wait).await?;
             Ok(self.guard(holder, &grant))
@@ -362,16 +381,19 @@ impl DistributedLock for CombinationLock {
                 .filter(|e| !e.holders.is_empty())
                 .filter_map(|e| e.remaining.map(|r| now + r))
                 .collect();
-            Ok(combined_deadline(&ends, self.required_nodes()).map(|d| d.saturating_duration_since(now)))
+            Ok(combined_deadline(&ends, self.required_nodes())
+                .map(|d| d.saturating_duration_since(now)))
         }
     }
 
     fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
         async move {
             let inner = self.inner();
-            let results =
-                join_all((0..inner.nodes.len()).map(|i| inner.nodes.node(i).client.node_force_unlock(&inner.keys)))
-                    .await;
+            let results = join_all(
+                (0..inner.nodes.len())
+                    .map(|i| inner.nodes.node(i).client.node_force_unlock(&inner.keys)),
+            )
+            .await;
             let mut any = false;
             let mut first_err = None;
             for r in results {
@@ -442,19 +464,35 @@ impl CombinationGuard {
     }
 }
 
-async fn release(lock: CombinationLock, holder: HolderId, nodes: Vec<usize>, depth: u32) -> Result<u32> {
+async fn release(
+    lock: CombinationLock,
+    holder: HolderId,
+    nodes: Vec<usize>,
+    depth: u32,
+) -> Result<u32> {
     let mut order = nodes;
     order.reverse();
     let inner = lock.inner();
     let reports = inner.release_nodes(&order, holder).await;
     lock.shared.sync.release(holder);
-    let failed = reports.iter().any(|r| matches!(r.state, slate_core::NodeState::Failed { .. }));
-    let released = reports.iter().filter(|r| r.state == slate_core::NodeState::Released).count();
+    let failed = reports
+        .iter()
+        .any(|r| matches!(r.state, slate_core::NodeState::Failed { .. }));
+    let released = reports
+        .iter()
+        .filter(|r| r.state == slate_core::NodeState::Released)
+        .count();
     if failed {
-        return Err(Error::ReleaseIncomplete { lock: lock.shared.name.to_string(), nodes: reports });
+        return Err(Error::ReleaseIncomplete {
+            lock: lock.shared.name.to_string(),
+            nodes: reports,
+        });
     }
     if released < inner.required {
-        return Err(Error::NotHeld { lock: lock.shared.name.to_string(), holder });
+        return Err(Error::NotHeld {
+            lock: lock.shared.name.to_string(),
+            holder,
+        });
     }
     Ok(depth.saturating_sub(1))
 }
@@ -474,14 +512,24 @@ impl LockGuard for CombinationGuard {
 
     fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
         self.released = true;
-        release(self.lock.clone(), self.holder, std::mem::take(&mut self.nodes), self.depth)
+        release(
+            self.lock.clone(),
+            self.holder,
+            std::mem::take(&mut self.nodes),
+            self.depth,
+        )
     }
 }
 
 impl Drop for CombinationGuard {
     fn drop(&mut self) {
         if !self.released {
-            let fut = release(self.lock.clone(), self.holder, std::mem::take(&mut self.nodes), self.depth);
+            let fut = release(
+                self.lock.clone(),
+                self.holder,
+                std::mem::take(&mut self.nodes),
+                self.depth,
+            );
             let label = self.lock.shared.name.to_string();
             drop(self.lock.inner().runtime.spawn(async move {
                 if let Err(e) = fut.await {

@@ -199,7 +199,9 @@ pub struct NodeSet {
 impl fmt::Debug for NodeSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let addrs: Vec<_> = self.inner.nodes.iter().map(Node::address).collect();
-        f.debug_struct("NodeSet").field("nodes", &addrs).finish_non_exhaustive()
+        f.debug_struct("NodeSet")
+            .field("nodes", &addrs)
+            .finish_non_exhaustive()
     }
 }
 
@@ -243,10 +245,15 @@ impl NodeSet {
             .map(|(index, client)| Node {
                 index,
                 client,
-                health: Mutex::new(NodeHealth { health: Health::Unverified, run_id: None }),
+                health: Mutex::new(NodeHealth {
+                    health: Health::Unverified,
+                    run_id: None,
+                }),
             })
             .collect();
-        Ok(NodeSet { inner: Arc::new(SetInner { nodes, options }) })
+        Ok(NodeSet {
+            inner: Arc::new(SetInner { nodes, options }),
+        })
     }
 
     /// The number of nodes.
@@ -280,6 +287,48 @@ impl NodeSet {
         self.inner.nodes.iter().map(|n| n.report(now)).collect()
     }
 
+    /// Declares every server fresh: writes the node marker on each reachable node whatever its
+    /// age, so that servers started moments ago are usable at once instead of after the
+    /// quarantine. Returns how many nodes were marked.
+    ///
+    /// A brand-new server cannot be told apart from one that restarted without its data, so
+    /// by default both are quarantined until they have been up for the quarantine period.
+    /// Call this once when a deployment's servers are new (and in tests). **Never** call it
+    /// while a lock on these servers may be held: a server that lost that lock's entries would
+    /// be used at once.
+    ///
+    /// `prefix` is the key prefix of the locks that will use the nodes (`slate:` by default).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad prefix.
+    ///
+    /// # Cancel safety
+    ///
+    /// Idempotent.
+    pub async fn adopt_fresh_servers(&self, prefix: &str) -> Result<usize> {
+        slate_core::LockOptions::default()
+            .with_key_prefix(prefix)
+            .validate()?;
+        let keys = NodeKeys::new(prefix, &slate_core::LockName::new("-")?);
+        let op = self.inner.options.node_op_time;
+        let marked = futures::future::join_all(self.inner.nodes.iter().map(|n| {
+            let keys = &keys;
+            async move {
+                let ok = matches!(
+                    tokio::time::timeout(op, n.client.node_mark(keys)).await,
+                    Ok(Ok(()))
+                );
+                if ok {
+                    n.health().health = Health::Unverified;
+                }
+                ok
+            }
+        }))
+        .await;
+        Ok(marked.into_iter().filter(|ok| *ok).count())
+    }
+
     /// Brings the health of every node up to date where a verification is due, then returns
     /// which nodes a new attempt may use. Verifications run concurrently, each within the node
     /// operation time.
@@ -301,7 +350,11 @@ impl NodeSet {
             let checks = due.iter().map(|n| self.verify(n, keys));
             futures::future::join_all(checks).await;
         }
-        self.inner.nodes.iter().map(|n| n.health().health == Health::Usable).collect()
+        self.inner
+            .nodes
+            .iter()
+            .map(|n| n.health().health == Health::Usable)
+            .collect()
     }
 
     /// Verifies one node: reachable, same server as before (run id), data not lost (marker).
@@ -322,7 +375,12 @@ impl NodeSet {
         let young = info.uptime < opts.quarantine;
         if opts.quarantine_enabled && (restarted || !marked) && young {
             let until = Instant::now() + (opts.quarantine - info.uptime);
-            tracing::warn!(node = node.address(), restarted, marked, "node quarantined after a restart");
+            tracing::warn!(
+                node = node.address(),
+                restarted,
+                marked,
+                "node quarantined after a restart"
+            );
             let mut h = node.health();
             h.health = Health::Quarantined { until };
             h.run_id = Some(info.run_id);
@@ -345,7 +403,10 @@ impl NodeSet {
             let mut h = node.health();
             if !matches!(h.health, Health::Unavailable { .. }) {
                 tracing::warn!(node = node.address(), %error, "node marked unavailable");
-                h.health = Health::Unavailable { since: Instant::now(), error: error.to_string() };
+                h.health = Health::Unavailable {
+                    since: Instant::now(),
+                    error: error.to_string(),
+                };
             }
         }
     }
@@ -375,10 +436,14 @@ impl Node {
                 since: now.saturating_duration_since(*since),
                 last_error: error.clone(),
             },
-            Health::Quarantined { until } => {
-                NodeState::Quarantined { remaining: until.saturating_duration_since(now) }
-            }
+            Health::Quarantined { until } => NodeState::Quarantined {
+                remaining: until.saturating_duration_since(now),
+            },
         };
-        NodeReport { index: self.index, address: self.address().to_owned(), state }
+        NodeReport {
+            index: self.index,
+            address: self.address().to_owned(),
+            state,
+        }
     }
 }

@@ -1,0 +1,198 @@
+//! The combination lock on real nodes: acquisition, exclusion, re-entry, tokens, node loss.
+
+use std::time::{Duration, Instant};
+
+use ecosphere::server::RedisServer;
+use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
+use slate_core::{DistributedLock, HolderId, LockGuard};
+
+fn servers(n: usize) -> Vec<RedisServer> {
+    RedisServer::start_many(n).expect("redis-server (apt-get install -y redis-server)")
+}
+
+/// This process's view of the servers, adopted as fresh (they were started moments ago).
+async fn node_set(servers: &[RedisServer]) -> NodeSet {
+    let nodes = view(servers);
+    assert_eq!(
+        nodes.adopt_fresh_servers("slate:").await.unwrap(),
+        servers.len()
+    );
+    nodes
+}
+
+/// Another process's view of the same servers (no adoption).
+fn view(servers: &[RedisServer]) -> NodeSet {
+    let opts = NodeSetOptions::default()
+        .node_operation_time(Duration::from_millis(200))
+        .reprobe_interval(Duration::from_millis(300))
+        .quarantine(Duration::from_secs(2));
+    NodeSet::connect(servers.iter().map(RedisServer::url), opts).expect("node set")
+}
+
+fn lock(nodes: &NodeSet, name: &str) -> CombinationLock {
+    CombinationLock::builder(nodes, name)
+        .lease(Duration::from_secs(2))
+        .spin_wait(Duration::from_millis(20))
+        .build()
+        .expect("lock")
+}
+
+fn field_on(server: &RedisServer, key: &str, holder: HolderId) -> Option<i64> {
+    let v = server
+        .command(&["HGET", key, &holder.to_string()])
+        .expect("HGET");
+    redis::from_redis_value(v).expect("int")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_release_on_every_node_in_both_orders() {
+    let s = servers(3);
+    let nodes = node_set(&s).await;
+    for order in [Order::Sequential, Order::Pipelined] {
+        let name = format!("basic-{order:?}");
+        let l = CombinationLock::builder(&nodes, &name)
+            .lease(Duration::from_secs(2))
+            .order(order)
+            .build()
+            .unwrap();
+        let g = l.lock().await.unwrap();
+        assert_eq!(g.nodes(), &[0, 1, 2]);
+        let key = format!("slate:{{{name}}}");
+        for server in &s {
+            assert_eq!(field_on(server, &key, g.holder()), Some(1));
+        }
+        assert!(l.is_locked().await.unwrap());
+        assert!(
+            l.try_lock().await.unwrap().is_none(),
+            "a second holder is refused"
+        );
+        assert_eq!(g.unlock().await.unwrap(), 0);
+        for server in &s {
+            let exists: i64 =
+                redis::from_redis_value(server.command(&["EXISTS", &key]).unwrap()).unwrap();
+            assert_eq!(exists, 0, "released everywhere");
+        }
+        assert!(!l.is_locked().await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_and_reentry_keeps_them() {
+    let s = servers(3);
+    let nodes = node_set(&s).await;
+    let l = lock(&nodes, "tokens");
+    let mut last = 0;
+    for _ in 0..5 {
+        let g = l.lock().await.unwrap();
+        let t = g.fencing_token().get();
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+        let inner = g.reenter().await.unwrap();
+        assert_eq!(inner.fencing_token().get(), t);
+        assert_eq!(l.hold_count(g.holder()).await.unwrap(), 2);
+        assert_eq!(inner.unlock().await.unwrap(), 1);
+        assert!(l.is_locked().await.unwrap(), "still held at depth 1");
+        assert_eq!(g.unlock().await.unwrap(), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_is_skipped_and_two_are_insufficient() {
+    let mut s = servers(3);
+    let nodes = node_set(&s).await;
+    let l = lock(&nodes, "skip");
+    // Warm up so the nodes are verified.
+    l.lock().await.unwrap().unlock().await.unwrap();
+    s[1].kill().unwrap();
+    let g = l.lock().await.unwrap();
+    assert_eq!(g.nodes(), &[0, 2]);
+    // A competitor is blocked while we hold {0, 2}.
+    let other = lock(&nodes, "skip");
+    assert!(other.try_lock().await.unwrap().is_none());
+    g.unlock().await.unwrap();
+    s[2].kill().unwrap();
+    let started = Instant::now();
+    let err = l.lock().await.unwrap_err();
+    assert!(err.is_insufficient_nodes(), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "fails at once: {:?}",
+        started.elapsed()
+    );
+    // What was taken on node 0 is released at once, not left to expire.
+    let exists: i64 =
+        redis::from_redis_value(s[0].command(&["EXISTS", "slate:{skip}"]).unwrap()).unwrap();
+    assert_eq!(exists, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_node_is_skipped_within_the_node_time() {
+    let mut s = servers(3);
+    let nodes = node_set(&s).await;
+    let l = lock(&nodes, "hung");
+    l.lock().await.unwrap().unlock().await.unwrap();
+    s[1].pause().unwrap();
+    let started = Instant::now();
+    let g = l.lock().await.unwrap();
+    assert_eq!(g.nodes(), &[0, 2]);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    g.unlock().await.unwrap();
+    s[1].resume().unwrap();
+}
+
+/// reliability.md C4(c): nodes 0 and 2 restart empty while A holds {0, 1, 2}, and B cannot
+/// reach node 1. Without quarantine B would get {0, 2} while A still holds the lock.
+async fn restarted_nodes_scenario(quarantine: bool) -> Option<Vec<usize>> {
+    let mut s = servers(3);
+    let nodes = node_set(&s).await;
+    let holder_lock = lock(&nodes, "quarantine");
+    let g = holder_lock.lock().await.unwrap();
+    s[0].restart(ecosphere::server::Data::Wipe).unwrap();
+    s[2].restart(ecosphere::server::Data::Wipe).unwrap();
+    s[1].pause().unwrap();
+    let mut opts = NodeSetOptions::default()
+        .node_operation_time(Duration::from_millis(200))
+        .quarantine(Duration::from_secs(2));
+    if !quarantine {
+        opts = opts.disable_quarantine_unsafe();
+    }
+    let other_nodes = NodeSet::connect(s.iter().map(RedisServer::url), opts).unwrap();
+    let other = CombinationLock::builder(&other_nodes, "quarantine")
+        .lease(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let got = match other.try_lock().await {
+        Ok(Some(g2)) => {
+            let nodes = g2.nodes().to_vec();
+            drop(g2);
+            Some(nodes)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            assert!(e.is_insufficient_nodes(), "{e}");
+            None
+        }
+    };
+    s[1].resume().unwrap();
+    drop(g);
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_empty_is_quarantined() {
+    assert_eq!(
+        restarted_nodes_scenario(true).await,
+        None,
+        "a competitor got the lock"
+    );
+}
+
+/// The expected violation: proves the scenario above can fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quarantine_the_restart_breaks_exclusion() {
+    assert_eq!(restarted_nodes_scenario(false).await, Some(vec![0, 2]));
+}
