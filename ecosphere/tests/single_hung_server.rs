@@ -133,7 +133,11 @@ fn a_hung_server_bounds_every_call_and_resurrects_nothing() {
         || {
             let snap = observe(&rec, &lock_server, LOCK, KEY);
             match &snap.kind {
-                EventKind::Observe { pttl_ms: -2, .. } => Some(snap.t),
+                EventKind::Observe {
+                    pttl_ms: -2,
+                    fields,
+                    ..
+                } if fields.is_empty() => Some(snap.t),
                 _ => None,
             }
         },

@@ -245,10 +245,18 @@ pub fn wait_history(dir: &Path, within: Duration, what: &str, pred: impl Fn(&His
     });
 }
 
-/// Logs an observer snapshot (`observe`) of a lock key: fields, PTTL and run id.
+/// Logs an observer snapshot (`observe`) of a lock key: fields and PTTL read atomically
+/// (MULTI/EXEC, so that an expiry cannot fall between them), then the run id.
 pub fn observe(rec: &Recorder, server: &RedisServer, lock: &str, key: &str) -> Event {
-    let fields = hgetall(server, key);
-    let pttl_ms = int(server, &["PTTL", key]);
+    let mut con = server.connection().expect("observer connection");
+    let (fields, pttl_ms): (BTreeMap<String, u64>, i64) = redis::pipe()
+        .atomic()
+        .cmd("HGETALL")
+        .arg(key)
+        .cmd("PTTL")
+        .arg(key)
+        .query(&mut con)
+        .expect("HGETALL + PTTL");
     let run_id = server.run_id().expect("run_id");
     let kind = EventKind::Observe {
         node: 0,
