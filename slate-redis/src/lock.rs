@@ -873,6 +873,14 @@ impl DistributedLock for SingleLock {
     /// Deletes the lock whoever holds it and publishes on its channel so that waiters retry at
     /// once. **Unsafe for correctness**: the holder keeps running its critical section (its
     /// renewal then finds the entry gone and signals `EntryGone`). The fencing counter is kept.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// The deletion may or may not have happened when the future is dropped.
     fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
         let c = self.shared.competitor();
         let (key, channel) = (c.keys.lock.clone(), c.keys.channel.clone());

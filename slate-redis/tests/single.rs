@@ -478,3 +478,32 @@ async fn reentry_after_the_entry_was_lost_is_a_fresh_hold() {
     assert_eq!(client.stats().renewals, 0);
     assert!(!lock.is_locked().await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_users_log_in_and_missing_permissions_are_named() {
+    let server = RedisServer::builder()
+        .acl_user("worker", "w0rker", "~slate:* &slate:* +@all")
+        .acl_user("reader", "r3ader", "~* +@read +@connection")
+        .start()
+        .unwrap();
+    let worker = RedisClient::open(server.url_for_user("worker", "w0rker")).unwrap();
+    let lock = SingleLock::builder(&worker, "acl").build().unwrap();
+    let g = lock.lock().await.unwrap();
+    assert_eq!(g.unlock().await.unwrap(), 0);
+
+    // Credentials through the options, for a user who may not run scripts.
+    let reader = RedisClient::open_with(
+        format!("redis://127.0.0.1:{}", server.port()),
+        ClientOptions::default().credentials(Some("reader"), "r3ader"),
+    )
+    .unwrap();
+    let err = SingleLock::builder(&reader, "acl")
+        .build()
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap_err();
+    assert_eq!(err.backend_kind(), Some(BackendKind::Permission), "{err}");
+    assert!(err.to_string().contains("grant the ACL user"), "{err}");
+    assert!(!format!("{err} {reader:?}").contains("r3ader"));
+}
