@@ -4,6 +4,9 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
+use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
+use slate_core::{DistributedLock, LockGuard, Wait};
+use slate_redis::{RedisClient, SingleLock, SingleLockGuard};
 
 use super::Impl;
 
@@ -18,6 +21,10 @@ return 0";
 
 /// One worker's handle on the implementation under test.
 pub enum Locker {
+    /// Slate's single lock.
+    Slate(SingleLock),
+    /// Slate's combination lock.
+    SlateCombination(CombinationLock),
     /// The `rslock` crate (Redlock), with its default retry settings.
     Rslock(rslock::LockManager),
     /// `SET NX PX`, sleeping 1 ms between failed attempts; compare-and-delete release.
@@ -31,6 +38,10 @@ pub enum Locker {
 
 /// A held lock, whatever the implementation.
 pub enum Held {
+    /// Slate's single-lock guard.
+    Slate(SingleLockGuard),
+    /// Slate's combination guard.
+    SlateCombination(CombinationGuard),
     /// rslock's lock.
     Rslock(rslock::Lock),
     /// The spin lock's random value.
@@ -45,6 +56,28 @@ impl Locker {
     /// Connection failures, as text.
     pub async fn connect(which: Impl, nodes: &[String]) -> Result<Locker, String> {
         match which {
+            Impl::Slate => {
+                let client = RedisClient::open(&nodes[0]).map_err(|e| e.to_string())?;
+                let lock = SingleLock::builder(&client, "bench:lock")
+                    .lease(LEASE)
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                Ok(Locker::Slate(lock))
+            }
+            Impl::SlateComb3 | Impl::SlateComb3Pipelined => {
+                let set = NodeSet::connect(nodes, NodeSetOptions::default())
+                    .map_err(|e| e.to_string())?;
+                // The runner's servers were started moments ago: adopt them (see
+                // `NodeSet::adopt_fresh_servers`); no lock is held yet.
+                set.adopt_fresh_servers("slate:").await.map_err(|e| e.to_string())?;
+                let order = if which == Impl::SlateComb3 { Order::Sequential } else { Order::Pipelined };
+                let lock = CombinationLock::builder(&set, "bench:lock")
+                    .lease(LEASE)
+                    .order(order)
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                Ok(Locker::SlateCombination(lock))
+            }
             Impl::Rslock1 | Impl::Rslock3 => {
                 Ok(Locker::Rslock(rslock::LockManager::new(nodes.to_vec())))
             }
@@ -68,7 +101,20 @@ impl Locker {
     ///
     /// Backend failures, as text.
     pub async fn acquire(&self, name: &str, give_up: Instant) -> Result<Option<Held>, String> {
+        let wait = Wait::Until(give_up);
         match self {
+            Locker::Slate(lock) => match lock.acquire(slate_core::HolderId::new(), wait).await {
+                Ok(g) => Ok(Some(Held::Slate(g))),
+                Err(e) if e.is_timeout() => Ok(None),
+                Err(e) => Err(e.to_string()),
+            },
+            Locker::SlateCombination(lock) => {
+                match lock.acquire(slate_core::HolderId::new(), wait).await {
+                    Ok(g) => Ok(Some(Held::SlateCombination(g))),
+                    Err(e) if e.is_timeout() => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
             Locker::Rslock(lm) => loop {
                 // Exactly `LockManager::acquire`, bounded by the deadline.
                 match lm.lock(name.as_bytes(), LEASE).await {
@@ -112,6 +158,10 @@ impl Locker {
     /// Backend failures, as text.
     pub async fn release(&self, name: &str, held: Held) -> Result<(), String> {
         match (self, held) {
+            (Locker::Slate(_), Held::Slate(g)) => g.unlock().await.map(drop).map_err(|e| e.to_string()),
+            (Locker::SlateCombination(_), Held::SlateCombination(g)) => {
+                g.unlock().await.map(drop).map_err(|e| e.to_string())
+            }
             (Locker::Rslock(lm), Held::Rslock(lock)) => {
                 lm.unlock(&lock).await;
                 Ok(())

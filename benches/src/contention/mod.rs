@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-/// Commands that the compared implementations only ever issue inside their Lua scripts.
+/// Commands that the compared implementations only ever issue inside their Lua scripts (or,
+/// for `set`, never on a lock node: it is counted as a client command).
 /// Redis counts script-internal calls in `INFO commandstats` too; these are subtracted to get
 /// the commands the clients sent. (Every implementation sends `SET`, `EVALSHA`, `EVAL`,
 /// `SUBSCRIBE`, `PING`, ... itself; none sends these directly on a lock node.)
@@ -43,6 +44,12 @@ pub const RUNNER_ONLY: &[&str] = &["info", "config", "flushall", "flushdb"];
 /// An implementation under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Impl {
+    /// Slate's single lock.
+    Slate,
+    /// Slate's combination lock on three nodes, sequential order.
+    SlateComb3,
+    /// Slate's combination lock on three nodes, pipelined order.
+    SlateComb3Pipelined,
     /// The `rslock` crate on one node, defaults.
     Rslock1,
     /// The `rslock` crate on three nodes, defaults.
@@ -53,14 +60,21 @@ pub enum Impl {
 
 impl Impl {
     /// Every implementation, in the default interleaving order.
-    pub const ALL: &'static [Impl] = &[Impl::Rslock1, Impl::Rslock3, Impl::Spin];
+    pub const ALL: &'static [Impl] = &[
+        Impl::Slate,
+        Impl::SlateComb3,
+        Impl::SlateComb3Pipelined,
+        Impl::Rslock1,
+        Impl::Rslock3,
+        Impl::Spin,
+    ];
 
     /// How many lock nodes it uses.
     #[must_use]
     pub fn nodes(self) -> usize {
         match self {
-            Impl::Rslock3 => 3,
-            Impl::Rslock1 | Impl::Spin => 1,
+            Impl::Rslock3 | Impl::SlateComb3 | Impl::SlateComb3Pipelined => 3,
+            Impl::Slate | Impl::Rslock1 | Impl::Spin => 1,
         }
     }
 
@@ -68,6 +82,9 @@ impl Impl {
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
+            Impl::Slate => "slate",
+            Impl::SlateComb3 => "slate-comb-3",
+            Impl::SlateComb3Pipelined => "slate-comb-3p",
             Impl::Rslock1 => "rslock-1",
             Impl::Rslock3 => "rslock-3",
             Impl::Spin => "spin",
