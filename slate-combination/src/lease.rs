@@ -61,7 +61,7 @@ pub(crate) async fn aggregate(watches: Vec<LeaseWatch>, required: usize, keeper:
             });
             return;
         };
-        keeper.extend(deadline);
+        keeper.set_deadline(deadline);
         // Wake when a node lease changes, or when the earliest live node deadline passes (that
         // node then counts as lost).
         let next_expiry = deadlines.iter().min().copied().unwrap_or(deadline);
@@ -81,7 +81,7 @@ pub(crate) async fn aggregate(watches: Vec<LeaseWatch>, required: usize, keeper:
                 sleep.await;
                 None
             } else {
-                futs.push(async move { sleep.await }.boxed());
+                futs.push(sleep.boxed());
                 let (_, i, _) = select_all(futs).await;
                 listening.get(i).copied()
             }

@@ -336,78 +336,64 @@ impl DistributedLock for CombinationLock {
         &self.shared.name
     }
 
-    fn acquire(
-        &self,
-        holder: HolderId,
-        wait: Wait,
-    ) -> impl Future<Output = Result<CombinationGuard>> + Send {
-        async move {
-            let grant = self.shared.sync.acquire(holder, wait).await?;
-            Ok(self.guard(holder, &grant))
-        }
+    async fn acquire(&self, holder: HolderId, wait: Wait) -> Result<CombinationGuard> {
+        let grant = self.shared.sync.acquire(holder, wait).await?;
+        Ok(self.guard(holder, &grant))
     }
 
-    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
-        async move {
-            let entries = self.quorum_entries().await?;
-            Ok(entries.iter().filter(|e| !e.holders.is_empty()).count() >= self.required_nodes())
-        }
+    async fn is_locked(&self) -> Result<bool> {
+        let entries = self.quorum_entries().await?;
+        Ok(entries.iter().filter(|e| !e.holders.is_empty()).count() >= self.required_nodes())
     }
 
-    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
-        async move {
-            let id = holder.to_string();
-            let counts: Vec<u32> = self
-                .quorum_entries()
-                .await?
-                .iter()
-                .filter_map(|e| e.holders.iter().find(|(h, _)| *h == id).map(|(_, c)| *c))
-                .collect();
-            Ok(if counts.len() >= self.required_nodes() {
-                counts.into_iter().min().unwrap_or(0)
-            } else {
-                0
-            })
-        }
+    async fn hold_count(&self, holder: HolderId) -> Result<u32> {
+        let id = holder.to_string();
+        let counts: Vec<u32> = self
+            .quorum_entries()
+            .await?
+            .iter()
+            .filter_map(|e| e.holders.iter().find(|(h, _)| *h == id).map(|(_, c)| *c))
+            .collect();
+        Ok(if counts.len() >= self.required_nodes() {
+            counts.into_iter().min().unwrap_or(0)
+        } else {
+            0
+        })
     }
 
-    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
-        async move {
-            let now = Instant::now();
-            let ends: Vec<Instant> = self
-                .quorum_entries()
-                .await?
-                .iter()
-                .filter(|e| !e.holders.is_empty())
-                .filter_map(|e| e.remaining.map(|r| now + r))
-                .collect();
-            Ok(combined_deadline(&ends, self.required_nodes())
-                .map(|d| d.saturating_duration_since(now)))
-        }
+    async fn remaining_lease(&self) -> Result<Option<Duration>> {
+        let now = Instant::now();
+        let ends: Vec<Instant> = self
+            .quorum_entries()
+            .await?
+            .iter()
+            .filter(|e| !e.holders.is_empty())
+            .filter_map(|e| e.remaining.map(|r| now + r))
+            .collect();
+        Ok(combined_deadline(&ends, self.required_nodes())
+            .map(|d| d.saturating_duration_since(now)))
     }
 
-    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
-        async move {
-            let inner = self.inner();
-            let results = join_all(
-                (0..inner.nodes.len())
-                    .map(|i| inner.nodes.node(i).client.node_force_unlock(&inner.keys)),
-            )
-            .await;
-            let mut any = false;
-            let mut first_err = None;
-            for r in results {
-                match r {
-                    Ok(deleted) => any |= deleted,
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
+    async fn force_unlock(&self) -> Result<bool> {
+        let inner = self.inner();
+        let results = join_all(
+            (0..inner.nodes.len())
+                .map(|i| inner.nodes.node(i).client.node_force_unlock(&inner.keys)),
+        )
+        .await;
+        let mut any = false;
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(deleted) => any |= deleted,
+                Err(e) => {
+                    first_err.get_or_insert(e);
                 }
             }
-            match first_err {
-                Some(e) if !any => Err(e),
-                _ => Ok(any),
-            }
+        }
+        match first_err {
+            Some(e) if !any => Err(e),
+            _ => Ok(any),
         }
     }
 }

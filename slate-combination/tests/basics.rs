@@ -1,5 +1,7 @@
 //! The combination lock on real nodes: acquisition, exclusion, re-entry, tokens, node loss.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use ecosphere::server::RedisServer;

@@ -1,6 +1,8 @@
 //! The attempt state machine against the decision table of SEMANTICS.md, read as directly as
 //! possible (the oracle below), plus the structural properties every run must have.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use proptest::prelude::*;

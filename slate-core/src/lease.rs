@@ -108,6 +108,30 @@ impl LeaseKeeper {
         });
     }
 
+    /// Sets the deadline, earlier or later: for a lease aggregated from others (a multi-node
+    /// hold whose quorum-th latest node deadline moved back when a node was lost). Ignored once
+    /// the lease is lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// let now = Instant::now();
+    /// let (keeper, watch) = slate_core::lease::channel(now + Duration::from_secs(2));
+    /// keeper.set_deadline(now + Duration::from_secs(1));
+    /// assert_eq!(watch.deadline(), now + Duration::from_secs(1));
+    /// ```
+    pub fn set_deadline(&self, deadline: Instant) {
+        self.tx.send_if_modified(|s| {
+            if s.lost.is_none() && deadline != s.deadline {
+                s.deadline = deadline;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
     /// Signals that the lease is lost. The first reason wins.
     ///
     /// # Examples

@@ -1,0 +1,142 @@
+//! Shared by the combination lock's real-node tests: servers, proxies, process views, direct
+//! reads of the servers, and condition waits with deadlines.
+#![allow(dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ecosphere::proxy::{FaultProxy, Mode};
+use ecosphere::server::RedisServer;
+use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
+use slate_core::HolderId;
+
+/// `n` fresh servers.
+pub fn servers(n: usize) -> Vec<RedisServer> {
+    RedisServer::start_many(n).expect("redis-server (apt-get install -y redis-server)")
+}
+
+/// One proxy in front of each server.
+pub fn proxies(servers: &[RedisServer]) -> Vec<FaultProxy> {
+    servers
+        .iter()
+        .map(|s| FaultProxy::start(s.addr()).expect("proxy"))
+        .collect()
+}
+
+/// Node-set options of a test view.
+pub fn opts(op: Duration) -> NodeSetOptions {
+    NodeSetOptions::default()
+        .node_operation_time(op)
+        .reprobe_interval(Duration::from_secs(60))
+        .quarantine(Duration::from_secs(5))
+}
+
+/// A process view of `urls` (no adoption: a second process, or one that starts later).
+pub fn view_of(urls: Vec<String>, opts: NodeSetOptions) -> NodeSet {
+    NodeSet::connect(urls, opts).expect("node set")
+}
+
+/// The URLs of the servers.
+pub fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
+}
+
+/// The URLs of the proxies.
+pub fn proxy_urls(proxies: &[FaultProxy]) -> Vec<String> {
+    proxies.iter().map(FaultProxy::url).collect()
+}
+
+/// Adopts the servers as fresh (they were started moments ago), through `nodes`.
+pub async fn adopt(nodes: &NodeSet) {
+    assert_eq!(
+        nodes.adopt_fresh_servers("slate:").await.unwrap(),
+        nodes.len(),
+        "every node adopted"
+    );
+}
+
+/// A lock with a 2 s lease (unless `lease` says otherwise) and a short spin wait.
+pub fn lock_on(nodes: &NodeSet, name: &str, order: Order) -> CombinationLock {
+    CombinationLock::builder(nodes, name)
+        .lease(Duration::from_secs(2))
+        .spin_wait(Duration::from_millis(20))
+        .order(order)
+        .build()
+        .expect("lock")
+}
+
+/// The lock hash key of `name` (default prefix).
+pub fn key(name: &str) -> String {
+    format!("slate:{{{name}}}")
+}
+
+/// `HGETALL` of the lock key on one server, as field → count (empty when absent).
+pub fn entries(server: &RedisServer, name: &str) -> BTreeMap<String, i64> {
+    redis::from_redis_value(server.command(&["HGETALL", &key(name)]).expect("HGETALL"))
+        .expect("HGETALL reply")
+}
+
+/// `holder`'s count on one server, if it has an entry there.
+pub fn count_of(server: &RedisServer, name: &str, holder: HolderId) -> Option<i64> {
+    entries(server, name).get(&holder.to_string()).copied()
+}
+
+/// `PTTL` of the lock key on one server (−2 when absent).
+pub fn pttl(server: &RedisServer, name: &str) -> i64 {
+    redis::from_redis_value(server.command(&["PTTL", &key(name)]).expect("PTTL")).expect("int")
+}
+
+/// Whether the lock key exists on one server.
+pub fn exists(server: &RedisServer, name: &str) -> bool {
+    let n: i64 = redis::from_redis_value(server.command(&["EXISTS", &key(name)]).expect("EXISTS"))
+        .expect("int");
+    n == 1
+}
+
+/// Makes another holder (not of this process) hold the lock on one server, directly.
+pub fn hold_directly(server: &RedisServer, name: &str, other: &str, ms: u64) {
+    server
+        .command(&["HSET", &key(name), other, "1"])
+        .expect("HSET");
+    server
+        .command(&["PEXPIRE", &key(name), &ms.to_string()])
+        .expect("PEXPIRE");
+}
+
+/// Polls `f` every 10 ms (off the runtime's threads) until it returns `Some`; fails after
+/// `within`.
+pub async fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = tokio::task::block_in_place(&mut f) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until some holder other than `except` has an entry on `server`, and returns it.
+pub async fn wait_entry(server: &RedisServer, name: &str, within: Duration) -> String {
+    wait_for(within, "an entry on the server", || {
+        entries(server, name).into_keys().next()
+    })
+    .await
+}
+
+/// Sets a proxy's mode, panicking on failure.
+pub fn set(proxy: &FaultProxy, mode: Mode) {
+    proxy.set_mode(mode).expect("proxy mode");
+}
+
+/// A delay of requests (replies unaffected).
+pub fn delay(d: Duration) -> Mode {
+    Mode::Delay {
+        to_server: d,
+        to_client: Duration::ZERO,
+    }
+}
