@@ -1,6 +1,299 @@
-//! The `slate` command.
+//! The `slate` command: run a command under a distributed lock (`flock`, across machines),
+//! inspect and clear locks, and a live demo that needs nothing but `redis-server`.
+//!
+//! ```text
+//! slate run --lock NAME [--redis URL]... [--lease 30s] [--wait 10s] [--on-lost kill|term|ignore] -- CMD [ARGS]...
+//! slate status NAME [--redis URL]... [--json]
+//! slate unlock --force NAME [--redis URL]...
+//! slate demo [--duration 20s] [--workers 3] [--tasks 4]
+//! ```
+//!
+//! One `--redis` makes a single lock; several make a combination lock over those masters, in
+//! that order. Without `--redis`, `SLATE_REDIS_URL` is read (comma-separated). Exit codes: see
+//! [`exit::TABLE`].
 
-fn main() {
-    eprintln!("slate: under construction");
-    std::process::exit(1);
+#![forbid(unsafe_code)]
+
+mod demo;
+mod duration;
+mod exit;
+mod run;
+mod status;
+mod target;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::duration::WaitFor;
+use crate::run::{OnLost, RunSpec};
+
+const ABOUT: &str = "Slate: distributed locks on Redis.\n\n\
+Run a command under a lock shared by every machine that can reach the same Redis (flock, across \
+machines), look at a lock, clear a stuck one, or watch a live demo.\n\n\
+Start here:  slate demo            (needs only redis-server on PATH)";
+
+const REDIS_HELP: &str = "Redis master URL, redis://[user:password@]host:port[/db]. Once for a \
+single lock; repeat (or separate with commas) for a combination lock over independent masters, \
+in acquisition order. Default: $SLATE_REDIS_URL (comma-separated)";
+
+#[derive(Debug, Parser)]
+#[command(name = "slate", version, about = ABOUT, after_help = exit::TABLE)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run CMD while holding a lock; release it when CMD exits (flock across machines).
+    #[command(
+        long_about = "Take the lock, run CMD while holding it (the lease is renewed in the \
+background), forward SIGINT/SIGTERM to CMD, release the lock when CMD exits and exit with CMD's \
+exit code.\n\n\
+CMD gets SLATE_LOCK, SLATE_FENCING_TOKEN (strictly increasing across holders: pass it to the \
+storage you write to) and SLATE_HOLDER in its environment.\n\n\
+Example, a cron job that must not overlap across machines:\n  \
+*/5 * * * *  slate run --lock nightly-report --redis redis://redis.internal:6379 --wait 0s -- /usr/local/bin/report",
+        after_help = exit::TABLE
+    )]
+    Run(RunArgs),
+    /// Show a lock on every node: holder(s), reentry count, remaining TTL, fencing counter.
+    #[command(
+        after_help = "Exit codes: 0 every node answered, 69 some node did not (the \
+table shows which), 2 usage error."
+    )]
+    Status(StatusArgs),
+    /// Delete a lock whoever holds it (needs --force; unsafe while its holder still runs).
+    #[command(
+        after_help = "Exit codes: 0 deleted or nothing to delete, 2 without --force, \
+69 Redis error."
+    )]
+    Unlock(UnlockArgs),
+    /// Live demo: local Redis masters, workers contending on a single and a combination lock,
+    /// a node killed and restarted, then a checked summary.
+    #[command(
+        after_help = "Needs redis-server on PATH (apt-get install -y redis-server), or \
+see docker/compose.yml. Exit codes: 0 all checks passed, 1 the history checker found a \
+violation, 69 no redis-server, 130 interrupted."
+    )]
+    Demo(demo::DemoArgs),
+    /// One worker process of the demo (internal).
+    #[command(hide = true)]
+    DemoWorker(demo::worker::WorkerArgs),
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    #[arg(long = "redis", value_name = "URL", help = REDIS_HELP)]
+    redis: Vec<String>,
+    /// Key prefix of the lock's Redis keys.
+    #[arg(long, default_value = "slate:", value_name = "PREFIX")]
+    prefix: String,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Lock name (any text; the same name on the same Redis is the same lock).
+    #[arg(long, value_name = "NAME")]
+    lock: String,
+    #[command(flatten)]
+    common: Common,
+    /// Lease: how long the lock outlives slate if it dies (renewed every lease/2 while CMD runs).
+    #[arg(long, default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
+    lease: Duration,
+    /// How long to wait for the lock: a duration (0s: one attempt, no waiting) or `forever`.
+    /// Not acquired in time: exit 75.
+    #[arg(long, default_value = "10s", value_parser = duration::parse_wait, value_name = "DURATION")]
+    wait: WaitFor,
+    /// What to do with CMD if the lease is lost (Redis unreachable or the entry deleted while
+    /// CMD runs): kill = SIGKILL now; term = SIGTERM, SIGKILL 5s later; ignore = warn only.
+    /// With kill or term slate exits 76.
+    #[arg(long, value_enum, default_value = "kill", value_name = "POLICY")]
+    on_lost: OnLost,
+    /// Print acquisition (with the fencing token) and release on stderr.
+    #[arg(short, long)]
+    verbose: bool,
+    /// The command to run and its arguments (after `--`).
+    #[arg(
+        value_name = "CMD",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// Lock name.
+    #[arg(value_name = "NAME")]
+    name: String,
+    #[command(flatten)]
+    common: Common,
+    /// Print JSON (stable field names: lock, prefix, kind, quorum, held, holder, nodes[index,
+    /// address, ok, error, holders[holder, count], ttl_ms, fence]).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct UnlockArgs {
+    /// Lock name.
+    #[arg(value_name = "NAME")]
+    name: String,
+    #[command(flatten)]
+    common: Common,
+    /// Confirm: delete the lock even though its holder may still be running.
+    #[arg(long)]
+    force: bool,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, u8> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("slate: cannot start the async runtime: {e}");
+            exit::INTERNAL
+        })
+}
+
+fn urls(common: &Common) -> Result<Vec<String>, u8> {
+    target::resolve_urls(&common.redis).map_err(|msg| {
+        eprintln!("slate: {msg}");
+        exit::USAGE
+    })
+}
+
+fn dispatch(cli: Cli) -> Result<u8, u8> {
+    match cli.command {
+        Cmd::DemoWorker(args) => Ok(demo::worker::main(args)),
+        Cmd::Demo(args) => {
+            let rt = runtime()?;
+            let code = demo::demo(args, &rt);
+            rt.shutdown_timeout(Duration::from_millis(200));
+            Ok(code)
+        }
+        Cmd::Run(args) => {
+            let spec = RunSpec {
+                urls: urls(&args.common)?,
+                name: args.lock,
+                prefix: args.common.prefix,
+                lease: args.lease,
+                wait: args.wait,
+                on_lost: args.on_lost,
+                verbose: args.verbose,
+                command: args.command,
+            };
+            let rt = runtime()?;
+            let code = rt.block_on(run::run(spec));
+            rt.shutdown_timeout(Duration::from_millis(200));
+            Ok(code)
+        }
+        Cmd::Status(args) => {
+            let urls = urls(&args.common)?;
+            let rt = runtime()?;
+            let code = rt.block_on(status::status(
+                &urls,
+                &args.name,
+                &args.common.prefix,
+                args.json,
+            ));
+            rt.shutdown_timeout(Duration::from_millis(200));
+            Ok(code)
+        }
+        Cmd::Unlock(args) => {
+            if !args.force {
+                eprintln!("{}", status::refuse_message(&args.name));
+                return Err(exit::USAGE);
+            }
+            let urls = urls(&args.common)?;
+            let rt = runtime()?;
+            let code = rt.block_on(status::unlock(&urls, &args.name, &args.common.prefix));
+            rt.shutdown_timeout(Duration::from_millis(200));
+            Ok(code)
+        }
+    }
+}
+
+/// Parses the arguments; every argument error prints the message and the usage of the
+/// (sub)command, and exits 2.
+fn parse_cli() -> Result<Cli, u8> {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+    let err = match Cli::try_parse() {
+        Ok(cli) => return Ok(cli),
+        Err(e) => e,
+    };
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        err.exit();
+    }
+    let rendered = err.render().to_string();
+    if rendered.contains("Usage:") {
+        eprint!("{rendered}");
+    } else {
+        let mut cmd = Cli::command();
+        cmd.build();
+        let sub = std::env::args().nth(1);
+        let usage = match sub.as_deref().and_then(|s| cmd.find_subcommand_mut(s)) {
+            Some(sc) => sc.render_usage(),
+            None => cmd.render_usage(),
+        };
+        let (message, more) = rendered
+            .split_once("\n\nFor more information")
+            .map_or((rendered.as_str(), None), |(m, r)| (m, Some(r)));
+        eprintln!("{message}\n\n{usage}");
+        if let Some(more) = more {
+            eprint!("\nFor more information{more}");
+        }
+    }
+    Err(exit::USAGE)
+}
+
+fn main() -> ExitCode {
+    let code = parse_cli().and_then(dispatch).unwrap_or_else(|code| code);
+    ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_the_command_after_double_dash() {
+        let cli = Cli::try_parse_from([
+            "slate",
+            "run",
+            "--lock",
+            "l",
+            "--redis",
+            "redis://x:1",
+            "--",
+            "sh",
+            "-c",
+            "exit 7",
+        ])
+        .expect("parses");
+        let Cmd::Run(args) = cli.command else {
+            panic!("not run");
+        };
+        assert_eq!(args.command, ["sh", "-c", "exit 7"]);
+        assert_eq!(args.lease, Duration::from_secs(30));
+        assert_eq!(args.wait, WaitFor::Upto(Duration::from_secs(10)));
+        assert_eq!(args.on_lost, OnLost::Kill);
+    }
 }

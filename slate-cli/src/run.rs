@@ -1,0 +1,327 @@
+//! `slate run`: take a lock, run a command while holding it (renewed), release when it exits.
+
+use std::ffi::OsString;
+use std::io::ErrorKind;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use clap::ValueEnum;
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+use slate_core::{DistributedLock, Error, HolderId, LockGuard, LossReason, Wait};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal as unix_signal};
+
+use crate::duration::{WaitFor, human};
+use crate::exit;
+use crate::target::Target;
+
+/// How long CMD has between SIGTERM and SIGKILL under `--on-lost term`.
+pub const TERM_GRACE: Duration = Duration::from_secs(5);
+
+/// How long the release after CMD's exit may take before slate gives up on it (the entry then
+/// ends with its lease).
+const RELEASE_BUDGET: Duration = Duration::from_secs(10);
+
+/// What to do with CMD when the lease is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnLost {
+    /// SIGKILL CMD at once.
+    Kill,
+    /// SIGTERM CMD, then SIGKILL it if it still runs 5 s later.
+    Term,
+    /// Let CMD go on (a warning is printed).
+    Ignore,
+}
+
+/// Everything `slate run` needs once arguments are parsed.
+#[derive(Debug)]
+pub struct RunSpec {
+    /// Redis URLs (one: single lock; several: combination lock).
+    pub urls: Vec<String>,
+    /// Lock name.
+    pub name: String,
+    /// Key prefix.
+    pub prefix: String,
+    /// Lease.
+    pub lease: Duration,
+    /// Wait for the lock.
+    pub wait: WaitFor,
+    /// Loss policy.
+    pub on_lost: OnLost,
+    /// Print acquisition and release on stderr.
+    pub verbose: bool,
+    /// The command and its arguments (non-empty).
+    pub command: Vec<OsString>,
+}
+
+/// Runs `slate run` and returns the exit code.
+pub async fn run(spec: RunSpec) -> u8 {
+    let target = match Target::build(&spec.urls, &spec.name, &spec.prefix, spec.lease) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("slate: {e}");
+            return if e.is_invalid_input() {
+                exit::USAGE
+            } else {
+                exit::REDIS
+            };
+        }
+    };
+    match target {
+        Target::Single(lock) => run_locked(&lock, &spec).await,
+        Target::Combination(lock) => run_locked(&lock, &spec).await,
+    }
+}
+
+/// SIGINT and SIGTERM streams.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        Ok(Signals {
+            int: unix_signal(SignalKind::interrupt())?,
+            term: unix_signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// The next SIGINT or SIGTERM.
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.term.recv() => Signal::SIGTERM,
+        }
+    }
+}
+
+fn signal_exit(sig: Signal) -> u8 {
+    exit::SIGNAL_BASE + u8::try_from(sig as i32).unwrap_or(0)
+}
+
+/// The exit code for an acquisition error.
+fn acquire_error_code(e: &Error) -> u8 {
+    if e.is_timeout() || e.is_busy() {
+        exit::BUSY
+    } else if e.is_invalid_input() {
+        exit::USAGE
+    } else if e.is_closed() {
+        exit::INTERNAL
+    } else {
+        exit::REDIS
+    }
+}
+
+async fn run_locked<L: DistributedLock>(lock: &L, spec: &RunSpec) -> u8 {
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("slate: cannot install signal handlers: {e}");
+            return exit::INTERNAL;
+        }
+    };
+    let name = &spec.name;
+    let holder = HolderId::new();
+    let wait = match spec.wait {
+        WaitFor::Forever => Wait::Forever,
+        WaitFor::Upto(d) if d.is_zero() => Wait::Immediate,
+        WaitFor::Upto(d) => Wait::for_duration(d),
+    };
+    let acquired = tokio::select! {
+        r = lock.acquire(holder, wait) => r,
+        sig = signals.next() => {
+            eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
+            return signal_exit(sig);
+        }
+    };
+    let guard = match acquired {
+        Ok(g) => g,
+        Err(e) => {
+            let code = acquire_error_code(&e);
+            if code == exit::BUSY {
+                let lease = match lock.remaining_lease().await {
+                    Ok(Some(d)) if d != Duration::MAX => {
+                        format!(", whose lease ends in {}", human(d))
+                    }
+                    _ => String::new(),
+                };
+                eprintln!(
+                    "slate: lock {name:?} not acquired within {}: held by another holder{lease}",
+                    spec.wait
+                );
+            } else {
+                eprintln!("slate: cannot take lock {name:?}: {e}");
+            }
+            return code;
+        }
+    };
+    let token = guard.fencing_token().get();
+    if spec.verbose {
+        eprintln!("slate: acquired lock {name:?} (fencing token {token}, holder {holder})");
+    }
+    let mut child = match spawn(spec, token, holder) {
+        Ok(c) => c,
+        Err((code, msg)) => {
+            eprintln!("slate: {msg}");
+            release(guard, name, spec.verbose, false).await;
+            return code;
+        }
+    };
+    let outcome = supervise(&mut child, &guard, &mut signals, spec).await;
+    release(guard, name, spec.verbose, outcome.lost.is_some()).await;
+    match outcome.status {
+        Ok(status) => {
+            if outcome.lost.is_some() && spec.on_lost != OnLost::Ignore {
+                exit::LEASE_LOST
+            } else {
+                status_code(status)
+            }
+        }
+        Err(e) => {
+            eprintln!("slate: waiting for the command failed: {e}");
+            exit::INTERNAL
+        }
+    }
+}
+
+/// The exit code mirroring CMD's status.
+fn status_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(exit::INTERNAL),
+        (None, Some(sig)) => exit::SIGNAL_BASE.saturating_add(u8::try_from(sig).unwrap_or(0)),
+        (None, None) => exit::INTERNAL,
+    }
+}
+
+fn spawn(spec: &RunSpec, token: u64, holder: HolderId) -> Result<Child, (u8, String)> {
+    let (program, args) = spec
+        .command
+        .split_first()
+        .ok_or((exit::USAGE, "no command given".to_owned()))?;
+    Command::new(program)
+        .args(args)
+        .env("SLATE_LOCK", &spec.name)
+        .env("SLATE_FENCING_TOKEN", token.to_string())
+        .env("SLATE_HOLDER", holder.to_string())
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| {
+            let shown = program.to_string_lossy();
+            match e.kind() {
+                ErrorKind::NotFound => (exit::NOT_FOUND, format!("{shown}: command not found")),
+                ErrorKind::PermissionDenied => {
+                    (exit::CANNOT_EXECUTE, format!("{shown}: permission denied"))
+                }
+                _ => (exit::CANNOT_EXECUTE, format!("{shown}: cannot run: {e}")),
+            }
+        })
+}
+
+/// How the supervised run ended.
+struct Outcome {
+    status: std::io::Result<ExitStatus>,
+    lost: Option<LossReason>,
+}
+
+/// Sends `sig` to the child if it has not been reaped (so its PID is still ours).
+fn send(child: &Child, sig: Signal) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        // ESRCH (already exited, not yet reaped) is harmless.
+        let _ = signal::kill(Pid::from_raw(pid), sig);
+    }
+}
+
+/// Waits for CMD, forwarding SIGINT/SIGTERM and acting on lease loss.
+async fn supervise<G: LockGuard>(
+    child: &mut Child,
+    guard: &G,
+    signals: &mut Signals,
+    spec: &RunSpec,
+) -> Outcome {
+    let name = &spec.name;
+    let mut lost: Option<LossReason> = None;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            status = child.wait() => return Outcome { status, lost },
+            sig = signals.next() => send(child, sig),
+            reason = guard.lost(), if lost.is_none() => {
+                lost = Some(reason);
+                match spec.on_lost {
+                    OnLost::Kill => {
+                        eprintln!(
+                            "slate: lease on lock {name:?} lost ({reason}); killing the command \
+                             (SIGKILL, --on-lost kill)"
+                        );
+                        send(child, Signal::SIGKILL);
+                    }
+                    OnLost::Term => {
+                        eprintln!(
+                            "slate: lease on lock {name:?} lost ({reason}); terminating the \
+                             command (SIGTERM, SIGKILL in {}s, --on-lost term)",
+                            TERM_GRACE.as_secs()
+                        );
+                        send(child, Signal::SIGTERM);
+                        kill_at = Some(tokio::time::Instant::now() + TERM_GRACE);
+                    }
+                    OnLost::Ignore => {
+                        eprintln!(
+                            "slate: WARNING: lease on lock {name:?} lost ({reason}); the command \
+                             keeps running without the lock (--on-lost ignore)"
+                        );
+                    }
+                }
+            }
+            () = async {
+                match kill_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                eprintln!("slate: the command is still running {}s after SIGTERM; SIGKILL", TERM_GRACE.as_secs());
+                send(child, Signal::SIGKILL);
+                kill_at = None;
+            }
+        }
+    }
+}
+
+/// Releases the lock after CMD's exit; failures are reported, never fatal (the entry then
+/// ends with its lease).
+async fn release<G: LockGuard>(guard: G, name: &str, verbose: bool, lost: bool) {
+    match tokio::time::timeout(RELEASE_BUDGET, guard.unlock()).await {
+        Ok(Ok(_)) => {
+            if verbose {
+                eprintln!("slate: released lock {name:?}");
+            }
+        }
+        Ok(Err(e)) if lost && e.is_not_held() => {}
+        Ok(Err(e)) => {
+            eprintln!(
+                "slate: releasing lock {name:?} failed ({e}); it ends when its lease runs out"
+            );
+        }
+        Err(_) => eprintln!(
+            "slate: releasing lock {name:?} took over {}; it ends when its lease runs out",
+            human(RELEASE_BUDGET)
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes() {
+        assert_eq!(status_code(ExitStatus::from_raw(7 << 8)), 7);
+        assert_eq!(status_code(ExitStatus::from_raw(9)), 137);
+        assert_eq!(signal_exit(Signal::SIGINT), 130);
+        assert_eq!(signal_exit(Signal::SIGTERM), 143);
+    }
+}

@@ -1,0 +1,390 @@
+//! `slate status` (one lock's state on every node) and `slate unlock --force`.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use slate_core::{DistributedLock, Error};
+use slate_redis::RedisClient;
+use slate_redis::node::{NodeEntries, NodeKeys};
+
+use crate::duration::human;
+use crate::exit;
+use crate::target::{Target, check_name};
+
+/// Budget of one node's inspection.
+const INSPECT_BUDGET: Duration = Duration::from_secs(3);
+
+/// `slate status --json` output. Field names are stable (scripts rely on them).
+#[derive(Debug, Serialize)]
+pub struct StatusReport {
+    /// Lock name.
+    pub lock: String,
+    /// Key prefix.
+    pub prefix: String,
+    /// `"single"` (one node) or `"combination"`.
+    pub kind: &'static str,
+    /// Nodes that must agree for the lock to be held (1 for a single lock).
+    pub quorum: usize,
+    /// Whether at least `quorum` nodes show the same holder.
+    pub held: bool,
+    /// That holder, when held.
+    pub holder: Option<String>,
+    /// Per node, in the order given.
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// One node of a [`StatusReport`].
+#[derive(Debug, Serialize)]
+pub struct NodeStatus {
+    /// Position in the order given.
+    pub index: usize,
+    /// Address without credentials.
+    pub address: String,
+    /// Whether the node answered.
+    pub ok: bool,
+    /// The error, when it did not.
+    pub error: Option<String>,
+    /// Holders and their reentry counts (normally zero or one).
+    pub holders: Vec<HolderStatus>,
+    /// Remaining time to live of the lock entry in ms; `null` when there is none.
+    pub ttl_ms: Option<u64>,
+    /// The fencing counter on this node (0 when it was never used).
+    pub fence: u64,
+}
+
+/// One holder on one node.
+#[derive(Debug, Serialize)]
+pub struct HolderStatus {
+    /// Holder id.
+    pub holder: String,
+    /// Reentry count.
+    pub count: u32,
+}
+
+/// The majority quorum of the combination lock (`max(2, N/2 + 1)`), 1 for one node.
+fn quorum(n: usize) -> usize {
+    if n <= 1 { 1 } else { (n / 2 + 1).max(2) }
+}
+
+async fn inspect(url: &str, keys: &NodeKeys) -> (String, Result<NodeEntries, Error>) {
+    let client = match RedisClient::open(url) {
+        Ok(c) => c,
+        Err(e) => return (crate::target::display_address(url), Err(e)),
+    };
+    let address = client.address().to_owned();
+    let result = match tokio::time::timeout(INSPECT_BUDGET, client.node_inspect(keys)).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::backend(
+            slate_core::BackendKind::Timeout,
+            Some(address.clone()),
+            format!("no answer within {}", human(INSPECT_BUDGET)),
+            None,
+        )),
+    };
+    (address, result)
+}
+
+/// Reads the lock's state on every node (concurrently).
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] for a bad name or prefix.
+pub async fn collect(urls: &[String], name: &str, prefix: &str) -> Result<StatusReport, Error> {
+    let lock_name = check_name(name)?;
+    slate_core::LockOptions::default()
+        .with_key_prefix(prefix)
+        .validate()?;
+    let keys = NodeKeys::new(prefix, &lock_name);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, url) in urls.iter().enumerate() {
+        let (url, keys) = (url.clone(), keys.clone());
+        tasks.spawn(async move { (i, inspect(&url, &keys).await) });
+    }
+    let mut answers: Vec<Option<(String, Result<NodeEntries, Error>)>> =
+        (0..urls.len()).map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok((i, answer)) = joined
+            && let Some(slot) = answers.get_mut(i)
+        {
+            *slot = Some(answer);
+        }
+    }
+    let nodes: Vec<NodeStatus> = answers
+        .into_iter()
+        .enumerate()
+        .map(|(index, answer)| match answer {
+            Some((address, Ok(e))) => NodeStatus {
+                index,
+                address,
+                ok: true,
+                error: None,
+                holders: e
+                    .holders
+                    .into_iter()
+                    .map(|(holder, count)| HolderStatus { holder, count })
+                    .collect(),
+                ttl_ms: e
+                    .remaining
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                fence: e.fence,
+            },
+            Some((address, Err(e))) => NodeStatus {
+                index,
+                address,
+                ok: false,
+                error: Some(e.to_string()),
+                holders: Vec::new(),
+                ttl_ms: None,
+                fence: 0,
+            },
+            None => NodeStatus {
+                index,
+                address: crate::target::display_address(&urls[index]),
+                ok: false,
+                error: Some("the inspection task failed".to_owned()),
+                holders: Vec::new(),
+                ttl_ms: None,
+                fence: 0,
+            },
+        })
+        .collect();
+    let quorum = quorum(urls.len());
+    let mut tally: Vec<(&str, usize)> = Vec::new();
+    for h in nodes.iter().flat_map(|n| n.holders.iter()) {
+        match tally.iter_mut().find(|(name, _)| *name == h.holder) {
+            Some((_, c)) => *c += 1,
+            None => tally.push((&h.holder, 1)),
+        }
+    }
+    let holder = tally
+        .iter()
+        .filter(|(_, c)| *c >= quorum)
+        .max_by_key(|(_, c)| *c)
+        .map(|(h, _)| (*h).to_owned());
+    Ok(StatusReport {
+        lock: name.to_owned(),
+        prefix: prefix.to_owned(),
+        kind: if urls.len() == 1 {
+            "single"
+        } else {
+            "combination"
+        },
+        quorum,
+        held: holder.is_some(),
+        holder,
+        nodes,
+    })
+}
+
+/// Renders the human table.
+#[must_use]
+pub fn render(report: &StatusReport) -> String {
+    let mut out = String::new();
+    let n = report.nodes.len();
+    let answered = report.nodes.iter().filter(|n| n.ok).count();
+    let head = match (&report.holder, report.kind) {
+        (Some(h), "single") => format!("held by {h}"),
+        (Some(h), _) => format!(
+            "held by {h} on {} of {n} nodes (quorum {})",
+            report
+                .nodes
+                .iter()
+                .filter(|x| x.holders.iter().any(|y| &y.holder == h))
+                .count(),
+            report.quorum
+        ),
+        (None, _) if answered < report.quorum => {
+            format!("unknown: only {answered} of {n} nodes answered")
+        }
+        (None, _) => "free".to_owned(),
+    };
+    out.push_str(&format!(
+        "lock {:?} ({} lock, prefix {:?}): {head}\n",
+        report.lock, report.kind, report.prefix
+    ));
+    let rows: Vec<[String; 6]> = report
+        .nodes
+        .iter()
+        .map(|node| {
+            if let Some(e) = &node.error {
+                return [
+                    node.index.to_string(),
+                    node.address.clone(),
+                    format!("error: {e}"),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ];
+            }
+            let (holder, count) = match node.holders.as_slice() {
+                [] => ("-".to_owned(), "-".to_owned()),
+                [one] => (one.holder.clone(), one.count.to_string()),
+                many => (
+                    many.iter()
+                        .map(|h| h.holder.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    many.iter()
+                        .map(|h| h.count.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
+            };
+            let ttl = node
+                .ttl_ms
+                .map_or_else(|| "-".to_owned(), |ms| human(Duration::from_millis(ms)));
+            [
+                node.index.to_string(),
+                node.address.clone(),
+                holder,
+                count,
+                ttl,
+                node.fence.to_string(),
+            ]
+        })
+        .collect();
+    let header = ["node", "address", "holder", "count", "ttl", "fence"].map(str::to_owned);
+    out.push_str(&table(&header, &rows));
+    out
+}
+
+/// A plain left-aligned text table (the last column is not padded).
+#[must_use]
+pub fn table<const N: usize>(header: &[String; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.each_ref().map(|h| h.chars().count());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(header).chain(rows) {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            if i + 1 == N {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `slate status`: prints the report; exit 0 when every node answered, 69 otherwise.
+pub async fn status(urls: &[String], name: &str, prefix: &str, json: bool) -> u8 {
+    let report = match collect(urls, name, prefix).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("slate: {e}");
+            return exit::USAGE;
+        }
+    };
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("slate: cannot encode the status: {e}");
+                return exit::INTERNAL;
+            }
+        }
+    } else {
+        print!("{}", render(&report));
+    }
+    if report.nodes.iter().all(|n| n.ok) {
+        exit::OK
+    } else {
+        exit::REDIS
+    }
+}
+
+/// What `unlock` without `--force` says.
+pub fn refuse_message(name: &str) -> String {
+    format!(
+        "slate: refusing to unlock {name:?} without --force.\n\
+         Force-unlocking deletes the lock whoever holds it. Its holder is not told: if it is \
+         still running, it goes on while the next holder takes the lock, and the two overlap.\n\
+         Use it only when the holder is known to be dead and you cannot wait for its lease to \
+         run out (it expires by itself). To go ahead: slate unlock --force {name}"
+    )
+}
+
+/// `slate unlock --force`: deletes the lock on every node.
+pub async fn unlock(urls: &[String], name: &str, prefix: &str) -> u8 {
+    let before = collect(urls, name, prefix).await;
+    let lock = match Target::build(
+        urls,
+        name,
+        prefix,
+        slate_core::LockOptions::default().lease(),
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("slate: {e}");
+            return if e.is_invalid_input() {
+                exit::USAGE
+            } else {
+                exit::REDIS
+            };
+        }
+    };
+    let result = match &lock {
+        Target::Single(l) => l.force_unlock().await,
+        Target::Combination(l) => l.force_unlock().await,
+    };
+    let holders: Vec<String> = before
+        .map(|r| {
+            let mut hs: Vec<String> = r
+                .nodes
+                .into_iter()
+                .flat_map(|n| n.holders.into_iter().map(|h| h.holder))
+                .collect();
+            hs.sort();
+            hs.dedup();
+            hs
+        })
+        .unwrap_or_default();
+    match result {
+        Ok(true) => {
+            let by = if holders.is_empty() {
+                String::new()
+            } else {
+                format!(" (held by {})", holders.join(", "))
+            };
+            println!("deleted lock {name:?}{by}; its holder was not told and may still be running");
+            exit::OK
+        }
+        Ok(false) => {
+            println!("lock {name:?} was not held; nothing deleted");
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("slate: force unlock of {name:?} failed: {e}");
+            exit::REDIS
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorums() {
+        assert_eq!(quorum(1), 1);
+        assert_eq!(quorum(2), 2);
+        assert_eq!(quorum(3), 2);
+        assert_eq!(quorum(5), 3);
+    }
+
+    #[test]
+    fn table_aligns() {
+        let t = table(
+            &["a".to_owned(), "bb".to_owned()],
+            &[["ccc".to_owned(), "d".to_owned()]],
+        );
+        assert_eq!(t, "a    bb\nccc  d\n");
+    }
+}

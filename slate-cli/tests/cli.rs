@@ -1,0 +1,551 @@
+//! The `slate` binary against real `redis-server` processes started by the harness.
+//!
+//! Every wait is on a condition with a deadline; nothing asserts speed.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ecosphere::server::RedisServer;
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+use slate_core::{DistributedLock, LockGuard};
+use slate_redis::{RedisClient, SingleLock};
+
+const SLATE: &str = env!("CARGO_BIN_EXE_slate");
+/// Upper bound of any one wait in these tests (never a speed assertion).
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A `slate` command with a clean environment (no `SLATE_REDIS_URL` from the caller).
+fn slate(args: &[&str]) -> Command {
+    let mut c = Command::new(SLATE);
+    c.args(args).env_remove("SLATE_REDIS_URL");
+    c
+}
+
+fn output(args: &[&str]) -> Output {
+    slate(args).output().expect("slate runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Marks fresh servers as adopted (the node marker), as `NodeSet::adopt_fresh_servers` does,
+/// so combination locks use them at once.
+fn adopt(servers: &[RedisServer]) {
+    for s in servers {
+        s.command(&["SET", "slate:node-marker", "1"])
+            .expect("SET marker");
+    }
+}
+
+/// A running `slate` whose stdout lines arrive on a channel.
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Self {
+        let mut child = slate(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn slate");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running { child, lines }
+    }
+
+    fn line(&self, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if pred(&l) => return l,
+                Ok(_) => {}
+                Err(e) => panic!("no matching line from slate: {e}"),
+            }
+        }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).expect("pid"))
+    }
+
+    /// Waits (bounded) for the exit; returns (code, stderr).
+    fn finish(mut self) -> (Option<i32>, String) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                let mut err = String::new();
+                if let Some(mut e) = self.child.stderr.take() {
+                    std::io::Read::read_to_string(&mut e, &mut err).ok();
+                }
+                return (status.code(), err);
+            }
+            if Instant::now() > deadline {
+                self.child.kill().ok();
+                panic!("slate did not exit within {PATIENCE:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Only our own child, only while not reaped (kill() on a reaped child is an error).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn process_exists(pid: i32) -> bool {
+    signal::kill(Pid::from_raw(pid), None).is_ok()
+}
+
+fn status_json(urls: &[&str], name: &str) -> serde_json::Value {
+    let mut args = vec!["status", name, "--json"];
+    for u in urls {
+        args.extend(["--redis", u]);
+    }
+    let out = output(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("status --json is JSON")
+}
+
+#[test]
+fn exit_code_of_the_command_passes_through() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let run = |cmd: &[&str]| {
+        let mut args = vec!["run", "--lock", "pass", "--redis", &url, "--"];
+        args.extend(cmd);
+        output(&args)
+    };
+    assert_eq!(run(&["sh", "-c", "exit 7"]).status.code(), Some(7));
+    assert_eq!(run(&["true"]).status.code(), Some(0));
+    let out = run(&["sh", "-c", "echo out; echo err >&2"]);
+    assert_eq!(text(&out.stdout), "out\n");
+    assert_eq!(text(&out.stderr), "err\n");
+    // Died of a signal: 128 + N.
+    assert_eq!(
+        run(&["sh", "-c", "kill -TERM $$"]).status.code(),
+        Some(128 + 15)
+    );
+    let out = run(&["/nonexistent/slate-test-cmd"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(text(&out.stderr).contains("command not found"));
+    // The environment names the lock and carries the fencing token.
+    let out = run(&["sh", "-c", "echo $SLATE_LOCK $SLATE_FENCING_TOKEN"]);
+    let env = text(&out.stdout);
+    let mut it = env.split_whitespace();
+    assert_eq!(it.next(), Some("pass"));
+    assert!(
+        it.next().and_then(|t| t.parse::<u64>().ok()).is_some(),
+        "{env}"
+    );
+    // Every run released the lock.
+    assert_eq!(status_json(&[&url], "pass")["held"], false);
+}
+
+#[test]
+fn wait_timeout_exits_75_with_a_reason() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let rt = runtime();
+    let guard = rt.block_on(async {
+        let client = RedisClient::open(&url).expect("client");
+        let lock = SingleLock::builder(&client, "busy").build().expect("lock");
+        lock.lock().await.expect("held by the test")
+    });
+    for wait in ["300ms", "0s"] {
+        let started = Instant::now();
+        let out = output(&[
+            "run", "--lock", "busy", "--redis", &url, "--wait", wait, "--", "sh", "-c", "echo ran",
+        ]);
+        assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+        assert!(out.stdout.is_empty(), "the command must not run");
+        let err = text(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(
+            err.contains(&format!("not acquired within {wait}"))
+                && err.contains("held by another holder"),
+            "{err}"
+        );
+        if wait == "300ms" {
+            assert!(started.elapsed() >= Duration::from_millis(300), "waited");
+        }
+    }
+    rt.block_on(guard.unlock()).expect("unlock");
+}
+
+/// Three `slate run` at a time append `start`/`end` lines (pid, monotonic-ish ns) to one file;
+/// the lines must alternate start/end of the same run, and the intervals must not overlap.
+fn no_overlap_rounds(urls: &[String], dir: &Path, rounds: usize) {
+    let log = dir.join("log");
+    let script = format!(
+        "echo \"start $$ $(date +%s%N)\" >> {log}; sleep 0.05; echo \"end $$ $(date +%s%N)\" >> {log}",
+        log = log.display()
+    );
+    for _ in 0..rounds {
+        let runs: Vec<Running> = (0..3)
+            .map(|_| {
+                let mut args = vec!["run", "--lock", "shared", "--wait", "forever"];
+                for u in urls {
+                    args.extend(["--redis", u.as_str()]);
+                }
+                args.extend(["--", "sh", "-c", &script]);
+                Running::start(&args)
+            })
+            .collect();
+        for r in runs {
+            let (code, err) = r.finish();
+            assert_eq!(code, Some(0), "{err}");
+        }
+    }
+    let content = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<Vec<&str>> = content.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len(), rounds * 3 * 2, "{content}");
+    let mut last_end = 0u128;
+    for pair in lines.chunks(2) {
+        let (s, e) = (&pair[0], &pair[1]);
+        assert_eq!((s[0], e[0]), ("start", "end"), "interleaved:\n{content}");
+        assert_eq!(
+            s[1], e[1],
+            "another run started inside this one:\n{content}"
+        );
+        let (ts, te): (u128, u128) = (s[2].parse().expect("ns"), e[2].parse().expect("ns"));
+        assert!(
+            ts >= last_end && te >= ts,
+            "overlapping intervals:\n{content}"
+        );
+        last_end = te;
+    }
+}
+
+#[test]
+fn concurrent_runs_never_overlap_single_lock() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    no_overlap_rounds(&[server.url()], dir.path(), 3);
+}
+
+#[test]
+fn concurrent_runs_never_overlap_combination_lock() {
+    let servers = RedisServer::start_many(3).expect("redis-servers");
+    adopt(&servers);
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    no_overlap_rounds(&urls, dir.path(), 3);
+}
+
+#[test]
+fn lease_loss_kills_the_command() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    // The entry is deleted while the command runs: renewal finds it gone.
+    let run = Running::start(&[
+        "run",
+        "--lock",
+        "lossy",
+        "--redis",
+        &url,
+        "--lease",
+        "1s",
+        "--on-lost",
+        "kill",
+        "--",
+        "sh",
+        "-c",
+        "echo $$; exec sleep 60",
+    ]);
+    let pid: i32 = run.line(|_| true).trim().parse().expect("pid line");
+    assert!(process_exists(pid));
+    server.command(&["DEL", "slate:{lossy}"]).expect("DEL");
+    let (code, err) = run.finish();
+    assert_eq!(code, Some(76), "{err}");
+    assert!(
+        err.contains("lease on lock \"lossy\" lost") && err.contains("SIGKILL"),
+        "{err}"
+    );
+    assert!(!process_exists(pid), "the command still runs");
+}
+
+#[test]
+fn lease_loss_on_a_hung_server_terminates_the_command() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let run = Running::start(&[
+        "run",
+        "--lock",
+        "hung",
+        "--redis",
+        &url,
+        "--lease",
+        "1s",
+        "--on-lost",
+        "term",
+        "--",
+        "sh",
+        "-c",
+        "trap 'kill $!; exit 42' TERM; echo ready; sleep 60 & wait",
+    ]);
+    run.line(|l| l == "ready");
+    // SIGSTOP: no renewal can succeed before the deadline.
+    server.pause().expect("pause");
+    let (code, err) = run.finish();
+    server.resume().expect("resume");
+    assert_eq!(code, Some(76), "{err}");
+    assert!(err.contains("lost") && err.contains("SIGTERM"), "{err}");
+}
+
+#[test]
+fn sigterm_is_forwarded_and_the_lock_released() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let run = Running::start(&[
+        "run",
+        "--lock",
+        "fwd",
+        "--redis",
+        &url,
+        "--",
+        "sh",
+        "-c",
+        "trap 'kill $!; exit 42' TERM; echo ready; sleep 60 & wait",
+    ]);
+    run.line(|l| l == "ready");
+    assert_eq!(status_json(&[&url], "fwd")["held"], true);
+    signal::kill(run.pid(), Signal::SIGTERM).expect("SIGTERM to our slate");
+    let (code, err) = run.finish();
+    assert_eq!(code, Some(42), "{err}");
+    assert_eq!(status_json(&[&url], "fwd")["held"], false);
+}
+
+#[test]
+fn status_json_matches_the_lock_state() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let rt = runtime();
+    let (outer, inner) = rt.block_on(async {
+        let client = RedisClient::open(&url).expect("client");
+        let lock = SingleLock::builder(&client, "inspect")
+            .build()
+            .expect("lock");
+        let outer = lock.lock().await.expect("lock");
+        let inner = outer.reenter().await.expect("reenter");
+        (outer, inner)
+    });
+    let v = status_json(&[&url], "inspect");
+    assert_eq!(v["lock"], "inspect");
+    assert_eq!(v["kind"], "single");
+    assert_eq!(v["quorum"], 1);
+    assert_eq!(v["held"], true);
+    let holder = outer.holder().to_string();
+    assert_eq!(v["holder"], holder.as_str());
+    let node = &v["nodes"][0];
+    assert_eq!(node["ok"], true);
+    assert_eq!(node["address"], server.addr().to_string());
+    assert_eq!(node["holders"][0]["holder"], holder.as_str());
+    assert_eq!(node["holders"][0]["count"], 2);
+    assert_eq!(node["fence"], outer.fencing_token().get());
+    let ttl = node["ttl_ms"].as_u64().expect("ttl_ms");
+    assert!(ttl > 0 && ttl <= 30_000, "{ttl}");
+    // The human table names the holder too.
+    let table = text(&output(&["status", "inspect", "--redis", &url]).stdout);
+    assert!(
+        table.contains(&holder) && table.contains("held by"),
+        "{table}"
+    );
+    let fence = outer.fencing_token().get();
+    rt.block_on(async {
+        inner.unlock().await.expect("unlock inner");
+        outer.unlock().await.expect("unlock outer");
+    });
+    let v = status_json(&[&url], "inspect");
+    assert_eq!(v["held"], false);
+    assert_eq!(v["holder"], serde_json::Value::Null);
+    assert_eq!(v["nodes"][0]["holders"], serde_json::json!([]));
+    assert_eq!(v["nodes"][0]["ttl_ms"], serde_json::Value::Null);
+    assert_eq!(v["nodes"][0]["fence"], fence);
+}
+
+#[test]
+fn status_json_of_a_combination_lock() {
+    let mut servers = RedisServer::start_many(3).expect("redis-servers");
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let rt = runtime();
+    let guard = rt.block_on(async {
+        let nodes = NodeSet::connect(&urls, NodeSetOptions::default()).expect("nodes");
+        nodes.adopt_fresh_servers("slate:").await.expect("adopt");
+        let lock = CombinationLock::builder(&nodes, "multi")
+            .build()
+            .expect("lock");
+        lock.lock().await.expect("lock")
+    });
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let v = status_json(&refs, "multi");
+    assert_eq!(v["kind"], "combination");
+    assert_eq!(v["quorum"], 2);
+    assert_eq!(v["held"], true);
+    assert_eq!(v["holder"], guard.holder().to_string().as_str());
+    for &i in guard.nodes() {
+        let node = &v["nodes"][i];
+        assert_eq!(node["holders"][0]["count"], 1);
+        assert!(node["fence"].as_u64().expect("fence") <= guard.fencing_token().get());
+    }
+    // A node down: the others still answer; exit 69 names the failure.
+    drop(servers.pop());
+    let mut args = vec!["status", "multi", "--json"];
+    for u in &refs {
+        args.extend(["--redis", u]);
+    }
+    let out = output(&args);
+    assert_eq!(out.status.code(), Some(69));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["nodes"][2]["ok"], false);
+    assert!(v["nodes"][2]["error"].is_string());
+    assert_eq!(v["held"], true);
+    drop(guard);
+}
+
+#[test]
+fn unlock_needs_force() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let rt = runtime();
+    let guard = rt.block_on(async {
+        let client = RedisClient::open(&url).expect("client");
+        let lock = SingleLock::builder(&client, "stuck").build().expect("lock");
+        lock.lock().await.expect("lock")
+    });
+    let out = output(&["unlock", "stuck", "--redis", &url]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("--force") && err.contains("overlap"), "{err}");
+    assert_eq!(status_json(&[&url], "stuck")["held"], true);
+    let out = output(&["unlock", "--force", "stuck", "--redis", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("deleted lock"));
+    assert_eq!(status_json(&[&url], "stuck")["held"], false);
+    let out = output(&["unlock", "--force", "stuck", "--redis", &url]);
+    assert!(text(&out.stdout).contains("was not held"));
+    // The holder finds out when it releases.
+    assert!(rt.block_on(guard.unlock()).is_err());
+}
+
+#[test]
+fn argument_errors_print_usage_and_exit_2() {
+    let cases: &[&[&str]] = &[
+        &["run", "--redis", "redis://127.0.0.1:1", "--", "true"],
+        &["run", "--lock", "x", "--redis", "redis://127.0.0.1:1"],
+        &["run", "--lock", "x", "--lease", "30", "--", "true"],
+        &["run", "--lock", "x", "--wait", "soon", "--", "true"],
+        &["run", "--lock", "x", "--on-lost", "explode", "--", "true"],
+        &["status"],
+        &["frobnicate"],
+    ];
+    for args in cases {
+        let out = output(args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("Usage") || err.contains("usage"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = output(&["run", "--lease", "30", "--lock", "x", "--", "true"]);
+    assert!(text(&out.stderr).contains("no unit"));
+    // No Redis at all: says how to give one.
+    let out = output(&["run", "--lock", "x", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("SLATE_REDIS_URL"));
+    // A Redis that is not there: a distinct code.
+    let out = output(&[
+        "run",
+        "--lock",
+        "x",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+}
+
+#[test]
+fn redis_url_from_the_environment() {
+    let servers = RedisServer::start_many(2).expect("redis-servers");
+    adopt(&servers);
+    let joined = format!("{},{}", servers[0].url(), servers[1].url());
+    let out = slate(&["run", "--lock", "env", "--", "true"])
+        .env("SLATE_REDIS_URL", &joined)
+        .output()
+        .expect("slate");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = slate(&["status", "env", "--json"])
+        .env("SLATE_REDIS_URL", &joined)
+        .output()
+        .expect("slate");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["kind"], "combination");
+    assert_eq!(v["nodes"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn demo_short_run_has_zero_overlaps() {
+    let out = output(&["demo", "--duration", "5s"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n--- stderr ---\n{}",
+        text(&out.stderr)
+    );
+    for lock in ["single lock", "combination lock"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(lock) && !l.starts_with(&format!("{lock}:")))
+            .unwrap_or_else(|| panic!("no row for {lock}:\n{stdout}"));
+        let cols: Vec<&str> = row
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        // lock, nodes, acquisitions, overlaps, ...
+        let acquisitions: u64 = cols[2].parse().expect("acquisitions");
+        assert!(acquisitions > 0, "{row}");
+        assert_eq!(cols[3], "0", "overlaps: {row}");
+    }
+    assert!(stdout.contains("node 1 killed"), "{stdout}");
+    assert!(
+        stdout.contains("history checker, combination lock: PASS"),
+        "{stdout}"
+    );
+}
