@@ -160,7 +160,7 @@ impl Inner {
     }
 
     /// One first-level attempt over the nodes.
-    async fn first_level(&self, holder: HolderId) -> Result<Attempt<Grant>> {
+    async fn first_level(self: &Arc<Self>, holder: HolderId) -> Result<Attempt<Grant>> {
         let start = Instant::now();
         let usable = self.nodes.usable_for_attempt(&self.keys).await;
         let usable_count = usable.iter().filter(|u| **u).count();
@@ -206,7 +206,18 @@ impl Inner {
                     }
                     next = state.on_answers(&answers, start.elapsed());
                 }
-                Next::Acquired { held } => return self.win(holder, start, held, &won).await,
+                Next::Acquired { held } => {
+                    // A node whose command failed was skipped, but the command may have run
+                    // (a lost reply, a hung server that runs it later): release it too, in the
+                    // background so the acquisition does not wait on a failed node. Its release
+                    // is queued behind the acquire on the same connection.
+                    let stray = state.failed().to_vec();
+                    let won_it = self.win(holder, start, held, &won, &stray).await;
+                    if matches!(won_it, Ok(Attempt::Acquired(_))) && !stray.is_empty() {
+                        self.release_in_background(holder, stray);
+                    }
+                    return won_it;
+                }
                 Next::Busy { at, release } => {
                     tracing::trace!(lock = %self.label, %holder, at, "busy");
                     self.release_nodes(&release, holder).await;
@@ -237,6 +248,7 @@ impl Inner {
         start: Instant,
         held: Vec<usize>,
         won: &HashMap<usize, (FencingToken, Instant)>,
+        stray: &[usize],
     ) -> Result<Attempt<Grant>> {
         let token = held
             .iter()
@@ -274,8 +286,8 @@ impl Inner {
             .map(|(_, d)| *d)
             .collect();
         let deadline = combined_deadline(&deadlines, self.required);
-        let mut release: Vec<usize> = held.clone();
-        release.reverse();
+        let mut release: Vec<usize> = held.iter().chain(stray).copied().collect();
+        release.sort_unstable_by(|a, b| b.cmp(a));
         if fenced < need {
             self.release_nodes(&release, holder).await;
             return Err(Error::InsufficientNodes {
@@ -306,6 +318,15 @@ impl Inner {
                 })
             }
         }
+    }
+
+    /// Releases `nodes` (any order given) for `holder` in reverse order, in the background.
+    fn release_in_background(self: &Arc<Self>, holder: HolderId, mut nodes: Vec<usize>) {
+        nodes.sort_unstable_by(|a, b| b.cmp(a));
+        let inner = Arc::clone(self);
+        drop(self.runtime.spawn(async move {
+            inner.release_nodes(&nodes, holder).await;
+        }));
     }
 
     /// A re-entry by a holder that holds the lock here: exactly its nodes, all of them.
