@@ -140,3 +140,16 @@ pub fn delay(d: Duration) -> Mode {
         to_client: Duration::ZERO,
     }
 }
+
+/// One attempt as `holder` (`try_lock` for a named holder): `Ok(None)` when busy.
+pub async fn try_as(
+    lock: &CombinationLock,
+    holder: HolderId,
+) -> slate_core::Result<Option<slate_combination::CombinationGuard>> {
+    use slate_core::DistributedLock;
+    match lock.acquire(holder, slate_core::Wait::Immediate).await {
+        Ok(g) => Ok(Some(g)),
+        Err(e) if e.is_busy() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
