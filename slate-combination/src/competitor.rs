@@ -209,26 +209,25 @@ impl Inner {
                 Next::Acquired { held } => {
                     // A node whose command failed was skipped, but the command may have run
                     // (a lost reply, a hung server that runs it later): release it too, in the
-                    // background so the acquisition does not wait on a failed node. Its release
-                    // is queued behind the acquire on the same connection.
+                    // background so the acquisition does not wait on a failed node.
                     let stray = state.failed().to_vec();
                     let won_it = self.win(holder, start, held, &won, &stray).await;
                     if matches!(won_it, Ok(Attempt::Acquired(_))) && !stray.is_empty() {
-                        self.release_in_background(holder, stray);
+                        self.release_in_background(holder, stray, self.release_until(start));
                     }
                     return won_it;
                 }
                 Next::Busy { at, release } => {
                     tracing::trace!(lock = %self.label, %holder, at, "busy");
-                    self.release_nodes(&release, holder).await;
+                    self.release_attempt(&release, holder, start).await;
                     return Ok(Attempt::Busy { retry_after });
                 }
                 Next::InsufficientNodes { release } => {
-                    self.release_nodes(&release, holder).await;
+                    self.release_attempt(&release, holder, start).await;
                     return Err(self.insufficient(usable_count, &won, &failures));
                 }
                 Next::BudgetExceeded { release } => {
-                    self.release_nodes(&release, holder).await;
+                    self.release_attempt(&release, holder, start).await;
                     return Err(Error::Timeout {
                         lock: self.label.to_string(),
                         kind: TimeoutKind::AcquireBudget,
@@ -243,7 +242,7 @@ impl Inner {
     /// After the walk was won: establish the fencing token on enough nodes, compute the
     /// combined deadline.
     async fn win(
-        &self,
+        self: &Arc<Self>,
         holder: HolderId,
         start: Instant,
         held: Vec<usize>,
@@ -289,7 +288,7 @@ impl Inner {
         let mut release: Vec<usize> = held.iter().chain(stray).copied().collect();
         release.sort_unstable_by(|a, b| b.cmp(a));
         if fenced < need {
-            self.release_nodes(&release, holder).await;
+            self.release_attempt(&release, holder, start).await;
             return Err(Error::InsufficientNodes {
                 lock: self.label.to_string(),
                 required: need,
@@ -309,7 +308,7 @@ impl Inner {
                 }))
             }
             _ => {
-                self.release_nodes(&release, holder).await;
+                self.release_attempt(&release, holder, start).await;
                 Err(Error::Timeout {
                     lock: self.label.to_string(),
                     kind: TimeoutKind::AcquireBudget,
@@ -320,12 +319,58 @@ impl Inner {
         }
     }
 
-    /// Releases `nodes` (any order given) for `holder` in reverse order, in the background.
-    fn release_in_background(self: &Arc<Self>, holder: HolderId, mut nodes: Vec<usize>) {
+    /// Until when the release of an attempt's node is worth retrying: its entry ends with the
+    /// lease of an acquire sent after `start`.
+    fn release_until(&self, start: Instant) -> Instant {
+        start + self.options.lease() + self.op_time()
+    }
+
+    /// Releases the nodes of an attempt that did not win (descending), then keeps retrying in
+    /// the background each node whose release failed.
+    async fn release_attempt(self: &Arc<Self>, nodes: &[usize], holder: HolderId, start: Instant) {
+        let reports = self.release_nodes(nodes, holder).await;
+        let failed: Vec<usize> = reports
+            .iter()
+            .filter(|r| matches!(r.state, NodeState::Failed { .. }))
+            .map(|r| r.index)
+            .collect();
+        if !failed.is_empty() {
+            self.release_in_background(holder, failed, self.release_until(start));
+        }
+    }
+
+    /// Releases `holder` on `nodes` (descending) in the background, retrying each node whose
+    /// release fails, every node operation time, until it answers or `until` passes.
+    ///
+    /// A release that failed says nothing about the acquire before it: the node may run that
+    /// acquire later (a hung server when it resumes, a reply lost on the way back), and a
+    /// release on a replaced connection is not ordered behind it. Holder ids are never reused,
+    /// so a retried release is harmless: it answers "not held" and touches nothing.
+    fn release_in_background(
+        self: &Arc<Self>,
+        holder: HolderId,
+        mut nodes: Vec<usize>,
+        until: Instant,
+    ) {
         nodes.sort_unstable_by(|a, b| b.cmp(a));
         let inner = Arc::clone(self);
+        let pause = self.op_time();
         drop(self.runtime.spawn(async move {
-            inner.release_nodes(&nodes, holder).await;
+            loop {
+                let reports = inner.release_nodes(&nodes, holder).await;
+                nodes.retain(|i| {
+                    reports
+                        .iter()
+                        .any(|r| r.index == *i && matches!(r.state, NodeState::Failed { .. }))
+                });
+                if nodes.is_empty() || Instant::now() + pause >= until {
+                    if !nodes.is_empty() {
+                        tracing::debug!(%holder, ?nodes, "gave up releasing; the entries expire with the lease");
+                    }
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+            }
         }));
     }
 
