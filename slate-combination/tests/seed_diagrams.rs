@@ -255,7 +255,7 @@ async fn diagram_3_later_server_fails_and_is_skipped() {
 /// with fewer usable nodes than required, fails at once without trying server 02; Thread 01
 /// goes on, locks server 02 and holds {01, 02} ("the remaining nodes give off their last
 /// heat"). Beyond the diagram: Slate's lease then applies, so with server 01 still silent the
-/// hold is reported lost (quorum) by its deadline.
+/// hold is reported lost by its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn diagram_4_minimum_nodes_holder_finishes_competitor_fails() {
     let mut s = servers(2);
@@ -303,8 +303,13 @@ async fn diagram_4_minimum_nodes_holder_finishes_competitor_fails() {
     )
     .await
     .expect("loss reported by the deadline");
+    // Server 01 never answers a renewal, so its lease and the combined one end together:
+    // either reason is a correct report.
     assert!(
-        matches!(reason, LossReason::QuorumLost { required: 2, .. }),
+        matches!(
+            reason,
+            LossReason::QuorumLost { required: 2, .. } | LossReason::DeadlineExpired
+        ),
         "{reason:?}"
     );
     s[0].resume().unwrap();
