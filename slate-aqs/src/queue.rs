@@ -171,6 +171,7 @@ impl Queue {
     /// Walks the whole queue and checks every structural invariant; O(n), for tests.
     ///
     /// Returns a description of the first violation.
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn check(&self) -> Result<(), String> {
         let mut seen = 0;
         let mut prev = NIL;

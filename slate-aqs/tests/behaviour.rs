@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use common::{Flag, Manual, new_sync, spawn_acquire, until, with_watchdog};
+use common::{Flag, Manual, new_sync, paused, spawn_acquire, until, with_watchdog, within};
 use slate_aqs::testing::{self, Behavior, MemoryCompetitor, MemoryGrant, MemoryRemote};
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::{Error, HolderId, Result, TimeoutKind, Wait};
@@ -27,234 +27,254 @@ fn until_instant(d: Duration) -> Wait {
     Wait::Until((Instant::now() + d).into_std())
 }
 
-#[tokio::test(start_paused = true)]
-async fn fast_path_attempts_once_and_records_the_owner() {
-    let (remote, sync) = new_sync(SPIN);
-    let me = HolderId::new();
-    let grant = sync.acquire(me, Wait::Forever).await.unwrap();
-    assert_eq!(
-        grant,
-        MemoryGrant {
-            holder: me,
-            count: 1
+#[test]
+fn fast_path_attempts_once_and_records_the_owner() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(SPIN);
+        let me = HolderId::new();
+        let grant = within(sync.acquire(me, Wait::Forever)).await.unwrap();
+        assert_eq!(
+            grant,
+            MemoryGrant {
+                holder: me,
+                count: 1
+            }
+        );
+        assert_eq!(sync.owner(), Some((me, 1)));
+        assert_eq!(remote.holder(), Some((me, 1)));
+        let s = sync.competitor().stats();
+        assert_eq!((s.attempts, s.after_acquire, s.prepare_wait), (1, 1, 0));
+        assert_eq!(sync.waiters(), 0);
+
+        testing::release(&sync, me).unwrap();
+        assert_eq!(sync.owner(), None);
+        assert_eq!(remote.holder(), None);
+        assert_eq!(sync.competitor().stats().after_release, 1);
+    });
+}
+
+#[test]
+fn reentry_does_not_queue_and_counts_depth() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        let (a, b) = (HolderId::new(), HolderId::new());
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        let waiter = spawn_acquire(&sync, b, Wait::Forever);
+        until("b queued", LIMIT, || sync.waiters() == 1).await;
+
+        // Queueing behind `b` would deadlock: `b` waits for `a`.
+        let again = timeout(ms(1), sync.acquire(a, Wait::Forever))
+            .await
+            .expect("a re-entry queued behind a waiter")
+            .unwrap();
+        assert_eq!(again.count, 2);
+        assert_eq!(sync.owner(), Some((a, 2)));
+        assert_eq!(sync.waiters(), 1);
+
+        testing::release(&sync, a).unwrap();
+        assert_eq!(sync.owner(), Some((a, 1)));
+        assert_eq!(sync.competitor().stats().after_release, 0);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "woken while the outer level is held");
+
+        testing::release(&sync, a).unwrap();
+        let granted = timeout(ms(1), waiter).await.unwrap().unwrap().unwrap();
+        assert_eq!(granted.holder, b);
+        let s = sync.competitor().stats();
+        assert_eq!((s.after_acquire, s.after_release), (3, 1));
+    });
+}
+
+#[test]
+fn grants_follow_arrival_order() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        let first = HolderId::new();
+        within(sync.acquire(first, Wait::Forever)).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..20 {
+            let (sync2, order2) = (Arc::clone(&sync), Arc::clone(&order));
+            // Every third waiter has a (distant) deadline: timed waits queue like the others.
+            let wait = if i % 3 == 0 {
+                until_instant(HOUR)
+            } else {
+                Wait::Forever
+            };
+            tasks.push(tokio::spawn(async move {
+                let me = HolderId::new();
+                within(sync2.acquire(me, wait)).await.unwrap();
+                order2.lock().unwrap().push(i);
+                tokio::task::yield_now().await;
+                testing::release(&sync2, me).unwrap();
+            }));
+            until("queued", LIMIT, || sync.waiters() == i + 1).await;
         }
-    );
-    assert_eq!(sync.owner(), Some((me, 1)));
-    assert_eq!(remote.holder(), Some((me, 1)));
-    let s = sync.competitor().stats();
-    assert_eq!((s.attempts, s.after_acquire, s.prepare_wait), (1, 1, 0));
-    assert_eq!(sync.waiters(), 0);
-
-    testing::release(&sync, me).unwrap();
-    assert_eq!(sync.owner(), None);
-    assert_eq!(remote.holder(), None);
-    assert_eq!(sync.competitor().stats().after_release, 1);
-}
-
-#[tokio::test(start_paused = true)]
-async fn reentry_does_not_queue_and_counts_depth() {
-    let (_remote, sync) = new_sync(SPIN);
-    let (a, b) = (HolderId::new(), HolderId::new());
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    let waiter = spawn_acquire(&sync, b, Wait::Forever);
-    until("b queued", LIMIT, || sync.waiters() == 1).await;
-
-    // Queueing behind `b` would deadlock: `b` waits for `a`.
-    let again = timeout(ms(1), sync.acquire(a, Wait::Forever))
-        .await
-        .expect("a re-entry queued behind a waiter")
-        .unwrap();
-    assert_eq!(again.count, 2);
-    assert_eq!(sync.owner(), Some((a, 2)));
-    assert_eq!(sync.waiters(), 1);
-
-    testing::release(&sync, a).unwrap();
-    assert_eq!(sync.owner(), Some((a, 1)));
-    assert_eq!(sync.competitor().stats().after_release, 0);
-    tokio::task::yield_now().await;
-    assert!(!waiter.is_finished(), "woken while the outer level is held");
-
-    testing::release(&sync, a).unwrap();
-    let granted = timeout(ms(1), waiter).await.unwrap().unwrap().unwrap();
-    assert_eq!(granted.holder, b);
-    let s = sync.competitor().stats();
-    assert_eq!((s.after_acquire, s.after_release), (3, 1));
-}
-
-#[tokio::test(start_paused = true)]
-async fn grants_follow_arrival_order() {
-    let (_remote, sync) = new_sync(SPIN);
-    let first = HolderId::new();
-    sync.acquire(first, Wait::Forever).await.unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..20 {
-        let (sync2, order2) = (Arc::clone(&sync), Arc::clone(&order));
-        // Every third waiter has a (distant) deadline: timed waits queue like the others.
-        let wait = if i % 3 == 0 {
-            until_instant(HOUR)
-        } else {
-            Wait::Forever
-        };
-        tasks.push(tokio::spawn(async move {
-            let me = HolderId::new();
-            sync2.acquire(me, wait).await.unwrap();
-            order2.lock().unwrap().push(i);
-            tokio::task::yield_now().await;
-            testing::release(&sync2, me).unwrap();
-        }));
-        until("queued", LIMIT, || sync.waiters() == i + 1).await;
-    }
-    testing::release(&sync, first).unwrap();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
-    assert_eq!((sync.waiters(), sync.owner()), (0, None));
-    assert_eq!(sync.competitor().stats().queue_drained, 1);
-    assert_eq!(sync.check_invariants(), Ok(()));
-}
-
-#[tokio::test(start_paused = true)]
-async fn immediate_is_locally_busy_without_a_remote_call() {
-    let (_remote, sync) = new_sync(SPIN);
-    let (a, b) = (HolderId::new(), HolderId::new());
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    let err = sync.acquire(b, Wait::Immediate).await.unwrap_err();
-    match err {
-        Error::Busy { lock, retry_after } => {
-            assert_eq!(lock, "test-lock");
-            assert_eq!(retry_after, None);
+        testing::release(&sync, first).unwrap();
+        for t in tasks {
+            within(t).await.unwrap();
         }
-        other => panic!("expected Busy, got {other}"),
-    }
-    assert_eq!(sync.competitor().stats().attempts, 1, "no remote call");
-    assert_eq!(sync.waiters(), 0);
+        assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+        assert_eq!((sync.waiters(), sync.owner()), (0, None));
+        assert_eq!(sync.competitor().stats().queue_drained, 1);
+        assert_eq!(sync.check_invariants(), Ok(()));
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn immediate_reports_remote_busy_with_retry_after() {
-    let (remote, sync) = new_sync(SPIN);
-    remote.try_acquire(HolderId::new());
-    sync.competitor()
-        .set_retry_after(Some(Duration::from_secs(3)));
-    let err = sync
-        .acquire(HolderId::new(), Wait::Immediate)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, Error::Busy { retry_after: Some(d), .. } if d == Duration::from_secs(3)),
-        "{err:?}"
-    );
-    let s = sync.competitor().stats();
-    assert_eq!((s.attempts, s.prepare_wait), (1, 0), "one attempt, no wait");
-    assert_eq!(sync.waiters(), 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn immediate_barges_ahead_of_queued_waiters() {
-    let (remote, sync) = new_sync(HOUR);
-    let outsider = HolderId::new();
-    remote.try_acquire(outsider);
-    let head = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
-    until("head parked", LIMIT, || {
-        sync.competitor().stats().prepare_wait == 1
-    })
-    .await;
-    // The head parks on its one-hour timer and hears nothing of this release.
-    remote.release_silently(outsider).unwrap();
-
-    let barger = HolderId::new();
-    sync.acquire(barger, Wait::Immediate).await.unwrap();
-    assert_eq!(sync.owner(), Some((barger, 1)));
-    assert_eq!(sync.waiters(), 1);
-
-    // The barger's local release wakes the head.
-    testing::release(&sync, barger).unwrap();
-    timeout(ms(1), head).await.unwrap().unwrap().unwrap();
-}
-
-#[tokio::test(start_paused = true)]
-async fn timed_acquire_waits_in_the_queue() {
-    // Bedrock C4: a timed tryLock behind another waiter gave up at once.
-    let (_remote, sync) = new_sync(SPIN);
-    let (a, b, c) = (HolderId::new(), HolderId::new(), HolderId::new());
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    let tb = spawn_acquire(&sync, b, Wait::Forever);
-    until("b queued", LIMIT, || sync.waiters() == 1).await;
-    let tc = spawn_acquire(&sync, c, until_instant(Duration::from_secs(1)));
-    until("c queued", LIMIT, || sync.waiters() == 2).await;
-
-    sleep(ms(100)).await;
-    testing::release(&sync, a).unwrap();
-    tb.await.unwrap().unwrap();
-    sleep(ms(100)).await;
-    testing::release(&sync, b).unwrap();
-    let granted = tc.await.unwrap().unwrap();
-    assert_eq!(granted.holder, c);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_timed_out_waiter_leaves_the_queue_intact() {
-    // Bedrock C4 again: the timed-out node poisoned the queue for everyone behind it.
-    let (_remote, sync) = new_sync(SPIN);
-    let (a, b, c) = (HolderId::new(), HolderId::new(), HolderId::new());
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    let tb = spawn_acquire(&sync, b, until_instant(ms(50)));
-    until("b queued", LIMIT, || sync.waiters() == 1).await;
-    let tc = spawn_acquire(&sync, c, Wait::Forever);
-    until("c queued", LIMIT, || sync.waiters() == 2).await;
-
-    match tb.await.unwrap().unwrap_err() {
-        Error::Timeout {
-            lock,
-            kind,
-            budget,
-            elapsed,
-        } => {
-            assert_eq!(lock, "test-lock");
-            assert_eq!(kind, TimeoutKind::Wait);
-            assert_eq!(budget, ms(50));
-            assert!(elapsed >= ms(50), "{elapsed:?}");
+#[test]
+fn immediate_is_locally_busy_without_a_remote_call() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        let (a, b) = (HolderId::new(), HolderId::new());
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        let err = within(sync.acquire(b, Wait::Immediate)).await.unwrap_err();
+        match err {
+            Error::Busy { lock, retry_after } => {
+                assert_eq!(lock, "test-lock");
+                assert_eq!(retry_after, None);
+            }
+            other => panic!("expected Busy, got {other}"),
         }
-        other => panic!("expected a timeout, got {other}"),
-    }
-    assert_eq!(sync.waiters(), 1);
-    testing::release(&sync, a).unwrap();
-    assert_eq!(tc.await.unwrap().unwrap().holder, c);
-    assert_eq!(sync.check_invariants(), Ok(()));
+        assert_eq!(sync.competitor().stats().attempts, 1, "no remote call");
+        assert_eq!(sync.waiters(), 0);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_parked_head_retries_at_the_spin_wait_not_in_a_busy_loop() {
-    // Bedrock M3: the timed path polled every microsecond.
-    let (remote, sync) = new_sync(SPIN);
-    let outsider = HolderId::new();
-    remote.try_acquire(outsider);
-    let w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
-    sleep(Duration::from_secs(1)).await;
-    let attempts = sync.competitor().stats().attempts;
-    // One at 0 ms, then one every 50 ms.
-    assert!((20..=22).contains(&attempts), "{attempts} attempts in 1 s");
-
-    remote.release_silently(outsider).unwrap();
-    let t0 = Instant::now();
-    w.await.unwrap().unwrap();
-    assert!(t0.elapsed() <= SPIN, "took {:?}", t0.elapsed());
+#[test]
+fn immediate_reports_remote_busy_with_retry_after() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(SPIN);
+        remote.try_acquire(HolderId::new());
+        sync.competitor()
+            .set_retry_after(Some(Duration::from_secs(3)));
+        let err = sync
+            .acquire(HolderId::new(), Wait::Immediate)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Busy { retry_after: Some(d), .. } if d == Duration::from_secs(3)),
+            "{err:?}"
+        );
+        let s = sync.competitor().stats();
+        assert_eq!((s.attempts, s.prepare_wait), (1, 0), "one attempt, no wait");
+        assert_eq!(sync.waiters(), 0);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn retry_after_shortens_the_park() {
-    let (remote, sync) = new_sync(HOUR);
-    sync.competitor().set_retry_after(Some(ms(5)));
-    remote.try_acquire(HolderId::new());
-    let _w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
-    sleep(ms(100)).await;
-    let attempts = sync.competitor().stats().attempts;
-    assert!(
-        (20..=22).contains(&attempts),
-        "{attempts} attempts in 100 ms"
-    );
+#[test]
+fn immediate_barges_ahead_of_queued_waiters() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(HOUR);
+        let outsider = HolderId::new();
+        remote.try_acquire(outsider);
+        let head = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        until("head parked", LIMIT, || {
+            sync.competitor().stats().prepare_wait == 1
+        })
+        .await;
+        // The head parks on its one-hour timer and hears nothing of this release.
+        remote.release_silently(outsider).unwrap();
+
+        let barger = HolderId::new();
+        within(sync.acquire(barger, Wait::Immediate)).await.unwrap();
+        assert_eq!(sync.owner(), Some((barger, 1)));
+        assert_eq!(sync.waiters(), 1);
+
+        // The barger's local release wakes the head.
+        testing::release(&sync, barger).unwrap();
+        timeout(ms(1), head).await.unwrap().unwrap().unwrap();
+    });
+}
+
+#[test]
+fn timed_acquire_waits_in_the_queue() {
+    paused(|| async move {
+        // Bedrock C4: a timed tryLock behind another waiter gave up at once.
+        let (_remote, sync) = new_sync(SPIN);
+        let (a, b, c) = (HolderId::new(), HolderId::new(), HolderId::new());
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        let tb = spawn_acquire(&sync, b, Wait::Forever);
+        until("b queued", LIMIT, || sync.waiters() == 1).await;
+        let tc = spawn_acquire(&sync, c, until_instant(Duration::from_secs(1)));
+        until("c queued", LIMIT, || sync.waiters() == 2).await;
+
+        sleep(ms(100)).await;
+        testing::release(&sync, a).unwrap();
+        within(tb).await.unwrap().unwrap();
+        sleep(ms(100)).await;
+        testing::release(&sync, b).unwrap();
+        let granted = within(tc).await.unwrap().unwrap();
+        assert_eq!(granted.holder, c);
+    });
+}
+
+#[test]
+fn a_timed_out_waiter_leaves_the_queue_intact() {
+    paused(|| async move {
+        // Bedrock C4 again: the timed-out node poisoned the queue for everyone behind it.
+        let (_remote, sync) = new_sync(SPIN);
+        let (a, b, c) = (HolderId::new(), HolderId::new(), HolderId::new());
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        let tb = spawn_acquire(&sync, b, until_instant(ms(50)));
+        until("b queued", LIMIT, || sync.waiters() == 1).await;
+        let tc = spawn_acquire(&sync, c, Wait::Forever);
+        until("c queued", LIMIT, || sync.waiters() == 2).await;
+
+        match within(tb).await.unwrap().unwrap_err() {
+            Error::Timeout {
+                lock,
+                kind,
+                budget,
+                elapsed,
+            } => {
+                assert_eq!(lock, "test-lock");
+                assert_eq!(kind, TimeoutKind::Wait);
+                assert_eq!(budget, ms(50));
+                assert!(elapsed >= ms(50), "{elapsed:?}");
+            }
+            other => panic!("expected a timeout, got {other}"),
+        }
+        assert_eq!(sync.waiters(), 1);
+        testing::release(&sync, a).unwrap();
+        assert_eq!(within(tc).await.unwrap().unwrap().holder, c);
+        assert_eq!(sync.check_invariants(), Ok(()));
+    });
+}
+
+#[test]
+fn a_parked_head_retries_at_the_spin_wait_not_in_a_busy_loop() {
+    paused(|| async move {
+        // Bedrock M3: the timed path polled every microsecond.
+        let (remote, sync) = new_sync(SPIN);
+        let outsider = HolderId::new();
+        remote.try_acquire(outsider);
+        let w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        sleep(Duration::from_secs(1)).await;
+        let attempts = sync.competitor().stats().attempts;
+        // One at 0 ms, then one every 50 ms.
+        assert!((20..=22).contains(&attempts), "{attempts} attempts in 1 s");
+
+        remote.release_silently(outsider).unwrap();
+        let t0 = Instant::now();
+        within(w).await.unwrap().unwrap();
+        assert!(t0.elapsed() <= SPIN, "took {:?}", t0.elapsed());
+    });
+}
+
+#[test]
+fn retry_after_shortens_the_park() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(HOUR);
+        sync.competitor().set_retry_after(Some(ms(5)));
+        remote.try_acquire(HolderId::new());
+        let _w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        sleep(ms(100)).await;
+        let attempts = sync.competitor().stats().attempts;
+        assert!(
+            (20..=22).contains(&attempts),
+            "{attempts} attempts in 100 ms"
+        );
+    });
 }
 
 #[test]
@@ -282,228 +302,256 @@ fn a_zero_retry_after_is_floored_at_the_minimum_delay() {
     });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_release_notification_wakes_the_parked_head() {
-    let (remote, sync) = new_sync(HOUR);
-    sync.competitor().set_notifications(Notifications::Live);
-    testing::subscribe(&sync);
-    let outsider = HolderId::new();
-    remote.try_acquire(outsider);
-    let w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
-    until("head parked", LIMIT, || {
-        sync.competitor().stats().prepare_wait == 1
-    })
-    .await;
-    sleep(ms(10)).await;
-    remote.release(outsider).unwrap(); // publishes
-    timeout(ms(1), w)
-        .await
-        .expect("the head slept through the notification")
-        .unwrap()
-        .unwrap();
-    assert_eq!(sync.competitor().stats().attempts, 2);
+#[test]
+fn a_release_notification_wakes_the_parked_head() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(HOUR);
+        sync.competitor().set_notifications(Notifications::Live);
+        testing::subscribe(&sync);
+        let outsider = HolderId::new();
+        remote.try_acquire(outsider);
+        let w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        until("head parked", LIMIT, || {
+            sync.competitor().stats().prepare_wait == 1
+        })
+        .await;
+        sleep(ms(10)).await;
+        remote.release(outsider).unwrap(); // publishes
+        timeout(ms(1), w)
+            .await
+            .expect("the head slept through the notification")
+            .unwrap()
+            .unwrap();
+        assert_eq!(sync.competitor().stats().attempts, 2);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_notification_while_the_attempt_is_in_flight_is_not_lost() {
-    let (remote, sync) = new_sync(HOUR);
-    sync.competitor().set_notifications(Notifications::Live);
-    testing::subscribe(&sync);
-    let outsider = HolderId::new();
-    remote.try_acquire(outsider);
-    // The first attempt is answered "busy" 10 ms after it was decided.
-    sync.competitor().script([Behavior::SlowBusy(ms(10))]);
-    let w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
-    sleep(ms(5)).await;
-    remote.release(outsider).unwrap(); // the notification arrives mid-attempt
-    timeout(ms(20), w)
-        .await
-        .expect("the head parked although a release was announced during its attempt")
-        .unwrap()
-        .unwrap();
-    let s = sync.competitor().stats();
-    assert_eq!((s.attempts, s.prepare_wait), (2, 1));
+#[test]
+fn a_notification_while_the_attempt_is_in_flight_is_not_lost() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(HOUR);
+        sync.competitor().set_notifications(Notifications::Live);
+        testing::subscribe(&sync);
+        let outsider = HolderId::new();
+        remote.try_acquire(outsider);
+        // The first attempt is answered "busy" 10 ms after it was decided.
+        sync.competitor().script([Behavior::SlowBusy(ms(10))]);
+        let w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        sleep(ms(5)).await;
+        remote.release(outsider).unwrap(); // the notification arrives mid-attempt
+        timeout(ms(20), w)
+            .await
+            .expect("the head parked although a release was announced during its attempt")
+            .unwrap()
+            .unwrap();
+        let s = sync.competitor().stats();
+        assert_eq!((s.attempts, s.prepare_wait), (2, 1));
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn started_notifications_retry_once_at_once() {
-    let (remote, sync) = new_sync(HOUR);
-    sync.competitor().set_notifications(Notifications::Started);
-    remote.try_acquire(HolderId::new());
-    let _w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
-    until("the immediate retry", LIMIT, || {
-        sync.competitor().stats().prepare_wait == 2
-    })
-    .await;
-    for _ in 0..100 {
+#[test]
+fn started_notifications_retry_once_at_once() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(HOUR);
+        sync.competitor().set_notifications(Notifications::Started);
+        remote.try_acquire(HolderId::new());
+        let _w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        until("the immediate retry", LIMIT, || {
+            sync.competitor().stats().prepare_wait == 2
+        })
+        .await;
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        // busy → Started → retry at once → busy → Started again → park (no hot loop).
+        let s = sync.competitor().stats();
+        assert_eq!((s.attempts, s.prepare_wait), (2, 2));
+    });
+}
+
+#[test]
+fn a_local_release_wakes_the_head() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(HOUR);
+        let (a, b) = (HolderId::new(), HolderId::new());
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        let w = spawn_acquire(&sync, b, Wait::Forever);
+        until("b queued", LIMIT, || sync.waiters() == 1).await;
+        sleep(ms(10)).await;
+        testing::release(&sync, a).unwrap();
+        timeout(ms(1), w).await.unwrap().unwrap().unwrap();
+    });
+}
+
+#[test]
+fn a_failed_attempt_passes_the_turn_on() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        let a = HolderId::new();
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        let w1 = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        until("w1 queued", LIMIT, || sync.waiters() == 1).await;
+        let w2 = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        until("w2 queued", LIMIT, || sync.waiters() == 2).await;
+        sync.competitor().script([Behavior::Fail]);
+        testing::release(&sync, a).unwrap();
+        assert!(within(w1).await.unwrap().unwrap_err().is_backend());
+        timeout(ms(1), w2).await.unwrap().unwrap().unwrap();
+        assert_eq!(sync.waiters(), 0);
+    });
+}
+
+#[test]
+fn the_queue_drained_hook_runs_when_the_last_waiter_leaves() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        let a = HolderId::new();
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        let w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        until("queued", LIMIT, || sync.waiters() == 1).await;
+        assert_eq!(sync.competitor().stats().queue_drained, 0);
+        w.abort();
+        until("cancelled", LIMIT, || sync.waiters() == 0).await;
+        assert_eq!(sync.competitor().stats().queue_drained, 1);
+    });
+}
+
+#[test]
+fn a_woken_head_that_is_dropped_passes_its_wake_up_on() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(HOUR);
+        let a = HolderId::new();
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        let mut first = Manual::new(sync.acquire(HolderId::new(), Wait::Forever));
+        let mut second = Manual::new(sync.acquire(HolderId::new(), Wait::Forever));
+        assert!(first.poll().is_pending());
+        assert!(second.poll().is_pending());
+        assert_eq!(sync.waiters(), 2);
+
+        testing::release(&sync, a).unwrap();
+        assert!(first.woken(), "the release wakes the head");
+        assert!(!second.woken());
+        drop(first); // woken, never ran
+        assert!(
+            second.woken(),
+            "the dropped head's wake-up was not passed on"
+        );
+        assert!(second.poll().is_ready());
+        assert_eq!(sync.waiters(), 0);
+    });
+}
+
+#[test]
+fn a_grant_displaces_an_owner_whose_remote_hold_ended() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(SPIN);
+        let (a, b) = (HolderId::new(), HolderId::new());
+        // b's fast-path attempt is on the wire for 10 ms.
+        sync.competitor().script([Behavior::Slow(ms(10))]);
+        let tb = spawn_acquire(&sync, b, Wait::Forever);
         tokio::task::yield_now().await;
-    }
-    // busy → Started → retry at once → busy → Started again → park (no hot loop).
-    let s = sync.competitor().stats();
-    assert_eq!((s.attempts, s.prepare_wait), (2, 2));
+        // a barges in meanwhile, then releases remotely; its local release is late.
+        within(sync.acquire(a, Wait::Immediate)).await.unwrap();
+        sleep(ms(5)).await;
+        remote.release(a).unwrap();
+        within(tb).await.unwrap().unwrap();
+        assert_eq!(sync.owner(), Some((b, 1)));
+        assert_eq!(sync.competitor().stats().after_release, 1, "a's hold ended");
+        sync.release(a); // late, ignored
+        assert_eq!(sync.owner(), Some((b, 1)));
+        assert_eq!(sync.competitor().stats().after_release, 1);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_local_release_wakes_the_head() {
-    let (_remote, sync) = new_sync(HOUR);
-    let (a, b) = (HolderId::new(), HolderId::new());
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    let w = spawn_acquire(&sync, b, Wait::Forever);
-    until("b queued", LIMIT, || sync.waiters() == 1).await;
-    sleep(ms(10)).await;
-    testing::release(&sync, a).unwrap();
-    timeout(ms(1), w).await.unwrap().unwrap().unwrap();
+#[test]
+fn a_release_by_a_non_owner_is_ignored() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        let a = HolderId::new();
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        sync.release(HolderId::new());
+        assert_eq!(sync.owner(), Some((a, 1)));
+        assert_eq!(sync.competitor().stats().after_release, 0);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_failed_attempt_passes_the_turn_on() {
-    let (_remote, sync) = new_sync(SPIN);
-    let a = HolderId::new();
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    let w1 = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
-    until("w1 queued", LIMIT, || sync.waiters() == 1).await;
-    let w2 = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
-    until("w2 queued", LIMIT, || sync.waiters() == 2).await;
-    sync.competitor().script([Behavior::Fail]);
-    testing::release(&sync, a).unwrap();
-    assert!(w1.await.unwrap().unwrap_err().is_backend());
-    timeout(ms(1), w2).await.unwrap().unwrap().unwrap();
-    assert_eq!(sync.waiters(), 0);
+#[test]
+fn a_reentry_that_finds_another_holder_reports_the_lease_lost() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(SPIN);
+        let a = HolderId::new();
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        // a's lease ran out and someone else took the lock.
+        remote.release_silently(a).unwrap();
+        remote.try_acquire(HolderId::new());
+        let err = within(sync.acquire(a, Wait::Forever)).await.unwrap_err();
+        assert!(err.is_lease_lost(), "{err}");
+        let err = within(sync.acquire(a, Wait::Immediate)).await.unwrap_err();
+        assert!(err.is_busy(), "{err}");
+        assert_eq!(sync.owner(), Some((a, 1)), "local accounting untouched");
+        assert_eq!(sync.waiters(), 0);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_queue_drained_hook_runs_when_the_last_waiter_leaves() {
-    let (_remote, sync) = new_sync(SPIN);
-    let a = HolderId::new();
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    let w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
-    until("queued", LIMIT, || sync.waiters() == 1).await;
-    assert_eq!(sync.competitor().stats().queue_drained, 0);
-    w.abort();
-    until("cancelled", LIMIT, || sync.waiters() == 0).await;
-    assert_eq!(sync.competitor().stats().queue_drained, 1);
+#[test]
+fn an_attempt_in_flight_at_the_deadline_is_not_interrupted() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        sync.competitor().script([Behavior::Slow(ms(50))]);
+        let t0 = Instant::now();
+        let me = HolderId::new();
+        sync.acquire(me, until_instant(ms(10))).await.unwrap();
+        assert!(t0.elapsed() >= ms(50));
+        assert_eq!(sync.owner(), Some((me, 1)));
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_woken_head_that_is_dropped_passes_its_wake_up_on() {
-    let (_remote, sync) = new_sync(HOUR);
-    let a = HolderId::new();
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    let mut first = Manual::new(sync.acquire(HolderId::new(), Wait::Forever));
-    let mut second = Manual::new(sync.acquire(HolderId::new(), Wait::Forever));
-    assert!(first.poll().is_pending());
-    assert!(second.poll().is_pending());
-    assert_eq!(sync.waiters(), 2);
+#[test]
+fn a_deadline_already_passed_still_makes_one_attempt() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(SPIN);
+        let now = Wait::Until(Instant::now().into_std());
+        let me = HolderId::new();
+        within(sync.acquire(me, now)).await.unwrap();
+        testing::release(&sync, me).unwrap();
 
-    testing::release(&sync, a).unwrap();
-    assert!(first.woken(), "the release wakes the head");
-    assert!(!second.woken());
-    drop(first); // woken, never ran
-    assert!(
-        second.woken(),
-        "the dropped head's wake-up was not passed on"
-    );
-    assert!(second.poll().is_ready());
-    assert_eq!(sync.waiters(), 0);
+        remote.try_acquire(HolderId::new());
+        let err = within(sync.acquire(me, now)).await.unwrap_err();
+        assert!(err.is_timeout(), "{err}");
+        let s = sync.competitor().stats();
+        assert_eq!((s.attempts, s.prepare_wait), (2, 0));
+        assert_eq!(sync.waiters(), 0);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_grant_displaces_an_owner_whose_remote_hold_ended() {
-    let (remote, sync) = new_sync(SPIN);
-    let (a, b) = (HolderId::new(), HolderId::new());
-    // b's fast-path attempt is on the wire for 10 ms.
-    sync.competitor().script([Behavior::Slow(ms(10))]);
-    let tb = spawn_acquire(&sync, b, Wait::Forever);
-    tokio::task::yield_now().await;
-    // a barges in meanwhile, then releases remotely; its local release is late.
-    sync.acquire(a, Wait::Immediate).await.unwrap();
-    sleep(ms(5)).await;
-    remote.release(a).unwrap();
-    tb.await.unwrap().unwrap();
-    assert_eq!(sync.owner(), Some((b, 1)));
-    assert_eq!(sync.competitor().stats().after_release, 1, "a's hold ended");
-    sync.release(a); // late, ignored
-    assert_eq!(sync.owner(), Some((b, 1)));
-    assert_eq!(sync.competitor().stats().after_release, 1);
+#[test]
+fn a_deadline_while_parked_as_head_times_out() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(SPIN);
+        remote.try_acquire(HolderId::new());
+        let t0 = Instant::now();
+        let err = sync
+            .acquire(HolderId::new(), until_instant(ms(120)))
+            .await
+            .unwrap_err();
+        assert!(err.is_timeout(), "{err}");
+        assert_eq!(t0.elapsed(), ms(120), "the deadline caps the spin timer");
+        // At 0, 50 and 100 ms.
+        assert_eq!(sync.competitor().stats().attempts, 3);
+        assert_eq!(sync.waiters(), 0);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_release_by_a_non_owner_is_ignored() {
-    let (_remote, sync) = new_sync(SPIN);
-    let a = HolderId::new();
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    sync.release(HolderId::new());
-    assert_eq!(sync.owner(), Some((a, 1)));
-    assert_eq!(sync.competitor().stats().after_release, 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_reentry_that_finds_another_holder_reports_the_lease_lost() {
-    let (remote, sync) = new_sync(SPIN);
-    let a = HolderId::new();
-    sync.acquire(a, Wait::Forever).await.unwrap();
-    // a's lease ran out and someone else took the lock.
-    remote.release_silently(a).unwrap();
-    remote.try_acquire(HolderId::new());
-    let err = sync.acquire(a, Wait::Forever).await.unwrap_err();
-    assert!(err.is_lease_lost(), "{err}");
-    let err = sync.acquire(a, Wait::Immediate).await.unwrap_err();
-    assert!(err.is_busy(), "{err}");
-    assert_eq!(sync.owner(), Some((a, 1)), "local accounting untouched");
-    assert_eq!(sync.waiters(), 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_attempt_in_flight_at_the_deadline_is_not_interrupted() {
-    let (_remote, sync) = new_sync(SPIN);
-    sync.competitor().script([Behavior::Slow(ms(50))]);
-    let t0 = Instant::now();
-    let me = HolderId::new();
-    sync.acquire(me, until_instant(ms(10))).await.unwrap();
-    assert!(t0.elapsed() >= ms(50));
-    assert_eq!(sync.owner(), Some((me, 1)));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_deadline_already_passed_still_makes_one_attempt() {
-    let (remote, sync) = new_sync(SPIN);
-    let now = Wait::Until(Instant::now().into_std());
-    let me = HolderId::new();
-    sync.acquire(me, now).await.unwrap();
-    testing::release(&sync, me).unwrap();
-
-    remote.try_acquire(HolderId::new());
-    let err = sync.acquire(me, now).await.unwrap_err();
-    assert!(err.is_timeout(), "{err}");
-    let s = sync.competitor().stats();
-    assert_eq!((s.attempts, s.prepare_wait), (2, 0));
-    assert_eq!(sync.waiters(), 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_deadline_while_parked_as_head_times_out() {
-    let (remote, sync) = new_sync(SPIN);
-    remote.try_acquire(HolderId::new());
-    let t0 = Instant::now();
-    let err = sync
-        .acquire(HolderId::new(), until_instant(ms(120)))
-        .await
-        .unwrap_err();
-    assert!(err.is_timeout(), "{err}");
-    assert_eq!(t0.elapsed(), ms(120), "the deadline caps the spin timer");
-    // At 0, 50 and 100 ms.
-    assert_eq!(sync.competitor().stats().attempts, 3);
-    assert_eq!(sync.waiters(), 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn debug_shows_label_owner_and_waiters() {
-    let (_remote, sync) = new_sync(SPIN);
-    let text = format!("{sync:?}");
-    assert!(
-        text.contains("test-lock") && text.contains("waiters: 0"),
-        "{text}"
-    );
+#[test]
+fn debug_shows_label_owner_and_waiters() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        let text = format!("{sync:?}");
+        assert!(
+            text.contains("test-lock") && text.contains("waiters: 0"),
+            "{text}"
+        );
+    });
 }
 
 // ---- blocking twins ----
@@ -678,12 +726,12 @@ fn hooks_never_run_under_the_internal_lock() {
                 sync.release(h);
             };
             let (a, b) = (HolderId::new(), HolderId::new());
-            sync.acquire(a, Wait::Forever).await.unwrap(); // after_acquire
+            within(sync.acquire(a, Wait::Forever)).await.unwrap(); // after_acquire
             let s2 = sync.clone();
             let tb = tokio::spawn(async move { s2.acquire(b, Wait::Forever).await });
             until("b queued", LIMIT, || sync.waiters() == 1).await;
             release(a); // after_release
-            tb.await.unwrap().unwrap(); // after_acquire + queue_drained
+            within(tb).await.unwrap().unwrap(); // after_acquire + queue_drained
             release(b); // after_release
             // abandon: a slow attempt whose acquire future is dropped mid-flight
             sync.competitor().inner.script([Behavior::Slow(ms(10))]);

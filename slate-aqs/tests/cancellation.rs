@@ -290,7 +290,8 @@ fn cancellation_matrix() {
         for behavior in BEHAVIORS {
             for abort in ABORTS {
                 cases += 1;
-                if let Err(e) = run_case(scenario, behavior, abort) {
+                let case = move || run_case(scenario, behavior, abort);
+                if let Err(e) = common::with_watchdog(Duration::from_secs(20), case) {
                     failures.push(format!("{scenario:?} / {behavior:?} / {abort:?}: {e}"));
                 }
             }
@@ -467,6 +468,8 @@ proptest! {
         outsider_until in prop::option::of(0u64..30),
         notifications in any::<bool>(),
     ) {
+        let what = format!("{parties:?} {script:?} {outsider_until:?} {notifications}");
+        let outcome = common::with_watchdog_or_exit(Duration::from_secs(20), what, move || {
         let rt = paused_runtime();
         let never = script.contains(&Behavior::Never);
         let (remote, sync, granted, unfinished) = rt.block_on(async {
@@ -523,7 +526,9 @@ proptest! {
         });
         drop(rt);
         let _ = unfinished;
-        prop_assert_eq!(check_clean(&sync, &remote, granted), Ok(()));
+        check_clean(&sync, &remote, granted)
+        });
+        prop_assert_eq!(outcome, Ok(()));
     }
 }
 

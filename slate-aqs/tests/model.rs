@@ -426,7 +426,9 @@ proptest! {
 
     #[test]
     fn the_queue_behaves_like_its_model(ops in prop::collection::vec(op_strategy(), 1..60)) {
-        prop_assert_eq!(run(&ops), Ok(()));
+        let what = format!("{ops:?}");
+        let outcome = common::with_watchdog_or_exit(Duration::from_secs(20), what, move || run(&ops));
+        prop_assert_eq!(outcome, Ok(()));
     }
 }
 

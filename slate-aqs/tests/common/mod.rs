@@ -54,6 +54,15 @@ pub async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) 
     }
 }
 
+/// Awaits `fut` on tokio's paused clock, failing if it does not complete within a day of
+/// it. An idle paused runtime jumps straight to the next timer, so a future that nothing will
+/// ever wake (a lost wake-up) fails at once instead of hanging the suite.
+pub async fn within<F: Future>(fut: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(86_400), fut)
+        .await
+        .expect("stuck: nothing will ever wake this future (a lost wake-up?)")
+}
+
 /// A waker that records that it was woken.
 #[derive(Default)]
 pub struct Flag(AtomicBool);
@@ -94,6 +103,24 @@ impl<F: Future> Manual<F> {
     }
 }
 
+/// Runs an async test body on a fresh current-thread runtime with tokio's clock paused,
+/// under [`with_watchdog`]: a future that spins inside one poll (which no tokio timer can
+/// interrupt) fails the test instead of hanging the suite.
+pub fn paused<F, Fut>(body: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    with_watchdog(Duration::from_secs(30), move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(body());
+    });
+}
+
 /// Runs `f` on a thread and fails the test if it has not finished within `limit` (real
 /// time): turns a hang (a lost wake-up, a deadlock) into a failure.
 pub fn with_watchdog<T: Send + 'static>(
@@ -119,4 +146,26 @@ pub fn proptest_cases(default: u32) -> u32 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
+}
+
+/// As [`with_watchdog`], for proptest bodies: a hang exits the test process (after printing
+/// `what`) instead of panicking, because proptest would retry a panicking case while
+/// shrinking, hanging once per attempt.
+pub fn with_watchdog_or_exit<T: Send + 'static>(
+    limit: Duration,
+    what: String,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            eprintln!("did not finish within {limit:?} (hang or deadlock): {what}");
+            std::process::exit(101);
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the test body panicked"),
+    }
 }
