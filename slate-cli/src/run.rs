@@ -4,12 +4,15 @@ use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
-use slate_core::{DistributedLock, Error, HolderId, LockGuard, LossReason, Wait};
+use slate_core::{
+    BackendKind, DistributedLock, Error, HolderId, LockGuard, LossReason, NodeState, TimeoutKind,
+    Wait,
+};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
 
@@ -102,6 +105,34 @@ fn signal_exit(sig: Signal) -> u8 {
     exit::SIGNAL_BASE + u8::try_from(sig as i32).unwrap_or(0)
 }
 
+/// Pause between attempts after a transient failure (Redis unreachable, too few nodes).
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// Printed when a combination lock failed because nodes are quarantined.
+const QUARANTINE_HINT: &str = "slate: hint: a Redis server that has been up for less than the \
+quarantine (30s, or the lease if longer) is not used by a combination lock: a fresh server cannot \
+be told from one that restarted without its data. Wait until the servers have been up that long \
+(or, for a brand-new deployment, see NodeSet::adopt_fresh_servers).";
+
+/// Whether an acquisition error may go away by itself (worth retrying within `--wait`).
+fn is_transient(e: &Error) -> bool {
+    match e {
+        Error::InsufficientNodes { .. } => true,
+        Error::Timeout { kind, .. } => *kind != TimeoutKind::Wait,
+        _ => e.backend_kind().is_some_and(BackendKind::is_transient),
+    }
+}
+
+/// Whether nodes were quarantined after a restart.
+fn quarantined(e: &Error) -> bool {
+    match e {
+        Error::InsufficientNodes { nodes, .. } => nodes
+            .iter()
+            .any(|n| matches!(n.state, NodeState::Quarantined { .. })),
+        _ => false,
+    }
+}
+
 /// The exit code for an acquisition error.
 fn acquire_error_code(e: &Error) -> u8 {
     if e.is_timeout() || e.is_busy() {
@@ -125,38 +156,68 @@ async fn run_locked<L: DistributedLock>(lock: &L, spec: &RunSpec) -> u8 {
     };
     let name = &spec.name;
     let holder = HolderId::new();
-    let wait = match spec.wait {
-        WaitFor::Forever => Wait::Forever,
-        WaitFor::Upto(d) if d.is_zero() => Wait::Immediate,
-        WaitFor::Upto(d) => Wait::for_duration(d),
+    // No deadline: forever (also for a wait too long to represent).
+    let deadline = match spec.wait {
+        WaitFor::Forever => None,
+        WaitFor::Upto(d) => Instant::now().checked_add(d),
     };
-    let acquired = tokio::select! {
-        r = lock.acquire(holder, wait) => r,
-        sig = signals.next() => {
-            eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
-            return signal_exit(sig);
-        }
-    };
-    let guard = match acquired {
-        Ok(g) => g,
-        Err(e) => {
-            let code = acquire_error_code(&e);
-            if code == exit::BUSY {
-                let lease = match lock.remaining_lease().await {
-                    Ok(Some(d)) if d != Duration::MAX => {
-                        format!(", whose lease ends in {}", human(d))
-                    }
-                    _ => String::new(),
-                };
+    let forever = deadline.is_none();
+    let mut retrying = false;
+    let guard = loop {
+        let wait = match deadline {
+            None => Wait::Forever,
+            Some(t) if t > Instant::now() => Wait::Until(t),
+            Some(_) => Wait::Immediate,
+        };
+        let acquired = tokio::select! {
+            r = lock.acquire(holder, wait) => r,
+            sig = signals.next() => {
+                eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
+                return signal_exit(sig);
+            }
+        };
+        let e = match acquired {
+            Ok(g) => break g,
+            Err(e) => e,
+        };
+        let time_left = forever || deadline.is_some_and(|t| Instant::now() + RETRY_PAUSE < t);
+        if is_transient(&e) && time_left {
+            // Redis unreachable or too few nodes: retried within --wait (a restart or a
+            // failover should not fail a job that was willing to wait).
+            if !retrying {
                 eprintln!(
-                    "slate: lock {name:?} not acquired within {}: held by another holder{lease}",
+                    "slate: cannot take lock {name:?} yet: {e}; retrying until --wait {} runs out",
                     spec.wait
                 );
-            } else {
-                eprintln!("slate: cannot take lock {name:?}: {e}");
+                retrying = true;
             }
-            return code;
+            tokio::select! {
+                () = tokio::time::sleep(RETRY_PAUSE) => continue,
+                sig = signals.next() => {
+                    eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
+                    return signal_exit(sig);
+                }
+            }
         }
+        let code = acquire_error_code(&e);
+        if code == exit::BUSY {
+            let lease = match lock.remaining_lease().await {
+                Ok(Some(d)) if d != Duration::MAX => {
+                    format!(", whose lease ends in {}", human(d))
+                }
+                _ => String::new(),
+            };
+            eprintln!(
+                "slate: lock {name:?} not acquired within {}: held by another holder{lease}",
+                spec.wait
+            );
+        } else {
+            eprintln!("slate: cannot take lock {name:?}: {e}");
+            if quarantined(&e) {
+                eprintln!("{QUARANTINE_HINT}");
+            }
+        }
+        return code;
     };
     let token = guard.fencing_token().get();
     if spec.verbose {

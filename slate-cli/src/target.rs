@@ -13,6 +13,26 @@ pub const REDIS_ENV: &str = "SLATE_REDIS_URL";
 /// The default quarantine of a restarted node (the library's default).
 const DEFAULT_QUARANTINE: Duration = Duration::from_secs(30);
 
+/// Longest budget of one command on one node of a combination lock. More lenient than the
+/// library's 50 ms: a command-line process opens every connection afresh (its first command
+/// carries the TCP setup), its nodes may be across a WAN, and one acquisition per process
+/// makes the latency cost irrelevant.
+const MAX_NODE_OPERATION_TIME: Duration = Duration::from_millis(500);
+
+/// How soon a node that failed is tried again. Short, because `slate run` retries within
+/// `--wait` and a node marked unavailable is otherwise skipped for 15 minutes.
+const REPROBE: Duration = Duration::from_secs(1);
+
+/// The node operation time for `n` nodes: [`MAX_NODE_OPERATION_TIME`], reduced so that the
+/// acquire budget (node operation time × n + 100 ms) stays shorter than the lease.
+fn node_operation_time(lease: Duration, n: usize) -> Duration {
+    let n = u32::try_from(n).unwrap_or(u32::MAX).saturating_add(1);
+    let fit = lease.saturating_sub(Duration::from_millis(100)) / n;
+    MAX_NODE_OPERATION_TIME
+        .min(fit)
+        .max(Duration::from_millis(1))
+}
+
 /// The URLs from `--redis` (each may hold several, comma-separated), or else from
 /// `SLATE_REDIS_URL`.
 ///
@@ -76,7 +96,10 @@ impl Target {
                 Ok(Target::Single(lock))
             }
             _ => {
-                let options = NodeSetOptions::default().quarantine(DEFAULT_QUARANTINE.max(lease));
+                let options = NodeSetOptions::default()
+                    .quarantine(DEFAULT_QUARANTINE.max(lease))
+                    .node_operation_time(node_operation_time(lease, urls.len()))
+                    .reprobe_interval(REPROBE);
                 let nodes = NodeSet::connect(urls, options)?;
                 let lock = CombinationLock::builder(&nodes, name)
                     .lease(lease)
@@ -119,6 +142,16 @@ mod tests {
             resolve_urls(&flags).expect("urls"),
             ["redis://a:1", "redis://b:2", "redis://c:3"]
         );
+    }
+
+    #[test]
+    fn node_operation_time_fits_the_lease() {
+        assert_eq!(
+            node_operation_time(Duration::from_secs(30), 3),
+            MAX_NODE_OPERATION_TIME
+        );
+        let op = node_operation_time(Duration::from_secs(1), 3);
+        assert!(op * 3 + Duration::from_millis(100) < Duration::from_secs(1));
     }
 
     #[test]

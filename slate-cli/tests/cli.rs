@@ -105,7 +105,12 @@ impl Running {
             }
             if Instant::now() > deadline {
                 self.child.kill().ok();
-                panic!("slate did not exit within {PATIENCE:?}");
+                self.child.wait().ok();
+                let mut err = String::new();
+                if let Some(mut e) = self.child.stderr.take() {
+                    std::io::Read::read_to_string(&mut e, &mut err).ok();
+                }
+                panic!("slate did not exit within {PATIENCE:?}; its stderr:\n{err}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -486,17 +491,22 @@ fn argument_errors_print_usage_and_exit_2() {
     let out = output(&["run", "--lock", "x", "--", "true"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("SLATE_REDIS_URL"));
-    // A Redis that is not there: a distinct code.
-    let out = output(&[
-        "run",
-        "--lock",
-        "x",
-        "--redis",
-        "redis://127.0.0.1:1",
-        "--",
-        "true",
-    ]);
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    // A Redis that is not there: a distinct code, after retrying within --wait.
+    for wait in ["0s", "1s"] {
+        let args = [
+            "run",
+            "--lock",
+            "x",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--wait",
+            wait,
+        ];
+        let out = output(&[&args[..], &["--", "true"]].concat());
+        assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert_eq!(err.contains("retrying"), wait == "1s", "{err}");
+    }
 }
 
 #[test]

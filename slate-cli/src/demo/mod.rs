@@ -258,11 +258,9 @@ impl Demo {
             human(HOLD),
             dir.display()
         );
-        let style = ProgressStyle::with_template(
-            "{prefix:<24} [{bar:30.cyan/blue}] {elapsed_precise:.dim} {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
+        let style = ProgressStyle::with_template("{prefix:<21} [{bar:24.cyan/blue}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
         let bar1 = self.multi.add(ProgressBar::new(millis(p1)));
         let bar2 = self.multi.add(ProgressBar::new(millis(p2)));
         for (bar, prefix) in [
@@ -438,9 +436,9 @@ impl Demo {
             let elapsed = start.elapsed();
             let (acq, errors, per_node) = &progress(&workers, n_nodes);
             let secs = elapsed.as_secs_f64().max(0.001);
-            let mut msg = format!("{acq} acquisitions ({:.0}/s)", *acq as f64 / secs);
+            let mut msg = format!("{acq} acquisitions, {:.0}/s", *acq as f64 / secs);
             if *errors > 0 {
-                msg.push_str(&format!(", {errors} failed attempts"));
+                msg.push_str(&format!(", {errors} failed"));
             }
             p.bar.set_message(msg);
             p.bar.set_position(millis(elapsed.min(p.duration)));
