@@ -34,8 +34,16 @@ fn single(c: &mut Criterion) {
     let conn = rt.block_on(async {
         let client = redis::Client::open(server.url()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        acquire.prepare_invoke().load_async(&mut conn).await.unwrap();
-        release.prepare_invoke().load_async(&mut conn).await.unwrap();
+        acquire
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .unwrap();
+        release
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .unwrap();
         conn
     });
     let holder = slate_redis::HolderId::new().to_string();

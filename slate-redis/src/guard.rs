@@ -173,7 +173,9 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
     async {
         let renewal = &c.client.inner.renewal;
         renewal.begin_release(&c.keys.lock, holder);
-        let result = c.release_remote(holder).await;
+        let result = c
+            .release_remote(holder, lock.shared.sync.waiters() > 0)
+            .await;
         renewal.end_release(&c.keys.lock, holder);
         lock.shared.sync.release(holder);
         match result {

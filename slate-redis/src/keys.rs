@@ -11,6 +11,8 @@ use slate_core::LockName;
 /// | lock hash | `<prefix>{<name>}` | field = holder id, value = reentry count; TTL = lease |
 /// | fencing counter | `<prefix>{<name>}:fence` | persistent: it must never expire or be deleted, or tokens would repeat |
 /// | release channel | `<prefix>{<name>}:released` | pub/sub channel the release script publishes on |
+/// | waiting processes | `<prefix>{<name>}:queue` | sorted set of the processes waiting, FIFO; TTL = lease |
+/// | turn | `<prefix>{<name>}:turn` | which process a free lock is reserved for; TTL = lease |
 ///
 /// The name's bytes go in verbatim (between braces, so that the three share a cluster hash
 /// slot); they only ever travel as KEYS, ARGV or the channel name, never inside script text.
@@ -19,6 +21,8 @@ pub(crate) struct Keys {
     pub(crate) lock: Arc<[u8]>,
     pub(crate) fence: Arc<[u8]>,
     pub(crate) channel: Arc<[u8]>,
+    pub(crate) queue: Arc<[u8]>,
+    pub(crate) turn: Arc<[u8]>,
 }
 
 impl Keys {
@@ -36,6 +40,8 @@ impl Keys {
         Keys {
             fence: with(b":fence"),
             channel: with(b":released"),
+            queue: with(b":queue"),
+            turn: with(b":turn"),
             lock: Arc::from(lock),
         }
     }

@@ -102,6 +102,10 @@ impl ReleaseTarget for LockShared {
     fn released(&self) {
         self.sync.notify_released();
     }
+
+    fn queue_id(&self) -> &str {
+        &self.sync.competitor().turn.pid
+    }
 }
 
 /// What a successful attempt yields.
@@ -122,12 +126,26 @@ pub(crate) struct RedisCompetitor {
     me: Weak<LockShared>,
     /// When the last attempt was sent (for [`Notifications::Live`]).
     last_attempt: Arc<Mutex<Option<Instant>>>,
+    /// The turn between processes.
+    pub(crate) turn: Turn,
 }
 
 impl RedisCompetitor {
     /// Runs the release script for `holder`: `-1` not held, `0` released, `n` still held.
-    pub(crate) async fn release_remote(&self, holder: HolderId) -> Result<i64> {
-        release_remote(&self.client, &self.keys, holder, self.options.lease()).await
+    pub(crate) async fn release_remote(
+        &self,
+        holder: HolderId,
+        local_waiters: bool,
+    ) -> Result<i64> {
+        release_remote(
+            &self.client,
+            &self.keys,
+            holder,
+            self.options.lease(),
+            &self.turn,
+            local_waiters,
+        )
+        .await
     }
 
     fn hold(&self, holder: HolderId, grant: &Grant) -> Hold {
@@ -165,14 +183,17 @@ async fn compensate(
     me: &Weak<LockShared>,
     holder: HolderId,
     lease: Duration,
+    turn: Turn,
 ) {
-    let owner = me.upgrade().and_then(|s| s.sync.owner()).map(|(h, _)| h);
+    let shared = me.upgrade();
+    let owner = shared.as_ref().and_then(|s| s.sync.owner()).map(|(h, _)| h);
     if owner == Some(holder) {
         return;
     }
+    let waiters = shared.is_some_and(|s| s.sync.waiters() > 0);
     let (client2, keys2) = (client.clone(), keys.clone());
     let mut release = Box::pin(async move {
-        match release_remote(&client2, &keys2, holder, lease).await {
+        match release_remote(&client2, &keys2, holder, lease, &turn, waiters).await {
             Ok(0) => tracing::info!(%holder, "undid a late grant of a timed-out acquire"),
             Ok(_) => {}
             Err(e) => tracing::debug!(%holder, error = %e, "compensating release failed"),
@@ -185,23 +206,72 @@ async fn compensate(
     }
 }
 
+/// The turn between local queues (one per lock handle family in a client, normally one per
+/// process), as the scripts take it (see `scripts/acquire.lua`).
+#[derive(Clone, Debug)]
+pub(crate) struct Turn {
+    /// This local queue's id (`''`: no turn, any caller may take a free lock).
+    pub(crate) pid: String,
+    /// Acquisitions in a row a process may keep while other processes wait.
+    pub(crate) tenure: u32,
+    /// How long a turn stays reserved for the process it is given to.
+    pub(crate) reserve: Duration,
+}
+
+impl Turn {
+    /// No turn (multi-node locks; their nodes are contended in node order instead).
+    pub(crate) fn none() -> Self {
+        Turn {
+            pid: String::new(),
+            tenure: 0,
+            reserve: Duration::ZERO,
+        }
+    }
+
+    /// The turn of a new local queue for a lock with `options`. Its id is a fresh holder id
+    /// (128 random bits per process plus a counter), unique among all queues.
+    pub(crate) fn for_queue(options: &LockOptions) -> Self {
+        Turn {
+            pid: HolderId::new().to_string(),
+            tenure: TENURE,
+            reserve: (options.spin_wait() * 2)
+                .clamp(Duration::from_millis(20), Duration::from_secs(1)),
+        }
+    }
+}
+
+/// Acquisitions in a row one local queue may keep while other queues (processes) wait for the
+/// lock (its local waiters then go first, without waking anyone else); after that the turn
+/// passes to the first waiting queue. It bounds how long a process can be kept waiting.
+pub(crate) const TENURE: u32 = 8;
+
 pub(crate) async fn release_remote(
     client: &RedisClient,
     keys: &Keys,
     holder: HolderId,
     lease: Duration,
+    turn: &Turn,
+    local_waiters: bool,
 ) -> Result<i64> {
-    let (lock_key, channel) = (keys.lock.clone(), keys.channel.clone());
+    let k = keys.clone();
     let holder_arg = holder.to_string();
     let ms = scripts::lease_ms(lease);
+    let pid = turn.pid.clone();
+    let (tenure, reserve) = (turn.tenure, scripts::lease_ms(turn.reserve));
     client
         .exec("release script", |mut c| async move {
             RELEASE
                 .script
-                .key(&*lock_key)
-                .key(&*channel)
+                .key(&*k.lock)
+                .key(&*k.channel)
+                .key(&*k.queue)
+                .key(&*k.turn)
                 .arg(holder_arg)
                 .arg(ms)
+                .arg(pid)
+                .arg(tenure)
+                .arg(u8::from(local_waiters))
+                .arg(reserve)
                 .invoke_async(&mut c)
                 .await
         })
@@ -217,6 +287,8 @@ impl Competitor for RedisCompetitor {
     ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
         let client = self.client.clone();
         let (lock_key, fence_key) = (self.keys.lock.clone(), self.keys.fence.clone());
+        let (queue_key, turn_key) = (self.keys.queue.clone(), self.keys.turn.clone());
+        let turn = self.turn.clone();
         let lease = self.options.lease();
         let last = self.last_attempt.clone();
         let label = self.label.clone();
@@ -228,14 +300,19 @@ impl Competitor for RedisCompetitor {
             let ms = scripts::lease_ms(lease);
             let sent = Instant::now();
             *lock(&last) = Some(sent);
+            let (pid, tenure) = (turn.pid.clone(), turn.tenure);
             let reply: Result<Vec<i64>> = client
                 .exec("acquire script", |mut c| async move {
                     ACQUIRE
                         .script
                         .key(&*lock_key)
                         .key(&*fence_key)
+                        .key(&*queue_key)
+                        .key(&*turn_key)
                         .arg(holder_arg)
                         .arg(ms)
+                        .arg(pid)
+                        .arg(tenure)
                         .invoke_async(&mut c)
                         .await
                 })
@@ -244,7 +321,7 @@ impl Competitor for RedisCompetitor {
                 Ok(r) => r,
                 Err(e) => {
                     if e.backend_kind() == Some(BackendKind::Timeout) {
-                        compensate(&client, &keys, &me, holder, lease).await;
+                        compensate(&client, &keys, &me, holder, lease, turn).await;
                     }
                     return Err(e);
                 }
@@ -300,9 +377,11 @@ impl Competitor for RedisCompetitor {
         let keys = self.keys.clone();
         let lease = self.options.lease();
         let label = self.label.clone();
+        let turn = self.turn.clone();
+        let waiters = self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
         tracing::debug!(lock = %label, %holder, token = grant.token.get(), "releasing an abandoned grant");
         self.client.spawn(async move {
-            if let Err(e) = release_remote(&client, &keys, holder, lease).await {
+            if let Err(e) = release_remote(&client, &keys, holder, lease, &turn, waiters).await {
                 tracing::warn!(lock = %label, %holder, error = %e,
                     "release of an abandoned grant failed; the entry ends with its lease");
             }
@@ -559,6 +638,7 @@ impl SingleLockBuilder {
         }
         let label: Arc<str> = Arc::from(name.to_string());
         let spin_wait = self.options.spin_wait();
+        let turn = Turn::for_queue(&self.options);
         let shared = Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
             sync: Synchronizer::new(
                 label.to_string(),
@@ -570,6 +650,7 @@ impl SingleLockBuilder {
                     options: self.options,
                     me: me.clone(),
                     last_attempt: Arc::new(Mutex::new(None)),
+                    turn,
                 },
                 spin_wait,
             ),

@@ -24,7 +24,7 @@ use slate_core::{FencingToken, HolderId, LeaseWatch, LockName, Result};
 
 use crate::client::{RedisClient, unexpected_reply};
 use crate::keys::Keys;
-use crate::lock::release_remote;
+use crate::lock::{Turn, release_remote};
 use crate::renewal::{self, Hold};
 use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK};
 
@@ -157,11 +157,8 @@ impl RedisClient {
         holder: HolderId,
         lease: Duration,
     ) -> Result<NodeAcquire> {
-        let (lock_key, fence, marker) = (
-            keys.keys.lock.clone(),
-            keys.keys.fence.clone(),
-            keys.marker.clone(),
-        );
+        let k = keys.keys.clone();
+        let marker = keys.marker.clone();
         let holder_arg = holder.to_string();
         let ms = scripts::lease_ms(lease);
         let sent = Instant::now();
@@ -169,11 +166,15 @@ impl RedisClient {
             .exec("acquire script", |mut c| async move {
                 ACQUIRE
                     .script
-                    .key(&*lock_key)
-                    .key(&*fence)
+                    .key(&*k.lock)
+                    .key(&*k.fence)
+                    .key(&*k.queue)
+                    .key(&*k.turn)
                     .key(&*marker)
                     .arg(holder_arg)
                     .arg(ms)
+                    .arg("")
+                    .arg(0)
                     .invoke_async(&mut c)
                     .await
             })
@@ -215,7 +216,7 @@ impl RedisClient {
     ) -> Result<Option<u32>> {
         let renewal = &self.inner.renewal;
         renewal.begin_release(&keys.keys.lock, holder);
-        let reply = release_remote(self, &keys.keys, holder, lease).await;
+        let reply = release_remote(self, &keys.keys, holder, lease, &Turn::none(), false).await;
         renewal.end_release(&keys.keys.lock, holder);
         match reply? {
             -1 => Ok(None),

@@ -29,6 +29,8 @@ const KEEPALIVE: Duration = Duration::from_secs(5);
 pub(crate) trait ReleaseTarget: Send + Sync {
     /// A release of this lock was published.
     fn released(&self);
+    /// The id of this lock's local queue, as releases address it (see `scripts/release.lua`).
+    fn queue_id(&self) -> &str;
 }
 
 struct Channel {
@@ -363,11 +365,16 @@ impl Listener {
         let Ok(channel) = msg.get_channel::<Vec<u8>>() else {
             return;
         };
+        // A release addresses the local queue whose turn comes next (or nobody in particular
+        // with an empty message): the heads of other queues stay parked instead of all retrying.
+        let to = msg.get_payload_bytes();
         let target = lock(&self.state)
             .channels
             .get(channel.as_slice())
             .and_then(|ch| ch.target.upgrade());
-        if let Some(t) = target {
+        if let Some(t) = target
+            && (to.is_empty() || to == t.queue_id().as_bytes())
+        {
             tracing::trace!("release notification");
             t.released();
         }

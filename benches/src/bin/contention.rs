@@ -18,7 +18,11 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Implementations, interleaved in this order.
-    #[arg(long, value_delimiter = ',', default_value = "slate,slate-comb-3,slate-comb-3p,rslock-1,rslock-3,spin")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "slate,slate-comb-3,slate-comb-3p,rslock-1,rslock-3,spin"
+    )]
     impls: Vec<Impl>,
     /// Shapes as PROCSxTASKS.
     #[arg(long, value_delimiter = ',', default_value = "1x32,4x8,4x64")]

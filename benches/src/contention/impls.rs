@@ -69,8 +69,14 @@ impl Locker {
                     .map_err(|e| e.to_string())?;
                 // The runner's servers were started moments ago: adopt them (see
                 // `NodeSet::adopt_fresh_servers`); no lock is held yet.
-                set.adopt_fresh_servers("slate:").await.map_err(|e| e.to_string())?;
-                let order = if which == Impl::SlateComb3 { Order::Sequential } else { Order::Pipelined };
+                set.adopt_fresh_servers("slate:")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let order = if which == Impl::SlateComb3 {
+                    Order::Sequential
+                } else {
+                    Order::Pipelined
+                };
                 let lock = CombinationLock::builder(&set, "bench:lock")
                     .lease(LEASE)
                     .order(order)
@@ -158,7 +164,9 @@ impl Locker {
     /// Backend failures, as text.
     pub async fn release(&self, name: &str, held: Held) -> Result<(), String> {
         match (self, held) {
-            (Locker::Slate(_), Held::Slate(g)) => g.unlock().await.map(drop).map_err(|e| e.to_string()),
+            (Locker::Slate(_), Held::Slate(g)) => {
+                g.unlock().await.map(drop).map_err(|e| e.to_string())
+            }
             (Locker::SlateCombination(_), Held::SlateCombination(g)) => {
                 g.unlock().await.map(drop).map_err(|e| e.to_string())
             }

@@ -35,7 +35,8 @@ use serde::{Deserialize, Serialize};
 /// `SUBSCRIBE`, `PING`, ... itself; none sends these directly on a lock node.)
 pub const SCRIPT_ONLY: &[&str] = &[
     "get", "del", "exists", "hexists", "hincrby", "hset", "hget", "hdel", "hlen", "hgetall",
-    "pexpire", "expire", "pttl", "ttl", "incr", "incrby", "publish",
+    "pexpire", "expire", "pttl", "ttl", "incr", "incrby", "publish", "hmget", "time", "zadd",
+    "zrem", "zrange",
 ];
 
 /// Commands the runner itself sends to the lock nodes.

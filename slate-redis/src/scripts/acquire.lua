@@ -1,11 +1,18 @@
--- Slate single lock: acquire (or re-enter) the lock for one holder.
+-- Slate: acquire (or re-enter) a lock for one holder, with a fair turn between processes.
 --
 -- KEYS[1]  lock hash: <prefix>{<name>}; field = holder id, value = reentry count, TTL = lease
 -- KEYS[2]  fencing counter: <prefix>{<name>}:fence (persistent, never expires)
--- KEYS[3]  (optional, multi-node locks) the node marker: <prefix>node-marker, a persistent key
+-- KEYS[3]  waiting processes: <prefix>{<name>}:queue, a sorted set (member = process id,
+--          score = server time in ms when it first got busy): the processes' FIFO
+-- KEYS[4]  the turn: <prefix>{<name>}:turn, a hash {o = queue id, u = reserved until (server
+--          ms, 0 while held), n = acquisitions in a row}: the local queue (process) a free lock
+--          is reserved for, and its tenure
+-- KEYS[5]  (optional, multi-node locks) the node marker: <prefix>node-marker, a persistent key
 --          written once per server; its absence means the server lost its data
 -- ARGV[1]  holder id (the text of a HolderId)
 -- ARGV[2]  lease in milliseconds (positive integer)
+-- ARGV[3]  process id of the caller ('' = no turn: take a free lock whatever the queue)
+-- ARGV[4]  tenure: acquisitions in a row a process may keep while other processes wait
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the key was absent; created holder -> 1 with the lease and
@@ -13,16 +20,49 @@
 --   {2, token, count}  re-entered: the holder's field existed; count is its new value, the TTL
 --                      was reset to the lease, token is the counter's current value (it only
 --                      moves when a new holder acquires, so it is this holder's token)
---   {0, pttl}          busy: another holder has the lock; pttl is its remaining lease in ms
---                      (as PTTL answers it)
---   {-2}               (only with KEYS[3]) the node marker is missing: the server lost its
+--   {0, ms}            busy: another holder has the lock (ms = its PTTL), or the free lock is
+--                      reserved for another process's turn (ms = what is left of the
+--                      reservation); the caller's process was queued
+--   {-2}               (only with KEYS[5]) the node marker is missing: the server lost its
 --                      data since it was marked; nothing was touched
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
-if #KEYS >= 3 and redis.call('EXISTS', KEYS[3]) == 0 then
+if #KEYS >= 5 and redis.call('EXISTS', KEYS[5]) == 0 then
     return {-2}
 end
+local pid = ARGV[3]
+local function now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function enqueue(now)
+    if pid ~= '' then
+        redis.call('ZADD', KEYS[3], 'NX', now, pid)
+        redis.call('PEXPIRE', KEYS[3], ARGV[2])
+    end
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
+    local tenure = 1
+    if pid ~= '' then
+        local now = now_ms()
+        local turn = redis.call('HMGET', KEYS[4], 'o', 'u', 'n')
+        local owner = turn[1]
+        if owner then
+            local until_ms = tonumber(turn[2])
+            if owner == pid then
+                tenure = tonumber(turn[3]) + 1
+            elseif until_ms > now then
+                enqueue(now)
+                return {0, until_ms - now}
+            else
+                -- The reserved process did not claim its turn in time: it leaves the queue.
+                redis.call('ZREM', KEYS[3], owner)
+            end
+        end
+        redis.call('ZREM', KEYS[3], pid)
+        redis.call('HSET', KEYS[4], 'o', pid, 'u', 0, 'n', tenure)
+        redis.call('PEXPIRE', KEYS[4], ARGV[2])
+    end
     redis.call('HSET', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     local token = redis.call('INCR', KEYS[2])
@@ -33,5 +73,8 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     local token = tonumber(redis.call('GET', KEYS[2]) or '0')
     return {2, token, count}
+end
+if pid ~= '' then
+    enqueue(now_ms())
 end
 return {0, redis.call('PTTL', KEYS[1])}

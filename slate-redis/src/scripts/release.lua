@@ -1,15 +1,23 @@
--- Slate single lock: release one level of a holder's hold.
+-- Slate: release one level of a holder's hold; at zero, pass the turn on.
 --
 -- KEYS[1]  lock hash: <prefix>{<name>}
 -- KEYS[2]  release channel: <prefix>{<name>}:released
+-- KEYS[3]  waiting processes: <prefix>{<name>}:queue (see acquire.lua)
+-- KEYS[4]  the turn: <prefix>{<name>}:turn (see acquire.lua)
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in milliseconds (the TTL a partial release resets)
+-- ARGV[3]  process id of the caller ('' = no turn)
+-- ARGV[4]  tenure: acquisitions in a row a process may keep while other processes wait
+-- ARGV[5]  1 if tasks of the caller's process wait for this lock, else 0
+-- ARGV[6]  how long a turn stays reserved for the process it is given to, in ms
 --
 -- Replies (an integer):
 --   -1      not held: the holder has no field (lease ran out, force-unlocked, never held);
 --           nothing was touched (no key or field is ever created here)
---   0       released: the count reached zero; the key was deleted and a message published on
---           the channel so that waiters retry at once
+--   0       released: the count reached zero and the key was deleted. The turn then stays
+--           with the caller's process if it has waiters and tenure left (nobody else is
+--           woken), else goes to the first waiting process: a message carrying that process's
+--           id is published (an empty message, anyone may retry, when nobody is queued)
 --   n > 0   still held n times by this holder; the TTL was reset to the lease
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
@@ -22,5 +30,32 @@ if count > 0 then
     return count
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', KEYS[2], ARGV[1])
+local pid = ARGV[3]
+if pid == '' then
+    redis.call('PUBLISH', KEYS[2], '')
+    return 0
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local reserve = tonumber(ARGV[6])
+local turn = redis.call('HMGET', KEYS[4], 'o', 'n')
+local tenure = 0
+if turn[1] == pid then
+    tenure = tonumber(turn[2])
+end
+redis.call('ZREM', KEYS[3], pid)
+local others = redis.call('ZRANGE', KEYS[3], 0, 0)
+if ARGV[5] == '1' and (tenure < tonumber(ARGV[4]) or #others == 0) then
+    redis.call('HSET', KEYS[4], 'o', pid, 'u', now + reserve, 'n', tenure)
+    redis.call('PEXPIRE', KEYS[4], ARGV[2])
+    return 0
+end
+if #others == 1 then
+    redis.call('HSET', KEYS[4], 'o', others[1], 'u', now + reserve, 'n', 0)
+    redis.call('PEXPIRE', KEYS[4], ARGV[2])
+    redis.call('PUBLISH', KEYS[2], others[1])
+else
+    redis.call('DEL', KEYS[4])
+    redis.call('PUBLISH', KEYS[2], '')
+end
 return 0
