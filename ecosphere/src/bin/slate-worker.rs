@@ -1,4 +1,5 @@
-//! `slate-worker`: one OS process of a multi-process scenario of Slate's single lock.
+//! `slate-worker`: one OS process of a multi-process scenario of Slate's single lock, or of the
+//! combination lock when `--redis-url` is given more than once.
 //!
 //! Every worker records its event history (`<history-dir>/proc-<proc>.jsonl`, written through)
 //! following the rules of `ecosphere::history`: `acq_invoke`/`rel_invoke` stamped before the
@@ -12,6 +13,7 @@
 //!     [--lease-ms MS] [--renewal-ms MS] [--spin-wait-ms MS] [--command-timeout-ms MS]
 //!     [--hold-ms MS] [--step-ms MS] [--budget-ms MS] [--linger-ms MS] [--go-file PATH]
 //!     [--counter-key KEY] [--unsafe-skip-lock]
+//!     [--redis-url URL ...] [--node-op-ms MS] [--reprobe-ms MS] [--order sequential|pipelined]
 //! ```
 //!
 //! Modes (all print `READY` after connecting; with `--go-file` they then wait, bounded, until
@@ -34,6 +36,16 @@
 //!   budget of 0); prints `INVOKED n` once all have invoked; winners hold `--hold-ms` (one
 //!   counter increment if `--resource-url` is given) and unlock. Prints
 //!   `DONE acquired=A failed=F errors=E`.
+//!
+//! **Combination lock** (`--redis-url` given N ≥ 2 times, in node order): only `contend`. The
+//! worker opens its own node set (`--node-op-ms`, `--reprobe-ms`; it does not adopt the servers:
+//! the scenario does that once) and a `CombinationLock` (`--order`). `acq_ok` records the nodes
+//! held. A failed acquisition (`InsufficientNodes`, budget timeout: nothing held, everything
+//! taken was released) is logged as `acq_fail` and retried after the spin wait; an unlock that
+//! could not reach every node (`ReleaseIncomplete`) is logged as `rel_info` (the entries left
+//! expire with the lease), one that found the lock lost as `rel_fail{not_held}`. Prints
+//! `DONE acquisitions=N failed_attempts=F incomplete_releases=R` and, last, `STATS renewals=0
+//! subscriptions=0 local_waiters=W`.
 //!
 //! Exit code 0 on success; 1 with a message on stderr otherwise (bad arguments: 2). In `hold`
 //! and `wait`, lock errors are outcomes (recorded), not worker failures.
@@ -78,6 +90,15 @@ enum Mode {
     Wait,
 }
 
+/// Acquisition order of the combination lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum CombOrder {
+    /// One node after the other.
+    Sequential,
+    /// Node 0, then the others together.
+    Pipelined,
+}
+
 /// Command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -85,9 +106,19 @@ enum Mode {
     about = "One process of a Slate single-lock scenario"
 )]
 struct Args {
-    /// URL of the Redis server that holds the lock.
+    /// URL of the Redis server that holds the lock; repeated (in node order): the nodes of a
+    /// combination lock.
+    #[arg(long, required = true)]
+    redis_url: Vec<String>,
+    /// Combination lock: node operation time (library default if absent).
     #[arg(long)]
-    redis_url: String,
+    node_op_ms: Option<u64>,
+    /// Combination lock: re-probe interval of an unavailable node (library default if absent).
+    #[arg(long)]
+    reprobe_ms: Option<u64>,
+    /// Combination lock: acquisition order.
+    #[arg(long, value_enum, default_value_t = CombOrder::Sequential)]
+    order: CombOrder,
     /// URL of the resource Redis (the shared counter); required by contend; without it, hold,
     /// reenter and wait do no resource operations.
     #[arg(long)]
@@ -429,7 +460,10 @@ async fn run(args: Args) -> Res<()> {
     if let Some(ms) = args.command_timeout_ms {
         opts = opts.command_timeout(Duration::from_millis(ms));
     }
-    let client = RedisClient::open_with(&args.redis_url, opts)
+    if args.redis_url.len() > 1 {
+        return combination::run(args, deadline, rec).await;
+    }
+    let client = RedisClient::open_with(&args.redis_url[0], opts)
         .map_err(|e| format!("opening the lock client: {e}"))?;
     let mut builder =
         SingleLock::builder(&client, &args.lock).lease(Duration::from_millis(args.lease_ms));
@@ -456,7 +490,7 @@ async fn run(args: Args) -> Res<()> {
         Some(url) => Some(connect(url).await?),
         None => None,
     };
-    let direct = connect(&args.redis_url).await?;
+    let direct = connect(&args.redis_url[0]).await?;
     tokio::time::timeout(Duration::from_secs(5), client.ping())
         .await
         .map_err(|_| "PING of the lock server timed out".to_owned())?
@@ -916,5 +950,286 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
     match ctx.release(task, &mut held, guard).await? {
         Released::Ok(0) => Ok(WaitOutcome::Acquired),
         other => Err(format!("unlock of a depth-1 guard answered {other:?}")),
+    }
+}
+
+/// The combination-lock worker (`--redis-url` repeated): `contend` only.
+mod combination {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use ecosphere::clock::to_mono_ns;
+    use ecosphere::history::{EventKind, OP_INCR, OUTCOME_OK, Recorder};
+    use redis::AsyncCommands;
+    use redis::aio::MultiplexedConnection;
+    use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
+    use slate_redis::{DistributedLock, LockGuard};
+
+    use super::{Args, CombOrder, Mode, Res, say};
+
+    struct Comb {
+        args: Args,
+        rec: Recorder,
+        lock: CombinationLock,
+        resource: MultiplexedConnection,
+        deadline: Instant,
+        attempts: AtomicU64,
+        failed: AtomicU64,
+        incomplete: AtomicU64,
+    }
+
+    impl Comb {
+        fn record(&self, task: u64, kind: EventKind) -> Res<u64> {
+            self.rec
+                .record(task, &self.args.lock, kind)
+                .map_err(|e| format!("recording: {e}"))
+        }
+
+        fn remaining(&self) -> Duration {
+            self.deadline.saturating_duration_since(Instant::now())
+        }
+    }
+
+    pub(super) async fn run(args: Args, deadline: Instant, rec: Recorder) -> Res<()> {
+        if args.mode != Mode::Contend || args.unsafe_skip_lock {
+            return Err(
+                "the combination lock supports --mode contend (without --unsafe-skip-lock) only"
+                    .to_owned(),
+            );
+        }
+        let mut opts = NodeSetOptions::default();
+        if let Some(ms) = args.node_op_ms {
+            opts = opts.node_operation_time(Duration::from_millis(ms));
+        }
+        if let Some(ms) = args.reprobe_ms {
+            opts = opts.reprobe_interval(Duration::from_millis(ms));
+        }
+        let nodes = NodeSet::connect(&args.redis_url, opts)
+            .map_err(|e| format!("opening the node set: {e}"))?;
+        let mut builder = CombinationLock::builder(&nodes, &args.lock)
+            .lease(Duration::from_millis(args.lease_ms))
+            .order(match args.order {
+                CombOrder::Sequential => Order::Sequential,
+                CombOrder::Pipelined => Order::Pipelined,
+            });
+        if let Some(ms) = args.renewal_ms {
+            builder = builder.renewal_period(Duration::from_millis(ms));
+        }
+        if let Some(ms) = args.spin_wait_ms {
+            builder = builder.spin_wait(Duration::from_millis(ms));
+        }
+        let lock = builder
+            .build()
+            .map_err(|e| format!("building the lock: {e}"))?;
+        let url = args
+            .resource_url
+            .clone()
+            .ok_or_else(|| "contend needs --resource-url".to_owned())?;
+        let resource = {
+            let c = redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
+            tokio::time::timeout(Duration::from_secs(5), c.get_multiplexed_async_connection())
+                .await
+                .map_err(|_| format!("{url}: connect timed out"))?
+                .map_err(|e| format!("{url}: {e}"))?
+        };
+        let ctx = Arc::new(Comb {
+            args,
+            rec,
+            lock,
+            resource,
+            deadline,
+            attempts: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            incomplete: AtomicU64::new(0),
+        });
+        say("READY")?;
+        if let Some(go) = &ctx.args.go_file {
+            while !go.exists() {
+                if Instant::now() >= deadline {
+                    return Err(format!("{} did not appear in time", go.display()));
+                }
+                tokio::time::sleep(super::GO_POLL).await;
+            }
+            say("GO")?;
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for task in 0..ctx.args.tasks {
+            let ctx = Arc::clone(&ctx);
+            tasks.spawn(async move { contend_task(&ctx, task).await });
+        }
+        let mut total = 0u64;
+        let mut errors = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(n)) => total += n,
+                Ok(Err(e)) => errors.push(e),
+                Err(e) => errors.push(format!("task panicked: {e}")),
+            }
+        }
+        say(&format!(
+            "DONE acquisitions={total} failed_attempts={} incomplete_releases={}",
+            ctx.failed.load(Ordering::Relaxed),
+            ctx.incomplete.load(Ordering::Relaxed)
+        ))?;
+        if ctx.args.linger_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ctx.args.linger_ms).min(ctx.remaining()))
+                .await;
+        }
+        say(&format!(
+            "STATS renewals=0 subscriptions=0 local_waiters={}",
+            ctx.lock.local_waiters()
+        ))?;
+        ctx.rec.flush().map_err(|e| format!("flushing: {e}"))?;
+        match errors.first() {
+            None => Ok(()),
+            Some(first) => Err(format!("{} task(s) failed; first: {first}", errors.len())),
+        }
+    }
+
+    /// `lock()` until acquired (bounded by the run's deadline): `acq_invoke`, then `acq_ok`, or
+    /// `acq_fail` and another attempt after the spin wait.
+    async fn acquire(ctx: &Comb, task: u64) -> Res<(CombinationGuard, u64)> {
+        loop {
+            let attempt = ctx.attempts.fetch_add(1, Ordering::Relaxed);
+            ctx.record(
+                task,
+                EventKind::AcqInvoke {
+                    attempt,
+                    budget_ms: None,
+                },
+            )?;
+            match tokio::time::timeout(ctx.remaining(), ctx.lock.lock()).await {
+                Ok(Ok(guard)) => {
+                    ctx.record(
+                        task,
+                        EventKind::AcqOk {
+                            attempt,
+                            holder: guard.holder().to_string(),
+                            token: guard.fencing_token().get(),
+                            depth: guard.depth(),
+                            deadline: to_mono_ns(guard.lease().deadline()),
+                            nodes: guard.nodes().to_vec(),
+                        },
+                    )?;
+                    let logged = to_mono_ns(guard.lease().deadline());
+                    return Ok((guard, logged));
+                }
+                Ok(Err(e)) if e.is_insufficient_nodes() || e.is_timeout() => {
+                    ctx.failed.fetch_add(1, Ordering::Relaxed);
+                    ctx.record(
+                        task,
+                        EventKind::AcqFail {
+                            attempt,
+                            reason: e.to_string(),
+                        },
+                    )?;
+                    let pause = Duration::from_millis(ctx.args.spin_wait_ms.unwrap_or(50));
+                    tokio::time::sleep(pause.min(ctx.remaining())).await;
+                }
+                Ok(Err(e)) => {
+                    ctx.record(
+                        task,
+                        EventKind::AcqInfo {
+                            attempt,
+                            reason: e.to_string(),
+                        },
+                    )?;
+                    return Err(format!("lock() failed: {e}"));
+                }
+                Err(_) => {
+                    ctx.record(
+                        task,
+                        EventKind::AcqInfo {
+                            attempt,
+                            reason: "cancelled: worker max duration".to_owned(),
+                        },
+                    )?;
+                    return Err("max duration reached while waiting for the lock".to_owned());
+                }
+            }
+        }
+    }
+
+    async fn contend_task(ctx: &Comb, task: u64) -> Res<u64> {
+        let mut done = 0;
+        for _ in 0..ctx.args.iterations {
+            if Instant::now() >= ctx.deadline {
+                return Err(format!("max duration reached after {done} iterations"));
+            }
+            let (guard, mut logged) = acquire(ctx, task).await?;
+            let holder = guard.holder().to_string();
+            let token = guard.fencing_token().get();
+            // GET then SET+1, non-atomic on purpose.
+            let key = ctx.args.counter_key.as_str();
+            let mut conn = ctx.resource.clone();
+            let value: Option<u64> = conn
+                .get(key)
+                .await
+                .map_err(|e| format!("GET {key} on the resource server: {e}"))?;
+            let () = conn
+                .set(key, value.unwrap_or(0) + 1)
+                .await
+                .map_err(|e| format!("SET {key} on the resource server: {e}"))?;
+            let d = to_mono_ns(guard.lease().deadline());
+            if d > logged {
+                logged = d;
+                ctx.record(
+                    task,
+                    EventKind::RenewOk {
+                        holder: holder.clone(),
+                        deadline: logged,
+                    },
+                )?;
+            }
+            ctx.record(
+                task,
+                EventKind::ResOp {
+                    holder: holder.clone(),
+                    token,
+                    op: OP_INCR.to_owned(),
+                    outcome: OUTCOME_OK.to_owned(),
+                },
+            )?;
+            if let Some(reason) = guard.lease().loss_reason() {
+                ctx.record(
+                    task,
+                    EventKind::Lost {
+                        holder: holder.clone(),
+                        reason: reason.to_string(),
+                    },
+                )?;
+            }
+            ctx.record(
+                task,
+                EventKind::RelInvoke {
+                    holder: holder.clone(),
+                    depth_before: 1,
+                },
+            )?;
+            let kind = match tokio::time::timeout(ctx.remaining(), guard.unlock()).await {
+                Ok(Ok(n)) => EventKind::RelOk {
+                    holder,
+                    depth_after: n,
+                },
+                Ok(Err(e)) if e.is_not_held() => EventKind::RelFail {
+                    holder,
+                    reason: e.to_string(),
+                    not_held: true,
+                },
+                Ok(Err(e)) if e.is_release_incomplete() => {
+                    ctx.incomplete.fetch_add(1, Ordering::Relaxed);
+                    EventKind::RelInfo {
+                        holder,
+                        reason: e.to_string(),
+                    }
+                }
+                Ok(Err(e)) => return Err(format!("unlock failed: {e}")),
+                Err(_) => return Err("max duration reached during unlock".to_owned()),
+            };
+            ctx.record(task, kind)?;
+            done += 1;
+        }
+        Ok(done)
     }
 }
