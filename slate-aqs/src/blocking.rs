@@ -44,6 +44,7 @@ pub(crate) fn block_on<F: Future>(fut: F, timer: &ThreadTimer) -> F::Output {
 
 /// Drives `fut` to completion on a new detached thread (the last resort for an abandoned
 /// attempt when no tokio runtime is available).
+#[cfg_attr(slate_loom, allow(dead_code))] // loom models never abandon an attempt in flight
 pub(crate) fn spawn_thread<F>(fut: F)
 where
     F: Future<Output = ()> + Send + 'static,

@@ -1,0 +1,164 @@
+//! loom models of the synchronizer's races (its state mutex is loom's under this cfg).
+//!
+//! ```text
+//! RUSTFLAGS="--cfg slate_loom" LOOM_MAX_PREEMPTIONS=2 \
+//!     CARGO_TARGET_DIR=target/loom cargo test -p slate-aqs --release --test loom
+//! ```
+//!
+//! Under loom there is no timer (sleeps never fire), so every waiter must be woken by an
+//! event: a lost wake-up is a deadlock, which loom reports. The remote is the in-memory one;
+//! its attempts complete within their first poll.
+
+#![cfg(slate_loom)]
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::thread;
+use slate_aqs::Synchronizer;
+use slate_aqs::testing::{self, MemoryCompetitor, MemoryGrant, MemoryRemote};
+use slate_core::{HolderId, Result, Wait};
+
+type Sync = Synchronizer<MemoryCompetitor>;
+type Acquire = Pin<Box<dyn Future<Output = Result<MemoryGrant>> + Send>>;
+
+fn new_sync() -> (Arc<MemoryRemote>, Arc<Sync>) {
+    let remote = MemoryRemote::new();
+    let sync = Arc::new(Synchronizer::new(
+        "loom",
+        MemoryCompetitor::new(remote.clone()),
+        Duration::from_millis(50),
+    ));
+    (remote, sync)
+}
+
+/// An acquire future that owns its synchronizer (loom threads need `'static`).
+fn acquire(sync: &Arc<Sync>, holder: HolderId) -> Acquire {
+    let sync = Arc::clone(sync);
+    Box::pin(async move { sync.acquire(holder, Wait::Forever).await })
+}
+
+/// A waker that records, in a loom atomic, that it was woken.
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Polls `fut` once with `waker`; a grant obtained that way is released at once.
+fn poll_once(sync: &Sync, fut: &mut Acquire, holder: HolderId, waker: &Waker) -> bool {
+    match fut.as_mut().poll(&mut Context::from_waker(waker)) {
+        Poll::Ready(Ok(_)) => {
+            testing::release(sync, holder).unwrap();
+            true
+        }
+        Poll::Ready(Err(e)) => panic!("{e}"),
+        Poll::Pending => false,
+    }
+}
+
+/// Acquires to completion on this loom thread, then releases.
+fn acquire_and_release(sync: &Arc<Sync>) {
+    let me = HolderId::new();
+    loom::future::block_on(acquire(sync, me)).unwrap();
+    testing::release(sync, me).unwrap();
+}
+
+fn assert_clean(sync: &Sync, remote: &MemoryRemote) {
+    assert_eq!(sync.owner(), None);
+    assert_eq!(sync.waiters(), 0);
+    assert_eq!(remote.holder(), None);
+    sync.check_invariants().unwrap();
+    let s = sync.competitor().stats();
+    assert_eq!(s.acquired, s.after_acquire + s.abandoned);
+    assert_eq!(s.after_acquire, s.after_release);
+}
+
+#[test]
+fn two_waiters_and_a_cancel() {
+    loom::model(|| {
+        let (remote, sync) = new_sync();
+        let holder = HolderId::new();
+        loom::future::block_on(sync.acquire(holder, Wait::Forever)).unwrap();
+
+        // A waiter that joins (or finds the lock free), then is cancelled: if it was woken
+        // as head, its turn must reach the other waiter.
+        let s = sync.clone();
+        let cancelled = thread::spawn(move || {
+            let me = HolderId::new();
+            let mut fut = acquire(&s, me);
+            poll_once(&s, &mut fut, me, Waker::noop());
+            drop(fut);
+        });
+        let s = sync.clone();
+        let patient = thread::spawn(move || acquire_and_release(&s));
+
+        testing::release(&sync, holder).unwrap();
+        cancelled.join().unwrap();
+        patient.join().unwrap();
+        assert_clean(&sync, &remote);
+    });
+}
+
+#[test]
+fn a_release_racing_a_cancel() {
+    loom::model(|| {
+        let (remote, sync) = new_sync();
+        let holder = HolderId::new();
+        loom::future::block_on(sync.acquire(holder, Wait::Forever)).unwrap();
+
+        // The head-to-be is queued first, on this thread.
+        let doomed = HolderId::new();
+        let mut head = acquire(&sync, doomed);
+        assert!(!poll_once(&sync, &mut head, doomed, Waker::noop()));
+        assert_eq!(sync.waiters(), 1);
+
+        let s = sync.clone();
+        let second = thread::spawn(move || acquire_and_release(&s));
+        let s = sync.clone();
+        let releaser = thread::spawn(move || testing::release(&s, holder).unwrap());
+        let canceller = thread::spawn(move || drop(head));
+
+        releaser.join().unwrap();
+        canceller.join().unwrap();
+        second.join().unwrap();
+        assert_clean(&sync, &remote);
+    });
+}
+
+#[test]
+fn a_woken_waiter_dropped_before_it_runs() {
+    loom::model(|| {
+        let (remote, sync) = new_sync();
+        let holder = HolderId::new();
+        loom::future::block_on(sync.acquire(holder, Wait::Forever)).unwrap();
+
+        let doomed = HolderId::new();
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let mut head = acquire(&sync, doomed);
+        assert!(!poll_once(&sync, &mut head, doomed, &waker));
+
+        let s = sync.clone();
+        let second = thread::spawn(move || acquire_and_release(&s));
+        let s = sync.clone();
+        let releaser = thread::spawn(move || testing::release(&s, holder).unwrap());
+
+        // Wait for the wake-up, then drop the head without running it.
+        while !flag.0.load(Ordering::SeqCst) {
+            thread::yield_now();
+        }
+        drop(head);
+
+        releaser.join().unwrap();
+        second.join().unwrap();
+        assert_clean(&sync, &remote);
+    });
+}
