@@ -35,4 +35,4 @@ Exit codes:
   75          slate run: the lock was not acquired within --wait (held by another holder)
   76          slate run: the lease was lost while CMD ran and CMD was killed/terminated (--on-lost)
   126, 127    slate run: CMD could not be executed / was not found
-  130, 143    interrupted by SIGINT / SIGTERM while waiting for the lock";
+  129,130,143 slate run: SIGHUP / SIGINT / SIGTERM while waiting for the lock (CMD not started)";

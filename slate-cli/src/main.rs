@@ -51,8 +51,9 @@ enum Cmd {
     /// Run CMD while holding a lock; release it when CMD exits (flock across machines).
     #[command(
         long_about = "Take the lock, run CMD while holding it (the lease is renewed in the \
-background), forward SIGINT/SIGTERM to CMD, release the lock when CMD exits and exit with CMD's \
-exit code.\n\n\
+background), release the lock when CMD exits and exit with CMD's exit code.\n\n\
+SIGINT, SIGTERM and SIGHUP sent to slate are forwarded to CMD (a Ctrl-C at the terminal reaches \
+CMD directly and is not sent twice); slate waits for CMD to exit, then releases.\n\n\
 CMD gets SLATE_LOCK, SLATE_FENCING_TOKEN (strictly increasing across holders: pass it to the \
 storage you write to) and SLATE_HOLDER in its environment.\n\n\
 Example, a cron job that must not overlap across machines:\n  \

@@ -78,10 +78,11 @@ pub async fn run(spec: RunSpec) -> u8 {
     }
 }
 
-/// SIGINT and SIGTERM streams.
+/// SIGINT, SIGTERM and SIGHUP streams.
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -89,16 +90,36 @@ impl Signals {
         Ok(Signals {
             int: unix_signal(SignalKind::interrupt())?,
             term: unix_signal(SignalKind::terminate())?,
+            hup: unix_signal(SignalKind::hangup())?,
         })
     }
 
-    /// The next SIGINT or SIGTERM.
+    /// The next SIGINT, SIGTERM or SIGHUP.
     async fn next(&mut self) -> Signal {
         tokio::select! {
             _ = self.int.recv() => Signal::SIGINT,
             _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.hup.recv() => Signal::SIGHUP,
         }
     }
+}
+
+/// Whether slate is in the foreground process group of its terminal. The terminal then
+/// delivers Ctrl-C (SIGINT) and hang-up (SIGHUP) to the whole group, CMD included, so
+/// forwarding them would deliver them twice (many programs treat a second SIGINT as "quit
+/// now").
+fn terminal_reaches_cmd() -> bool {
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    matches!(nix::unistd::tcgetpgrp(stdin.as_fd()), Ok(fg) if fg == nix::unistd::getpgrp())
+}
+
+/// Forwards a signal slate received to CMD (see [`terminal_reaches_cmd`]).
+fn forward(child: &Child, sig: Signal) {
+    if sig != Signal::SIGTERM && terminal_reaches_cmd() {
+        return;
+    }
+    send(child, sig);
 }
 
 fn signal_exit(sig: Signal) -> u8 {
@@ -310,7 +331,7 @@ async fn supervise<G: LockGuard>(
     loop {
         tokio::select! {
             status = child.wait() => return Outcome { status, lost },
-            sig = signals.next() => send(child, sig),
+            sig = signals.next() => forward(child, sig),
             reason = guard.lost(), if lost.is_none() => {
                 lost = Some(reason);
                 match spec.on_lost {
@@ -384,5 +405,6 @@ mod tests {
         assert_eq!(status_code(ExitStatus::from_raw(9)), 137);
         assert_eq!(signal_exit(Signal::SIGINT), 130);
         assert_eq!(signal_exit(Signal::SIGTERM), 143);
+        assert_eq!(signal_exit(Signal::SIGHUP), 129);
     }
 }

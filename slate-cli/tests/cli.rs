@@ -51,10 +51,38 @@ fn adopt(servers: &[RedisServer]) {
     }
 }
 
-/// A running `slate` whose stdout lines arrive on a channel.
+/// Sends every line of `r` to a channel, from a thread.
+fn lines_of(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits (bounded) for a line matching `pred`.
+fn wait_line(rx: &mpsc::Receiver<String>, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if pred(&l) => return l,
+            Ok(_) => {}
+            Err(e) => panic!("no matching line from slate: {e}"),
+        }
+    }
+}
+
+/// A running `slate` whose stdout and stderr lines arrive on channels.
 struct Running {
     child: Child,
     lines: mpsc::Receiver<String>,
+    err_lines: mpsc::Receiver<String>,
+    err_seen: std::cell::RefCell<Vec<String>>,
 }
 
 impl Running {
@@ -64,28 +92,39 @@ impl Running {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn slate");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Running { child, lines }
+        let lines = lines_of(child.stdout.take().expect("stdout"));
+        let err_lines = lines_of(child.stderr.take().expect("stderr"));
+        Running {
+            child,
+            lines,
+            err_lines,
+            err_seen: std::cell::RefCell::new(Vec::new()),
+        }
     }
 
     fn line(&self, pred: impl Fn(&str) -> bool) -> String {
+        wait_line(&self.lines, pred)
+    }
+
+    fn err_line(&self, pred: impl Fn(&str) -> bool) -> String {
+        wait_line(&self.err_lines, |l| {
+            self.err_seen.borrow_mut().push(l.to_owned());
+            pred(l)
+        })
+    }
+
+    /// Stderr read so far plus whatever arrives until the pipe closes (bounded).
+    fn stderr_rest(&self) -> String {
         let deadline = Instant::now() + PATIENCE;
+        let mut seen = self.err_seen.borrow_mut();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if pred(&l) => return l,
-                Ok(_) => {}
-                Err(e) => panic!("no matching line from slate: {e}"),
+            match self.err_lines.recv_timeout(left) {
+                Ok(l) => seen.push(l),
+                Err(_) => break,
             }
         }
+        seen.iter().map(|l| format!("{l}\n")).collect()
     }
 
     fn pid(&self) -> Pid {
@@ -97,19 +136,12 @@ impl Running {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
-                let mut err = String::new();
-                if let Some(mut e) = self.child.stderr.take() {
-                    std::io::Read::read_to_string(&mut e, &mut err).ok();
-                }
-                return (status.code(), err);
+                return (status.code(), self.stderr_rest());
             }
             if Instant::now() > deadline {
                 self.child.kill().ok();
                 self.child.wait().ok();
-                let mut err = String::new();
-                if let Some(mut e) = self.child.stderr.take() {
-                    std::io::Read::read_to_string(&mut e, &mut err).ok();
-                }
+                let err = self.stderr_rest();
                 panic!("slate did not exit within {PATIENCE:?}; its stderr:\n{err}");
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -295,6 +327,58 @@ fn lease_loss_kills_the_command() {
         "{err}"
     );
     assert!(!process_exists(pid), "the command still runs");
+}
+
+#[test]
+fn lease_loss_with_on_lost_ignore_warns_and_lets_the_command_finish() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go = dir.path().join("go");
+    // The command runs until the test creates the file (bounded to 30 s), then exits 3.
+    let script = format!(
+        "echo ready; i=0; while [ ! -e {go} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; exit 3",
+        go = go.display()
+    );
+    let run = Running::start(&[
+        "run",
+        "--lock",
+        "ignored",
+        "--redis",
+        &url,
+        "--lease",
+        "1s",
+        "--on-lost",
+        "ignore",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    run.line(|l| l == "ready");
+    server.command(&["DEL", "slate:{ignored}"]).expect("DEL");
+    let warning = run.err_line(|l| l.contains("lost"));
+    assert!(
+        warning.contains("WARNING") && warning.contains("keeps running"),
+        "{warning}"
+    );
+    std::fs::write(&go, b"").expect("go");
+    let (code, err) = run.finish();
+    assert_eq!(code, Some(3), "{err}");
+}
+
+#[test]
+fn demo_without_redis_server_says_how_to_get_one() {
+    let out = slate(&["demo", "--duration", "5s"])
+        .env("SLATE_REDIS_SERVER", "/nonexistent/redis-server")
+        .output()
+        .expect("slate");
+    assert_eq!(out.status.code(), Some(69));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("apt-get install -y redis-server") && err.contains("docker/compose.yml"),
+        "{err}"
+    );
 }
 
 #[test]
