@@ -138,12 +138,21 @@ impl NodeSetOptions {
     }
 }
 
+/// How soon a node whose first contact failed is probed again.
+const FIRST_CONTACT_RETRY: Duration = Duration::from_secs(1);
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Health {
     Unverified,
     Usable,
-    Unavailable { since: Instant, error: String },
-    Quarantined { until: Instant },
+    Unavailable {
+        since: Instant,
+        error: String,
+        next_probe: Instant,
+    },
+    Quarantined {
+        until: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -342,7 +351,7 @@ impl NodeSet {
             .filter(|n| match n.health().health {
                 Health::Unverified => true,
                 Health::Usable => false,
-                Health::Unavailable { since, .. } => now >= since + opts.reprobe,
+                Health::Unavailable { next_probe, .. } => now >= next_probe,
                 Health::Quarantined { until } => now >= until,
             })
             .collect();
@@ -397,17 +406,33 @@ impl NodeSet {
         h.run_id = Some(info.run_id);
     }
 
-    /// Marks node `i` unavailable after a failed command.
+    /// Marks node `i` unavailable after a failed command, or after a failed re-check (which
+    /// restarts the re-probe interval, so a dead node is not re-checked at every attempt).
+    ///
+    /// A node never verified since this process started (its first contact failed, typically a
+    /// connection set up under load) is re-probed after at most one second instead of the full
+    /// interval: one slow first contact must not bench a healthy node for minutes.
     pub(crate) fn mark_failed(&self, i: usize, error: &Error) {
         if let Some(node) = self.inner.nodes.get(i) {
+            let now = Instant::now();
             let mut h = node.health();
-            if !matches!(h.health, Health::Unavailable { .. }) {
-                tracing::warn!(node = node.address(), %error, "node marked unavailable");
-                h.health = Health::Unavailable {
-                    since: Instant::now(),
-                    error: error.to_string(),
-                };
-            }
+            let reprobe = if h.run_id.is_none() {
+                self.inner.options.reprobe.min(FIRST_CONTACT_RETRY)
+            } else {
+                self.inner.options.reprobe
+            };
+            let since = match &h.health {
+                Health::Unavailable { since, .. } => *since,
+                _ => {
+                    tracing::warn!(node = node.address(), %error, "node marked unavailable");
+                    now
+                }
+            };
+            h.health = Health::Unavailable {
+                since,
+                error: error.to_string(),
+                next_probe: now + reprobe,
+            };
         }
     }
 
@@ -432,7 +457,7 @@ impl Node {
                 kind: slate_core::BackendKind::Unavailable,
                 message: "not verified yet".into(),
             },
-            Health::Unavailable { since, error } => NodeState::Unavailable {
+            Health::Unavailable { since, error, .. } => NodeState::Unavailable {
                 since: now.saturating_duration_since(*since),
                 last_error: error.clone(),
             },
