@@ -272,8 +272,8 @@ async fn c8_busy_at_node_i_releases_the_prefix() {
             .build()
             .unwrap();
         assert!(l.try_lock().await.unwrap().is_none(), "{order:?}");
-        for i in 0..busy {
-            assert!(!exists(&s[i], &name), "{order:?}: node {i} kept");
+        for (i, x) in s.iter().enumerate().take(busy) {
+            assert!(!exists(x, &name), "{order:?}: node {i} kept");
         }
         // Waiting: the head retries; no node ever holds more than one level.
         let max = Arc::new(AtomicI64::new(0));
@@ -305,8 +305,8 @@ async fn c8_busy_at_node_i_releases_the_prefix() {
         assert!(e.is_timeout(), "{order:?}: {e}");
         sampler.await.unwrap();
         assert_eq!(max.load(Ordering::SeqCst), 1, "{order:?}: counts piled up");
-        for i in 0..busy {
-            assert!(!exists(&s[i], &name), "{order:?}: node {i} kept");
+        for (i, x) in s.iter().enumerate().take(busy) {
+            assert!(!exists(x, &name), "{order:?}: node {i} kept");
         }
         s[busy].command(&["DEL", &key(&name)]).unwrap();
         let g = l.lock().await.unwrap();
