@@ -47,16 +47,22 @@ fn single(c: &mut Criterion) {
         conn
     });
     let holder = slate_redis::HolderId::new().to_string();
+    // The same keys and arguments the lock sends: its local queue id, the tenure, no waiters.
+    let queue = slate_redis::HolderId::new().to_string();
     group.bench_function("raw_evalsha", |b| {
         b.to_async(&rt).iter(|| {
             let mut conn = conn.clone();
-            let (acquire, release, holder) = (&acquire, &release, &holder);
+            let (acquire, release, holder, queue) = (&acquire, &release, &holder, &queue);
             async move {
                 let got: Vec<i64> = acquire
                     .key("raw:{bench}")
                     .key("raw:{bench}:fence")
+                    .key("raw:{bench}:queue")
+                    .key("raw:{bench}:turn")
                     .arg(holder.as_str())
                     .arg(30_000)
+                    .arg(queue.as_str())
+                    .arg(8)
                     .invoke_async(&mut conn)
                     .await
                     .unwrap();
@@ -64,8 +70,14 @@ fn single(c: &mut Criterion) {
                 let left: i64 = release
                     .key("raw:{bench}")
                     .key("raw:{bench}:released")
+                    .key("raw:{bench}:queue")
+                    .key("raw:{bench}:turn")
                     .arg(holder.as_str())
                     .arg(30_000)
+                    .arg(queue.as_str())
+                    .arg(8)
+                    .arg(0)
+                    .arg(100)
                     .invoke_async(&mut conn)
                     .await
                     .unwrap();

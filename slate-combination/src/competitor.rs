@@ -129,34 +129,51 @@ impl Inner {
     /// Releases one level of `holder` on `nodes`, in the order given (callers pass it
     /// descending), going on past failures. Returns each node's report.
     pub(crate) async fn release_nodes(&self, nodes: &[usize], holder: HolderId) -> Vec<NodeReport> {
-        let mut reports = Vec::with_capacity(nodes.len());
-        for &i in nodes {
-            let node = self.nodes.node(i);
-            let lease = self.options.lease();
-            let r = tokio::time::timeout(
-                self.op_time(),
-                node.client.node_release(&self.keys, holder, lease),
-            )
-            .await
-            .unwrap_or_else(|_| Err(self.node_timeout(i, "release")));
-            let state = match r {
-                Ok(Some(_)) => NodeState::Released,
-                Ok(None) => NodeState::NotHeld,
-                Err(e) => {
-                    tracing::debug!(lock = %self.label, node = node.address(), error = %e, "release failed");
-                    NodeState::Failed {
-                        kind: e.backend_kind().unwrap_or(BackendKind::Other),
-                        message: e.to_string(),
-                    }
+        match (self.order, nodes.split_last()) {
+            // Pipelined order: every node but the last of the list (the leftmost, which decides
+            // between contenders) at once, then that one, so it is still freed last.
+            (Order::Pipelined, Some((&first, rest))) if !rest.is_empty() => {
+                let mut reports =
+                    join_all(rest.iter().map(|&i| self.release_node(i, holder))).await;
+                reports.push(self.release_node(first, holder).await);
+                reports
+            }
+            _ => {
+                let mut reports = Vec::with_capacity(nodes.len());
+                for &i in nodes {
+                    reports.push(self.release_node(i, holder).await);
                 }
-            };
-            reports.push(NodeReport {
-                index: i,
-                address: node.address().to_owned(),
-                state,
-            });
+                reports
+            }
         }
-        reports
+    }
+
+    /// Releases one level of `holder` on node `i`, within the node operation time.
+    async fn release_node(&self, i: usize, holder: HolderId) -> NodeReport {
+        let node = self.nodes.node(i);
+        let lease = self.options.lease();
+        let r = tokio::time::timeout(
+            self.op_time(),
+            node.client.node_release(&self.keys, holder, lease),
+        )
+        .await
+        .unwrap_or_else(|_| Err(self.node_timeout(i, "release")));
+        let state = match r {
+            Ok(Some(_)) => NodeState::Released,
+            Ok(None) => NodeState::NotHeld,
+            Err(e) => {
+                tracing::debug!(lock = %self.label, node = node.address(), error = %e, "release failed");
+                NodeState::Failed {
+                    kind: e.backend_kind().unwrap_or(BackendKind::Other),
+                    message: e.to_string(),
+                }
+            }
+        };
+        NodeReport {
+            index: i,
+            address: node.address().to_owned(),
+            state,
+        }
     }
 
     /// One first-level attempt over the nodes.

@@ -343,7 +343,6 @@ impl NodeSet {
     /// operation time.
     pub(crate) async fn usable_for_attempt(&self, keys: &NodeKeys) -> Vec<bool> {
         let now = Instant::now();
-        let opts = &self.inner.options;
         let due: Vec<&Node> = self
             .inner
             .nodes

@@ -11,8 +11,9 @@
 --          written once per server; its absence means the server lost its data
 -- ARGV[1]  holder id (the text of a HolderId)
 -- ARGV[2]  lease in milliseconds (positive integer)
--- ARGV[3]  process id of the caller ('' = no turn: take a free lock whatever the queue)
--- ARGV[4]  tenure: acquisitions in a row a process may keep while other processes wait
+-- ARGV[3]  (optional) queue id of the caller ('' or absent = no turn: take a free lock
+--          whatever the queue; KEYS[3] and KEYS[4] are then not touched)
+-- ARGV[4]  (optional) tenure: acquisitions in a row a queue may keep while others wait
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the key was absent; created holder -> 1 with the lease and
@@ -30,7 +31,7 @@
 if #KEYS >= 5 and redis.call('EXISTS', KEYS[5]) == 0 then
     return {-2}
 end
-local pid = ARGV[3]
+local pid = ARGV[3] or ''
 local function now_ms()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -6,7 +6,7 @@
 -- KEYS[4]  the turn: <prefix>{<name>}:turn (see acquire.lua)
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in milliseconds (the TTL a partial release resets)
--- ARGV[3]  process id of the caller ('' = no turn)
+-- ARGV[3]  (optional) queue id of the caller ('' or absent = no turn: publish to anyone)
 -- ARGV[4]  tenure: acquisitions in a row a process may keep while other processes wait
 -- ARGV[5]  1 if tasks of the caller's process wait for this lock, else 0
 -- ARGV[6]  how long a turn stays reserved for the process it is given to, in ms
@@ -30,7 +30,7 @@ if count > 0 then
     return count
 end
 redis.call('DEL', KEYS[1])
-local pid = ARGV[3]
+local pid = ARGV[3] or ''
 if pid == '' then
     redis.call('PUBLISH', KEYS[2], '')
     return 0
