@@ -253,54 +253,73 @@ fn memory(_c: &mut Criterion) {
     let future_bytes = std::mem::size_of_val(&sync.acquire(HolderId::new(), Wait::Forever));
     let slot = Synchronizer::<MemoryCompetitor>::queue_slot_bytes();
     eprintln!(
-        "aqs_memory: acquire future {future_bytes} B + queue slot {slot} B = {} B per parked waiter \
-         (a waiter with a deadline adds one boxed tokio Sleep, {} B, once it parks)",
+        "aqs_memory: acquire future {future_bytes} B + queue slot {slot} B = {} B per parked \
+         waiter (a waiter with a deadline adds one boxed tokio Sleep, {} B, once it parks)",
         future_bytes + slot,
         std::mem::size_of::<tokio::time::Sleep>(),
     );
 
-    for (name, wait) in [
-        ("forever", Wait::Forever),
-        ("deadline", Wait::for_duration(Duration::from_secs(3600))),
-    ] {
-        let rt = current_thread();
-        let per_task = rt.block_on(async {
-            let sync = memory_sync();
-            let holder = HolderId::new();
-            sync.acquire(holder, Wait::Forever).await.unwrap();
-            // Measured cold, on a fresh runtime: freed memory of an earlier round would be
-            // reused and hide the growth.
+    // Resident growth of three populations of N parked tasks, all kept alive until the end
+    // so that no population reuses memory another one freed: tasks parked on nothing (tokio's
+    // own cost per task), tasks parked in `acquire` without and with a deadline.
+    let rt = current_thread();
+    rt.block_on(async {
+        let sync = memory_sync();
+        let holder = HolderId::new();
+        sync.acquire(holder, Wait::Forever).await.unwrap();
+        let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
+        let mut tasks = Vec::with_capacity(3 * N);
+        let mut growth = Vec::new();
+        for population in 0..3 {
             let before = rss();
-            let tasks: Vec<_> = (0..N)
-                .map(|_| {
+            for _ in 0..N {
+                tasks.push(if population == 0 {
+                    // A future of its own (small) type: tokio's cost per parked task.
+                    let mut stop = tx.subscribe();
+                    tokio::spawn(async move {
+                        let _ = stop.recv().await;
+                    })
+                } else {
                     let sync = sync.clone();
+                    let wait = if population == 1 {
+                        Wait::Forever
+                    } else {
+                        Wait::for_duration(Duration::from_secs(3600))
+                    };
                     tokio::spawn(async move {
                         let me = HolderId::new();
                         sync.acquire(me, wait).await.unwrap();
                         testing::release(&sync, me).unwrap();
                     })
-                })
-                .collect();
-            while sync.waiters() < N {
+                });
+            }
+            // Every new task runs to its park point.
+            tokio::task::yield_now().await;
+            while sync.waiters() < N * population {
                 tokio::task::yield_now().await;
             }
-            let after = rss();
-            testing::release(&sync, holder).unwrap();
-            for t in tasks {
-                t.await.unwrap();
-            }
-            before
-                .zip(after)
-                .map(|(b, a)| a.saturating_sub(b) as f64 / N as f64)
-        });
-        match per_task {
-            Some(bytes) => eprintln!(
-                "aqs_memory: {N} parked tasks ({name}): resident growth {bytes:.0} B per task \
-                 (tokio task, JoinHandle slot and the acquire future included)"
-            ),
-            None => eprintln!("aqs_memory: /proc/self/statm not readable"),
+            growth.push(
+                before
+                    .zip(rss())
+                    .map(|(b, a)| a.saturating_sub(b) as f64 / N as f64),
+            );
         }
-    }
+        match growth[..] {
+            [Some(base), Some(forever), Some(deadline)] => eprintln!(
+                "aqs_memory: resident growth per parked task ({N} tasks each): a tokio task \
+                 parked on a broadcast receiver {base:.0} B; a task parked in acquire without \
+                 deadline {forever:.0} B (+{:.0} B), with deadline {deadline:.0} B (+{:.0} B)",
+                forever - base,
+                deadline - base,
+            ),
+            _ => eprintln!("aqs_memory: /proc/self/statm not readable"),
+        }
+        let _ = tx.send(());
+        testing::release(&sync, holder).unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
 }
 
 criterion_group!(benches, memory, uncontended, handoff, drain);

@@ -507,7 +507,9 @@ impl<C: Competitor> Synchronizer<C> {
         timer: T,
     ) -> impl Future<Output = Result<C::Grant>> + 'a {
         async move {
-            let start = timer.now();
+            // The clock is read only when a deadline or a retry timer needs it: an untimed
+            // uncontended acquire reads it never.
+            let start = deadline.map(|_| timer.now());
             let mut slot = QueueSlot {
                 sync: self,
                 key: None,
@@ -518,7 +520,8 @@ impl<C: Competitor> Synchronizer<C> {
             let mut sleep: Option<Pin<Box<T::Sleep>>> = None;
             let mut started_retried = false;
             loop {
-                let now = timer.now();
+                let now = (deadline.is_some() || matches!(retry, Retry::Parked { .. }))
+                    .then(|| timer.now());
                 match self.decide(&mut slot, holder, deadline, immediate, now, retry) {
                     Step::LocallyBusy => return Err(self.busy(None)),
                     Step::Timeout => {
@@ -538,8 +541,8 @@ impl<C: Competitor> Synchronizer<C> {
                                 return Err(self.lease_lost(holder));
                             }
                             Ok(Attempt::Busy { retry_after }) => {
-                                let now = timer.now();
-                                if deadline.is_some_and(|d| now >= d) {
+                                let now = deadline.map(|_| timer.now());
+                                if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
                                     slot.leave();
                                     return Err(self.timed_out(start, deadline, now));
                                 }
@@ -609,7 +612,7 @@ impl<C: Competitor> Synchronizer<C> {
         holder: HolderId,
         deadline: Option<Instant>,
         immediate: bool,
-        now: Instant,
+        now: Option<Instant>,
         retry: Retry,
     ) -> Step {
         let mut st = self.lock();
@@ -641,7 +644,7 @@ impl<C: Competitor> Synchronizer<C> {
                 key
             }
         };
-        if deadline.is_some_and(|d| now >= d) {
+        if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
             return Step::Timeout;
         }
         if !st.queue.is_head(key) {
@@ -668,7 +671,7 @@ impl<C: Competitor> Synchronizer<C> {
                 },
                 Retry::AfterBusy { epoch, retry_after } => Step::PrepareWait { epoch, retry_after },
                 Retry::Parked { epoch, at }
-                    if st.epoch != epoch || at.is_some_and(|at| now >= at) =>
+                    if st.epoch != epoch || at.zip(now).is_some_and(|(at, now)| now >= at) =>
                 {
                     Step::Attempt {
                         epoch: st.epoch,
@@ -763,12 +766,22 @@ impl<C: Competitor> Synchronizer<C> {
         Ok(grant)
     }
 
-    fn timed_out(&self, start: Instant, deadline: Option<Instant>, now: Instant) -> Error {
+    /// The timeout error; `start` and `now` are read whenever a deadline is set.
+    fn timed_out(
+        &self,
+        start: Option<Instant>,
+        deadline: Option<Instant>,
+        now: Option<Instant>,
+    ) -> Error {
+        let since = |t: Option<Instant>| match (t, start) {
+            (Some(t), Some(start)) => t.saturating_duration_since(start),
+            _ => Duration::ZERO,
+        };
         Error::Timeout {
             lock: self.label.clone(),
             kind: TimeoutKind::Wait,
-            budget: deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(start)),
-            elapsed: now.saturating_duration_since(start),
+            budget: since(deadline),
+            elapsed: since(now),
         }
     }
 
