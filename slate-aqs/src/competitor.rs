@@ -48,7 +48,9 @@ pub enum Notifications {
 ///   caller; [`abandon`](Competitor::abandon) runs exactly once per grant that does not (its
 ///   acquire future was dropped while the attempt was in flight).
 /// - [`after_release`](Competitor::after_release) runs once each time a holder's local hold
-///   count returns to zero.
+///   count returns to zero, which includes a holder displaced by a newer grant: its remote
+///   hold had already ended (released remotely with the local release still to come, or
+///   lost) when the remote granted someone else. Its late `release` is then ignored.
 ///
 /// [`Synchronizer`]: crate::Synchronizer
 pub trait Competitor: Send + Sync + 'static {
@@ -98,5 +100,9 @@ pub trait Competitor: Send + Sync + 'static {
 
     /// Called when the local queue became empty: no task of this process waits any more, so
     /// notifications may be switched off (e.g. unsubscribe).
+    ///
+    /// Hooks run outside the synchronizer's lock, so this call may reach the backend after a
+    /// newly arrived head's `prepare_wait` switched notifications back on. That head then
+    /// waits at most its spin wait, and its next `prepare_wait` switches them on again.
     fn queue_drained(&self) {}
 }

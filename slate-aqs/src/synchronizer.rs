@@ -72,6 +72,21 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// The O(1) invariants are `debug_assert!`ed at every transition; with the `test-util`
 /// feature, [`check_invariants`](Synchronizer::check_invariants) walks the whole queue.
 ///
+/// ## Cancel paths
+///
+/// An acquire future has three await points; dropping it at any of them is handled so:
+///
+/// | dropped while | what happens |
+/// | --- | --- |
+/// | an attempt is in flight (fast path, re-entry, immediate, or as head) | the boxed attempt moves to a background task (the dropping thread's tokio runtime, else the runtime captured at `new`, else a new thread) that finishes it; a grant goes to [`Competitor::abandon`], exactly once. If queued, the waiter is unlinked and the next one woken. The next head may attempt while the abandoned attempt is still out: at most one of them wins remotely. |
+/// | in [`Competitor::prepare_wait`] | that future is dropped (it must be cancel safe); the waiter, the head, is unlinked and the next one woken |
+/// | parked as head (woken or not) | unlinked under the lock; the next waiter is woken, so a wake-up this head received but never acted on is passed on |
+/// | parked behind the head | unlinked under the lock in O(1); nobody else's state changes |
+///
+/// A runtime that is shutting down drops the background task with the attempt; a grant the
+/// backend made for it then lapses with its lease. When the queue becomes empty by any of
+/// these exits, [`Competitor::queue_drained`] runs.
+///
 /// # Examples
 ///
 /// ```
@@ -234,6 +249,11 @@ impl<C: Competitor> Synchronizer<C> {
     /// - Otherwise the caller queues in FIFO order; see the type's docs for how the head waits.
     ///
     /// [`Competitor::after_acquire`] has run when this returns `Ok`.
+    ///
+    /// This is an `async fn` in all but syntax: it returns the future of an `async move` block
+    /// so that the future stores its arguments once (an `async fn` stores them twice,
+    /// rust-lang/rust#62958); a parked waiter costs its future plus a 40-byte queue slot.
+    /// The future is `Send` and `Sync`.
     ///
     /// # Examples
     ///

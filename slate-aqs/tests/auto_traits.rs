@@ -1,0 +1,39 @@
+//! `Send`/`Sync` of every public type and future, checked at compile time. The generic
+//! checks hold for every `Competitor`, so they cover backends too.
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::time::Duration;
+
+use slate_aqs::testing::{Behavior, MemoryCompetitor, MemoryGrant, MemoryRemote, Stats};
+use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
+use slate_core::{HolderId, Wait};
+
+fn send_sync<T: Send + Sync>(_: &T) {}
+fn send_sync_static<T: Send + Sync + 'static>() {}
+
+/// For any competitor: the synchronizer and its acquire future are `Send + Sync`.
+fn generic<C: Competitor>(sync: &Synchronizer<C>) {
+    send_sync(sync);
+    send_sync(&sync.acquire(HolderId::new(), Wait::Forever));
+}
+
+#[test]
+fn public_types_and_futures_are_send_and_sync() {
+    let sync = Synchronizer::new(
+        "a",
+        MemoryCompetitor::new(MemoryRemote::new()),
+        Duration::from_millis(5),
+    );
+    generic(&sync);
+    send_sync(&sync.acquire(HolderId::new(), Wait::Immediate));
+    send_sync_static::<Synchronizer<MemoryCompetitor>>();
+    send_sync_static::<MemoryCompetitor>();
+    send_sync_static::<MemoryRemote>();
+    send_sync_static::<MemoryGrant>();
+    send_sync_static::<Stats>();
+    send_sync_static::<Behavior>();
+    send_sync_static::<Notifications>();
+    send_sync_static::<Attempt<MemoryGrant>>();
+    send_sync(&sync.competitor().prepare_wait());
+}
