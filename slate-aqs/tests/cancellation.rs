@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::{Manual, new_sync};
 use proptest::prelude::*;
 use slate_aqs::Notifications;
-use slate_aqs::testing::{self, Behavior, MemoryRemote};
+use slate_aqs::testing::{self, Behavior, MemoryRemote, Stats};
 use slate_core::{HolderId, Result, Wait};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout};
@@ -208,7 +208,7 @@ fn run_case(
     scenario: Scenario,
     behavior: Behavior,
     abort: Abort,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<Stats, String> {
     let rt = paused_runtime();
     let (remote, sync, granted) = rt.block_on(async {
         let (remote, sync) = new_sync(ms(4));
@@ -272,7 +272,8 @@ fn run_case(
     });
     // Dropping the runtime drops the background tasks still driving never-answering attempts.
     drop(rt);
-    check_clean(&sync, &remote, granted)
+    check_clean(&sync, &remote, granted)?;
+    Ok(sync.competitor().stats())
 }
 
 #[test]
@@ -286,18 +287,40 @@ fn cancellation_matrix() {
     ];
     let mut failures = Vec::new();
     let mut cases = 0;
+    let mut total = Stats::default();
     for scenario in scenarios {
         for behavior in BEHAVIORS {
             for abort in ABORTS {
                 cases += 1;
                 let case = move || run_case(scenario, behavior, abort);
-                if let Err(e) = common::with_watchdog(Duration::from_secs(20), case) {
-                    failures.push(format!("{scenario:?} / {behavior:?} / {abort:?}: {e}"));
+                match common::with_watchdog(Duration::from_secs(20), case) {
+                    Ok(s) => {
+                        total.abandoned += s.abandoned;
+                        total.failed += s.failed;
+                        total.busy += s.busy;
+                        total.prepare_wait += s.prepare_wait;
+                        total.after_acquire += s.after_acquire;
+                        total.queue_drained += s.queue_drained;
+                    }
+                    Err(e) => {
+                        failures.push(format!("{scenario:?} / {behavior:?} / {abort:?}: {e}"));
+                    }
                 }
             }
         }
     }
     assert_eq!(cases, 180);
+    // The matrix really goes through the paths it is about.
+    for (what, n) in [
+        ("grants abandoned after a drop", total.abandoned),
+        ("failed attempts", total.failed),
+        ("busy answers", total.busy),
+        ("prepare_wait calls", total.prepare_wait),
+        ("grants returned", total.after_acquire),
+        ("queues drained", total.queue_drained),
+    ] {
+        assert!(n > 0, "no {what} in the whole matrix");
+    }
     assert!(
         failures.is_empty(),
         "{} of {cases} cases failed:\n{}",
