@@ -289,6 +289,12 @@ impl<C: Competitor> Synchronizer<C> {
     /// - Whatever the competitor's attempt returns; the caller's waiter leaves the queue and
     ///   the next one takes its turn.
     ///
+    /// # Panics
+    ///
+    /// When it has to wait with a timer (a deadline, or the retry timer after a busy answer)
+    /// outside a tokio runtime with time enabled, as every tokio timer does. Thread callers use
+    /// [`blocking_acquire`](Synchronizer::blocking_acquire).
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe. Dropping the future at any await point removes the caller from the queue;
