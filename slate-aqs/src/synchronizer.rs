@@ -130,6 +130,15 @@ impl State {
     fn bump_epoch(&mut self) {
         self.epoch = self.epoch.wrapping_add(1);
     }
+
+    /// The O(1) invariants of the table on [`Synchronizer`], checked after each transition
+    /// in debug builds (the queue checks its own links as it changes them).
+    fn debug_check(&self) {
+        debug_assert!(
+            self.owner.is_none_or(|(_, depth)| depth >= 1),
+            "an owner holds at least one level"
+        );
+    }
 }
 
 /// What a parked waiter waits for (besides its timer).
@@ -391,6 +400,7 @@ impl<C: Competitor> Synchronizer<C> {
                     }
                     st.owner = None;
                     st.bump_epoch();
+                    st.debug_check();
                     st.queue.take_head_waker()
                 }
                 _ => {
@@ -715,6 +725,10 @@ impl<C: Competitor> Synchronizer<C> {
             },
         };
         if let Step::Attempt { .. } = step {
+            debug_assert!(
+                st.queue.is_head(key),
+                "only the head attempts from the queue"
+            );
             st.queue.node_mut(key).in_flight = true;
         }
         step
@@ -778,6 +792,7 @@ impl<C: Competitor> Synchronizer<C> {
                 _ => None,
             };
             st.owner = Some((holder, depth));
+            st.debug_check();
             (depth, displaced, drained)
         };
         if let Some(old) = displaced {
