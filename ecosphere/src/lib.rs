@@ -7,6 +7,7 @@
 //! This crate is never published; every Slate crate uses it as a dev-dependency.
 
 pub mod clock;
+pub mod commandstats;
 pub mod history;
 pub mod proxy;
 pub mod server;

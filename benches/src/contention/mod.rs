@@ -8,8 +8,8 @@
 //!   mutual-exclusion check.
 //! - **lock commands per acquisition**: the commands the clients sent to the lock nodes (from
 //!   `INFO commandstats`, summed over the nodes), without the commands that only ever run
-//!   inside Lua scripts (see [`SCRIPT_ONLY`]) and without the runner's own `INFO`/`CONFIG`/
-//!   `FLUSHALL`. The workload's `GET`/`SET` go to the resource server, so none are on the lock
+//!   inside Lua scripts and without the runner's own `INFO`/`CONFIG`/`FLUSHALL` and connection
+//!   setup (see `ecosphere::commandstats`). The workload's `GET`/`SET` go to the resource server, so none are on the lock
 //!   nodes.
 //! - **client CPU per acquisition**: user + system CPU of the worker processes
 //!   (`getrusage(RUSAGE_SELF)` at their end), divided by the acquisitions.
@@ -28,19 +28,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-/// Commands that the compared implementations only ever issue inside their Lua scripts (or,
-/// for `set`, never on a lock node: it is counted as a client command).
-/// Redis counts script-internal calls in `INFO commandstats` too; these are subtracted to get
-/// the commands the clients sent. (Every implementation sends `SET`, `EVALSHA`, `EVAL`,
-/// `SUBSCRIBE`, `PING`, ... itself; none sends these directly on a lock node.)
-pub const SCRIPT_ONLY: &[&str] = &[
-    "get", "del", "exists", "hexists", "hincrby", "hset", "hget", "hdel", "hlen", "hgetall",
-    "pexpire", "expire", "pttl", "ttl", "incr", "incrby", "publish", "hmget", "time", "zadd",
-    "zrem", "zrange",
-];
-
 /// Commands the runner itself sends to the lock nodes.
-pub const RUNNER_ONLY: &[&str] = &["info", "config", "flushall", "flushdb"];
+pub const RUNNER_ONLY: &[&str] = ecosphere::commandstats::NOT_LOCK;
 
 /// An implementation under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -210,36 +199,13 @@ pub struct RunResult {
 /// Parses `INFO commandstats` into command → calls.
 #[must_use]
 pub fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for line in info.lines() {
-        let Some(rest) = line.strip_prefix("cmdstat_") else {
-            continue;
-        };
-        let Some((name, fields)) = rest.split_once(':') else {
-            continue;
-        };
-        let calls = fields
-            .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
-            .and_then(|v| v.trim().parse().ok());
-        if let Some(calls) = calls {
-            out.insert(name.to_ascii_lowercase(), calls);
-        }
-    }
-    out
+    ecosphere::commandstats::parse(info)
 }
 
 /// Client-sent lock commands in a commandstats delta.
 #[must_use]
 pub fn client_commands(stats: &BTreeMap<String, u64>) -> u64 {
-    stats
-        .iter()
-        .filter(|(name, _)| {
-            let base = name.split('|').next().unwrap_or(name);
-            !SCRIPT_ONLY.contains(&base) && !RUNNER_ONLY.contains(&base)
-        })
-        .map(|(_, calls)| calls)
-        .sum()
+    ecosphere::commandstats::lock_commands(stats)
 }
 
 /// Summarises worker reports and server counters into a [`RunResult`].
@@ -413,7 +379,8 @@ mod tests {
         let s = parse_commandstats(info);
         assert_eq!(s["evalsha"], 10);
         assert_eq!(s["client|setinfo"], 2);
-        assert_eq!(client_commands(&s), 10 + 7 + 2);
+        // Connection setup (`client|setinfo`) is not lock traffic.
+        assert_eq!(client_commands(&s), 10 + 7);
     }
 
     #[test]

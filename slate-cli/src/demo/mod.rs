@@ -6,7 +6,6 @@
 //! that `INFO commandstats` deltas of the nodes belong to one lock each: the single lock lives
 //! on node 0, which the combination lock also uses, and Redis counts commands per server only.
 
-mod cmdstats;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -336,14 +335,14 @@ impl Demo {
         let v = self.servers[i].command(&["INFO", "commandstats"])?;
         let text: String = redis::from_redis_value(v)
             .map_err(|e| Stop::Failed(format!("INFO commandstats of node {i}: {e}")))?;
-        Ok(cmdstats::parse(&text))
+        Ok(ecosphere::commandstats::parse(&text))
     }
 
     /// Adds node `i`'s commands since its baseline to the phase's count.
     fn count_node(&mut self, i: usize) -> Result<(), Stop> {
         let now = self.commandstats(i)?;
-        let d = cmdstats::delta(&self.baseline[i], &now);
-        cmdstats::add(&mut self.counted[i], &d);
+        let d = ecosphere::commandstats::delta(&self.baseline[i], &now);
+        ecosphere::commandstats::add(&mut self.counted[i], &d);
         self.baseline[i] = now;
         Ok(())
     }
@@ -511,7 +510,7 @@ impl Demo {
         let lock_commands = p
             .nodes
             .iter()
-            .map(|&i| cmdstats::lock_commands(&self.counted[i]))
+            .map(|&i| ecosphere::commandstats::lock_commands(&self.counted[i]))
             .sum();
         let history = History::load(&p.dir)
             .map_err(|e| Stop::Failed(format!("loading the {} history: {e}", p.label)))?;

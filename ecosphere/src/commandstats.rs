@@ -1,19 +1,31 @@
-//! Lock commands the clients sent, from `INFO commandstats` deltas (adapted from the contention
-//! runner in `benches/src/contention/mod.rs`).
+//! Lock commands the clients sent, from `INFO commandstats` deltas (used by the contention
+//! runner in `benches` and by `slate demo`).
+//!
+//! Redis counts the commands a Lua script runs in `INFO commandstats` too; [`SCRIPT_ONLY`]
+//! lists those the Slate scripts (and the compared libraries' scripts) run, which no client
+//! sends directly to a lock node, so that what is left is what clients sent.
 
 use std::collections::BTreeMap;
 
-/// Commands the locks only ever issue inside their Lua scripts; Redis counts script-internal
-/// calls in `INFO commandstats` too, so these are left out to get what the clients sent.
+/// Commands the locks only ever issue inside their Lua scripts (`SET` is not among them: the
+/// `rslock` crate and the naive spin lock send it themselves).
 pub const SCRIPT_ONLY: &[&str] = &[
     "get", "del", "exists", "hexists", "hincrby", "hset", "hget", "hdel", "hlen", "hgetall",
-    "pexpire", "expire", "pttl", "ttl", "incr", "incrby", "publish",
+    "hmget", "pexpire", "expire", "pttl", "ttl", "incr", "incrby", "publish", "time", "zadd",
+    "zrem", "zrange",
 ];
 
-/// Commands the demo itself (and the harness) sends to the nodes, and connection setup.
+/// Commands a measuring program itself sends to the nodes, and connection setup.
 pub const NOT_LOCK: &[&str] = &["info", "config", "flushall", "flushdb", "client"];
 
 /// Parses `INFO commandstats` into command → calls.
+///
+/// # Examples
+///
+/// ```
+/// let m = ecosphere::commandstats::parse("cmdstat_evalsha:calls=3,usec=9\r\n");
+/// assert_eq!(m["evalsha"], 3);
+/// ```
 #[must_use]
 pub fn parse(info: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
@@ -35,7 +47,8 @@ pub fn parse(info: &str) -> BTreeMap<String, u64> {
     out
 }
 
-/// Lock commands in a commandstats map (a delta).
+/// Lock commands in a commandstats map (a delta): everything but [`SCRIPT_ONLY`] and
+/// [`NOT_LOCK`].
 #[must_use]
 pub fn lock_commands(stats: &BTreeMap<String, u64>) -> u64 {
     stats
