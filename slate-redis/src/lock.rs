@@ -104,7 +104,7 @@ impl ReleaseTarget for LockShared {
     }
 
     fn queue_id(&self) -> &str {
-        &self.sync.competitor().turn.pid
+        &self.sync.competitor().turn.queue_id
     }
 }
 
@@ -211,7 +211,7 @@ async fn compensate(
 #[derive(Clone, Debug)]
 pub(crate) struct Turn {
     /// This local queue's id (`''`: no turn, any caller may take a free lock).
-    pub(crate) pid: String,
+    pub(crate) queue_id: Arc<str>,
     /// Acquisitions in a row a process may keep while other processes wait.
     pub(crate) tenure: u32,
     /// How long a turn stays reserved for the process it is given to.
@@ -222,7 +222,7 @@ impl Turn {
     /// No turn (multi-node locks; their nodes are contended in node order instead).
     pub(crate) fn none() -> Self {
         Turn {
-            pid: String::new(),
+            queue_id: Arc::from(""),
             tenure: 0,
             reserve: Duration::ZERO,
         }
@@ -232,7 +232,7 @@ impl Turn {
     /// (128 random bits per process plus a counter), unique among all queues.
     pub(crate) fn for_queue(options: &LockOptions) -> Self {
         Turn {
-            pid: HolderId::new().to_string(),
+            queue_id: Arc::from(HolderId::new().to_string()),
             tenure: TENURE,
             reserve: (options.spin_wait() * 2)
                 .clamp(Duration::from_millis(20), Duration::from_secs(1)),
@@ -256,7 +256,7 @@ pub(crate) async fn release_remote(
     let k = keys.clone();
     let holder_arg = holder.to_string();
     let ms = scripts::lease_ms(lease);
-    let pid = turn.pid.clone();
+    let queue_id = turn.queue_id.clone();
     let (tenure, reserve) = (turn.tenure, scripts::lease_ms(turn.reserve));
     client
         .exec("release script", |mut c| async move {
@@ -268,7 +268,7 @@ pub(crate) async fn release_remote(
                 .key(&*k.turn)
                 .arg(holder_arg)
                 .arg(ms)
-                .arg(pid)
+                .arg(&*queue_id)
                 .arg(tenure)
                 .arg(u8::from(local_waiters))
                 .arg(reserve)
@@ -300,7 +300,7 @@ impl Competitor for RedisCompetitor {
             let ms = scripts::lease_ms(lease);
             let sent = Instant::now();
             *lock(&last) = Some(sent);
-            let (pid, tenure) = (turn.pid.clone(), turn.tenure);
+            let (queue_id, tenure) = (turn.queue_id.clone(), turn.tenure);
             let reply: Result<Vec<i64>> = client
                 .exec("acquire script", |mut c| async move {
                     ACQUIRE
@@ -311,7 +311,7 @@ impl Competitor for RedisCompetitor {
                         .key(&*turn_key)
                         .arg(holder_arg)
                         .arg(ms)
-                        .arg(pid)
+                        .arg(&*queue_id)
                         .arg(tenure)
                         .invoke_async(&mut c)
                         .await
