@@ -4,11 +4,17 @@
 //! ([`server`], [`proxy`]), runs multi-process workers ([`workers`]), and decides from recorded
 //! event histories whether a run kept mutual exclusion ([`history`]).
 //!
+//! The CI runs the smoke subset of the fault matrix; the full matrix (longer and rarer
+//! scenarios, marked `#[cfg_attr(not(feature = "full-matrix"), ignore)]`) runs with
+//! `cargo test -p ecosphere --features full-matrix` (see `docs/RELIABILITY.md`). Seeds are
+//! printed by [`seed`] and replayed with `SLATE_SEED`.
+//!
 //! This crate is never published; every Slate crate uses it as a dev-dependency.
 
 pub mod clock;
 pub mod commandstats;
 pub mod history;
 pub mod proxy;
+pub mod seed;
 pub mod server;
 pub mod workers;
