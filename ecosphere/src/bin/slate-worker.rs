@@ -12,9 +12,20 @@
 //!     [--resource-url URL] [--tasks N] [--iterations N] [--max-duration-ms MS]
 //!     [--lease-ms MS] [--renewal-ms MS] [--spin-wait-ms MS] [--command-timeout-ms MS]
 //!     [--hold-ms MS] [--step-ms MS] [--budget-ms MS] [--linger-ms MS] [--go-file PATH]
-//!     [--counter-key KEY] [--unsafe-skip-lock]
+//!     [--counter-key KEY] [--unsafe-skip-lock] [--fenced-key KEY [--late-write]]
 //!     [--redis-url URL ...] [--node-op-ms MS] [--reprobe-ms MS] [--order sequential|pipelined]
 //! ```
+//!
+//! A **resource operation** is GET then SET+1 of the counter `--counter-key` on the resource
+//! server (non-atomic on purpose: the unfenced resource U), logged as `res_op incr ok`. With
+//! `--fenced-key KEY` (needs `--resource-url`) every resource operation first sends one write
+//! to the **fenced resource F** (reliability.md §6.1) on the resource server: a Lua script that
+//! rejects a token below the highest it has accepted and otherwise raises that maximum,
+//! counts the write (hash `KEY`: `max`, `accepted`, `rejected`) and appends the element
+//! `<proc>:<n>:<token>` to the list `KEY:log`. It is logged as `res_op f_write` with outcome
+//! `accepted:<seq>` (accept order), `rejected:<max>` or `unknown:<error>` (no reply; not a
+//! worker failure), which the checker's I2 reads. Such a worker prints `FENCED accepted=A
+//! rejected=R unknown=U` just before `STATS`.
 //!
 //! Modes (all print `READY` after connecting; with `--go-file` they then wait, bounded, until
 //! that file exists and print `GO`; all print `STATS renewals=R subscriptions=S
@@ -23,10 +34,12 @@
 //! - `contend`: `--tasks` tasks, each `--iterations` times: `lock()`, GET then SET+1 of the
 //!   counter on the resource server, `unlock()`. Prints `DONE acquisitions=N`.
 //!   `--unsafe-skip-lock` skips the lock (negative control) and logs made-up holders.
-//! - `hold`: acquires once, prints `HOLDING <holder> <token>`, increments the counter every
+//! - `hold`: acquires once, prints `HOLDING <holder> <token>`, does a resource operation every
 //!   50 ms (if `--resource-url` is given) for `--hold-ms` or until the lease is lost
-//!   (`LOST <reason>`), then unlocks and prints `UNLOCK ok <remaining>`, `UNLOCK not_held` or
-//!   `UNLOCK error <message>`.
+//!   (`LOST <reason>`, logged as `lost`; with `--late-write`, one more fenced write with the
+//!   lost hold's token follows, as a write issued before a pause and delivered after it would,
+//!   and `LATE accepted|rejected|unknown` is printed), then unlocks and prints
+//!   `UNLOCK ok <remaining>`, `UNLOCK not_held` or `UNLOCK error <message>`.
 //! - `reenter`: acquires, re-enters to depth 3 (`reenter()`, then `lock_as(holder)`), prints
 //!   `DEPTH n` per level and `HOLD_COUNT n`, holds `--hold-ms` (with resource operations if
 //!   `--resource-url` is given),
@@ -37,15 +50,19 @@
 //!   counter increment if `--resource-url` is given) and unlock. Prints
 //!   `DONE acquired=A failed=F errors=E`.
 //!
-//! **Combination lock** (`--redis-url` given N ≥ 2 times, in node order): only `contend`. The
-//! worker opens its own node set (`--node-op-ms`, `--reprobe-ms`; it does not adopt the servers:
-//! the scenario does that once) and a `CombinationLock` (`--order`). `acq_ok` records the nodes
-//! held. A failed acquisition (`InsufficientNodes`, budget timeout: nothing held, everything
-//! taken was released) is logged as `acq_fail` and retried after the spin wait; an unlock that
-//! could not reach every node (`ReleaseIncomplete`) is logged as `rel_info` (the entries left
-//! expire with the lease), one that found the lock lost as `rel_fail{not_held}`. Prints
-//! `DONE acquisitions=N failed_attempts=F incomplete_releases=R` and, last, `STATS renewals=0
-//! subscriptions=0 local_waiters=W`.
+//! **Combination lock** (`--redis-url` given N ≥ 2 times, in node order): `contend` and `hold`.
+//! The worker opens its own node set (`--node-op-ms`, `--reprobe-ms`; it does not adopt the
+//! servers: the scenario does that once) and a `CombinationLock` (`--order`). `acq_ok` records
+//! the nodes held. A failed acquisition (`InsufficientNodes`, budget timeout: nothing held,
+//! everything taken was released) is logged as `acq_fail` and retried after the spin wait (in
+//! both modes); an unlock that could not reach every node (`ReleaseIncomplete`) is logged as
+//! `rel_info` (the entries left expire with the lease), one that found the lock lost as
+//! `rel_fail{not_held}`. `contend` prints `DONE acquisitions=N failed_attempts=F
+//! incomplete_releases=R`; `hold` prints the same lines as for the single lock (`HOLDING`,
+//! `LOST`, `LATE`, `UNLOCK`; an incomplete release is `UNLOCK error <message>`) and logs the
+//! same events (`renew_ok` whenever the combined deadline moved, checked at each tick). The
+//! resource server is optional in `hold`; `--fenced-key` works as above. Last: `STATS
+//! renewals=0 subscriptions=0 local_waiters=W`.
 //!
 //! Exit code 0 on success; 1 with a message on stderr otherwise (bad arguments: 2). In `hold`
 //! and `wait`, lock errors are outcomes (recorded), not worker failures.
@@ -59,7 +76,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use ecosphere::clock::{now_ns, to_mono_ns};
-use ecosphere::history::{EventKind, OP_INCR, OUTCOME_OK, Recorder};
+use ecosphere::history::{
+    EventKind, FencedOutcome, OP_FENCED_WRITE, OP_INCR, OUTCOME_OK, Recorder,
+};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use slate_redis::{
@@ -68,6 +87,23 @@ use slate_redis::{
 
 /// The library's release script, for the one release no guard can express (past depth 0).
 const RELEASE_LUA: &str = include_str!("../../../slate-redis/src/scripts/release.lua");
+
+/// The fenced resource F (reliability.md §6.1): rejects a token below the highest accepted so
+/// far; an accepted operation raises that maximum, counts itself (its sequence number is the
+/// accept order) and appends its element to the log list `KEYS[2]`. Replies `{1, seq}` or
+/// `{0, max}`.
+const FENCED_LUA: &str = r"
+local max = tonumber(redis.call('HGET', KEYS[1], 'max') or '-1')
+local token = tonumber(ARGV[1])
+if token < max then
+  redis.call('HINCRBY', KEYS[1], 'rejected', 1)
+  return {0, max}
+end
+redis.call('HSET', KEYS[1], 'max', ARGV[1])
+local seq = redis.call('HINCRBY', KEYS[1], 'accepted', 1)
+redis.call('RPUSH', KEYS[2], ARGV[2])
+return {1, seq}
+";
 
 /// Interval of the resource operations while holding (`hold`, `reenter`).
 const TICK: Duration = Duration::from_millis(50);
@@ -178,6 +214,101 @@ struct Args {
     /// Negative control (contend only): skip the lock entirely and log made-up holders.
     #[arg(long)]
     unsafe_skip_lock: bool,
+    /// Fenced resource F on the resource server: a hash at this key (`max`, `accepted`,
+    /// `rejected`) and the list `<KEY>:log` of accepted elements. Every resource operation
+    /// then also sends one fenced write carrying the holder's token.
+    #[arg(long, requires = "resource_url")]
+    fenced_key: Option<String>,
+    /// Hold: after a loss, send one more fenced write with the lost hold's token (a write
+    /// issued before a pause and delivered after it); prints `LATE <outcome>`.
+    #[arg(long, requires = "fenced_key")]
+    late_write: bool,
+}
+
+/// The fenced resource F of one worker, with its tallies.
+struct Fenced {
+    conn: MultiplexedConnection,
+    key: String,
+    log_key: String,
+    script: redis::Script,
+    proc: u32,
+    seq: AtomicU64,
+    accepted: AtomicU64,
+    rejected: AtomicU64,
+    unknown: AtomicU64,
+}
+
+impl Fenced {
+    fn new(conn: MultiplexedConnection, key: &str, proc: u32) -> Self {
+        Fenced {
+            conn,
+            key: key.to_owned(),
+            log_key: format!("{key}:log"),
+            script: redis::Script::new(FENCED_LUA),
+            proc,
+            seq: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            unknown: AtomicU64::new(0),
+        }
+    }
+
+    /// One fenced write carrying `token`; the `res_op` event to record (`f_write`, outcome
+    /// `accepted:<seq>`, `rejected:<max>` or `unknown:<error>`). Errors are outcomes.
+    async fn write(&self, holder: &str, token: u64) -> EventKind {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let element = format!("{}:{n}:{token}", self.proc);
+        let mut conn = self.conn.clone();
+        let reply: redis::RedisResult<(i64, u64)> = self
+            .script
+            .key(&self.key)
+            .key(&self.log_key)
+            .arg(token)
+            .arg(element)
+            .invoke_async(&mut conn)
+            .await;
+        let outcome = match reply {
+            Ok((1, seq)) => {
+                self.accepted.fetch_add(1, Ordering::Relaxed);
+                FencedOutcome::Accepted { seq }
+            }
+            Ok((_, max)) => {
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                FencedOutcome::Rejected { max }
+            }
+            Err(e) => {
+                self.unknown.fetch_add(1, Ordering::Relaxed);
+                FencedOutcome::Unknown {
+                    error: e.to_string(),
+                }
+            }
+        };
+        EventKind::ResOp {
+            holder: holder.to_owned(),
+            token,
+            op: OP_FENCED_WRITE.to_owned(),
+            outcome: outcome.to_outcome(),
+        }
+    }
+
+    /// The `FENCED accepted=A rejected=R unknown=U` line.
+    fn line(&self) -> String {
+        format!(
+            "FENCED accepted={} rejected={} unknown={}",
+            self.accepted.load(Ordering::Relaxed),
+            self.rejected.load(Ordering::Relaxed),
+            self.unknown.load(Ordering::Relaxed)
+        )
+    }
+}
+
+/// Opens a multiplexed connection, bounded by 5 s.
+async fn connect(url: &str) -> Res<MultiplexedConnection> {
+    let c = redis::Client::open(url).map_err(|e| format!("{url}: {e}"))?;
+    tokio::time::timeout(Duration::from_secs(5), c.get_multiplexed_async_connection())
+        .await
+        .map_err(|_| format!("{url}: connect timed out"))?
+        .map_err(|e| format!("{url}: {e}"))
 }
 
 fn main() -> ExitCode {
@@ -231,6 +362,8 @@ struct Ctx {
     client: RedisClient,
     lock: SingleLock,
     resource: Option<MultiplexedConnection>,
+    /// The fenced resource, with `--fenced-key`.
+    fenced: Option<Fenced>,
     /// A plain connection to the lock server (the extra release of `reenter`).
     direct: MultiplexedConnection,
     deadline: Instant,
@@ -305,9 +438,19 @@ impl Ctx {
         Ok(())
     }
 
-    /// GET then SET+1 of the counter (non-atomic on purpose), then `res_op incr` (after a
-    /// `renew_ok` if the deadline moved).
-    async fn incr(&self, task: u64, held: &mut Held, guard: Option<&SingleLockGuard>) -> Res<()> {
+    /// One resource operation: the fenced write (with `--fenced-key`), then GET and SET+1 of
+    /// the counter (non-atomic on purpose); then `renew_ok` if the deadline moved, and the
+    /// `res_op` events (`f_write`, `incr`).
+    async fn resource_op(
+        &self,
+        task: u64,
+        held: &mut Held,
+        guard: Option<&SingleLockGuard>,
+    ) -> Res<()> {
+        let fenced = match &self.fenced {
+            Some(f) => Some(f.write(&held.holder, held.token).await),
+            None => None,
+        };
         let mut conn = self.resource()?;
         let key = self.args.counter_key.as_str();
         let value: Option<u64> = conn
@@ -321,6 +464,9 @@ impl Ctx {
             .map_err(|e| format!("SET {key} on the resource server: {e}"))?;
         if let Some(g) = guard {
             self.note_renewal(task, held, g)?;
+        }
+        if let Some(f) = fenced {
+            self.record(task, f)?;
         }
         self.record(
             task,
@@ -476,19 +622,13 @@ async fn run(args: Args) -> Res<()> {
     let lock = builder
         .build()
         .map_err(|e| format!("building the lock: {e}"))?;
-    let connect = |url: &str| {
-        let url = url.to_owned();
-        async move {
-            let c = redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
-            tokio::time::timeout(Duration::from_secs(5), c.get_multiplexed_async_connection())
-                .await
-                .map_err(|_| format!("{url}: connect timed out"))?
-                .map_err(|e| format!("{url}: {e}"))
-        }
-    };
     let resource = match &args.resource_url {
         Some(url) => Some(connect(url).await?),
         None => None,
+    };
+    let fenced = match (&args.fenced_key, &resource) {
+        (Some(key), Some(conn)) => Some(Fenced::new(conn.clone(), key, args.proc)),
+        _ => None,
     };
     let direct = connect(&args.redis_url[0]).await?;
     tokio::time::timeout(Duration::from_secs(5), client.ping())
@@ -501,6 +641,7 @@ async fn run(args: Args) -> Res<()> {
         client,
         lock,
         resource,
+        fenced,
         direct,
         deadline,
         attempts: AtomicU64::new(0),
@@ -523,6 +664,9 @@ async fn run(args: Args) -> Res<()> {
     };
     if ctx.args.linger_ms > 0 {
         tokio::time::sleep(Duration::from_millis(ctx.args.linger_ms).min(ctx.remaining())).await;
+    }
+    if let Some(f) = &ctx.fenced {
+        say(&f.line())?;
     }
     let s = ctx.client.stats();
     say(&format!(
@@ -568,7 +712,7 @@ async fn contend_task(ctx: &Ctx, task: u64) -> Res<u64> {
             continue;
         }
         let (guard, mut held) = ctx.lock_logged(task, None).await?;
-        let op = ctx.incr(task, &mut held, Some(&guard)).await;
+        let op = ctx.resource_op(task, &mut held, Some(&guard)).await;
         if let Some(reason) = guard.lease().loss_reason() {
             ctx.record(
                 task,
@@ -621,7 +765,7 @@ async fn unsafe_iteration(ctx: &Ctx, task: u64, i: u64) -> Res<()> {
             nodes: vec![],
         },
     )?;
-    ctx.incr(task, &mut held, None).await?;
+    ctx.resource_op(task, &mut held, None).await?;
     ctx.record(
         task,
         EventKind::RelInvoke {
@@ -655,7 +799,7 @@ async fn hold(ctx: &Ctx) -> Res<()> {
                 if guard.is_lost() {
                     // lost() completes at once.
                 } else if ctx.resource.is_some() {
-                    ctx.incr(0, &mut held, Some(&guard)).await?;
+                    ctx.resource_op(0, &mut held, Some(&guard)).await?;
                 } else {
                     ctx.note_renewal(0, &mut held, &guard)?;
                 }
@@ -671,10 +815,29 @@ async fn hold(ctx: &Ctx) -> Res<()> {
             },
         )?;
         say(&format!("LOST {}", reason_code(reason)))?;
+        if ctx.args.late_write
+            && let Some(f) = &ctx.fenced
+        {
+            let event = f.write(&held.holder, held.token).await;
+            say(&format!("LATE {}", late_word(&event)))?;
+            ctx.record(0, event)?;
+        }
     }
     let released = ctx.release(0, &mut held, guard).await?;
     say(&format!("UNLOCK {}", released.line()))?;
     Ok(())
+}
+
+/// `accepted`, `rejected` or `unknown`: the first word of a fenced `res_op` outcome.
+fn late_word(event: &EventKind) -> &'static str {
+    match event {
+        EventKind::ResOp { outcome, .. } => match FencedOutcome::parse(outcome) {
+            Some(FencedOutcome::Accepted { .. }) => "accepted",
+            Some(FencedOutcome::Rejected { .. }) => "rejected",
+            _ => "unknown",
+        },
+        _ => "unknown",
+    }
 }
 
 /// Holds `guard` for `d`, incrementing the counter every tick; fails if the lease is lost.
@@ -692,7 +855,7 @@ async fn hold_for(ctx: &Ctx, held: &mut Held, guard: &SingleLockGuard, d: Durati
             return Err(format!("lease lost while holding: {reason}"));
         }
         if ctx.resource.is_some() {
-            ctx.incr(0, held, Some(guard)).await?;
+            ctx.resource_op(0, held, Some(guard)).await?;
         } else {
             ctx.note_renewal(0, held, guard)?;
         }
@@ -942,7 +1105,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
     };
     let mut held = ctx.acquired(task, attempt, &guard)?;
     if ctx.resource.is_some() {
-        ctx.incr(task, &mut held, Some(&guard)).await?;
+        ctx.resource_op(task, &mut held, Some(&guard)).await?;
     }
     if ctx.args.hold_ms > 0 {
         tokio::time::sleep(Duration::from_millis(ctx.args.hold_ms)).await;
@@ -966,13 +1129,14 @@ mod combination {
     use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
     use slate_redis::{DistributedLock, LockGuard};
 
-    use super::{Args, CombOrder, Mode, Res, say};
+    use super::{Args, CombOrder, Fenced, Mode, Res, connect, late_word, reason_code, say};
 
     struct Comb {
         args: Args,
         rec: Recorder,
         lock: CombinationLock,
-        resource: MultiplexedConnection,
+        resource: Option<MultiplexedConnection>,
+        fenced: Option<Fenced>,
         deadline: Instant,
         attempts: AtomicU64,
         failed: AtomicU64,
@@ -992,9 +1156,10 @@ mod combination {
     }
 
     pub(super) async fn run(args: Args, deadline: Instant, rec: Recorder) -> Res<()> {
-        if args.mode != Mode::Contend || args.unsafe_skip_lock {
+        if !matches!(args.mode, Mode::Contend | Mode::Hold) || args.unsafe_skip_lock {
             return Err(
-                "the combination lock supports --mode contend (without --unsafe-skip-lock) only"
+                "the combination lock supports --mode contend (without --unsafe-skip-lock) and \
+                 --mode hold only"
                     .to_owned(),
             );
         }
@@ -1022,22 +1187,23 @@ mod combination {
         let lock = builder
             .build()
             .map_err(|e| format!("building the lock: {e}"))?;
-        let url = args
-            .resource_url
-            .clone()
-            .ok_or_else(|| "contend needs --resource-url".to_owned())?;
-        let resource = {
-            let c = redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
-            tokio::time::timeout(Duration::from_secs(5), c.get_multiplexed_async_connection())
-                .await
-                .map_err(|_| format!("{url}: connect timed out"))?
-                .map_err(|e| format!("{url}: {e}"))?
+        let resource = match &args.resource_url {
+            Some(url) => Some(connect(url).await?),
+            None if args.mode == Mode::Contend => {
+                return Err("contend needs --resource-url".to_owned());
+            }
+            None => None,
+        };
+        let fenced = match (&args.fenced_key, &resource) {
+            (Some(key), Some(conn)) => Some(Fenced::new(conn.clone(), key, args.proc)),
+            _ => None,
         };
         let ctx = Arc::new(Comb {
             args,
             rec,
             lock,
             resource,
+            fenced,
             deadline,
             attempts: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -1053,28 +1219,37 @@ mod combination {
             }
             say("GO")?;
         }
-        let mut tasks = tokio::task::JoinSet::new();
-        for task in 0..ctx.args.tasks {
-            let ctx = Arc::clone(&ctx);
-            tasks.spawn(async move { contend_task(&ctx, task).await });
-        }
-        let mut total = 0u64;
         let mut errors = Vec::new();
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok(Ok(n)) => total += n,
-                Ok(Err(e)) => errors.push(e),
-                Err(e) => errors.push(format!("task panicked: {e}")),
+        if ctx.args.mode == Mode::Hold {
+            if let Err(e) = hold(&ctx).await {
+                errors.push(e);
             }
+        } else {
+            let mut tasks = tokio::task::JoinSet::new();
+            for task in 0..ctx.args.tasks {
+                let ctx = Arc::clone(&ctx);
+                tasks.spawn(async move { contend_task(&ctx, task).await });
+            }
+            let mut total = 0u64;
+            while let Some(joined) = tasks.join_next().await {
+                match joined {
+                    Ok(Ok(n)) => total += n,
+                    Ok(Err(e)) => errors.push(e),
+                    Err(e) => errors.push(format!("task panicked: {e}")),
+                }
+            }
+            say(&format!(
+                "DONE acquisitions={total} failed_attempts={} incomplete_releases={}",
+                ctx.failed.load(Ordering::Relaxed),
+                ctx.incomplete.load(Ordering::Relaxed)
+            ))?;
         }
-        say(&format!(
-            "DONE acquisitions={total} failed_attempts={} incomplete_releases={}",
-            ctx.failed.load(Ordering::Relaxed),
-            ctx.incomplete.load(Ordering::Relaxed)
-        ))?;
         if ctx.args.linger_ms > 0 {
             tokio::time::sleep(Duration::from_millis(ctx.args.linger_ms).min(ctx.remaining()))
                 .await;
+        }
+        if let Some(f) = &ctx.fenced {
+            say(&f.line())?;
         }
         say(&format!(
             "STATS renewals=0 subscriptions=0 local_waiters={}",
@@ -1159,38 +1334,7 @@ mod combination {
             }
             let (guard, mut logged) = acquire(ctx, task).await?;
             let holder = guard.holder().to_string();
-            let token = guard.fencing_token().get();
-            // GET then SET+1, non-atomic on purpose.
-            let key = ctx.args.counter_key.as_str();
-            let mut conn = ctx.resource.clone();
-            let value: Option<u64> = conn
-                .get(key)
-                .await
-                .map_err(|e| format!("GET {key} on the resource server: {e}"))?;
-            let () = conn
-                .set(key, value.unwrap_or(0) + 1)
-                .await
-                .map_err(|e| format!("SET {key} on the resource server: {e}"))?;
-            let d = to_mono_ns(guard.lease().deadline());
-            if d > logged {
-                logged = d;
-                ctx.record(
-                    task,
-                    EventKind::RenewOk {
-                        holder: holder.clone(),
-                        deadline: logged,
-                    },
-                )?;
-            }
-            ctx.record(
-                task,
-                EventKind::ResOp {
-                    holder: holder.clone(),
-                    token,
-                    op: OP_INCR.to_owned(),
-                    outcome: OUTCOME_OK.to_owned(),
-                },
-            )?;
+            resource_op(ctx, task, &guard, &holder, &mut logged).await?;
             if let Some(reason) = guard.lease().loss_reason() {
                 ctx.record(
                     task,
@@ -1200,36 +1344,204 @@ mod combination {
                     },
                 )?;
             }
-            ctx.record(
-                task,
-                EventKind::RelInvoke {
-                    holder: holder.clone(),
-                    depth_before: 1,
-                },
-            )?;
-            let kind = match tokio::time::timeout(ctx.remaining(), guard.unlock()).await {
-                Ok(Ok(n)) => EventKind::RelOk {
+            match release(ctx, task, &holder, guard).await? {
+                Released::Ok(_) | Released::NotHeld => {}
+                Released::Incomplete(_) => {
+                    ctx.incomplete.fetch_add(1, Ordering::Relaxed);
+                }
+                Released::Error(e) => return Err(format!("unlock failed: {e}")),
+            }
+            done += 1;
+        }
+        Ok(done)
+    }
+
+    /// Outcome of a combination unlock.
+    enum Released {
+        Ok(u32),
+        NotHeld,
+        /// `ReleaseIncomplete`: some node could not be reached (its entry expires with the lease).
+        Incomplete(String),
+        Error(String),
+    }
+
+    /// `rel_invoke`, `unlock()`, then `rel_ok` / `rel_fail{not_held}` / `rel_info`.
+    async fn release(
+        ctx: &Comb,
+        task: u64,
+        holder: &str,
+        guard: CombinationGuard,
+    ) -> Res<Released> {
+        let depth_before = guard.depth();
+        ctx.record(
+            task,
+            EventKind::RelInvoke {
+                holder: holder.to_owned(),
+                depth_before,
+            },
+        )?;
+        let holder = holder.to_owned();
+        let (kind, released) = match tokio::time::timeout(ctx.remaining(), guard.unlock()).await {
+            Ok(Ok(n)) => (
+                EventKind::RelOk {
                     holder,
                     depth_after: n,
                 },
-                Ok(Err(e)) if e.is_not_held() => EventKind::RelFail {
+                Released::Ok(n),
+            ),
+            Ok(Err(e)) if e.is_not_held() => (
+                EventKind::RelFail {
                     holder,
                     reason: e.to_string(),
                     not_held: true,
                 },
-                Ok(Err(e)) if e.is_release_incomplete() => {
-                    ctx.incomplete.fetch_add(1, Ordering::Relaxed);
-                    EventKind::RelInfo {
-                        holder,
-                        reason: e.to_string(),
+                Released::NotHeld,
+            ),
+            Ok(Err(e)) if e.is_release_incomplete() => (
+                EventKind::RelInfo {
+                    holder,
+                    reason: e.to_string(),
+                },
+                Released::Incomplete(e.to_string()),
+            ),
+            Ok(Err(e)) => (
+                EventKind::RelInfo {
+                    holder,
+                    reason: e.to_string(),
+                },
+                Released::Error(e.to_string()),
+            ),
+            Err(_) => (
+                EventKind::RelInfo {
+                    holder,
+                    reason: "cancelled: worker max duration".to_owned(),
+                },
+                Released::Error("max duration reached during unlock".to_owned()),
+            ),
+        };
+        ctx.record(task, kind)?;
+        Ok(released)
+    }
+
+    /// One resource operation: the fenced write (with `--fenced-key`), GET then SET+1 of the
+    /// counter (non-atomic on purpose), then `renew_ok` if the deadline moved past `logged`, and
+    /// the `res_op` events.
+    async fn resource_op(
+        ctx: &Comb,
+        task: u64,
+        guard: &CombinationGuard,
+        holder: &str,
+        logged: &mut u64,
+    ) -> Res<()> {
+        let token = guard.fencing_token().get();
+        let fenced = match &ctx.fenced {
+            Some(f) => Some(f.write(holder, token).await),
+            None => None,
+        };
+        let mut counted = false;
+        if let Some(resource) = &ctx.resource {
+            let key = ctx.args.counter_key.as_str();
+            let mut conn = resource.clone();
+            let value: Option<u64> = conn
+                .get(key)
+                .await
+                .map_err(|e| format!("GET {key} on the resource server: {e}"))?;
+            let () = conn
+                .set(key, value.unwrap_or(0) + 1)
+                .await
+                .map_err(|e| format!("SET {key} on the resource server: {e}"))?;
+            counted = true;
+        }
+        note_renewal(ctx, task, guard, holder, logged)?;
+        if let Some(f) = fenced {
+            ctx.record(task, f)?;
+        }
+        if counted {
+            ctx.record(
+                task,
+                EventKind::ResOp {
+                    holder: holder.to_owned(),
+                    token,
+                    op: OP_INCR.to_owned(),
+                    outcome: OUTCOME_OK.to_owned(),
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Logs `renew_ok` if the guard's deadline moved past `logged`.
+    fn note_renewal(
+        ctx: &Comb,
+        task: u64,
+        guard: &CombinationGuard,
+        holder: &str,
+        logged: &mut u64,
+    ) -> Res<()> {
+        let d = to_mono_ns(guard.lease().deadline());
+        if d > *logged {
+            *logged = d;
+            ctx.record(
+                task,
+                EventKind::RenewOk {
+                    holder: holder.to_owned(),
+                    deadline: d,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `hold` on the combination lock: acquire (retrying failed attempts), hold with resource
+    /// operations until done or lost, unlock.
+    async fn hold(ctx: &Comb) -> Res<()> {
+        let (guard, mut logged) = acquire(ctx, 0).await?;
+        let holder = guard.holder().to_string();
+        let token = guard.fencing_token().get();
+        say(&format!("HOLDING {holder} {token}"))?;
+        let end = (Instant::now() + Duration::from_millis(ctx.args.hold_ms)).min(ctx.deadline);
+        let mut tick = tokio::time::interval(super::TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let lost = loop {
+            tokio::select! {
+                biased;
+                reason = guard.lost() => break Some(reason),
+                () = tokio::time::sleep_until(end.into()) => break None,
+                _ = tick.tick() => {
+                    if guard.is_lost() {
+                        // lost() completes at once.
+                    } else if ctx.resource.is_some() {
+                        resource_op(ctx, 0, &guard, &holder, &mut logged).await?;
+                    } else {
+                        note_renewal(ctx, 0, &guard, &holder, &mut logged)?;
                     }
                 }
-                Ok(Err(e)) => return Err(format!("unlock failed: {e}")),
-                Err(_) => return Err("max duration reached during unlock".to_owned()),
-            };
-            ctx.record(task, kind)?;
-            done += 1;
+            }
+        };
+        if let Some(reason) = lost {
+            ctx.record(
+                0,
+                EventKind::Lost {
+                    holder: holder.clone(),
+                    reason: reason.to_string(),
+                },
+            )?;
+            say(&format!("LOST {}", reason_code(reason)))?;
+            if ctx.args.late_write
+                && let Some(f) = &ctx.fenced
+            {
+                let event = f.write(&holder, token).await;
+                say(&format!("LATE {}", late_word(&event)))?;
+                ctx.record(0, event)?;
+            }
         }
-        Ok(done)
+        let line = match release(ctx, 0, &holder, guard).await? {
+            Released::Ok(n) => format!("ok {n}"),
+            Released::NotHeld => "not_held".to_owned(),
+            Released::Incomplete(m) | Released::Error(m) => {
+                format!("error {}", m.replace('\n', " "))
+            }
+        };
+        say(&format!("UNLOCK {line}"))
     }
 }

@@ -8,7 +8,9 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use super::event::{Event, EventKind, KILL_WORKER, OP_INCR, OUTCOME_OK};
+use super::event::{
+    Event, EventKind, FencedOutcome, KILL_WORKER, OP_FENCED_WRITE, OP_INCR, OUTCOME_OK,
+};
 use super::report::{CheckId, CheckResult, Counterexample, Latency, Report, Stats, Status, rel_ms};
 use super::store::History;
 
@@ -298,10 +300,13 @@ struct Checker<'h> {
     last_observe: HashMap<(usize, usize), usize>,
     latencies: Vec<u64>,
     res_ops: Vec<usize>,
+    /// Accepted fenced writes: (lock, seq, index).
+    fenced_ops: Vec<(usize, u64, usize)>,
     acked_incr: u64,
     stats: Stats,
     observes: usize,
     excl: Tally,
+    fenced: Tally,
     tokens: Tally,
     own: Tally,
     own_warn: Tally,
@@ -332,10 +337,12 @@ impl<'h> Checker<'h> {
             last_observe: HashMap::new(),
             latencies: Vec::new(),
             res_ops: Vec::new(),
+            fenced_ops: Vec::new(),
             acked_incr: 0,
             stats: Stats::default(),
             observes: 0,
             excl: Tally::default(),
+            fenced: Tally::default(),
             tokens: Tally::default(),
             own: Tally::default(),
             own_warn: Tally::default(),
@@ -453,6 +460,7 @@ impl<'h> Checker<'h> {
         self.stats.processes = procs.len();
         self.sweep();
         self.activity_check();
+        self.fenced_check();
         self.finish()
     }
 
@@ -564,6 +572,16 @@ impl<'h> Checker<'h> {
                 self.res_ops.push(i);
                 if op == OP_INCR && outcome == OUTCOME_OK {
                     self.acked_incr += 1;
+                }
+                if op == OP_FENCED_WRITE {
+                    match FencedOutcome::parse(outcome) {
+                        Some(FencedOutcome::Accepted { seq }) => {
+                            self.stats.fenced_accepted += 1;
+                            self.fenced_ops.push((lock, seq, i));
+                        }
+                        Some(FencedOutcome::Rejected { .. }) => self.stats.fenced_rejected += 1,
+                        _ => {}
+                    }
                 }
             }
             EventKind::Nemesis { .. } => {}
@@ -1153,6 +1171,52 @@ impl<'h> Checker<'h> {
         self.res_ops = ops;
     }
 
+    /// I2: per lock, the accepted fenced writes in accept order (`seq`) carry non-decreasing
+    /// tokens. Each write is compared with the highest token accepted before it.
+    fn fenced_check(&mut self) {
+        let mut ops = std::mem::take(&mut self.fenced_ops);
+        ops.sort_by_key(|&(lock, seq, i)| (lock, seq, i));
+        // (lock, highest token so far, its event)
+        let mut max: Option<(usize, u64, usize)> = None;
+        for &(lock, seq, i) in &ops {
+            let EventKind::ResOp { holder, token, .. } = &self.ev[i].kind else {
+                continue;
+            };
+            match max {
+                Some((l, m, mi)) if l == lock && *token < m => {
+                    let (ph, pseq) = match &self.ev[mi].kind {
+                        EventKind::ResOp {
+                            holder, outcome, ..
+                        } => (
+                            holder.as_str(),
+                            match FencedOutcome::parse(outcome) {
+                                Some(FencedOutcome::Accepted { seq }) => seq,
+                                _ => 0,
+                            },
+                        ),
+                        _ => ("?", 0),
+                    };
+                    let message = format!(
+                        "lock {:?}: the fenced resource accepted token {token} of holder \
+                         {holder:?} (accept #{seq}, at {}) after token {m} of holder {ph:?} \
+                         (accept #{pseq}, at {})",
+                        self.lock_names[lock],
+                        self.rel(self.ev[i].t),
+                        self.rel(self.ev[mi].t)
+                    );
+                    self.fenced.add(|| Finding {
+                        message,
+                        events: vec![mi.min(i), mi.max(i)],
+                        anchor: i,
+                    });
+                }
+                Some((l, m, _)) if l == lock && *token == m => {}
+                _ => max = Some((lock, *token, i)),
+            }
+        }
+        self.fenced_ops = ops;
+    }
+
     fn finish(mut self) -> Report {
         // Counter.
         let counter_note;
@@ -1230,6 +1294,16 @@ impl<'h> Checker<'h> {
                 self.stats.windows, self.stats.locks
             ),
         ));
+        let fenced = std::mem::take(&mut self.fenced);
+        let fenced_note = if self.fenced_ops.is_empty() {
+            "no accepted fenced writes (vacuous)".to_owned()
+        } else {
+            format!(
+                "{} accepted, {} rejected fenced writes",
+                self.stats.fenced_accepted, self.stats.fenced_rejected
+            )
+        };
+        checks.push(self.result(CheckId::FencedOrder, fenced, false, None, fenced_note));
         let tokens = std::mem::take(&mut self.tokens);
         checks.push(self.result(
             CheckId::Tokens,
@@ -1446,6 +1520,102 @@ mod tests {
         assert_eq!(ms(0), "0.000000ms");
         assert_eq!(dur_ns(Duration::from_millis(3)), 3_000_000);
         assert_eq!(dur_ns(Duration::MAX), u64::MAX);
+    }
+
+    fn fw(t: u64, lock: &str, holder: &str, token: u64, outcome: FencedOutcome) -> Event {
+        Event::new(
+            t,
+            0,
+            0,
+            lock,
+            EventKind::ResOp {
+                holder: holder.into(),
+                token,
+                op: OP_FENCED_WRITE.into(),
+                outcome: outcome.to_outcome(),
+            },
+        )
+    }
+
+    fn acc(seq: u64) -> FencedOutcome {
+        FencedOutcome::Accepted { seq }
+    }
+
+    fn i2(events: Vec<Event>) -> Report {
+        check(&History::from_events(events), &CheckConfig::default())
+    }
+
+    #[test]
+    fn i2_passes_non_decreasing_tokens_in_accept_order() {
+        // Equal tokens (one holder's several writes) are fine; a rejected lower token is too.
+        let r = i2(vec![
+            fw(10, "l", "a", 3, acc(1)),
+            fw(20, "l", "a", 3, acc(2)),
+            fw(30, "l", "b", 5, acc(3)),
+            fw(40, "l", "a", 3, FencedOutcome::Rejected { max: 5 }),
+            fw(
+                45,
+                "l",
+                "a",
+                3,
+                FencedOutcome::Unknown { error: "x".into() },
+            ),
+            fw(50, "l", "b", 5, acc(4)),
+        ]);
+        assert_eq!(r.status(CheckId::FencedOrder), &Status::Pass, "{r}");
+        assert_eq!((r.stats.fenced_accepted, r.stats.fenced_rejected), (4, 1));
+    }
+
+    #[test]
+    fn i2_fails_a_lower_token_accepted_after_a_higher_one() {
+        let r = i2(vec![
+            fw(10, "l", "a", 3, acc(1)),
+            fw(20, "l", "b", 5, acc(2)),
+            fw(30, "l", "a", 3, acc(3)),
+            fw(40, "l", "a", 2, acc(4)),
+        ]);
+        assert!(!r.is_ok());
+        assert_eq!(r.failed(), vec![CheckId::FencedOrder], "{r}");
+        let res = r.result(CheckId::FencedOrder).expect("I2 present");
+        assert_eq!(res.violations, 2, "{r}");
+        let cx = r
+            .status(CheckId::FencedOrder)
+            .counterexample()
+            .expect("counterexample");
+        assert!(
+            cx.message.contains("token 3") && cx.message.contains("token 5"),
+            "{r}"
+        );
+        assert_eq!(cx.events.len(), 2);
+    }
+
+    #[test]
+    fn i2_uses_the_accept_order_not_the_reply_time() {
+        // The replies arrive in the other order than F accepted them: still legal.
+        let ok = i2(vec![
+            fw(10, "l", "b", 5, acc(2)),
+            fw(20, "l", "a", 3, acc(1)),
+        ]);
+        assert_eq!(ok.status(CheckId::FencedOrder), &Status::Pass, "{ok}");
+        // Time order looks fine, accept order is not.
+        let bad = i2(vec![
+            fw(10, "l", "a", 3, acc(2)),
+            fw(20, "l", "b", 5, acc(1)),
+        ]);
+        assert_eq!(bad.failed(), vec![CheckId::FencedOrder], "{bad}");
+    }
+
+    #[test]
+    fn i2_keeps_locks_apart_and_is_vacuous_without_fenced_writes() {
+        let r = i2(vec![
+            fw(10, "x", "a", 9, acc(1)),
+            fw(20, "y", "b", 1, acc(1)),
+        ]);
+        assert_eq!(r.status(CheckId::FencedOrder), &Status::Pass, "{r}");
+        let empty = i2(vec![]);
+        let res = empty.result(CheckId::FencedOrder).expect("I2 present");
+        assert_eq!(res.status, Status::Pass);
+        assert!(res.note.contains("vacuous"), "{}", res.note);
     }
 
     #[test]

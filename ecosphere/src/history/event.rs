@@ -14,6 +14,96 @@ pub const OP_INCR: &str = "incr";
 /// `ResOp::outcome` of an acknowledged operation.
 pub const OUTCOME_OK: &str = "ok";
 
+/// `ResOp::op` of one write to the fenced resource F (reliability.md §6.1); its outcome is a
+/// [`FencedOutcome`] in text form. Checked by I2 ([`crate::history::CheckId::FencedOrder`]).
+pub const OP_FENCED_WRITE: &str = "f_write";
+
+/// What the fenced resource answered to one write; stored in `ResOp::outcome` as
+/// `accepted:<seq>` (the write was the `seq`-th accepted by F, 1-based: the accept order),
+/// `rejected:<max>` (F had already accepted token `max`, above this write's token) or
+/// `unknown:<error>` (no reply).
+///
+/// # Examples
+///
+/// ```
+/// use ecosphere::history::FencedOutcome;
+/// let a = FencedOutcome::Accepted { seq: 7 };
+/// assert_eq!(a.to_outcome(), "accepted:7");
+/// assert_eq!(FencedOutcome::parse("accepted:7"), Some(a));
+/// assert_eq!(FencedOutcome::parse("rejected:12"), Some(FencedOutcome::Rejected { max: 12 }));
+/// assert_eq!(FencedOutcome::parse("ok"), None);
+/// ```
+///
+/// # Errors
+///
+/// Not applicable (plain data).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FencedOutcome {
+    /// Accepted as the `seq`-th write F accepted.
+    Accepted {
+        /// Accept order, 1-based, per fenced key.
+        seq: u64,
+    },
+    /// Rejected: F had already accepted the higher token `max`.
+    Rejected {
+        /// The highest token F had accepted.
+        max: u64,
+    },
+    /// No reply (I/O error, timeout): the write may or may not have been applied.
+    Unknown {
+        /// Why.
+        error: String,
+    },
+}
+
+impl FencedOutcome {
+    /// The `ResOp::outcome` text.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ecosphere::history::FencedOutcome;
+    /// assert_eq!(FencedOutcome::Rejected { max: 3 }.to_outcome(), "rejected:3");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// None.
+    pub fn to_outcome(&self) -> String {
+        match self {
+            FencedOutcome::Accepted { seq } => format!("accepted:{seq}"),
+            FencedOutcome::Rejected { max } => format!("rejected:{max}"),
+            FencedOutcome::Unknown { error } => format!("unknown:{error}"),
+        }
+    }
+
+    /// Parses a `ResOp::outcome` text; `None` if it is not a fenced outcome.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ecosphere::history::FencedOutcome;
+    /// assert!(matches!(FencedOutcome::parse("unknown:timed out"),
+    ///     Some(FencedOutcome::Unknown { .. })));
+    /// assert_eq!(FencedOutcome::parse("accepted:x"), None);
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// None.
+    pub fn parse(outcome: &str) -> Option<Self> {
+        let (word, rest) = outcome.split_once(':')?;
+        match word {
+            "accepted" => rest.parse().ok().map(|seq| FencedOutcome::Accepted { seq }),
+            "rejected" => rest.parse().ok().map(|max| FencedOutcome::Rejected { max }),
+            "unknown" => Some(FencedOutcome::Unknown {
+                error: rest.to_owned(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// One recorded event.
 ///
 /// Serialised as one flat JSON object: the common fields, then `"kind"` (snake case) and the
@@ -204,9 +294,9 @@ pub enum EventKind {
         holder: String,
         /// Fencing token carried.
         token: u64,
-        /// Operation, e.g. [`OP_INCR`], `"f_write"`, `"u_read"`.
+        /// Operation, e.g. [`OP_INCR`], [`OP_FENCED_WRITE`], `"u_read"`.
         op: String,
-        /// Outcome, e.g. [`OUTCOME_OK`], `"invoke"`, `"rejected"`, a value read.
+        /// Outcome, e.g. [`OUTCOME_OK`], a [`FencedOutcome`] as text, a value read.
         outcome: String,
     },
     /// The harness injected or healed a fault (stamped at the moment it acts).

@@ -22,6 +22,10 @@
 //!   is a violation. `acq_info` never opens a window (a ghost, §7.6). A `rel_info` or
 //!   `rel_fail{not_held}` that finds the window still open closes it at the holder's last
 //!   confirmed-holding time, as does a `rel_ok` to depth 0 with no `rel_invoke` before it.
+//! - **I2 fenced order.** The `res_op` events with op [`OP_FENCED_WRITE`] and an
+//!   `accepted:<seq>` outcome, per lock in accept order (`seq`), carry non-decreasing tokens
+//!   (the fenced resource accepted no token below one it had accepted before). Without such
+//!   events it passes vacuously (its note says so).
 //! - **I3 tokens.** `acq_ok` with depth 1, in time order per lock: each token strictly greater
 //!   than the previous one (decreases only counted when [`CheckConfig::allow_token_reset`]).
 //!   Depth > 1 must repeat the holder's current token.
@@ -76,7 +80,9 @@ mod report;
 mod store;
 
 pub use check::{CheckConfig, CounterCheck, CounterExpectation, check};
-pub use event::{Event, EventKind, KILL_WORKER, OP_INCR, OUTCOME_OK};
+pub use event::{
+    Event, EventKind, FencedOutcome, KILL_WORKER, OP_FENCED_WRITE, OP_INCR, OUTCOME_OK,
+};
 pub use recorder::Recorder;
 pub use report::{CheckId, CheckResult, Counterexample, Latency, Report, Stats, Status};
 pub use store::History;

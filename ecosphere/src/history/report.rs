@@ -21,6 +21,8 @@ use super::event::{Event, EventKind};
 pub enum CheckId {
     /// I1: no two holders' validity windows overlap.
     Exclusion,
+    /// I2: writes accepted by the fenced resource carry non-decreasing tokens in accept order.
+    FencedOrder,
     /// I3: first-level tokens strictly increase; re-entry keeps the token.
     Tokens,
     /// I5: only the holder releases; "not held" never answered inside a valid lease.
@@ -43,14 +45,15 @@ impl CheckId {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(ecosphere::history::CheckId::ALL.len(), 8);
+    /// assert_eq!(ecosphere::history::CheckId::ALL.len(), 9);
     /// ```
     ///
     /// # Errors
     ///
     /// Not applicable.
-    pub const ALL: [CheckId; 8] = [
+    pub const ALL: [CheckId; 9] = [
         CheckId::Exclusion,
+        CheckId::FencedOrder,
         CheckId::Tokens,
         CheckId::Ownership,
         CheckId::Reentry,
@@ -74,6 +77,7 @@ impl CheckId {
     pub fn label(self) -> &'static str {
         match self {
             CheckId::Exclusion => "I1 exclusion",
+            CheckId::FencedOrder => "I2 fenced order",
             CheckId::Tokens => "I3 tokens",
             CheckId::Ownership => "I5 ownership",
             CheckId::Reentry => "I6 reentry",
@@ -268,6 +272,10 @@ pub struct Stats {
     pub token_resets: usize,
     /// Resource operations outside their holder's window.
     pub activity_past_validity: usize,
+    /// Writes the fenced resource accepted.
+    pub fenced_accepted: usize,
+    /// Writes the fenced resource rejected (a stale token).
+    pub fenced_rejected: usize,
     /// Most acquire calls outstanding at once on one lock.
     pub max_waiters: usize,
     /// Acquire latency.
@@ -459,7 +467,8 @@ impl fmt::Display for Report {
             "  stats: {} acquisitions ({} first-level) by {} holders on {} locks; {} windows \
              (closed by release {}, lost {}, deadline {}, kill {}); {} acq_fail, {} ghosts \
              (acq_info), {} lost, {} releases, {} token resets, {} ops past validity, \
-             max waiters {}; acquire latency p50 {:?} p99 {:?} max {:?} (n={})",
+             fenced writes {} accepted {} rejected, max waiters {}; acquire latency p50 {:?} \
+             p99 {:?} max {:?} (n={})",
             s.acquisitions,
             s.first_level_acquisitions,
             s.holders,
@@ -475,6 +484,8 @@ impl fmt::Display for Report {
             s.releases,
             s.token_resets,
             s.activity_past_validity,
+            s.fenced_accepted,
+            s.fenced_rejected,
             s.max_waiters,
             l.p50,
             l.p99,
