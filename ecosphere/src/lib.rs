@@ -11,9 +11,11 @@
 //!
 //! This crate is never published; every Slate crate uses it as a dev-dependency.
 
+pub mod cgroup;
 pub mod clock;
 pub mod commandstats;
 pub mod history;
+pub mod netns;
 pub mod proxy;
 pub mod seed;
 pub mod server;

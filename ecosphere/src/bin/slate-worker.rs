@@ -13,6 +13,7 @@
 //!     [--lease-ms MS] [--renewal-ms MS] [--spin-wait-ms MS] [--command-timeout-ms MS]
 //!     [--hold-ms MS] [--step-ms MS] [--budget-ms MS] [--linger-ms MS] [--go-file PATH]
 //!     [--counter-key KEY] [--unsafe-skip-lock] [--fenced-key KEY [--late-write]]
+//!     [--unlock-file PATH] [--burn-threads N]
 //!     [--redis-url URL ...] [--node-op-ms MS] [--reprobe-ms MS] [--order sequential|pipelined]
 //! ```
 //!
@@ -39,7 +40,9 @@
 //!   (`LOST <reason>`, logged as `lost`; with `--late-write`, one more fenced write with the
 //!   lost hold's token follows, as a write issued before a pause and delivered after it would,
 //!   and `LATE accepted|rejected|unknown` is printed), then unlocks and prints
-//!   `UNLOCK ok <remaining>`, `UNLOCK not_held` or `UNLOCK error <message>`.
+//!   `UNLOCK ok <remaining>`, `UNLOCK not_held` or `UNLOCK error <message>`. With
+//!   `--unlock-file PATH` it prints `UNLOCK_WAIT` before the unlock and waits until PATH
+//!   exists; with `--burn-threads N` (single lock), N threads spin on the CPU while it holds.
 //! - `reenter`: acquires, re-enters to depth 3 (`reenter()`, then `lock_as(holder)`), prints
 //!   `DEPTH n` per level and `HOLD_COUNT n`, holds `--hold-ms` (with resource operations if
 //!   `--resource-url` is given),
@@ -223,6 +226,64 @@ struct Args {
     /// issued before a pause and delivered after it); prints `LATE <outcome>`.
     #[arg(long, requires = "fenced_key")]
     late_write: bool,
+    /// Hold: once the hold ends (done or lost), print `UNLOCK_WAIT` and wait, bounded by the
+    /// run's deadline, until this file exists before unlocking (a release after a healed
+    /// partition).
+    #[arg(long)]
+    unlock_file: Option<PathBuf>,
+    /// Hold (single lock): this many OS threads spin on the CPU while holding (the application
+    /// busy next to its renewal), stopped when the hold ends.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=8))]
+    burn_threads: u64,
+}
+
+/// Threads spinning on the CPU until dropped (`--burn-threads`).
+struct Burners {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Burners {
+    fn start(n: u64, until: Instant) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    // Bounded by the stop flag and by the run's deadline.
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                        for i in 0..10_000u64 {
+                            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+                        }
+                    }
+                })
+            })
+            .collect();
+        Burners { stop, threads }
+    }
+}
+
+impl Drop for Burners {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Waits until `file` exists (if given), bounded by `deadline`; prints `UNLOCK_WAIT` first.
+async fn wait_unlock_file(file: Option<&PathBuf>, deadline: Instant) -> Res<()> {
+    let Some(file) = file else { return Ok(()) };
+    say("UNLOCK_WAIT")?;
+    while !file.exists() {
+        if Instant::now() >= deadline {
+            return Err(format!("{} did not appear in time", file.display()));
+        }
+        tokio::time::sleep(GO_POLL).await;
+    }
+    Ok(())
 }
 
 /// The fenced resource F of one worker, with its tallies.
@@ -788,6 +849,7 @@ async fn hold(ctx: &Ctx) -> Res<()> {
     let (guard, mut held) = ctx.lock_logged(0, None).await?;
     say(&format!("HOLDING {} {}", held.holder, held.token))?;
     let end = (Instant::now() + Duration::from_millis(ctx.args.hold_ms)).min(ctx.deadline);
+    let burners = Burners::start(ctx.args.burn_threads, end);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let lost = loop {
@@ -823,6 +885,8 @@ async fn hold(ctx: &Ctx) -> Res<()> {
             ctx.record(0, event)?;
         }
     }
+    drop(burners);
+    wait_unlock_file(ctx.args.unlock_file.as_ref(), ctx.deadline).await?;
     let released = ctx.release(0, &mut held, guard).await?;
     say(&format!("UNLOCK {}", released.line()))?;
     Ok(())
@@ -1535,6 +1599,7 @@ mod combination {
                 ctx.record(0, event)?;
             }
         }
+        super::wait_unlock_file(ctx.args.unlock_file.as_ref(), ctx.deadline).await?;
         let line = match release(ctx, 0, &holder, guard).await? {
             Released::Ok(n) => format!("ok {n}"),
             Released::NotHeld => "not_held".to_owned(),

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ecosphere::history::{CheckConfig, Event, EventKind, History, Recorder, Report};
+use ecosphere::history::{
+    CheckConfig, Event, EventKind, FencedOutcome, History, OP_FENCED_WRITE, Recorder, Report,
+};
 use ecosphere::server::RedisServer;
 use ecosphere::workers::{WorkerOutput, WorkerSet};
 
@@ -37,6 +39,16 @@ pub struct Worker {
     pub unsafe_skip_lock: bool,
     /// Added to the worker index to form `--proc`.
     pub proc_base: u32,
+    /// `--fenced-key`: the fenced resource F on the resource server.
+    pub fenced_key: Option<String>,
+    /// `--late-write`: one fenced write with the lost token after a loss.
+    pub late_write: bool,
+    /// `--unlock-file`: hold waits for this file before unlocking.
+    pub unlock_file: Option<PathBuf>,
+    /// `--burn-threads`.
+    pub burn_threads: u64,
+    /// Run through `ip <exec_prefix...> slate-worker ...` (a network namespace).
+    pub exec_prefix: Option<Vec<String>>,
 }
 
 impl Worker {
@@ -61,6 +73,11 @@ impl Worker {
             go_file: None,
             unsafe_skip_lock: false,
             proc_base: 0,
+            fenced_key: None,
+            late_write: false,
+            unlock_file: None,
+            burn_threads: 0,
+            exec_prefix: None,
         }
     }
 
@@ -108,6 +125,18 @@ impl Worker {
             "--go-file",
             self.go_file.as_ref().map(|p| p.display().to_string()),
         );
+        opt("--fenced-key", self.fenced_key.clone());
+        opt(
+            "--unlock-file",
+            self.unlock_file.as_ref().map(|p| p.display().to_string()),
+        );
+        if self.burn_threads > 0 {
+            a.push("--burn-threads".into());
+            a.push(self.burn_threads.to_string());
+        }
+        if self.late_write {
+            a.push("--late-write".into());
+        }
         if self.unsafe_skip_lock {
             a.push("--unsafe-skip-lock".into());
         }
@@ -117,9 +146,22 @@ impl Worker {
     /// Spawns `n` copies (indices 0..n).
     pub fn spawn(&self, n: usize) -> WorkerSet {
         let me = self.clone();
-        WorkerSet::builder(WORKER)
+        let program = if self.exec_prefix.is_some() {
+            "ip"
+        } else {
+            WORKER
+        };
+        WorkerSet::builder(program)
             .count(n)
-            .args(move |i| me.args(i))
+            .args(move |i| match &me.exec_prefix {
+                Some(prefix) => {
+                    let mut a = prefix.clone();
+                    a.push(WORKER.to_owned());
+                    a.extend(me.args(i));
+                    a
+                }
+                None => me.args(i),
+            })
             .env("RUST_BACKTRACE", "1")
             .spawn()
             .expect("spawn slate-worker")
@@ -349,4 +391,82 @@ pub fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
             Some((name.to_owned(), calls.parse().ok()?))
         })
         .collect()
+}
+
+/// The fenced writes of a history: (proc, token, outcome) in time order.
+pub fn fenced_writes(h: &History) -> Vec<(u32, u64, FencedOutcome)> {
+    h.events()
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ResOp {
+                op, token, outcome, ..
+            } if op == OP_FENCED_WRITE => Some((e.proc, *token, FencedOutcome::parse(outcome)?)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// I4(F): the fenced resource kept every acknowledged write: its log list holds exactly the
+/// accepted writes of the history (plus any with unknown outcome that were applied), and its
+/// `accepted` count matches. Returns (accepted, rejected) from the history.
+pub fn assert_fenced_kept_everything(h: &History, resource: &RedisServer, key: &str) -> (u64, u64) {
+    let writes = fenced_writes(h);
+    let count = |f: fn(&FencedOutcome) -> bool| writes.iter().filter(|w| f(&w.2)).count() as u64;
+    let accepted = count(|o| matches!(o, FencedOutcome::Accepted { .. }));
+    let rejected = count(|o| matches!(o, FencedOutcome::Rejected { .. }));
+    let unknown = count(|o| matches!(o, FencedOutcome::Unknown { .. }));
+    let log_len = u64::try_from(int(resource, &["LLEN", &format!("{key}:log")])).expect("LLEN");
+    let f: BTreeMap<String, u64> =
+        redis::from_redis_value(resource.command(&["HGETALL", key]).expect("HGETALL F"))
+            .expect("F hash");
+    let server_accepted = f.get("accepted").copied().unwrap_or(0);
+    assert!(
+        log_len >= accepted && log_len <= accepted + unknown,
+        "F's log has {log_len} elements, the history {accepted} accepted (+{unknown} unknown)"
+    );
+    assert_eq!(
+        server_accepted, log_len,
+        "F's accepted count vs its log: {f:?}"
+    );
+    let mut seqs: Vec<u64> = writes
+        .iter()
+        .filter_map(|w| match w.2 {
+            FencedOutcome::Accepted { seq } => Some(seq),
+            _ => None,
+        })
+        .collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(
+        seqs.len() as u64,
+        accepted,
+        "accept sequence numbers repeat"
+    );
+    (accepted, rejected)
+}
+
+/// Records a nemesis event at `t` by the harness recorder.
+pub fn nemesis(rec: &Recorder, t: u64, lock: &str, action: &str, target: &str) {
+    rec.record_at(
+        t,
+        0,
+        lock,
+        EventKind::Nemesis {
+            action: action.into(),
+            target: target.into(),
+        },
+    )
+    .expect("record nemesis");
+}
+
+/// Nanoseconds of a duration.
+pub fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap()
+}
+
+/// The first event of `proc` with kind name `kind`.
+pub fn first_of<'a>(h: &'a History, proc: u32, kind: &str) -> Option<&'a Event> {
+    h.events()
+        .iter()
+        .find(|e| e.proc == proc && e.kind.name() == kind)
 }
