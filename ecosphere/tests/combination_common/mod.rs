@@ -86,8 +86,10 @@ pub async fn adopt(urls: &[String]) {
 /// Verifies every node of `nodes` (one acquisition and release of a warm-up lock), so that a
 /// fault is met by the scenario's own attempts, with the node's run id known.
 pub async fn warm(nodes: &NodeSet) {
+    // A long lease, so that the default acquire budget (node operation time × N + 100 ms)
+    // fits in it for slow views too; it stays within the default quarantine (30 s).
     let l = CombinationLock::builder(nodes, "warm-up")
-        .lease(Duration::from_secs(2))
+        .lease(Duration::from_secs(30))
         .build()
         .expect("warm-up lock");
     let g = l.lock().await.expect("warm-up acquisition");
