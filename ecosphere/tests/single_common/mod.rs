@@ -367,13 +367,15 @@ pub fn last_deadline(h: &History, holder: &str) -> u64 {
         .unwrap_or_else(|| panic!("no deadline logged for {holder}"))
 }
 
-/// Lock keys left on the lock server (every key but the persistent fencing counters), for
-/// [`CheckConfig::final_keys`].
+/// Lock keys left on the lock server, for [`CheckConfig::final_keys`]: every key but the
+/// persistent fencing counters (`…:fence`) and the request records (`…:req:…`) that expire on
+/// their own (a record without a TTL is reported).
 pub fn lock_keys(server: &RedisServer) -> Vec<String> {
     let v = server.command(&["KEYS", "*"]).expect("KEYS");
     let keys: Vec<String> = redis::from_redis_value(v).expect("KEYS reply");
     keys.into_iter()
         .filter(|k| !k.ends_with(":fence"))
+        .filter(|k| !(k.contains(":req:") && int(server, &["PTTL", k]) >= 0))
         .collect()
 }
 
