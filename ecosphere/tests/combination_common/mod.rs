@@ -6,16 +6,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ecosphere::clock::{now_ns, to_mono_ns};
-use ecosphere::history::{CheckConfig, EventKind, History, OP_INCR, OUTCOME_OK, Recorder, Report};
+use ecosphere::history::{
+    CheckConfig, EventKind, FencedOutcome, History, OP_FENCED_WRITE, OP_INCR, OUTCOME_OK, Recorder,
+    Report,
+};
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
+use ecosphere::workers::{WorkerOutput, WorkerSet};
 use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{DistributedLock, Error, HolderId, LockGuard, Wait};
 
@@ -71,6 +75,15 @@ pub fn opts(op: Duration, reprobe: Duration) -> NodeSetOptions {
 /// A client's view of `urls` (its own clients and node health).
 pub fn view(urls: Vec<String>, opts: NodeSetOptions) -> NodeSet {
     NodeSet::connect(urls, opts).expect("node set")
+}
+
+/// Runs `f` to completion on a new current-thread runtime (for synchronous tests).
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(f)
 }
 
 /// Adopts the servers as fresh (they were started moments ago) through a throwaway view.
@@ -583,4 +596,200 @@ pub fn longest_presence(snaps: &[Snapshot], field: &str) -> Duration {
 /// Monotonic ns now (re-exported for the scenario files).
 pub fn now() -> u64 {
     now_ns()
+}
+
+/// One `slate-worker` on the combination lock (`--redis-url` repeated); `args(i)` renders its
+/// command line with `--proc proc + i`.
+#[derive(Clone, Debug)]
+pub struct CombWorker {
+    /// Node URLs, in node order.
+    pub urls: Vec<String>,
+    /// Lock name.
+    pub lock: String,
+    /// History directory.
+    pub history_dir: PathBuf,
+    /// `contend` or `hold`.
+    pub mode: &'static str,
+    /// `--proc` of worker 0.
+    pub proc: u32,
+    /// Lease.
+    pub lease: Duration,
+    /// Renewal period.
+    pub renewal: Option<Duration>,
+    /// Spin wait.
+    pub spin_wait: Option<Duration>,
+    /// Node operation time.
+    pub node_op: Option<Duration>,
+    /// Re-probe interval.
+    pub reprobe: Option<Duration>,
+    /// `hold`: how long.
+    pub hold: Duration,
+    /// Upper bound of the worker's run.
+    pub max_duration: Duration,
+    /// Resource server (counter, fenced resource).
+    pub resource_url: Option<String>,
+    /// `--fenced-key`.
+    pub fenced_key: Option<String>,
+    /// `--late-write`.
+    pub late_write: bool,
+    /// `--unlock-file`.
+    pub unlock_file: Option<PathBuf>,
+}
+
+impl CombWorker {
+    /// A worker in `mode` on the servers at `urls`.
+    pub fn new(mode: &'static str, urls: Vec<String>, lock: &str, dir: &Path) -> Self {
+        CombWorker {
+            urls,
+            lock: lock.to_owned(),
+            history_dir: dir.to_owned(),
+            mode,
+            proc: 0,
+            lease: Duration::from_secs(1),
+            renewal: None,
+            spin_wait: None,
+            node_op: None,
+            reprobe: None,
+            hold: Duration::from_secs(1),
+            max_duration: Duration::from_secs(40),
+            resource_url: None,
+            fenced_key: None,
+            late_write: false,
+            unlock_file: None,
+        }
+    }
+
+    /// The command line of worker `index`.
+    pub fn args(&self, index: usize) -> Vec<String> {
+        let ms = |d: Duration| d.as_millis().to_string();
+        let mut a = Vec::new();
+        for url in &self.urls {
+            a.push("--redis-url".to_owned());
+            a.push(url.clone());
+        }
+        let proc = self.proc + u32::try_from(index).expect("index");
+        for (flag, value) in [
+            ("--lock", self.lock.clone()),
+            ("--proc", proc.to_string()),
+            ("--history-dir", self.history_dir.display().to_string()),
+            ("--mode", self.mode.to_owned()),
+            ("--lease-ms", ms(self.lease)),
+            ("--hold-ms", ms(self.hold)),
+            ("--max-duration-ms", ms(self.max_duration)),
+        ] {
+            a.push(flag.to_owned());
+            a.push(value);
+        }
+        let mut opt = |flag: &str, v: Option<String>| {
+            if let Some(v) = v {
+                a.push(flag.to_owned());
+                a.push(v);
+            }
+        };
+        opt("--renewal-ms", self.renewal.map(ms));
+        opt("--spin-wait-ms", self.spin_wait.map(ms));
+        opt("--node-op-ms", self.node_op.map(ms));
+        opt("--reprobe-ms", self.reprobe.map(ms));
+        opt("--resource-url", self.resource_url.clone());
+        opt("--fenced-key", self.fenced_key.clone());
+        opt(
+            "--unlock-file",
+            self.unlock_file.as_ref().map(|p| p.display().to_string()),
+        );
+        if self.late_write {
+            a.push("--late-write".to_owned());
+        }
+        a
+    }
+
+    /// Spawns one worker.
+    pub fn spawn(&self) -> WorkerSet {
+        let me = self.clone();
+        WorkerSet::builder(WORKER)
+            .count(1)
+            .args(move |i| me.args(i))
+            .env("RUST_BACKTRACE", "1")
+            .spawn()
+            .expect("spawn slate-worker")
+    }
+}
+
+/// Waits for a line of the (single) worker starting with `prefix` and returns it.
+pub fn wait_line(workers: &mut WorkerSet, prefix: &str, within: Duration) -> String {
+    workers
+        .wait_for_line(0, |l| l.starts_with(prefix), within)
+        .unwrap_or_else(|e| panic!("the worker never printed {prefix:?}...: {e}"))
+}
+
+/// Waits for the (single) worker and asserts it exited 0 and left no waiter behind.
+pub fn finish_ok(workers: &mut WorkerSet, within: Duration) -> WorkerOutput {
+    let out = workers
+        .wait_all(within)
+        .expect("the worker finishes in time")
+        .remove(0);
+    assert!(
+        out.status.success(),
+        "worker failed ({:?})\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout_lines()
+            .any(|l| l.starts_with("STATS ") && l.ends_with(" local_waiters=0")),
+        "the worker left waiters: {}",
+        out.stdout
+    );
+    out
+}
+
+/// Loads the history of a run in which a worker was killed (a last line may be cut short),
+/// checks it and prints the report.
+pub fn check_killed(dir: &Path, cfg: &CheckConfig) -> (History, Report) {
+    let history = History::load(dir).expect("load history");
+    let report = history.check(cfg);
+    println!("{report}");
+    (history, report)
+}
+
+/// The fenced writes of a history: (proc, token, outcome), in time order.
+pub fn fenced_writes(h: &History) -> Vec<(u32, u64, FencedOutcome)> {
+    h.events()
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ResOp {
+                op, token, outcome, ..
+            } if op == OP_FENCED_WRITE => Some((e.proc, *token, FencedOutcome::parse(outcome)?)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// I4(F): the fenced resource kept every write it acknowledged: its log (`<key>:log`) holds at
+/// least the accepted writes of the history and at most those plus the unknown ones, and its
+/// `accepted` count equals the log's length.
+pub fn assert_fenced_kept_everything(h: &History, resource: &RedisServer, key: &str) {
+    let writes = fenced_writes(h);
+    let accepted = writes
+        .iter()
+        .filter(|w| matches!(w.2, FencedOutcome::Accepted { .. }))
+        .count() as u64;
+    let unknown = writes
+        .iter()
+        .filter(|w| matches!(w.2, FencedOutcome::Unknown { .. }))
+        .count() as u64;
+    let log_len: u64 = redis::from_redis_value(
+        resource
+            .command(&["LLEN", &format!("{key}:log")])
+            .expect("LLEN"),
+    )
+    .expect("int");
+    let f: BTreeMap<String, u64> =
+        redis::from_redis_value(resource.command(&["HGETALL", key]).expect("HGETALL F"))
+            .expect("F hash");
+    assert!(
+        log_len >= accepted && log_len <= accepted + unknown,
+        "F's log has {log_len} elements, the history {accepted} accepted (+{unknown} unknown)"
+    );
+    assert_eq!(f.get("accepted").copied().unwrap_or(0), log_len, "F: {f:?}");
 }
