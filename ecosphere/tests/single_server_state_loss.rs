@@ -1,0 +1,349 @@
+//! Scenario S8 (reliability.md §6.3, issue 7): the lock server loses the lock's state while A
+//! holds it with renewal.
+//!
+//! Worker A holds (lease 1.5 s, renewal every 500 ms; every 50 ms one fenced write to F and one
+//! counter increment on a separate resource server). Worker B is ready and starts its
+//! `lock()` right after the fault.
+//!
+//! - **S8(a) restart without data** (persistence off, `SIGKILL` + restart empty): B acquires at
+//!   once on the empty server while A still believes it holds. This is the documented
+//!   single-node limit, so this is an **expected-violation run**: the checker must report the
+//!   I1 overlap of A and B (asserted), and the fencing counter restarts with the data (token
+//!   reset, counted). A must report the loss (`EntryGone`) within one renewal period of the
+//!   restart, and must never re-create its entry (observer snapshots for a lease after the
+//!   loss never show A's field; A's release answers *not held* and leaves B's entry).
+//! - **S8(b) AOF, `appendfsync always`** (`SIGKILL` + restart with the data): the lock is kept.
+//!   A renews after the restart (the script cache is empty: `NOSCRIPT` must be handled
+//!   transparently), never reports a loss, releases with `ok 0`; B acquires only after A's
+//!   release with a higher token. The checker passes everything.
+//! - **S8(c) admin `DEL`** of the lock key (full matrix): as (a) for A (loss within one
+//!   renewal period, no re-creation) and the expected I1 overlap, but the fencing counter
+//!   survives, so B's token is higher, and F rejects A's writes once B has written.
+//!
+//! Invariants: I1 (expected to fail in (a)/(c), must pass in (b)), I2, I4(F), I3 (per design:
+//! reset in (a)), I5, I9, I8.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod single_common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ecosphere::clock::now_ns;
+use ecosphere::history::{
+    CheckConfig, CheckId, EventKind, FencedOutcome, History, Recorder, Status,
+};
+use ecosphere::server::{Data, Persistence, RedisServer};
+use ecosphere::workers::WorkerSet;
+use single_common::*;
+
+const LEASE: Duration = Duration::from_millis(1500);
+const RENEWAL: Duration = Duration::from_millis(500);
+/// Slack on "within one renewal period".
+const SLACK: Duration = Duration::from_millis(400);
+const HARNESS: u32 = 99;
+const FENCED: &str = "fenced";
+
+/// A holding (`hold`, fenced writes), and B ready but gated on the go file.
+struct Setup {
+    dir: tempfile::TempDir,
+    holder: WorkerSet,
+    other: WorkerSet,
+    a_holder: String,
+    rec: Recorder,
+}
+
+impl Setup {
+    fn history(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn go(&self) -> std::path::PathBuf {
+        self.dir.path().join("go")
+    }
+}
+
+fn setup(lock_server: &RedisServer, resource: &RedisServer, lock: &str, a_hold: Duration) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let history = dir.path();
+    let mut a = Worker::new("hold", lock_server, lock, history);
+    a.resource_url = Some(resource.url());
+    a.fenced_key = Some(FENCED.into());
+    a.lease = LEASE;
+    a.renewal = Some(RENEWAL);
+    a.command_timeout = Some(Duration::from_millis(300));
+    a.hold = a_hold;
+    // A's client (and renewal service) lives on after its release: nothing may re-create A's
+    // entry meanwhile.
+    a.linger = LEASE * 2;
+    a.max_duration = Duration::from_secs(40);
+    let mut holder = a.spawn(1);
+    let holding = wait_line(&mut holder, 0, "HOLDING ", Duration::from_secs(20));
+    let a_holder = holding.split(' ').nth(1).expect("holder").to_owned();
+
+    let mut b = a.clone();
+    b.hold = Duration::from_millis(1500);
+    b.linger = Duration::ZERO;
+    b.spin_wait = Some(Duration::from_millis(100));
+    b.go_file = Some(dir.path().join("go"));
+    b.proc_base = 1;
+    let mut other = b.spawn(1);
+    wait_line(&mut other, 0, "READY", Duration::from_secs(20));
+    let rec = Recorder::create(history, HARNESS).expect("harness recorder");
+    Setup {
+        dir,
+        holder,
+        other,
+        a_holder,
+        rec,
+    }
+}
+
+/// Waits until A logs a renewal after `after` (a fault right after it leaves almost a whole
+/// renewal period before the next one).
+fn fresh_renewal(history: &Path, after: u64) -> u64 {
+    wait_for(Duration::from_secs(5), "a renewal by A", || {
+        let h = History::load(history).expect("load history");
+        h.events()
+            .iter()
+            .rev()
+            .find(|e| e.proc == 0 && e.kind.name() == "renew_ok" && e.t > after)
+            .map(|e| e.t)
+    })
+}
+
+/// Snapshots of the lock key for `span`; A's field must never be in one.
+fn watch_no_resurrection(
+    rec: &Recorder,
+    server: &RedisServer,
+    lock: &str,
+    key: &str,
+    a: &str,
+    span: Duration,
+) {
+    let until = Instant::now() + span;
+    let mut n = 0;
+    while Instant::now() < until {
+        let snap = observe(rec, server, lock, key);
+        if let EventKind::Observe { fields, .. } = &snap.kind {
+            assert!(
+                !fields.contains_key(a),
+                "A's entry re-created after its loss: {snap:?}"
+            );
+        }
+        n += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(n > 5, "only {n} snapshots");
+}
+
+/// How the state is lost.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Loss {
+    RestartEmpty,
+    AdminDel,
+}
+
+fn state_lost(loss: Loss) {
+    let mut lock_server = server();
+    let resource = server();
+    let lock = match loss {
+        Loss::RestartEmpty => "lost-restart",
+        Loss::AdminDel => "lost-del",
+    };
+    let key = format!("slate:{{{lock}}}");
+    let mut s = setup(&lock_server, &resource, lock, Duration::from_secs(30));
+    let history = s.history().to_owned();
+    let renewed = fresh_renewal(&history, 0);
+    fresh_renewal(&history, renewed);
+
+    let t_fault = now_ns();
+    match loss {
+        Loss::RestartEmpty => {
+            lock_server.kill().expect("SIGKILL redis-server");
+            nemesis(&s.rec, t_fault, lock, "kill_server", "node:0");
+            lock_server.restart(Data::Wipe).expect("restart empty");
+            nemesis(&s.rec, now_ns(), lock, "restart_server_empty", "node:0");
+        }
+        Loss::AdminDel => {
+            assert_eq!(int(&lock_server, &["DEL", &key]), 1, "DEL of the lock key");
+            nemesis(&s.rec, t_fault, lock, "admin_del", &key);
+        }
+    }
+    let t_ready = now_ns();
+    go(&s.go());
+    let b_holding = wait_line(&mut s.other, 0, "HOLDING ", Duration::from_secs(5));
+    let b_holder = b_holding.split(' ').nth(1).expect("B's holder").to_owned();
+    let lost = wait_line(&mut s.holder, 0, "LOST ", LEASE * 2);
+    assert_eq!(lost, "LOST entry_gone", "A's loss reason");
+    let unlock = wait_line(&mut s.holder, 0, "UNLOCK ", Duration::from_secs(5));
+    assert_eq!(unlock, "UNLOCK not_held", "A's release after the loss");
+    let fields = hgetall(&lock_server, &key);
+    assert!(
+        fields.contains_key(&b_holder) && !fields.contains_key(&s.a_holder),
+        "B's entry after A's release: {fields:?}"
+    );
+    // A's client lingers: its entry must stay gone (B's may come and go).
+    watch_no_resurrection(&s.rec, &lock_server, lock, &key, &s.a_holder, LEASE);
+    finish_ok(&mut s.holder, Duration::from_secs(20));
+    let b_out = finish_ok(&mut s.other, Duration::from_secs(20)).remove(0);
+    assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
+
+    let cfg = CheckConfig {
+        allow_token_reset: true,
+        final_keys: Some(lock_keys(&lock_server)),
+        ..CheckConfig::new(LEASE)
+    };
+    let (h, report) = check(&history, &cfg);
+    // The expected violation: B's window overlaps A's.
+    let Status::Fail(cx) = report.status(CheckId::Exclusion) else {
+        panic!("the checker must report the I1 overlap of this single-node limit:\n{report}");
+    };
+    assert!(
+        cx.message.contains(&s.a_holder) && cx.message.contains(&b_holder),
+        "the overlap names A and B: {}",
+        cx.message
+    );
+    assert_eq!(
+        report.failed(),
+        vec![CheckId::Exclusion],
+        "only I1 may fail:\n{report}"
+    );
+    for id in [CheckId::FencedOrder, CheckId::Validity, CheckId::Reentry] {
+        assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
+    }
+    let (accepted, rejected) = assert_fenced_kept_everything(&h, &resource, FENCED);
+    let b_acq = first_of(&h, 1, "acq_ok").expect("B acquired");
+    let a_lost = first_of(&h, 0, "lost").expect("A's loss logged");
+    let (a_token, b_token) = (token_of(&h, 0), token_of(&h, 1));
+    match loss {
+        Loss::RestartEmpty => {
+            assert!(
+                b_token <= a_token,
+                "the fencing counter was lost with the data"
+            );
+            assert!(report.stats.token_resets >= 1, "token reset counted");
+        }
+        Loss::AdminDel => {
+            assert!(b_token > a_token, "the fencing counter survives a DEL");
+            // F: once B wrote, A's writes are rejected (none accepted after B's first).
+            let writes = fenced_writes(&h);
+            let b_first = writes.iter().position(|w| w.0 == 1).expect("B wrote to F");
+            assert!(
+                !writes[b_first..]
+                    .iter()
+                    .any(|w| w.0 == 0 && matches!(w.2, FencedOutcome::Accepted { .. })),
+                "F accepted A's stale token after B's write"
+            );
+        }
+    }
+    // I9: the loss within one renewal period of the fault (the restart / DEL).
+    assert!(
+        a_lost.t <= t_ready + ns(RENEWAL + SLACK),
+        "A reported the loss {:.1} ms after the fault",
+        ms_between(t_ready, a_lost.t)
+    );
+    println!(
+        "fault at +0: B acquired {:+.1} ms (token {b_token}, A's {a_token}), A lost {:+.1} ms; \
+         overlap reported: {}; F accepted {accepted}, rejected {rejected}",
+        ms_between(t_fault, b_acq.t),
+        ms_between(t_fault, a_lost.t),
+        cx.message
+    );
+}
+
+/// The token of `proc`'s first acquisition.
+fn token_of(h: &History, proc: u32) -> u64 {
+    h.events()
+        .iter()
+        .find_map(|e| match &e.kind {
+            EventKind::AcqOk { token, .. } if e.proc == proc => Some(*token),
+            _ => None,
+        })
+        .expect("acquired")
+}
+
+#[test]
+fn s8a_restart_without_data_is_the_expected_single_node_overlap() {
+    state_lost(Loss::RestartEmpty);
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "full-matrix"),
+    ignore = "full matrix: cargo test -p ecosphere --features full-matrix"
+)]
+fn s8c_admin_del_is_reported_as_loss_and_fenced() {
+    state_lost(Loss::AdminDel);
+}
+
+#[test]
+fn s8b_aof_always_keeps_the_lock_across_a_crash() {
+    let mut lock_server = RedisServer::builder()
+        .persistence(Persistence::Aof)
+        .start()
+        .expect("start redis-server with AOF");
+    let resource = server();
+    let lock = "aof";
+    let mut s = setup(&lock_server, &resource, lock, LEASE * 3);
+    let history = s.history().to_owned();
+    let renewed = fresh_renewal(&history, 0);
+
+    let t_kill = now_ns();
+    lock_server.kill().expect("SIGKILL redis-server");
+    nemesis(&s.rec, t_kill, lock, "kill_server", "node:0");
+    lock_server
+        .restart(Data::Keep)
+        .expect("restart with the AOF");
+    let t_back = now_ns();
+    nemesis(&s.rec, t_back, lock, "restart_server_keep", "node:0");
+    go(&s.go());
+    // A renews on the restarted server (its script cache is empty).
+    fresh_renewal(&history, t_back);
+    let unlock = wait_line(&mut s.holder, 0, "UNLOCK ", LEASE * 4);
+    assert_eq!(unlock, "UNLOCK ok 0", "A kept the lock across the crash");
+    let a_out = finish_ok(&mut s.holder, Duration::from_secs(20)).remove(0);
+    assert!(!a_out.stdout.contains("LOST"), "{}", a_out.stdout);
+    let b_out = finish_ok(&mut s.other, Duration::from_secs(20)).remove(0);
+    assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
+
+    let counter = get_u64(&resource, "counter");
+    let cfg = CheckConfig {
+        final_keys: Some(lock_keys(&lock_server)),
+        fail_on_activity_past_validity: true,
+        counter: Some(ecosphere::history::CounterCheck {
+            final_value: counter,
+            expected: ecosphere::history::CounterExpectation::AckedIncrements,
+        }),
+        ..CheckConfig::new(LEASE)
+    };
+    let (h, report) = check(&history, &cfg);
+    report.assert_ok();
+    for id in CheckId::ALL {
+        assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
+    }
+    assert_eq!(report.stats.losses, 0);
+    let (accepted, rejected) = assert_fenced_kept_everything(&h, &resource, FENCED);
+    assert_eq!(rejected, 0);
+    let a_rel = first_of(&h, 0, "rel_invoke").expect("A's release");
+    let b_acq = first_of(&h, 1, "acq_ok").expect("B acquired");
+    assert!(b_acq.t > a_rel.t, "B acquired before A released");
+    assert!(
+        token_of(&h, 1) > token_of(&h, 0),
+        "the fencing counter survived"
+    );
+    let renewals_after = h
+        .events()
+        .iter()
+        .filter(|e| e.proc == 0 && e.kind.name() == "renew_ok" && e.t > t_back)
+        .count();
+    println!(
+        "kill {:+.1} ms after a renewal, back after {:.1} ms; A renewed {renewals_after} times \
+         after the restart, released {:+.1} ms; B acquired {:+.1} ms after A's release; F \
+         accepted {accepted}",
+        ms_between(renewed, t_kill),
+        ms_between(t_kill, t_back),
+        ms_between(t_back, a_rel.t),
+        ms_between(a_rel.t, b_acq.t)
+    );
+}
