@@ -685,13 +685,50 @@ impl RedisClient {
         }
     }
 
+    /// The command timeout this client was built with.
+    pub(crate) fn command_timeout(&self) -> Duration {
+        self.inner.options.command_timeout
+    }
+
     /// Runs one command (or pipeline) on the shared connection within the command timeout.
     pub(crate) async fn exec<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        self.exec_within(what, self.inner.options.command_timeout, f)
+            .await
+    }
+
+    /// Runs an idempotent command, one that carries a request id (see `request.rs`): when the
+    /// connection breaks before the reply arrives (the command may or may not have run), it
+    /// is sent once more, on a new connection, within what is left of the command timeout.
+    /// The server answers the retry from the request's record instead of applying it twice.
+    pub(crate) async fn exec_idempotent<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let start = Instant::now();
         let budget = self.inner.options.command_timeout;
+        match self.exec_within(what, budget, &f).await {
+            Err(e) if e.backend_kind() == Some(BackendKind::Io) => {
+                let left = budget.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return Err(e);
+                }
+                tracing::debug!(node = %self.inner.address, error = %e, "{what}: the connection broke before the reply; sending the same request again");
+                self.exec_within(what, left, f).await
+            }
+            r => r,
+        }
+    }
+
+    async fn exec_within<T, F, Fut>(&self, what: &'static str, budget: Duration, f: F) -> Result<T>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
         let run = async {
             let (generation, conn) = self.connection().await?;
             match f(conn).await {
@@ -700,7 +737,10 @@ impl RedisClient {
                     Ok(v)
                 }
                 Err(e) => {
-                    if error::breaks_connection(&e) {
+                    // A reply that is only late does not break the connection: keeping it
+                    // keeps what is sent next (an undo) ordered behind the late command. A
+                    // connection that stays silent is replaced by the idle check's PING.
+                    if error::breaks_connection(&e) && !e.is_timeout() {
                         self.invalidate(generation);
                     }
                     Err(error::from_redis(e, what, &self.inner.address))

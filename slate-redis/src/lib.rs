@@ -47,6 +47,7 @@ mod lock;
 pub mod node;
 mod notify;
 mod renewal;
+mod request;
 mod scripts;
 
 pub use client::{ClientOptions, ClientStats, DEFAULT_COMMAND_TIMEOUT, RedisClient};

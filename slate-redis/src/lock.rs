@@ -19,6 +19,7 @@ use crate::guard::SingleLockGuard;
 use crate::keys::Keys;
 use crate::notify::ReleaseTarget;
 use crate::renewal::{self, Hold};
+use crate::request;
 use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
 
 /// A distributed, reentrant, leased lock on one Redis master.
@@ -132,20 +133,21 @@ pub(crate) struct RedisCompetitor {
 
 impl RedisCompetitor {
     /// Runs the release script for `holder`: `-1` not held, `0` released, `n` still held.
+    /// Idempotent: a retry after a broken connection does not release twice.
     pub(crate) async fn release_remote(
         &self,
         holder: HolderId,
         local_waiters: bool,
     ) -> Result<i64> {
-        release_remote(
-            &self.client,
-            &self.keys,
+        let release = Release {
             holder,
-            self.options.lease(),
-            &self.turn,
+            lease: self.options.lease(),
+            turn: &self.turn,
             local_waiters,
-        )
-        .await
+            request: request::next_id(),
+            undo: None,
+        };
+        release_remote(&self.client, &self.keys, release).await
     }
 
     fn hold(&self, holder: HolderId, grant: &Grant) -> Hold {
@@ -173,10 +175,15 @@ impl RedisCompetitor {
     }
 }
 
-/// After an acquire that timed out (the script may still run later: a hung server processes
-/// its queue when it resumes), queues a release of that holder on the same connection, behind
-/// the acquire, so that a late first-level grant nobody receives is undone. Re-entries are left
-/// alone (the release would take a level the holder owns). Only the enqueueing is awaited.
+/// After an acquire whose reply never came (a timeout, or a connection that broke twice),
+/// undoes it by its request id: the undo releases the level if the acquire ran, and otherwise
+/// marks it cancelled so that it does nothing if it runs later (a hung server processes its
+/// queue when it resumes). Exact for first acquisitions and re-entries alike.
+///
+/// The undo is put on the connection behind the acquire before this returns (one poll), so
+/// the next attempt of the synchronizer queues behind it. If it fails it is retried in the
+/// background, a few times within the lease: it is idempotent (it carries its own request
+/// id), and an entry it could not undo is never renewed and ends with its lease.
 async fn compensate(
     client: &RedisClient,
     keys: &Keys,
@@ -184,27 +191,50 @@ async fn compensate(
     holder: HolderId,
     lease: Duration,
     turn: Turn,
+    acquire_request: u64,
 ) {
-    let shared = me.upgrade();
-    let owner = shared.as_ref().and_then(|s| s.sync.owner()).map(|(h, _)| h);
-    if owner == Some(holder) {
-        return;
-    }
-    let waiters = shared.is_some_and(|s| s.sync.waiters() > 0);
+    let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
     let (client2, keys2) = (client.clone(), keys.clone());
-    let mut release = Box::pin(async move {
-        match release_remote(&client2, &keys2, holder, lease, &turn, waiters).await {
-            Ok(0) => tracing::info!(%holder, "undid a late grant of a timed-out acquire"),
-            Ok(_) => {}
-            Err(e) => tracing::debug!(%holder, error = %e, "compensating release failed"),
+    let mut undo = Box::pin(async move {
+        let request = request::next_id();
+        let started = Instant::now();
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let release = Release {
+                holder,
+                lease,
+                turn: &turn,
+                local_waiters: waiters,
+                request,
+                undo: Some(acquire_request),
+            };
+            match release_remote(&client2, &keys2, release).await {
+                Ok(-2) => tracing::debug!(%holder, "cancelled an acquire that had not run"),
+                Ok(n) if n >= 0 => {
+                    tracing::info!(%holder, left = n, "undid an acquire whose reply never came");
+                }
+                Ok(_) => {}
+                Err(e) if tries < UNDO_TRIES && started.elapsed() < lease => {
+                    tracing::debug!(%holder, error = %e, "undoing a timed-out acquire failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50 << tries)).await;
+                    continue;
+                }
+                Err(e) => tracing::warn!(%holder, error = %e,
+                    "could not undo a timed-out acquire; if it ran, its entry ends with its lease"),
+            }
+            break;
         }
     });
     // One poll puts the command on the connection (ordered after the acquire); the reply is
     // awaited in the background.
-    if futures::poll!(release.as_mut()).is_pending() {
-        client.spawn(release);
+    if futures::poll!(undo.as_mut()).is_pending() {
+        client.spawn(undo);
     }
 }
+
+/// How many times an undo is sent before the entry is left to its lease.
+const UNDO_TRIES: u32 = 4;
 
 /// The turn between local queues (one per lock handle family in a client, normally one per
 /// process), as the scripts take it (see `scripts/acquire.lua`).
@@ -245,35 +275,104 @@ impl Turn {
 /// passes to the first waiting queue. It bounds how long a process can be kept waiting.
 pub(crate) const TENURE: u32 = 8;
 
+/// One release request (see `scripts/release.lua`).
+pub(crate) struct Release<'a> {
+    pub(crate) holder: HolderId,
+    /// The TTL a partial release resets.
+    pub(crate) lease: Duration,
+    pub(crate) turn: &'a Turn,
+    /// Whether tasks of this process wait for the lock (the turn may stay here).
+    pub(crate) local_waiters: bool,
+    /// This call's request id (a retry answers from its record).
+    pub(crate) request: u64,
+    /// Undo the acquire with this request id instead of releasing unconditionally.
+    pub(crate) undo: Option<u64>,
+}
+
+/// Runs the release script: `-2` (undo only) the acquire had not run and is cancelled, `-1`
+/// not held, `0` released, `n` still held. Retried once, with the same request id, if the
+/// connection breaks before the reply.
 pub(crate) async fn release_remote(
     client: &RedisClient,
     keys: &Keys,
-    holder: HolderId,
-    lease: Duration,
-    turn: &Turn,
-    local_waiters: bool,
+    release: Release<'_>,
 ) -> Result<i64> {
-    let k = keys.clone();
-    let holder_arg = holder.to_string();
-    let ms = scripts::lease_ms(lease);
-    let queue_id = turn.queue_id.clone();
-    let (tenure, reserve) = (turn.tenure, scripts::lease_ms(turn.reserve));
+    let holder_arg = release.holder.to_string();
+    let record = keys.record(&holder_arg);
+    let ms = scripts::lease_ms(release.lease);
+    let queue_id = &*release.turn.queue_id;
+    let (tenure, reserve) = (release.turn.tenure, scripts::lease_ms(release.turn.reserve));
+    let record_ms = request::record_ttl_ms(client.command_timeout());
+    let undo = release.undo.map(|id| id.to_string()).unwrap_or_default();
+    let (request, waiters) = (release.request, u8::from(release.local_waiters));
     client
-        .exec("release script", |mut c| async move {
-            RELEASE
-                .script
-                .key(&*k.lock)
-                .key(&*k.channel)
-                .key(&*k.queue)
-                .key(&*k.turn)
-                .arg(holder_arg)
+        .exec_idempotent("release script", |mut c| {
+            let mut invocation = RELEASE.script.prepare_invoke();
+            invocation
+                .key(&*keys.lock)
+                .key(&*keys.channel)
+                .key(&*keys.queue)
+                .key(&*keys.turn)
+                .key(&*record)
+                .arg(&holder_arg)
                 .arg(ms)
-                .arg(&*queue_id)
+                .arg(queue_id)
                 .arg(tenure)
-                .arg(u8::from(local_waiters))
+                .arg(waiters)
                 .arg(reserve)
-                .invoke_async(&mut c)
-                .await
+                .arg(request)
+                .arg(record_ms)
+                .arg(&undo);
+            async move { invocation.invoke_async(&mut c).await }
+        })
+        .await
+}
+
+/// One acquire request (see `scripts/acquire.lua`).
+pub(crate) struct Acquire<'a> {
+    pub(crate) holder: HolderId,
+    pub(crate) lease: Duration,
+    pub(crate) turn: &'a Turn,
+    /// The node marker to check (multi-node locks).
+    pub(crate) marker: Option<&'a [u8]>,
+    /// This call's request id (a retry answers from its record; an undo names it).
+    pub(crate) request: u64,
+}
+
+/// Runs the acquire script and returns its reply (see `scripts/acquire.lua`). Retried once,
+/// with the same request id, if the connection breaks before the reply.
+pub(crate) async fn acquire_remote(
+    client: &RedisClient,
+    keys: &Keys,
+    acquire: Acquire<'_>,
+) -> Result<Vec<i64>> {
+    let holder_arg = acquire.holder.to_string();
+    let record = keys.record(&holder_arg);
+    let ms = scripts::lease_ms(acquire.lease);
+    let queue_id = &*acquire.turn.queue_id;
+    let tenure = acquire.turn.tenure;
+    let record_ms = request::record_ttl_ms(client.command_timeout());
+    let (request, marker) = (acquire.request, acquire.marker);
+    client
+        .exec_idempotent("acquire script", |mut c| {
+            let mut invocation = ACQUIRE.script.prepare_invoke();
+            invocation
+                .key(&*keys.lock)
+                .key(&*keys.fence)
+                .key(&*keys.queue)
+                .key(&*keys.turn)
+                .key(&*record);
+            if let Some(marker) = marker {
+                invocation.key(marker);
+            }
+            invocation
+                .arg(&holder_arg)
+                .arg(ms)
+                .arg(queue_id)
+                .arg(tenure)
+                .arg(request)
+                .arg(record_ms);
+            async move { invocation.invoke_async(&mut c).await }
         })
         .await
 }
@@ -286,8 +385,6 @@ impl Competitor for RedisCompetitor {
         holder: HolderId,
     ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
         let client = self.client.clone();
-        let (lock_key, fence_key) = (self.keys.lock.clone(), self.keys.fence.clone());
-        let (queue_key, turn_key) = (self.keys.queue.clone(), self.keys.turn.clone());
         let turn = self.turn.clone();
         let lease = self.options.lease();
         let last = self.last_attempt.clone();
@@ -296,32 +393,25 @@ impl Competitor for RedisCompetitor {
         let me = self.me.clone();
         let inner = client.clone();
         inner.on_runtime(async move {
-            let holder_arg = holder.to_string();
-            let ms = scripts::lease_ms(lease);
             let sent = Instant::now();
             *lock(&last) = Some(sent);
-            let (queue_id, tenure) = (turn.queue_id.clone(), turn.tenure);
-            let reply: Result<Vec<i64>> = client
-                .exec("acquire script", |mut c| async move {
-                    ACQUIRE
-                        .script
-                        .key(&*lock_key)
-                        .key(&*fence_key)
-                        .key(&*queue_key)
-                        .key(&*turn_key)
-                        .arg(holder_arg)
-                        .arg(ms)
-                        .arg(&*queue_id)
-                        .arg(tenure)
-                        .invoke_async(&mut c)
-                        .await
-                })
-                .await;
-            let reply = match reply {
+            let request = request::next_id();
+            let acquire = Acquire {
+                holder,
+                lease,
+                turn: &turn,
+                marker: None,
+                request,
+            };
+            let reply = match acquire_remote(&client, &keys, acquire).await {
                 Ok(r) => r,
                 Err(e) => {
-                    if e.backend_kind() == Some(BackendKind::Timeout) {
-                        compensate(&client, &keys, &me, holder, lease, turn).await;
+                    // No reply: the script may have run (or may still run). Undo it by id.
+                    if matches!(
+                        e.backend_kind(),
+                        Some(BackendKind::Timeout | BackendKind::Io)
+                    ) {
+                        compensate(&client, &keys, &me, holder, lease, turn, request).await;
                     }
                     return Err(e);
                 }
@@ -351,6 +441,8 @@ impl Competitor for RedisCompetitor {
                     let retry_after = u64::try_from(*pttl).ok().map(Duration::from_millis);
                     Ok(Attempt::Busy { retry_after })
                 }
+                // Only a request that was undone answers this, and nobody awaits it then.
+                [-3] => Ok(Attempt::Busy { retry_after: None }),
                 _ => Err(unexpected_reply("acquire script", client.address(), &reply)),
             }
         })
@@ -381,7 +473,15 @@ impl Competitor for RedisCompetitor {
         let waiters = self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
         tracing::debug!(lock = %label, %holder, token = grant.token.get(), "releasing an abandoned grant");
         self.client.spawn(async move {
-            if let Err(e) = release_remote(&client, &keys, holder, lease, &turn, waiters).await {
+            let release = Release {
+                holder,
+                lease,
+                turn: &turn,
+                local_waiters: waiters,
+                request: request::next_id(),
+                undo: None,
+            };
+            if let Err(e) = release_remote(&client, &keys, release).await {
                 tracing::warn!(lock = %label, %holder, error = %e,
                     "release of an abandoned grant failed; the entry ends with its lease");
             }

@@ -24,9 +24,10 @@ use slate_core::{FencingToken, HolderId, LeaseWatch, LockName, Result};
 
 use crate::client::{RedisClient, unexpected_reply};
 use crate::keys::Keys;
-use crate::lock::{Turn, release_remote};
+use crate::lock::{Acquire, Release, Turn, acquire_remote, release_remote};
 use crate::renewal::{self, Hold};
-use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK};
+use crate::request;
+use crate::scripts::FORCE_UNLOCK;
 
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
@@ -157,28 +158,15 @@ impl RedisClient {
         holder: HolderId,
         lease: Duration,
     ) -> Result<NodeAcquire> {
-        let k = keys.keys.clone();
-        let marker = keys.marker.clone();
-        let holder_arg = holder.to_string();
-        let ms = scripts::lease_ms(lease);
         let sent = Instant::now();
-        let reply: Vec<i64> = self
-            .exec("acquire script", |mut c| async move {
-                ACQUIRE
-                    .script
-                    .key(&*k.lock)
-                    .key(&*k.fence)
-                    .key(&*k.queue)
-                    .key(&*k.turn)
-                    .key(&*marker)
-                    .arg(holder_arg)
-                    .arg(ms)
-                    .arg("")
-                    .arg(0)
-                    .invoke_async(&mut c)
-                    .await
-            })
-            .await?;
+        let acquire = Acquire {
+            holder,
+            lease,
+            turn: &Turn::none(),
+            marker: Some(&keys.marker),
+            request: request::next_id(),
+        };
+        let reply = acquire_remote(self, &keys.keys, acquire).await?;
         let acquired = |token: i64, count: i64| match (u64::try_from(token), u32::try_from(count)) {
             (Ok(token), Ok(count)) => Ok(NodeAcquire::Acquired {
                 token: FencingToken::new(token),
@@ -216,7 +204,15 @@ impl RedisClient {
     ) -> Result<Option<u32>> {
         let renewal = &self.inner.renewal;
         renewal.begin_release(&keys.keys.lock, holder);
-        let reply = release_remote(self, &keys.keys, holder, lease, &Turn::none(), false).await;
+        let release = Release {
+            holder,
+            lease,
+            turn: &Turn::none(),
+            local_waiters: false,
+            request: request::next_id(),
+            undo: None,
+        };
+        let reply = release_remote(self, &keys.keys, release).await;
         renewal.end_release(&keys.keys.lock, holder);
         match reply? {
             -1 => Ok(None),

@@ -7,13 +7,20 @@
 -- KEYS[4]  the turn: <prefix>{<name>}:turn, a hash {o = queue id, u = reserved until (server
 --          ms, 0 while held), n = acquisitions in a row}: the local queue (process) a free lock
 --          is reserved for, and its tenure
--- KEYS[5]  (optional, multi-node locks) the node marker: <prefix>node-marker, a persistent key
+-- KEYS[5]  the holder's request record: <prefix>{<name>}:req:<holder>, a string
+--          '<request id> <kind> <a> <b>' that lets a retried request answer what it did the
+--          first time instead of doing it twice (kind 'a': acquired, a = token, b = count;
+--          'r': released, a = count left; 'c': cancelled, the request must do nothing).
+--          Touched only when ARGV[5] is not ''.
+-- KEYS[6]  (optional, multi-node locks) the node marker: <prefix>node-marker, a persistent key
 --          written once per server; its absence means the server lost its data
 -- ARGV[1]  holder id (the text of a HolderId)
 -- ARGV[2]  lease in milliseconds (positive integer)
--- ARGV[3]  (optional) queue id of the caller ('' or absent = no turn: take a free lock
---          whatever the queue; KEYS[3] and KEYS[4] are then not touched)
--- ARGV[4]  (optional) tenure: acquisitions in a row a queue may keep while others wait
+-- ARGV[3]  queue id of the caller ('' = no turn: take a free lock whatever the queue;
+--          KEYS[3] and KEYS[4] are then not touched)
+-- ARGV[4]  tenure: acquisitions in a row a queue may keep while others wait
+-- ARGV[5]  request id (decimal digits, unique per call; '' = no record)
+-- ARGV[6]  how long the record is kept, in ms (the window in which a retry may arrive)
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the key was absent; created holder -> 1 with the lease and
@@ -24,12 +31,40 @@
 --   {0, ms}            busy: another holder has the lock (ms = its PTTL), or the free lock is
 --                      reserved for another process's turn (ms = what is left of the
 --                      reservation); the caller's process was queued
---   {-2}               (only with KEYS[5]) the node marker is missing: the server lost its
+--   {-2}               (only with KEYS[6]) the node marker is missing: the server lost its
 --                      data since it was marked; nothing was touched
+--   {-3}               the request was cancelled (its caller gave up and undid it); nothing
+--                      was touched
+--
+-- A request whose record says it already acquired, while the holder's field still exists,
+-- answers {1, token} or {2, token, count} as it did the first time and changes nothing.
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
-if #KEYS >= 5 and redis.call('EXISTS', KEYS[5]) == 0 then
+if #KEYS >= 6 and redis.call('EXISTS', KEYS[6]) == 0 then
     return {-2}
+end
+local req = ARGV[5] or ''
+if req ~= '' then
+    local rec = redis.call('GET', KEYS[5])
+    if rec then
+        local id, kind, a, b = string.match(rec, '^(%d+) (%a) (%-?%d+) (%-?%d+)$')
+        if id == req then
+            if kind == 'c' then
+                return {-3}
+            end
+            if kind == 'a' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+                if tonumber(b) == 1 then
+                    return {1, tonumber(a)}
+                end
+                return {2, tonumber(a), tonumber(b)}
+            end
+        end
+    end
+end
+local function remember(token, count)
+    if req ~= '' then
+        redis.call('SET', KEYS[5], req .. ' a ' .. token .. ' ' .. count, 'PX', ARGV[6])
+    end
 end
 local pid = ARGV[3] or ''
 local function now_ms()
@@ -67,12 +102,14 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
     redis.call('HSET', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     local token = redis.call('INCR', KEYS[2])
+    remember(token, 1)
     return {1, token}
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     local count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     local token = tonumber(redis.call('GET', KEYS[2]) or '0')
+    remember(token, count)
     return {2, token, count}
 end
 if pid ~= '' then

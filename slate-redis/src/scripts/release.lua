@@ -9,9 +9,18 @@
 -- ARGV[3]  (optional) queue id of the caller ('' or absent = no turn: publish to anyone)
 -- ARGV[4]  tenure: acquisitions in a row a process may keep while other processes wait
 -- ARGV[5]  1 if tasks of the caller's process wait for this lock, else 0
+-- KEYS[5]  the holder's request record: <prefix>{<name>}:req:<holder> (see acquire.lua);
+--          touched only when ARGV[7] is not ''
 -- ARGV[6]  how long a turn stays reserved for the process it is given to, in ms
+-- ARGV[7]  request id (decimal digits, unique per call; '' = no record)
+-- ARGV[8]  how long the record is kept, in ms
+-- ARGV[9]  (optional) undo: the id of an acquire request whose caller gave up on it. The
+--          level is released only if that acquire ran (its record is still the holder's
+--          latest); otherwise the acquire is marked cancelled, so that it does nothing if it
+--          runs later, and -2 is answered
 --
 -- Replies (an integer):
+--   -2      (undo only) the acquire had not run (or its record was gone): it is cancelled
 --   -1      not held: the holder has no field (lease ran out, force-unlocked, never held);
 --           nothing was touched (no key or field is ever created here)
 --   0       released: the count reached zero and the key was deleted. The turn then stays
@@ -20,11 +29,33 @@
 --           id is published (an empty message, anyone may retry, when nobody is queued)
 --   n > 0   still held n times by this holder; the TTL was reset to the lease
 --
+-- A request whose record says it already released answers the count it answered the first
+-- time and changes nothing (no double decrement, no spurious 'not held' after the last level).
+--
 -- Every integer is compared explicitly: in Lua, 0 is true.
+local req = ARGV[7] or ''
+if req ~= '' then
+    local rec = redis.call('GET', KEYS[5])
+    local id, kind, a
+    if rec then
+        id, kind, a = string.match(rec, '^(%d+) (%a) (%-?%d+)')
+    end
+    if id == req and kind == 'r' then
+        return tonumber(a)
+    end
+    local undo = ARGV[9] or ''
+    if undo ~= '' and not (id == undo and kind == 'a') then
+        redis.call('SET', KEYS[5], undo .. ' c 0 0', 'PX', ARGV[8])
+        return -2
+    end
+end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
     return -1
 end
 local count = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+if req ~= '' then
+    redis.call('SET', KEYS[5], req .. ' r ' .. count .. ' 0', 'PX', ARGV[8])
+end
 if count > 0 then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return count

@@ -7,6 +7,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use ecosphere::server::RedisServer;
+#[allow(unused_imports)]
+pub use slate_redis::DEFAULT_COMMAND_TIMEOUT;
 use slate_redis::{ClientOptions, RedisClient, SingleLock};
 
 /// A fresh `redis-server` for one test.
@@ -38,6 +40,27 @@ pub fn keys(server: &RedisServer) -> Vec<String> {
     let mut keys: Vec<String> = redis::from_redis_value(v).expect("KEYS reply");
     keys.sort();
     keys
+}
+
+/// The keys left after a release: request records (`…:req:<holder>`, kept for the retry
+/// window of two command timeouts so that a retried request is not applied twice) are checked
+/// to expire within `window` and left out; the rest is returned, sorted.
+pub fn keys_but_records(server: &RedisServer, window: std::time::Duration) -> Vec<String> {
+    let window_ms = i64::try_from(window.as_millis()).expect("window");
+    keys(server)
+        .into_iter()
+        .filter(|k| {
+            if !k.contains(":req:") {
+                return true;
+            }
+            let pttl = int(server, &["PTTL", k]);
+            assert!(
+                pttl > 0 && pttl <= window_ms,
+                "request record {k} must expire within {window_ms} ms, PTTL {pttl}"
+            );
+            false
+        })
+        .collect()
 }
 
 /// One integer command.

@@ -1,0 +1,274 @@
+//! S10, lost replies: the command ran, its reply was lost, the library sends it again.
+//!
+//! A fault proxy between the client and the server forwards the request and drops the reply
+//! (the script has run: the server shows it), then resets the connection. The library sends
+//! the same request again on a new connection, and the request record makes the retry answer
+//! what the first run did: a logical acquire never leaves depth 2, a release never takes two
+//! levels nor answers *not held* after freeing the lock itself (reliability.md S10, I5, I6).
+//!
+//! When no reply comes at all (a timeout), the acquire is undone by its request id: exactly
+//! one level if it ran, first acquisition or re-entry alike, and an acquire that runs after
+//! its undo does nothing (a tombstone).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use ecosphere::proxy::{FaultProxy, Mode};
+use ecosphere::server::RedisServer;
+use slate_core::BackendKind;
+use slate_redis::{ClientOptions, DistributedLock, HolderId, LockGuard, RedisClient, SingleLock};
+
+const LEASE: Duration = Duration::from_secs(10);
+const ACQUIRE_LUA: &str = include_str!("../src/scripts/acquire.lua");
+
+struct Rig {
+    server: RedisServer,
+    proxy: FaultProxy,
+    client: RedisClient,
+    lock: SingleLock,
+}
+
+async fn rig(name: &str, command_timeout: Duration) -> Rig {
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).expect("proxy");
+    let client = RedisClient::open_with(
+        proxy.url(),
+        ClientOptions::default().command_timeout(command_timeout),
+    )
+    .expect("client");
+    client.ping().await.expect("ping through the proxy");
+    let lock = lock(&client, name, LEASE);
+    Rig {
+        server,
+        proxy,
+        client,
+        lock,
+    }
+}
+
+impl Rig {
+    /// The holder's count on the server, read directly (not through the proxy).
+    fn depth(&self, holder: HolderId) -> i64 {
+        let key = String::from_utf8(self.lock.key().to_vec()).unwrap();
+        let v = self
+            .server
+            .command(&["HGET", &key, &holder.to_string()])
+            .expect("HGET");
+        redis::from_redis_value::<Option<i64>>(v)
+            .expect("count")
+            .unwrap_or(0)
+    }
+
+    /// Drops replies until the server shows `done`, then heals the proxy and resets the
+    /// connection: the client sees its connection break with the reply lost.
+    async fn lose_reply_once(&self, what: &str, done: impl Fn() -> bool) {
+        eventually(Duration::from_secs(5), what, done).await;
+        self.proxy.set_mode(Mode::Pass).expect("pass");
+        self.proxy.reset_all().expect("reset");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s10_lost_acquire_reply_is_retried_without_a_second_level() {
+    let rig = rig("s10-acquire", Duration::from_secs(3)).await;
+    let holder = HolderId::new();
+    rig.proxy.set_mode(Mode::DropReplies).unwrap();
+    let lock = rig.lock.clone();
+    let acquire = tokio::spawn(async move { lock.lock_as(holder).await });
+    rig.lose_reply_once("the first acquire to run", || rig.depth(holder) == 1)
+        .await;
+    let guard = within(Duration::from_secs(5), "the retried acquire", acquire)
+        .await
+        .unwrap()
+        .expect("the retry answers the first run's grant");
+    assert_eq!(guard.depth(), 1);
+    assert_eq!(rig.depth(holder), 1, "the retry did not re-enter");
+    assert!(
+        rig.proxy.connections_accepted() >= 2,
+        "the retry went on a new connection"
+    );
+
+    // A lost re-entry reply: depth 2, not 3.
+    rig.proxy.set_mode(Mode::DropReplies).unwrap();
+    let inner = {
+        let lock = rig.lock.clone();
+        tokio::spawn(async move { lock.lock_as(holder).await })
+    };
+    rig.lose_reply_once("the re-entry to run", || rig.depth(holder) == 2)
+        .await;
+    let inner = within(Duration::from_secs(5), "the retried re-entry", inner)
+        .await
+        .unwrap()
+        .expect("re-entry");
+    assert_eq!(inner.depth(), 2);
+    assert_eq!(rig.depth(holder), 2, "one logical re-entry, one level");
+    assert_eq!(
+        inner.fencing_token(),
+        guard.fencing_token(),
+        "a re-entry keeps the token"
+    );
+
+    // A lost release reply on the inner level: one level taken, not two.
+    rig.proxy.set_mode(Mode::DropReplies).unwrap();
+    let release = tokio::spawn(async move { inner.unlock().await });
+    rig.lose_reply_once("the inner release to run", || rig.depth(holder) == 1)
+        .await;
+    let left = within(Duration::from_secs(5), "the retried release", release)
+        .await
+        .unwrap()
+        .expect("the retried release answers its first run");
+    assert_eq!(left, 1);
+    assert_eq!(rig.depth(holder), 1, "the outer hold kept its level");
+
+    // A lost reply of the last release: the retry answers 0, not *not held*.
+    rig.proxy.set_mode(Mode::DropReplies).unwrap();
+    let release = tokio::spawn(async move { guard.unlock().await });
+    rig.lose_reply_once("the last release to run", || rig.depth(holder) == 0)
+        .await;
+    let left = within(Duration::from_secs(5), "the retried last release", release)
+        .await
+        .unwrap()
+        .expect("no spurious not-held after a lost reply");
+    assert_eq!(left, 0);
+    assert!(!rig.lock.is_locked().await.unwrap());
+    assert_eq!(
+        keys_but_records(&rig.server, Duration::from_secs(6)),
+        ["slate:{s10-acquire}:fence"]
+    );
+    drop(rig.client);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s10_timed_out_acquires_are_undone_exactly() {
+    let rig = rig("s10-undo", Duration::from_millis(300)).await;
+    let holder = HolderId::new();
+
+    // A first acquisition whose reply never comes: the undo removes the entry it made.
+    rig.proxy.set_mode(Mode::DropReplies).unwrap();
+    let err = rig.lock.try_lock_for(Duration::ZERO).await;
+    let err = match err {
+        Err(e) => e,
+        Ok(g) => panic!("acquired without a reply: depth {}", g.depth()),
+    };
+    assert!(
+        matches!(err.backend_kind(), Some(BackendKind::Timeout)) || err.is_timeout(),
+        "{err}"
+    );
+    // The undo went behind the acquire on the same connection; its reply is dropped too.
+    eventually(
+        Duration::from_secs(5),
+        "the undo to remove the entry",
+        || !keys(&rig.server).contains(&"slate:{s10-undo}".to_owned()),
+    )
+    .await;
+    rig.proxy.set_mode(Mode::Pass).unwrap();
+    rig.proxy.reset_all().unwrap();
+
+    // A re-entry whose reply never comes: the undo takes that level, and only that one.
+    let guard = within(
+        Duration::from_secs(5),
+        "a plain acquire",
+        rig.lock.lock_as(holder),
+    )
+    .await
+    .expect("acquire");
+    rig.proxy.set_mode(Mode::DropReplies).unwrap();
+    let reentry = rig.lock.lock_as(holder);
+    let reentry = tokio::time::timeout(Duration::from_secs(5), reentry)
+        .await
+        .expect("the re-entry is bounded by the command timeout");
+    assert!(reentry.is_err(), "no reply, no re-entry");
+    eventually(Duration::from_secs(5), "the undo of the re-entry", || {
+        rig.depth(holder) == 1
+    })
+    .await;
+    rig.proxy.set_mode(Mode::Pass).unwrap();
+    rig.proxy.reset_all().unwrap();
+    // The outer hold is intact and still renewed.
+    assert_eq!(rig.depth(holder), 1);
+    assert!(!guard.is_lost());
+    assert_eq!(
+        within(Duration::from_secs(5), "unlock", guard.unlock())
+            .await
+            .expect("unlock"),
+        0
+    );
+}
+
+/// Runs the acquire script for holder `h1` with request id `request`.
+fn acquire(con: &mut redis::Connection, keys: &[&str], request: &str) -> Vec<i64> {
+    let script = redis::Script::new(ACQUIRE_LUA);
+    let mut inv = script.prepare_invoke();
+    for k in keys {
+        inv.key(*k);
+    }
+    inv.arg("h1")
+        .arg("10000")
+        .arg("")
+        .arg(0)
+        .arg(request)
+        .arg("5000");
+    inv.invoke(con).unwrap()
+}
+
+#[test]
+fn s10_an_acquire_that_runs_after_its_undo_does_nothing() {
+    let server = server();
+    let keys = [
+        "slate:{late}",
+        "slate:{late}:fence",
+        "slate:{late}:queue",
+        "slate:{late}:turn",
+        "slate:{late}:req:h1",
+    ];
+    let release_keys = [
+        "slate:{late}",
+        "slate:{late}:released",
+        "slate:{late}:queue",
+        "slate:{late}:turn",
+        "slate:{late}:req:h1",
+    ];
+    // The undo of request 7 arrives first (the acquire is still in flight): nothing to undo.
+    let undo = run_script(
+        &server,
+        RELEASE_LUA,
+        &release_keys,
+        &["h1", "10000", "", "0", "0", "20", "8", "5000", "7"],
+    );
+    assert_eq!(undo, -2, "the acquire had not run");
+    // Then the acquire runs: it finds itself cancelled and touches nothing.
+    let mut con = server.connection().unwrap();
+    let reply = acquire(&mut con, &keys, "7");
+    assert_eq!(reply, [-3]);
+    assert_eq!(int(&server, &["EXISTS", "slate:{late}"]), 0);
+    assert_eq!(int(&server, &["EXISTS", "slate:{late}:fence"]), 0);
+
+    // Another request of the same holder is not affected by the tombstone.
+    let reply = acquire(&mut con, &keys, "8");
+    assert_eq!(reply, [1, 1]);
+    // Sent again (a retry), request 8 answers the same and changes nothing.
+    let again = acquire(&mut con, &keys, "8");
+    assert_eq!(again, [1, 1]);
+    assert_eq!(int(&server, &["HGET", "slate:{late}", "h1"]), 1);
+    // A release retried answers its first count; a wrong holder still gets -1.
+    let args = ["h1", "10000", "", "0", "0", "20", "9", "5000"];
+    assert_eq!(run_script(&server, RELEASE_LUA, &release_keys, &args), 0);
+    assert_eq!(run_script(&server, RELEASE_LUA, &release_keys, &args), 0);
+    let other = [
+        "slate:{late}",
+        "slate:{late}:released",
+        "slate:{late}:queue",
+        "slate:{late}:turn",
+        "slate:{late}:req:h2",
+    ];
+    let args2 = ["h2", "10000", "", "0", "0", "20", "10", "5000"];
+    assert_eq!(run_script(&server, RELEASE_LUA, &other, &args2), -1);
+    assert_eq!(
+        int(&server, &["EXISTS", "slate:{late}:req:h2"]),
+        0,
+        "not-held writes nothing"
+    );
+}
