@@ -18,7 +18,9 @@
 //! ```
 //!
 //! A **resource operation** is GET then SET+1 of the counter `--counter-key` on the resource
-//! server (non-atomic on purpose: the unfenced resource U), logged as `res_op incr ok`. With
+//! server (non-atomic on purpose: the unfenced resource U), logged as `res_op incr ok`, or
+//! `incr unknown:<error>` when it failed (the SET may have been applied); a failed increment
+//! ends `contend`, `reenter` and `wait` with an error, while `hold` goes on. With
 //! `--fenced-key KEY` (needs `--resource-url`) every resource operation first sends one write
 //! to the **fenced resource F** (reliability.md §6.1) on the resource server: a Lua script that
 //! rejects a token below the highest it has accepted and otherwise raises that maximum,
@@ -363,6 +365,25 @@ impl Fenced {
     }
 }
 
+/// GET then SET+1 of the counter `key` (non-atomic on purpose: the unfenced resource U).
+async fn counter_incr(mut conn: MultiplexedConnection, key: &str) -> Res<()> {
+    let value: Option<u64> = conn
+        .get(key)
+        .await
+        .map_err(|e| format!("GET {key} on the resource server: {e}"))?;
+    conn.set(key, value.unwrap_or(0) + 1)
+        .await
+        .map_err(|e| format!("SET {key} on the resource server: {e}"))
+}
+
+/// The `res_op incr` outcome: `ok`, or `unknown:<error>` (the SET may have been applied).
+fn incr_outcome(counted: &Res<()>) -> String {
+    match counted {
+        Ok(()) => OUTCOME_OK.to_owned(),
+        Err(e) => format!("unknown:{e}"),
+    }
+}
+
 /// Opens a multiplexed connection, bounded by 5 s.
 async fn connect(url: &str) -> Res<MultiplexedConnection> {
     let c = redis::Client::open(url).map_err(|e| format!("{url}: {e}"))?;
@@ -501,7 +522,8 @@ impl Ctx {
 
     /// One resource operation: the fenced write (with `--fenced-key`), then GET and SET+1 of
     /// the counter (non-atomic on purpose); then `renew_ok` if the deadline moved, and the
-    /// `res_op` events (`f_write`, `incr`).
+    /// `res_op` events (`f_write`, `incr`). A failed increment is recorded (outcome
+    /// `unknown:<error>`: the SET may have been applied) and returned as the error.
     async fn resource_op(
         &self,
         task: u64,
@@ -512,17 +534,7 @@ impl Ctx {
             Some(f) => Some(f.write(&held.holder, held.token).await),
             None => None,
         };
-        let mut conn = self.resource()?;
-        let key = self.args.counter_key.as_str();
-        let value: Option<u64> = conn
-            .get(key)
-            .await
-            .map_err(|e| format!("GET {key} on the resource server: {e}"))?;
-        let next = value.unwrap_or(0) + 1;
-        let () = conn
-            .set(key, next)
-            .await
-            .map_err(|e| format!("SET {key} on the resource server: {e}"))?;
+        let counted = counter_incr(self.resource()?, &self.args.counter_key).await;
         if let Some(g) = guard {
             self.note_renewal(task, held, g)?;
         }
@@ -535,10 +547,10 @@ impl Ctx {
                 holder: held.holder.clone(),
                 token: held.token,
                 op: OP_INCR.to_owned(),
-                outcome: OUTCOME_OK.to_owned(),
+                outcome: incr_outcome(&counted),
             },
         )?;
-        Ok(())
+        counted
     }
 
     /// `rel_invoke`, `unlock()`, then `rel_ok` / `rel_fail{not_held}` / `rel_info`.
@@ -861,7 +873,8 @@ async fn hold(ctx: &Ctx) -> Res<()> {
                 if guard.is_lost() {
                     // lost() completes at once.
                 } else if ctx.resource.is_some() {
-                    ctx.resource_op(0, &mut held, Some(&guard)).await?;
+                    // A failed increment is a recorded outcome here, not a worker failure.
+                    let _ = ctx.resource_op(0, &mut held, Some(&guard)).await;
                 } else {
                     ctx.note_renewal(0, &mut held, &guard)?;
                 }
@@ -1489,7 +1502,7 @@ mod combination {
 
     /// One resource operation: the fenced write (with `--fenced-key`), GET then SET+1 of the
     /// counter (non-atomic on purpose), then `renew_ok` if the deadline moved past `logged`, and
-    /// the `res_op` events.
+    /// the `res_op` events; a failed increment is recorded (`unknown:<error>`) and returned.
     async fn resource_op(
         ctx: &Comb,
         task: u64,
@@ -1502,36 +1515,29 @@ mod combination {
             Some(f) => Some(f.write(holder, token).await),
             None => None,
         };
-        let mut counted = false;
-        if let Some(resource) = &ctx.resource {
-            let key = ctx.args.counter_key.as_str();
-            let mut conn = resource.clone();
-            let value: Option<u64> = conn
-                .get(key)
-                .await
-                .map_err(|e| format!("GET {key} on the resource server: {e}"))?;
-            let () = conn
-                .set(key, value.unwrap_or(0) + 1)
-                .await
-                .map_err(|e| format!("SET {key} on the resource server: {e}"))?;
-            counted = true;
-        }
+        let counted = match &ctx.resource {
+            Some(conn) => Some(super::counter_incr(conn.clone(), &ctx.args.counter_key).await),
+            None => None,
+        };
         note_renewal(ctx, task, guard, holder, logged)?;
         if let Some(f) = fenced {
             ctx.record(task, f)?;
         }
-        if counted {
-            ctx.record(
-                task,
-                EventKind::ResOp {
-                    holder: holder.to_owned(),
-                    token,
-                    op: OP_INCR.to_owned(),
-                    outcome: OUTCOME_OK.to_owned(),
-                },
-            )?;
+        match counted {
+            Some(counted) => {
+                ctx.record(
+                    task,
+                    EventKind::ResOp {
+                        holder: holder.to_owned(),
+                        token,
+                        op: OP_INCR.to_owned(),
+                        outcome: super::incr_outcome(&counted),
+                    },
+                )?;
+                counted
+            }
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Logs `renew_ok` if the guard's deadline moved past `logged`.
@@ -1575,7 +1581,8 @@ mod combination {
                     if guard.is_lost() {
                         // lost() completes at once.
                     } else if ctx.resource.is_some() {
-                        resource_op(ctx, 0, &guard, &holder, &mut logged).await?;
+                        // A failed increment is a recorded outcome here, not a failure.
+                        let _ = resource_op(ctx, 0, &guard, &holder, &mut logged).await;
                     } else {
                         note_renewal(ctx, 0, &guard, &holder, &mut logged)?;
                     }
