@@ -43,8 +43,9 @@
 //!   lost hold's token follows, as a write issued before a pause and delivered after it would,
 //!   and `LATE accepted|rejected|unknown` is printed), then unlocks and prints
 //!   `UNLOCK ok <remaining>`, `UNLOCK not_held` or `UNLOCK error <message>`. With
-//!   `--unlock-file PATH` it prints `UNLOCK_WAIT` before the unlock and waits until PATH
-//!   exists; with `--burn-threads N` (single lock), N threads spin on the CPU while it holds.
+//!   `--unlock-file PATH` it prints `UNLOCK_WAIT` before the unlock, waits until PATH exists,
+//!   then (single lock) PINGs the lock server until it answers (a healed link may need a
+//!   while to carry traffic again) and prints `LINK_OK pings=N`; with `--burn-threads N` (single lock), N threads spin on the CPU while it holds.
 //! - `reenter`: acquires, re-enters to depth 3 (`reenter()`, then `lock_as(holder)`), prints
 //!   `DEPTH n` per level and `HOLD_COUNT n`, holds `--hold-ms` (with resource operations if
 //!   `--resource-url` is given),
@@ -900,6 +901,22 @@ async fn hold(ctx: &Ctx) -> Res<()> {
     }
     drop(burners);
     wait_unlock_file(ctx.args.unlock_file.as_ref(), ctx.deadline).await?;
+    if ctx.args.unlock_file.is_some() {
+        // A healed link may need a while (TCP retransmission backoff) to carry traffic again:
+        // PING until it answers, bounded by the run's deadline.
+        let mut pings = 0u32;
+        loop {
+            pings += 1;
+            if let Ok(Ok(())) = tokio::time::timeout(ctx.remaining(), ctx.client.ping()).await {
+                break;
+            }
+            if ctx.remaining().is_zero() {
+                return Err("the lock server never answered PING after the unlock file".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20).min(ctx.remaining())).await;
+        }
+        say(&format!("LINK_OK pings={pings}"))?;
+    }
     let released = ctx.release(0, &mut held, guard).await?;
     say(&format!("UNLOCK {}", released.line()))?;
     Ok(())
@@ -1200,8 +1217,7 @@ mod combination {
     use std::time::{Duration, Instant};
 
     use ecosphere::clock::to_mono_ns;
-    use ecosphere::history::{EventKind, OP_INCR, OUTCOME_OK, Recorder};
-    use redis::AsyncCommands;
+    use ecosphere::history::{EventKind, OP_INCR, Recorder};
     use redis::aio::MultiplexedConnection;
     use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
     use slate_redis::{DistributedLock, LockGuard};
