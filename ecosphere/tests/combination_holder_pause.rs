@@ -67,7 +67,7 @@ fn c7_holder_paused_past_its_lease_loses_every_node_and_its_release_deletes_noth
 
     let mut a = CombWorker::new("hold", urls(&s), NAME, &history);
     a.renewal = Some(RENEWAL);
-    a.node_op = Some(Duration::from_millis(100));
+    a.node_op = Some(Duration::from_millis(250));
     a.hold = Duration::from_secs(30);
     a.resource_url = Some(resource.url());
     a.fenced_key = Some(F.to_owned());

@@ -88,7 +88,11 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 /// Adopts the servers as fresh (they were started moments ago) through a throwaway view.
 pub async fn adopt(urls: &[String]) {
-    let nodes = view(urls.to_vec(), NodeSetOptions::default());
+    // A generous node operation time: the machine may be loaded (parallel tests, builds).
+    let nodes = view(
+        urls.to_vec(),
+        NodeSetOptions::default().node_operation_time(Duration::from_secs(1)),
+    );
     assert_eq!(
         nodes.adopt_fresh_servers(PREFIX).await.expect("adopt"),
         urls.len(),
@@ -315,6 +319,31 @@ impl Client {
                 // released by the library, never handed out.
                 self.record(task, fail(format!("abandoned after {cap:?}")));
                 Outcome::Failed(None)
+            }
+        }
+    }
+}
+
+impl Client {
+    /// Acquires as `holder`, waiting, and retrying (like `slate-worker`) after an attempt that
+    /// failed on its nodes (`InsufficientNodes` or the acquire budget: a node too slow under
+    /// load is marked unavailable until it is re-probed), each failure recorded as `acq_fail`;
+    /// panics if not acquired within `cap`.
+    pub async fn acquire_retrying(&self, task: u64, holder: HolderId, cap: Duration) -> Held {
+        let end = Instant::now() + cap;
+        let mut failures = 0;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.acquire(task, holder, Wait::Forever, left).await {
+                Outcome::Acquired(h) => return h,
+                Outcome::Failed(Some(e))
+                    if (e.is_insufficient_nodes() || e.is_timeout()) && failures < 100 =>
+                {
+                    failures += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Outcome::Failed(e) => panic!("not acquired within {cap:?}: {e:?}"),
+                Outcome::Indeterminate(e) => panic!("indeterminate acquisition: {e}"),
             }
         }
     }
