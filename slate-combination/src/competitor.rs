@@ -288,13 +288,17 @@ impl Inner {
             .collect();
         let raised = join_all(lagging.iter().map(|&i| async move {
             let client = &self.nodes.node(i).client;
-            matches!(
-                tokio::time::timeout(self.op_time(), client.node_raise_fence(&self.keys, token)).await,
-                Ok(Ok(v)) if v >= token.get()
-            )
+            match tokio::time::timeout(self.op_time(), client.node_raise_fence(&self.keys, token))
+                .await
+            {
+                Ok(Ok(v)) => Ok(v >= token.get()),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Ok(false),
+            }
         }))
         .await;
-        let fenced = held.len() - lagging.len() + raised.iter().filter(|ok| **ok).count();
+        let fenced =
+            held.len() - lagging.len() + raised.iter().filter(|r| matches!(r, Ok(true))).count();
         let need = self.nodes.len() - self.required + 1;
         let deadlines: Vec<Instant> = held
             .iter()
@@ -306,6 +310,15 @@ impl Inner {
         release.sort_unstable_by(|a, b| b.cmp(a));
         if fenced < need {
             self.release_attempt(&release, holder, start).await;
+            // A configuration error (an ACL user without INCRBY) is reported as itself, not
+            // as a shortage of nodes that would never end.
+            if let Some(e) = raised
+                .into_iter()
+                .filter_map(|r| r.err())
+                .find(|e| e.backend_kind() == Some(BackendKind::Permission))
+            {
+                return Err(e);
+            }
             return Err(Error::InsufficientNodes {
                 lock: self.label.to_string(),
                 required: need,

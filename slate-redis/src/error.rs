@@ -10,8 +10,15 @@ use deadpool_redis::PoolError;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use slate_core::{BackendKind, Error};
 
+/// Redis 7.0 answers a command refused by ACL *inside a script* with a plain `ERR` and this
+/// text (7.2 and later answer `NOPERM`); the one place a failure is told by its message.
+const SCRIPT_ACL_REFUSAL: &str = "The user executing the script can't";
+
 /// The kind of a Redis failure.
 pub(crate) fn kind_of(e: &RedisError) -> BackendKind {
+    if e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains(SCRIPT_ACL_REFUSAL)) {
+        return BackendKind::Permission;
+    }
     match e.kind() {
         ErrorKind::Io if e.is_timeout() => BackendKind::Timeout,
         ErrorKind::Io => BackendKind::Io,
@@ -48,7 +55,10 @@ fn hint(kind: BackendKind) -> &'static str {
             "; check the password (and ACL user) in the URL or ClientOptions::credentials"
         }
         BackendKind::Permission => {
-            "; grant the ACL user EVALSHA, SCRIPT, PUBLISH, SUBSCRIBE, HGET, EXISTS, PTTL, DEL on the lock keys"
+            "; grant the ACL user EVALSHA, SCRIPT LOAD, PING, SUBSCRIBE, UNSUBSCRIBE, EXISTS, HGET, \
+             PTTL, INFO, SET, HSET, HEXISTS, HINCRBY, HMGET, HGETALL, DEL, PEXPIRE, GET, INCR, \
+             INCRBY, PUBLISH, TIME, ZADD, ZREM, ZRANGE on the lock keys and channels (for the \
+             default prefix: ~slate:* &slate:*); the scripts run most of them (README: ACL)"
         }
         BackendKind::Io => "; check that Redis runs at this address and is reachable",
         _ => "",
@@ -117,6 +127,18 @@ mod tests {
         assert_eq!(kind_of(&auth), BackendKind::Auth);
         let perm: RedisError = (ErrorKind::Server(ServerErrorKind::NoPerm), "x").into();
         assert_eq!(kind_of(&perm), BackendKind::Permission);
+        let in_script: RedisError = (
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "ERR",
+            "The user executing the script can't run this command or subcommand script: x"
+                .to_owned(),
+        )
+            .into();
+        assert_eq!(
+            kind_of(&in_script),
+            BackendKind::Permission,
+            "{in_script:?}"
+        );
         let loading: RedisError = (ErrorKind::Server(ServerErrorKind::BusyLoading), "x").into();
         assert_eq!(kind_of(&loading), BackendKind::Unavailable);
         let resp: RedisError = (ErrorKind::UnexpectedReturnType, "x").into();
