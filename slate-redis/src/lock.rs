@@ -233,6 +233,30 @@ async fn compensate(
     }
 }
 
+/// The least validity a grant must have left when its reply arrives (a tenth of the lease):
+/// below it, the holder could not even renew in time, and the grant is given back.
+pub(crate) fn min_validity(lease: Duration) -> Duration {
+    lease / 10
+}
+
+/// Releases, in the background, a level that was granted but cannot be used.
+fn give_back(client: &RedisClient, keys: &Keys, holder: HolderId, lease: Duration, turn: &Turn) {
+    let (client2, keys2, turn) = (client.clone(), keys.clone(), turn.clone());
+    client.spawn(async move {
+        let release = Release {
+            holder,
+            lease,
+            turn: &turn,
+            local_waiters: false,
+            request: request::next_id(),
+            undo: None,
+        };
+        if let Err(e) = release_remote(&client2, &keys2, release).await {
+            tracing::debug!(%holder, error = %e, "giving back a late grant failed; it ends with its lease");
+        }
+    });
+}
+
 /// How many times an undo is sent before the entry is left to its lease.
 const UNDO_TRIES: u32 = 4;
 
@@ -420,6 +444,24 @@ impl Competitor for RedisCompetitor {
                 let (Ok(token), Ok(count)) = (u64::try_from(token), u32::try_from(count)) else {
                     return Err(unexpected_reply("acquire script", client.address(), &reply));
                 };
+                let deadline = renewal::deadline(sent, lease);
+                let round_trip = sent.elapsed();
+                if deadline < Instant::now() + min_validity(lease) {
+                    // The reply came too late to hold anything: give the level back.
+                    give_back(&client, &keys, holder, lease, &turn);
+                    return Err(Error::backend(
+                        BackendKind::Timeout,
+                        Some(client.address().to_owned()),
+                        format!(
+                            "the acquire script answered after {round_trip:?}, leaving less than \
+                             the minimum validity ({:?}) of a {lease:?} lease; the level was \
+                             given back. The link or server is too slow for this lease: raise \
+                             the lease (or the network's speed)",
+                            min_validity(lease)
+                        ),
+                        None,
+                    ));
+                }
                 Ok(Attempt::Acquired(Grant {
                     token: FencingToken::new(token),
                     count,

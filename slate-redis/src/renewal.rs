@@ -144,7 +144,11 @@ impl Renewal {
         st.generation += 1;
         let generation = st.generation;
         let (keeper, watch) = lease::channel(hold.deadline);
-        let next_due = now + hold.period;
+        // Normally one period from now; sooner when the acquisition left less than two
+        // periods of validity (a slow link or a slow multi-node attempt), so that the first
+        // renewal still lands before the deadline.
+        let next_due =
+            (now + hold.period).min(now + hold.deadline.saturating_duration_since(now) / 2);
         let cap = hold.max_hold.map(|m| now + m);
         tracing::debug!(lock = %hold.label, holder = %hold.holder, "renewal registered");
         st.regs.insert(

@@ -174,3 +174,62 @@ async fn max_hold_stops_renewal_and_reports_at_the_deadline() {
     .await;
     assert!(guard.unlock().await.unwrap_err().is_not_held());
 }
+
+/// S11(c): a reply slower than the lease brings no grant: the level is given back and the
+/// caller gets a timeout error that names the lease; a reply that leaves enough validity is
+/// a grant whose first renewal comes before its (early) deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_arrives_after_its_lease_is_refused_and_given_back() {
+    use ecosphere::proxy::{FaultProxy, Mode};
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).expect("proxy");
+    let client = slate_redis::RedisClient::open_with(
+        proxy.url(),
+        ClientOptions::default().command_timeout(Duration::from_secs(3)),
+    )
+    .unwrap();
+    client.ping().await.unwrap();
+    let lease = Duration::from_millis(500);
+    let lock = SingleLock::builder(&client, "late")
+        .lease(lease)
+        .renewal_period(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    proxy
+        .set_mode(Mode::Delay {
+            to_server: Duration::ZERO,
+            to_client: lease * 6 / 5,
+        })
+        .unwrap();
+    let err = match lock.try_lock().await {
+        Err(e) => e,
+        Ok(g) => panic!(
+            "a grant after its lease: {:?}",
+            g.map(|g| g.lease_deadline())
+        ),
+    };
+    assert_eq!(err.backend_kind(), Some(BackendKind::Timeout), "{err}");
+    assert!(err.to_string().contains("raise the lease"), "{err}");
+    proxy.set_mode(Mode::Pass).unwrap();
+    // Given back (or expired): the lock is free for the next caller at once.
+    eventually(Duration::from_secs(2), "the late grant to be gone", || {
+        !keys(&server).contains(&"slate:{late}".to_owned())
+    })
+    .await;
+    // 0.6 of the lease on the reply: a grant with ~0.4 L left, renewed in time over a fast
+    // link (the first renewal is scheduled before the deadline, not a whole period later).
+    proxy
+        .set_mode(Mode::Delay {
+            to_server: Duration::ZERO,
+            to_client: lease * 3 / 5,
+        })
+        .unwrap();
+    let g = lock.try_lock().await.unwrap().expect("free");
+    proxy.set_mode(Mode::Pass).unwrap();
+    let until = Instant::now() + lease * 3;
+    while Instant::now() < until {
+        assert!(!g.is_lost(), "{:?}", g.lease().loss_reason());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(g.unlock().await.unwrap(), 0);
+}
