@@ -247,7 +247,7 @@ async fn single_run(url: &str, prefix: &str, name: &str) -> Step<SingleRun> {
     bounded("PING", Duration::from_secs(3), a.ping()).await?;
 
     // Renewal across several leases, re-entry and the queries.
-    let lease = Duration::from_millis(500);
+    let lease = Duration::from_millis(900);
     let build = |c: &RedisClient, n: &str, lease: Duration| {
         SingleLock::builder(c, n)
             .lease(lease)
@@ -282,7 +282,7 @@ async fn single_run(url: &str, prefix: &str, name: &str) -> Step<SingleRun> {
         locked && count == 2 && left.is_some_and(|d| d <= lease),
         format!("queries answered {locked} {count} {left:?}"),
     )?;
-    hold_for("renewal", &g1, lease * 4).await?;
+    hold_for("renewal", &g1, lease * 3).await?;
     ensure(
         "release",
         bounded("release", Duration::from_secs(3), g2.unlock()).await? == 1,
@@ -517,7 +517,7 @@ async fn x1_least_privilege_user_runs_both_locks_with_an_empty_acl_log() {
         ClientOptions::default().command_timeout(Duration::from_secs(2)),
     )
     .expect("client");
-    let lease = Duration::from_millis(500);
+    let lease = Duration::from_millis(900);
     let lock = SingleLock::builder(&client, "x1-restart")
         .lease(lease)
         .renewal_period(lease / 3)
@@ -559,8 +559,8 @@ async fn x1_least_privilege_user_runs_both_locks_with_an_empty_acl_log() {
 #[test]
 fn x1_worker_processes_as_the_acl_user_keep_exclusion_with_an_empty_acl_log() {
     const PROCS: usize = 3;
-    const TASKS: u64 = 3;
-    const ITERATIONS: u64 = 15;
+    const TASKS: u64 = 4;
+    const ITERATIONS: u64 = 25;
     let lease = Duration::from_secs(1);
     let lock_server = acl_builder().start().expect("redis-server");
     let resource = single_common::server();

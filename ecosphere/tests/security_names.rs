@@ -491,7 +491,7 @@ async fn x3_release_and_force_unlock_never_touch_a_look_alike() {
         ClientOptions::default().command_timeout(Duration::from_secs(2)),
     )
     .expect("client");
-    let lease = Duration::from_millis(600);
+    let lease = Duration::from_millis(1000);
     let pairs: [(&[u8], &[u8]); 9] = [
         (b"a", b"a}:fence"),
         (b"a", b"a}:queue"),
@@ -526,8 +526,17 @@ async fn x3_release_and_force_unlock_never_touch_a_look_alike() {
             Ok(LossReason::EntryGone),
             "{what}: x learns of the force unlock"
         );
-        // Two renewal periods later y is still held, renewed, and its token counter unmoved.
-        tokio::time::sleep(lease * 2 / 3).await;
+        // y is renewed after x's force unlock (its deadline moves), still held, and its token
+        // counter unmoved.
+        let renewed_from = gy.lease_deadline();
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while gy.lease_deadline() <= renewed_from && !gy.is_lost() {
+            assert!(
+                std::time::Instant::now() < until,
+                "{what}: y not renewed within 3 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert!(
             !gy.is_lost(),
             "{what}: y lost: {:?}",
