@@ -15,8 +15,8 @@
 //! - **Holder on every node** (full matrix): the same with X holding all three nodes: Y and Z
 //!   are busy at n1 and never hold anything.
 //! - **Waiter killed while it holds n1** (smoke): lease L = 2 s; X holds {n2, n3}; Y is a
-//!   `slate-worker` (`hold`, waiting) whose n2 is 300 ms away, so each attempt holds n1 for
-//!   300 ms. The test SIGKILLs Y while its field is on n1 (at the k-th attempt, k from the
+//!   `slate-worker` (`hold`, waiting) whose n2 is 120 ms away, so each attempt holds n1 for
+//!   120 ms. The test SIGKILLs Y while its field is on n1 (at the k-th attempt, k from the
 //!   seed). Expected: nobody releases that entry, and n1 frees when it expires, within
 //!   L + 300 ms of the kill; Z, waiting meanwhile, completes within 2.5 s of X's release on all
 //!   three nodes.
@@ -199,12 +199,14 @@ async fn c9_holder_on_every_node_waiters_never_touch_n1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c9_a_waiting_worker_killed_while_holding_n1_frees_it_within_a_lease() {
-    /// A longer lease here, so that each of Y's attempts holds n1 long enough (300 ms) for the
-    /// kill to land inside it even on a loaded machine.
+    /// A longer lease here, for a node operation time four times Y's delay to n2.
     const K_LEASE: Duration = Duration::from_secs(2);
-    /// The worker's node operation time (its default budget, 3 × 500 + 100 ms, fits in L).
+    /// The worker's node operation time (its default budget, 3 × 500 + 100 ms, fits in L). A
+    /// command on a connection idle for a second, or on a new one, costs up to three round
+    /// trips (PING, or the pool's check and the script loads, then the command).
     const Y_OP: Duration = Duration::from_millis(500);
-    const Y_TO_N2: Duration = Duration::from_millis(300);
+    /// How long each of Y's attempts holds n1 (the time n2 takes to answer).
+    const Y_TO_N2: Duration = Duration::from_millis(120);
     /// ε of "n1 frees within L + ε".
     const EPSILON: Duration = Duration::from_millis(300);
     let mut seed = Seed::for_scenario("C9-kill");
@@ -253,27 +255,46 @@ async fn c9_a_waiting_worker_killed_while_holding_n1_frees_it_within_a_lease() {
     y.max_duration = Duration::from_secs(30);
     let mut workers = y.spawn();
     tokio::task::block_in_place(|| wait_line(&mut workers, "READY", Duration::from_secs(20)));
-
-    // Kill Y at the beginning of its k-th visible hold of n1.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let (mut seen, mut present) = (0, false);
-    let (y_field, sighted) = loop {
+    // Y's first attempt connects to every node, verifies it and loads the scripts while its
+    // link to n2 is still fast; only once that attempt is over (busy at n2, n1 released) is
+    // the link slowed down.
+    let y_field = wait_async(Duration::from_secs(10), "Y's first attempt on n1", || {
         held_x.note();
-        let fields = tokio::task::block_in_place(|| entries(&s[0], NAME));
-        match (present, fields.into_keys().next()) {
-            (false, Some(f)) => {
-                seen += 1;
-                present = true;
-                if seen == k {
-                    break (f, Instant::now());
+        entries(&s[0], NAME).into_keys().next()
+    })
+    .await;
+    wait_async(Duration::from_secs(5), "Y's first attempt to end", || {
+        (!entries(&s[0], NAME).contains_key(&y_field)).then_some(())
+    })
+    .await;
+    set(&py[0], delay(Y_TO_N2));
+
+    // Kill Y inside its k-th hold of n1 that lasts (still there 20 ms after it was first seen).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (mut counted, mut since): (u64, Option<Instant>) = (0, None);
+    let sighted = loop {
+        held_x.note();
+        let present = tokio::task::block_in_place(|| entries(&s[0], NAME)).contains_key(&y_field);
+        match (present, since) {
+            (true, None) => since = Some(Instant::now()),
+            (true, Some(t)) if t.elapsed() >= Duration::from_millis(20) => {
+                counted += 1;
+                if counted == k {
+                    break t;
                 }
+                // Count this hold once: wait for it to end.
+                while tokio::task::block_in_place(|| entries(&s[0], NAME)).contains_key(&y_field) {
+                    assert!(Instant::now() < deadline, "Y's hold of n1 never ended");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                since = None;
             }
-            (true, None) => present = false,
+            (false, _) => since = None,
             _ => {}
         }
         assert!(
             Instant::now() < deadline,
-            "Y held n1 only {seen} times in 15 s"
+            "Y held n1 only {counted} times in 15 s"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
