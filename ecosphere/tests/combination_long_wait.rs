@@ -8,10 +8,11 @@
 //! - **Prefix released at once** (smoke): N = 3, lease L = 1 s. X reaches n1 through a
 //!   proxy that resets every connection, so X holds {n2, n3}, and holds them for 4 L,
 //!   renewing. Y starts waiting at once, Z one lease later; both reach n2 through a 30 ms delay
-//!   proxy, so each of their attempts visibly holds n1 before finding n2 busy. Expected: the observer sees Y's and Z's
-//!   fields on n1, each time for less than one attempt's bound (3 node operation times plus
-//!   the observer's interval), never for the length of the wait; X keeps its lease for 4 L;
-//!   after X releases, both Y and Z (the later one is not starved) complete within 2.5 s.
+//!   proxy, so each of their attempts visibly holds n1 before finding n2 busy. Expected: the
+//!   observer sees Y's and Z's fields on n1, each time for less than one attempt's bound (3
+//!   node operation times plus the observer's interval), never for the length of the wait; X
+//!   keeps its lease for 4 L; after X releases, both Y and Z (the later one is not starved)
+//!   complete within 2.5 s.
 //! - **Holder on every node** (full matrix): the same with X holding all three nodes: Y and Z
 //!   are busy at n1 and never hold anything.
 //! - **Waiter killed while it holds n1** (smoke): lease L = 2 s; X holds {n2, n3}; Y is a
