@@ -37,7 +37,8 @@
 //! - `contend`: `--tasks` tasks, each `--iterations` times: `lock()`, GET then SET+1 of the
 //!   counter on the resource server, `unlock()`. Prints `DONE acquisitions=N`.
 //!   `--unsafe-skip-lock` skips the lock (negative control) and logs made-up holders.
-//! - `hold`: acquires once, prints `HOLDING <holder> <token>`, does a resource operation every
+//! - `hold`: acquires once (a lock error ends the mode with `ACQUIRE error <message>`, logged
+//!   as `acq_info`), prints `HOLDING <holder> <token>`, does a resource operation every
 //!   50 ms (if `--resource-url` is given) for `--hold-ms` or until the lease is lost
 //!   (`LOST <reason>`, logged as `lost`; with `--late-write`, one more fenced write with the
 //!   lost hold's token follows, as a write issued before a pause and delivered after it would,
@@ -605,12 +606,24 @@ impl Ctx {
         Ok(released)
     }
 
-    /// `lock()` bounded by the run's deadline; logs `acq_invoke` and the outcome.
+    /// `lock()` bounded by the run's deadline; logs `acq_invoke` and the outcome. A lock error
+    /// fails the call.
     async fn lock_logged(
         &self,
         task: u64,
         as_holder: Option<slate_redis::HolderId>,
     ) -> Res<(SingleLockGuard, Held)> {
+        self.lock_outcome(task, as_holder)
+            .await?
+            .map_err(|e| format!("lock() failed: {e}"))
+    }
+
+    /// As [`Ctx::lock_logged`], but a lock error (recorded as `acq_info`) is the inner `Err`.
+    async fn lock_outcome(
+        &self,
+        task: u64,
+        as_holder: Option<slate_redis::HolderId>,
+    ) -> Res<Result<(SingleLockGuard, Held), String>> {
         let attempt = self.next_attempt();
         self.record(
             task,
@@ -628,7 +641,7 @@ impl Ctx {
         match tokio::time::timeout(self.remaining(), call).await {
             Ok(Ok(guard)) => {
                 let held = self.acquired(task, attempt, &guard)?;
-                Ok((guard, held))
+                Ok(Ok((guard, held)))
             }
             Ok(Err(e)) => {
                 self.record(
@@ -638,7 +651,7 @@ impl Ctx {
                         reason: e.to_string(),
                     },
                 )?;
-                Err(format!("lock() failed: {e}"))
+                Ok(Err(e.to_string()))
             }
             Err(_) => {
                 self.record(
@@ -859,7 +872,10 @@ async fn unsafe_iteration(ctx: &Ctx, task: u64, i: u64) -> Res<()> {
 
 /// `hold`: acquire, hold with resource operations until done or lost, unlock.
 async fn hold(ctx: &Ctx) -> Res<()> {
-    let (guard, mut held) = ctx.lock_logged(0, None).await?;
+    let (guard, mut held) = match ctx.lock_outcome(0, None).await? {
+        Ok(acquired) => acquired,
+        Err(e) => return say(&format!("ACQUIRE error {}", e.replace('\n', " "))),
+    };
     say(&format!("HOLDING {} {}", held.holder, held.token))?;
     let end = (Instant::now() + Duration::from_millis(ctx.args.hold_ms)).min(ctx.deadline);
     let burners = Burners::start(ctx.args.burn_threads, end);
