@@ -130,7 +130,9 @@ pub fn pttl(server: &RedisServer, name: &str) -> i64 {
     redis::from_redis_value(server.command(&["PTTL", &key(name)]).expect("PTTL")).expect("int")
 }
 
-/// Lock keys on the servers (everything but the fencing counters and node markers).
+/// Lock keys on the servers: everything but the persistent fencing counters and node markers,
+/// and the request records (`…:req:…`) that expire on their own (a record without a TTL
+/// counts).
 pub fn lock_keys(servers: &[RedisServer]) -> Vec<String> {
     servers
         .iter()
@@ -140,6 +142,12 @@ pub fn lock_keys(servers: &[RedisServer]) -> Vec<String> {
                 redis::from_redis_value(s.command(&["KEYS", "*"]).expect("KEYS")).expect("KEYS");
             keys.into_iter()
                 .filter(|k| !k.ends_with(":fence") && !k.ends_with("node-marker"))
+                .filter(|k| {
+                    let ttl: i64 = redis::from_redis_value(s.command(&["PTTL", k]).expect("PTTL"))
+                        .expect("int");
+                    // Gone meanwhile (-2) or an expiring request record.
+                    ttl != -2 && !(k.contains(":req:") && ttl >= 0)
+                })
                 .map(move |k| format!("node {i}: {k}"))
         })
         .collect()
