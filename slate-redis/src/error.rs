@@ -60,7 +60,10 @@ fn hint(kind: BackendKind) -> &'static str {
              INCRBY, PUBLISH, TIME, ZADD, ZREM, ZRANGE on the lock keys and channels (for the \
              default prefix: ~slate:* &slate:*); the scripts run most of them (README: ACL)"
         }
-        BackendKind::Io => "; check that Redis runs at this address and is reachable",
+        BackendKind::Io => {
+            "; check that Redis runs at this address and is reachable (for a rediss:// URL, \
+             also that the server speaks TLS and its certificate is trusted and names this host)"
+        }
         _ => "",
     }
 }

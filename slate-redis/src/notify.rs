@@ -156,6 +156,7 @@ impl Notifier {
                 command_timeout: self.command_timeout,
                 connect_timeout: self.connect_timeout,
                 sink: None,
+                refusal_reported: false,
             };
             rc.spawn(listener.run(receiver));
             *tx = Some(sender);
@@ -170,9 +171,27 @@ struct Listener {
     command_timeout: Duration,
     connect_timeout: Duration,
     sink: Option<PubSubSink>,
+    /// Whether a refused subscription was already reported (once per listener).
+    refusal_reported: bool,
 }
 
 impl Listener {
+    /// Reports a failed SUBSCRIBE: a refusal (ACL) once, at WARN, since waiters then silently
+    /// fall back to the spin wait; anything else at debug (the connection is retried).
+    fn subscribe_failed(&mut self, e: &redis::RedisError) {
+        if crate::error::kind_of(e) == slate_core::BackendKind::Permission {
+            if !self.refusal_reported {
+                self.refusal_reported = true;
+                tracing::warn!(error = %e,
+                    "SUBSCRIBE to the lock's release channel was refused (a permission error): \
+                     waiters are not woken by releases and fall back to the spin wait; grant \
+                     the ACL user +subscribe +unsubscribe and the channels (e.g. &slate:*)");
+            }
+        } else {
+            tracing::debug!(error = %e, "SUBSCRIBE failed; reconnecting");
+        }
+    }
+
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         let mut stream: Option<PubSubStream> = None;
         let mut backoff = BACKOFF_MIN;
@@ -285,7 +304,11 @@ impl Listener {
             let args: Vec<&[u8]> = channels.iter().map(|c| &**c).collect();
             match tokio::time::timeout(self.command_timeout, sink.subscribe(args)).await {
                 Ok(Ok(())) => {}
-                _ => return None,
+                Ok(Err(e)) => {
+                    self.subscribe_failed(&e);
+                    return None;
+                }
+                Err(_) => return None,
             }
         }
         let now = Instant::now();
@@ -324,7 +347,11 @@ impl Listener {
                 }
                 Some(true)
             }
-            _ => None,
+            Ok(Err(e)) => {
+                self.subscribe_failed(&e);
+                None
+            }
+            Err(_) => None,
         }
     }
 

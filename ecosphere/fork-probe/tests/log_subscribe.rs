@@ -43,7 +43,6 @@ impl<'a> MakeWriter<'a> for Capture {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "product bug: a SUBSCRIBE refused by ACL is silent (no error, no log): waiters quietly fall back to the spin wait"]
 async fn x1_a_refused_subscribe_is_reported() {
     let capture = Capture::default();
     tracing_subscriber::fmt()
