@@ -15,7 +15,8 @@
 //! - n3 at 0.5 L, then held for 1.5 L: every node stays renewed, the release finds them all
 //!   (a regression test: the nodes taken early used to expire before their first renewal).
 //! - n2 at 300 ms with a node operation time of 500 ms, used after idle seconds: every
-//!   acquisition holds all three nodes (ignored: fails today, see the test).
+//!   acquisition holds all three nodes (a regression test: an idle connection used to be
+//!   checked with a PING inside the node operation time).
 //!
 //! Success only when the time spent is within the budget, so the validity left at success is
 //! at least L − budget − drift (the minimum validity); at success every node used holds our
@@ -72,8 +73,8 @@ async fn run(v: &Variant, s: &[RedisServer], p: &[FaultProxy], nodes: &NodeSet) 
     let name = format!("c8-{}", v.label);
     let dir = tempfile::tempdir().expect("tempdir");
     let client = Client::new(dir.path(), 0, lock(nodes, &name, v.budget, v.order));
-    // Use every connection just before: one idle for a second would cost one more round trip
-    // through the delay (see the ignored `c8_a_slow_node_within_the_operation_time_...`).
+    // Use every connection just before, so that the delays below apply to the acquisition
+    // alone (see `c8_a_slow_node_within_the_operation_time_...` for an idle one).
     warm(nodes).await;
     for (proxy, d) in p.iter().zip(v.delays) {
         set(proxy, if d.is_zero() { Mode::Pass } else { delay(d) });
@@ -320,7 +321,6 @@ async fn c8_after_a_slow_acquisition_every_node_stays_renewed() {
 /// interval every second one does). The same holds for any node with a round trip above half
 /// the node operation time (with the default 50 ms: 25 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "product bug: the idle-connection PING counts against the node operation time, so a node with a round trip above half of it times out after an idle second and is benched"]
 async fn c8_a_slow_node_within_the_operation_time_is_used_after_idle_seconds() {
     let s = servers(3);
     adopt(&urls(&s)).await;

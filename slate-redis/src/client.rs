@@ -289,12 +289,15 @@ pub(crate) struct Inner {
 struct ConnSlot {
     generation: u64,
     conn: Option<deadpool_redis::Connection>,
-    /// When the connection last answered.
-    last_ok: Instant,
+    /// Commands that timed out on this connection since it last answered.
+    timeouts: u32,
 }
 
-/// How long the shared connection may sit idle before it is checked with a `PING`.
-const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// After this many commands in a row time out on the shared connection, it is replaced: a
+/// connection whose peer is gone (a half-open TCP connection after a partition) never
+/// answers again. One timeout alone keeps it, so that what is sent next (an undo) stays
+/// ordered behind the late command.
+const TIMEOUTS_BEFORE_REPLACING: u32 = 2;
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -491,7 +494,7 @@ impl RedisClient {
             conn: Mutex::new(ConnSlot {
                 generation: 0,
                 conn: None,
-                last_ok: Instant::now(),
+                timeouts: 0,
             }),
             fill: tokio::sync::Mutex::new(()),
             locks: Mutex::new(HashMap::new()),
@@ -602,37 +605,15 @@ impl RedisClient {
     /// The shared multiplexed connection (borrowed from the pool on first use and after a
     /// failure), with its generation for [`invalidate`](Self::invalidate).
     ///
-    /// A connection idle for longer than [`IDLE_CHECK`] is checked with a `PING` first: a
-    /// server that restarted meanwhile broke it, and a script sent on it would fail without the
-    /// caller knowing whether it ran. Busy connections are never checked (no extra round trip).
+    /// It is never checked before use (a check would cost a round trip inside the caller's
+    /// command timeout): a connection a restarted server broke fails the command at once with
+    /// an I/O error, and [`exec`](Self::exec) sends it again on a new one; every command Slate
+    /// sends may be repeated (acquire and release carry request ids).
     async fn connection(&self) -> Result<(u64, MultiplexedConnection)> {
-        for _ in 0..2 {
-            let cached = {
-                let slot = lock(&self.inner.conn);
-                slot.conn.as_ref().map(|c| {
-                    (
-                        slot.generation,
-                        MultiplexedConnection::clone(c),
-                        slot.last_ok.elapsed() > IDLE_CHECK,
-                    )
-                })
-            };
-            match cached {
-                Some((generation, conn, false)) => return Ok((generation, conn)),
-                Some((generation, mut conn, true)) => {
-                    match redis::cmd("PING").query_async::<()>(&mut conn).await {
-                        Ok(()) => {
-                            self.mark_ok(generation);
-                            return Ok((generation, conn));
-                        }
-                        Err(e) if error::breaks_connection(&e) => {
-                            tracing::debug!(error = %e, "idle connection is broken; replacing it");
-                            self.invalidate(generation);
-                        }
-                        Err(e) => return Err(error::from_redis(e, "PING", &self.inner.address)),
-                    }
-                }
-                None => break,
+        {
+            let slot = lock(&self.inner.conn);
+            if let Some(c) = &slot.conn {
+                return Ok((slot.generation, MultiplexedConnection::clone(c)));
             }
         }
         // One task fills the slot; the others wait for it instead of each taking (and
@@ -663,14 +644,32 @@ impl RedisClient {
             .map_err(|e| error::from_redis(e, "loading the lock scripts", &self.inner.address))?;
         let mut slot = lock(&self.inner.conn);
         slot.conn = Some(obj);
-        slot.last_ok = Instant::now();
+        slot.timeouts = 0;
         Ok((slot.generation, conn))
     }
 
     fn mark_ok(&self, generation: u64) {
         let mut slot = lock(&self.inner.conn);
         if slot.generation == generation {
-            slot.last_ok = Instant::now();
+            slot.timeouts = 0;
+        }
+    }
+
+    /// Counts a command that timed out on connection `generation`; replaces the connection
+    /// after [`TIMEOUTS_BEFORE_REPLACING`] in a row.
+    fn note_timeout(&self, generation: u64) {
+        let replace = {
+            let mut slot = lock(&self.inner.conn);
+            if slot.generation == generation {
+                slot.timeouts += 1;
+                slot.timeouts >= TIMEOUTS_BEFORE_REPLACING
+            } else {
+                false
+            }
+        };
+        if replace {
+            tracing::debug!(node = %self.inner.address, "commands keep timing out on the connection; replacing it");
+            self.invalidate(generation);
         }
     }
 
@@ -691,20 +690,14 @@ impl RedisClient {
     }
 
     /// Runs one command (or pipeline) on the shared connection within the command timeout.
+    ///
+    /// When the connection breaks before the reply arrives (a restarted server, a reset), the
+    /// command may or may not have run; it is sent once more, on a new connection, within what
+    /// is left of the command timeout. Every command Slate sends may be repeated: reads,
+    /// `PEXPIRE`-style renewals, `SET NX`, a fence raised to a maximum, and the acquire and
+    /// release scripts, which carry a request id so that the server answers a retry from the
+    /// request's record instead of applying it twice (see `request.rs`).
     pub(crate) async fn exec<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
-    where
-        F: FnOnce(MultiplexedConnection) -> Fut,
-        Fut: Future<Output = RedisResult<T>>,
-    {
-        self.exec_within(what, self.inner.options.command_timeout, f)
-            .await
-    }
-
-    /// Runs an idempotent command, one that carries a request id (see `request.rs`): when the
-    /// connection breaks before the reply arrives (the command may or may not have run), it
-    /// is sent once more, on a new connection, within what is left of the command timeout.
-    /// The server answers the retry from the request's record instead of applying it twice.
-    pub(crate) async fn exec_idempotent<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
     where
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -729,19 +722,21 @@ impl RedisClient {
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        // The connection's generation, once taken (u64::MAX: none yet).
+        let generation = std::sync::atomic::AtomicU64::new(u64::MAX);
         let run = async {
-            let (generation, conn) = self.connection().await?;
+            let (gen_now, conn) = self.connection().await?;
+            generation.store(gen_now, std::sync::atomic::Ordering::Relaxed);
             match f(conn).await {
                 Ok(v) => {
-                    self.mark_ok(generation);
+                    self.mark_ok(gen_now);
                     Ok(v)
                 }
                 Err(e) => {
-                    // A reply that is only late does not break the connection: keeping it
-                    // keeps what is sent next (an undo) ordered behind the late command. A
-                    // connection that stays silent is replaced by the idle check's PING.
-                    if error::breaks_connection(&e) && !e.is_timeout() {
-                        self.invalidate(generation);
+                    if e.is_timeout() {
+                        self.note_timeout(gen_now);
+                    } else if error::breaks_connection(&e) {
+                        self.invalidate(gen_now);
                     }
                     Err(error::from_redis(e, what, &self.inner.address))
                 }
@@ -749,7 +744,13 @@ impl RedisClient {
         };
         match tokio::time::timeout(budget, run).await {
             Ok(r) => r,
-            Err(_) => Err(error::command_timeout(what, &self.inner.address, budget)),
+            Err(_) => {
+                let g = generation.load(std::sync::atomic::Ordering::Relaxed);
+                if g != u64::MAX {
+                    self.note_timeout(g);
+                }
+                Err(error::command_timeout(what, &self.inner.address, budget))
+            }
         }
     }
 

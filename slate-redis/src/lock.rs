@@ -330,7 +330,7 @@ pub(crate) async fn release_remote(
     let undo = release.undo.map(|id| id.to_string()).unwrap_or_default();
     let (request, waiters) = (release.request, u8::from(release.local_waiters));
     client
-        .exec_idempotent("release script", |mut c| {
+        .exec("release script", |mut c| {
             let mut invocation = RELEASE.script.prepare_invoke();
             invocation
                 .key(&*keys.lock)
@@ -378,7 +378,7 @@ pub(crate) async fn acquire_remote(
     let record_ms = request::record_ttl_ms(client.command_timeout());
     let (request, marker) = (acquire.request, acquire.marker);
     client
-        .exec_idempotent("acquire script", |mut c| {
+        .exec("acquire script", |mut c| {
             let mut invocation = ACQUIRE.script.prepare_invoke();
             invocation
                 .key(&*keys.lock)
@@ -1049,6 +1049,7 @@ impl DistributedLock for SingleLock {
         let c = self.shared.competitor();
         let key = c.keys.lock.clone();
         async move {
+            let key: &[u8] = &key;
             c.client
                 .exec("EXISTS", |mut conn| async move {
                     redis::cmd("EXISTS").arg(&*key).query_async(&mut conn).await
@@ -1061,6 +1062,7 @@ impl DistributedLock for SingleLock {
         let c = self.shared.competitor();
         let key = c.keys.lock.clone();
         async move {
+            let key: &[u8] = &key;
             let count: Option<i64> = c
                 .client
                 .exec("HGET", |mut conn| async move {
@@ -1079,6 +1081,7 @@ impl DistributedLock for SingleLock {
         let c = self.shared.competitor();
         let key = c.keys.lock.clone();
         async move {
+            let key: &[u8] = &key;
             let pttl: i64 = c
                 .client
                 .exec("PTTL", |mut conn| async move {
@@ -1108,6 +1111,7 @@ impl DistributedLock for SingleLock {
         let c = self.shared.competitor();
         let (key, channel) = (c.keys.lock.clone(), c.keys.channel.clone());
         async move {
+            let (key, channel): (&[u8], &[u8]) = (&key, &channel);
             let deleted: i64 = c
                 .client
                 .exec("force-unlock script", |mut conn| async move {

@@ -233,6 +233,7 @@ impl RedisClient {
     /// Idempotent: safe to drop and repeat.
     pub async fn node_raise_fence(&self, keys: &NodeKeys, token: FencingToken) -> Result<u64> {
         let fence = keys.keys.fence.clone();
+        let fence: &[u8] = &fence;
         self.exec("raise-fence script", |mut c| async move {
             RAISE_FENCE
                 .key(&*fence)
@@ -255,6 +256,7 @@ impl RedisClient {
     /// Idempotent.
     pub async fn node_mark(&self, keys: &NodeKeys) -> Result<()> {
         let marker = keys.marker.clone();
+        let marker: &[u8] = &marker;
         self.exec("SET node marker", |mut c| async move {
             redis::cmd("SET")
                 .arg(&*marker)
@@ -277,6 +279,7 @@ impl RedisClient {
     /// Cancel safe (a read).
     pub async fn node_is_marked(&self, keys: &NodeKeys) -> Result<bool> {
         let marker = keys.marker.clone();
+        let marker: &[u8] = &marker;
         self.exec("EXISTS node marker", |mut c| async move {
             redis::cmd("EXISTS")
                 .arg(&*marker)
@@ -335,6 +338,7 @@ impl RedisClient {
     /// The deletion may or may not have happened when the future is dropped.
     pub async fn node_force_unlock(&self, keys: &NodeKeys) -> Result<bool> {
         let (lock_key, channel) = (keys.keys.lock.clone(), keys.keys.channel.clone());
+        let (lock_key, channel): (&[u8], &[u8]) = (&lock_key, &channel);
         let n: i64 = self
             .exec("force-unlock script", |mut c| async move {
                 FORCE_UNLOCK
@@ -388,6 +392,7 @@ impl RedisClient {
     /// Cancel safe (a read).
     pub async fn node_inspect(&self, keys: &NodeKeys) -> Result<NodeEntries> {
         let (lock_key, fence) = (keys.keys.lock.clone(), keys.keys.fence.clone());
+        let (lock_key, fence): (&[u8], &[u8]) = (&lock_key, &fence);
         let reply: Vec<redis::Value> = self
             .exec("inspect script", |mut c| async move {
                 INSPECT

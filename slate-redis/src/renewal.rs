@@ -386,6 +386,7 @@ async fn renew_pipeline(
     };
     let all: Vec<&Due> = batch.iter().collect();
     let pipe = build(&all);
+    let pipe = &pipe;
     let first: Vec<RedisResult<i64>> = client
         .exec("renewal pipeline", |mut c| async move {
             pipe.query_async(&mut c).await
@@ -412,6 +413,7 @@ async fn renew_pipeline(
         pipe.add_command(scripts::renew_cmd(&due.key.0, due.key.1, due.lease));
     }
     pipe.ignore_errors();
+    let pipe = &pipe;
     let second: Vec<RedisResult<i64>> = client
         .exec("renewal pipeline", |mut c| async move {
             pipe.query_async(&mut c).await
