@@ -20,8 +20,18 @@
 //!   renewal period, no re-creation) and the expected I1 overlap, but the fencing counter
 //!   survives, so B's token is higher, and F rejects A's writes once B has written.
 //!
-//! Invariants: I1 (expected to fail in (a)/(c), must pass in (b)), I2, I4(F), I3 (per design:
-//! reset in (a)), I5, I9, I8.
+//! - **S8(d) eviction** (`maxmemory 3mb`, `maxmemory-policy volatile-lru`): the test writes
+//!   volatile filler keys (64 KiB, TTL 60 s; bounded count and time) until the lock key is gone
+//!   (watched with `EXISTS`, which does not touch the key's LRU clock), then deletes the fillers.
+//!   As (c): the expected I1 overlap, A's loss within one renewal period, no re-creation; the
+//!   fencing counter has no TTL, so `volatile-lru` must not evict it (asserted), B's token is
+//!   higher and F rejects A's writes once B has written.
+//! - **S8(e) `SHUTDOWN SAVE` + restart with the RDB** (no AOF, no save points: the RDB file is
+//!   written by the shutdown itself): as (b), the lock is kept, the script cache is reloaded
+//!   transparently, B acquires only after A's release.
+//!
+//! Invariants: I1 (expected to fail in (a)/(c)/(d), must pass in (b)/(e)), I2, I4(F), I3 (per
+//! design: reset in (a)), I5, I9, I8.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod single_common;
@@ -142,14 +152,80 @@ fn watch_no_resurrection(
 enum Loss {
     RestartEmpty,
     AdminDel,
+    Eviction,
+}
+
+/// S8(d): the lock server's memory limit, and the filler values.
+const MAXMEMORY: &str = "3mb";
+const FILLER_BYTES: usize = 64 * 1024;
+/// Far more than 3 MiB / 64 KiB: the bound of the filler loop.
+const MAX_FILLERS: usize = 5_000;
+const FILL_WITHIN: Duration = Duration::from_secs(15);
+
+/// Writes volatile filler keys until `key` is gone (evicted) and returns how many were written,
+/// then deletes them. `EXISTS` does not update the key's LRU clock.
+fn fill_until_evicted(server: &RedisServer, key: &str) -> usize {
+    let mut con = server.connection().expect("filler connection");
+    let value = vec![b'x'; FILLER_BYTES];
+    let deadline = Instant::now() + FILL_WITHIN;
+    let mut written = None;
+    for n in 0..MAX_FILLERS {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query(&mut con)
+            .expect("EXISTS lock key");
+        if exists == 0 {
+            written = Some(n);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lock key survived {n} filler writes for {FILL_WITHIN:?}"
+        );
+        let () = redis::cmd("SET")
+            .arg(format!("filler:{n}"))
+            .arg(&value[..])
+            .arg("PX")
+            .arg(60_000)
+            .query(&mut con)
+            .expect("SET filler (volatile keys are evictable: no OOM error)");
+    }
+    let written =
+        written.unwrap_or_else(|| panic!("the lock key survived {MAX_FILLERS} filler writes"));
+    for chunk in (0..written).collect::<Vec<_>>().chunks(100) {
+        let mut del = redis::cmd("DEL");
+        for n in chunk {
+            del.arg(format!("filler:{n}"));
+        }
+        let _: i64 = del.query(&mut con).expect("DEL fillers");
+    }
+    written
+}
+
+/// `INFO stats` field `evicted_keys`.
+fn evicted_keys(server: &RedisServer) -> u64 {
+    let v = server.command(&["INFO", "stats"]).expect("INFO stats");
+    let text: String = redis::from_redis_value(v).expect("INFO reply");
+    text.lines()
+        .find_map(|l| l.strip_prefix("evicted_keys:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("evicted_keys in INFO stats")
 }
 
 fn state_lost(loss: Loss) {
-    let mut lock_server = server();
+    let mut lock_server = match loss {
+        Loss::Eviction => RedisServer::builder()
+            .arg("maxmemory", MAXMEMORY)
+            .arg("maxmemory-policy", "volatile-lru")
+            .start()
+            .expect("start redis-server with maxmemory"),
+        Loss::RestartEmpty | Loss::AdminDel => server(),
+    };
     let resource = server();
     let lock = match loss {
         Loss::RestartEmpty => "lost-restart",
         Loss::AdminDel => "lost-del",
+        Loss::Eviction => "lost-evicted",
     };
     let key = format!("slate:{{{lock}}}");
     let mut s = setup(&lock_server, &resource, lock, Duration::from_secs(30));
@@ -168,6 +244,26 @@ fn state_lost(loss: Loss) {
         Loss::AdminDel => {
             assert_eq!(int(&lock_server, &["DEL", &key]), 1, "DEL of the lock key");
             nemesis(&s.rec, t_fault, lock, "admin_del", &key);
+        }
+        Loss::Eviction => {
+            let fence = format!("{key}:fence");
+            assert_eq!(int(&lock_server, &["EXISTS", &fence]), 1, "fence counter");
+            let fillers = fill_until_evicted(&lock_server, &key);
+            let t_gone = now_ns();
+            nemesis(&s.rec, t_fault, lock, "fill_volatile", "node:0");
+            nemesis(&s.rec, t_gone, lock, "lock_key_evicted", &key);
+            let evicted = evicted_keys(&lock_server);
+            println!(
+                "lock key evicted after {fillers} filler writes ({:.1} ms), evicted_keys={evicted}",
+                ms_between(t_fault, t_gone)
+            );
+            assert!(evicted >= 1, "the key went, yet Redis evicted nothing");
+            assert_eq!(
+                int(&lock_server, &["EXISTS", &fence]),
+                1,
+                "volatile-lru evicted the fencing counter (it has no TTL)"
+            );
+            assert_eq!(int(&lock_server, &["PTTL", &fence]), -1, "fence TTL");
         }
     }
     let t_ready = now_ns();
@@ -224,8 +320,11 @@ fn state_lost(loss: Loss) {
             );
             assert!(report.stats.token_resets >= 1, "token reset counted");
         }
-        Loss::AdminDel => {
-            assert!(b_token > a_token, "the fencing counter survives a DEL");
+        Loss::AdminDel | Loss::Eviction => {
+            assert!(
+                b_token > a_token,
+                "the fencing counter survives a DEL / an eviction"
+            );
             // F: once B wrote, A's writes are rejected (none accepted after B's first).
             let writes = fenced_writes(&h);
             let b_first = writes.iter().position(|w| w.0 == 1).expect("B wrote to F");
@@ -278,23 +377,77 @@ fn s8c_admin_del_is_reported_as_loss_and_fenced() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "full-matrix"),
+    ignore = "full matrix: cargo test -p ecosphere --features full-matrix"
+)]
+fn s8d_volatile_lru_eviction_is_reported_as_loss_and_fenced() {
+    state_lost(Loss::Eviction);
+}
+
+/// How the server goes down and comes back with its data.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Keep {
+    /// `SIGKILL`, restart with the AOF (`appendfsync always`).
+    AofKill,
+    /// `SHUTDOWN SAVE` (RDB written at shutdown), restart with the RDB.
+    RdbShutdown,
+}
+
+#[test]
 fn s8b_aof_always_keeps_the_lock_across_a_crash() {
-    let mut lock_server = RedisServer::builder()
-        .persistence(Persistence::Aof)
-        .start()
-        .expect("start redis-server with AOF");
+    lock_kept(Keep::AofKill);
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "full-matrix"),
+    ignore = "full matrix: cargo test -p ecosphere --features full-matrix"
+)]
+fn s8e_shutdown_save_rdb_restart_keeps_the_lock() {
+    lock_kept(Keep::RdbShutdown);
+}
+
+fn lock_kept(how: Keep) {
+    let mut lock_server = match how {
+        Keep::AofKill => RedisServer::builder()
+            .persistence(Persistence::Aof)
+            .start()
+            .expect("start redis-server with AOF"),
+        // No AOF and no save points: only the SHUTDOWN writes the RDB.
+        Keep::RdbShutdown => server(),
+    };
     let resource = server();
-    let lock = "aof";
+    let lock = match how {
+        Keep::AofKill => "aof",
+        Keep::RdbShutdown => "rdb",
+    };
     let mut s = setup(&lock_server, &resource, lock, LEASE * 3);
     let history = s.history().to_owned();
     let renewed = fresh_renewal(&history, 0);
 
     let t_kill = now_ns();
-    lock_server.kill().expect("SIGKILL redis-server");
-    nemesis(&s.rec, t_kill, lock, "kill_server", "node:0");
+    match how {
+        Keep::AofKill => {
+            lock_server.kill().expect("SIGKILL redis-server");
+            nemesis(&s.rec, t_kill, lock, "kill_server", "node:0");
+        }
+        Keep::RdbShutdown => {
+            let rdb = lock_server.data_dir().join("dump.rdb");
+            assert!(!rdb.exists(), "an RDB file before the SHUTDOWN");
+            // The server closes the connection instead of replying.
+            let reply = lock_server.command(&["SHUTDOWN", "SAVE"]);
+            nemesis(&s.rec, t_kill, lock, "shutdown_save", "node:0");
+            wait_for(Duration::from_secs(10), "redis-server to exit", || {
+                (!lock_server.is_running()).then_some(())
+            });
+            println!("SHUTDOWN SAVE answered {reply:?}");
+            assert!(rdb.exists(), "SHUTDOWN SAVE wrote no {}", rdb.display());
+        }
+    }
     lock_server
         .restart(Data::Keep)
-        .expect("restart with the AOF");
+        .expect("restart with the data");
     let t_back = now_ns();
     nemesis(&s.rec, t_back, lock, "restart_server_keep", "node:0");
     go(&s.go());
@@ -338,7 +491,7 @@ fn s8b_aof_always_keeps_the_lock_across_a_crash() {
         .filter(|e| e.proc == 0 && e.kind.name() == "renew_ok" && e.t > t_back)
         .count();
     println!(
-        "kill {:+.1} ms after a renewal, back after {:.1} ms; A renewed {renewals_after} times \
+        "{how:?} {:+.1} ms after a renewal, back after {:.1} ms; A renewed {renewals_after} times \
          after the restart, released {:+.1} ms; B acquired {:+.1} ms after A's release; F \
          accepted {accepted}",
         ms_between(renewed, t_kill),
