@@ -377,10 +377,6 @@ fn s8c_admin_del_is_reported_as_loss_and_fenced() {
 }
 
 #[test]
-#[cfg_attr(
-    not(feature = "full-matrix"),
-    ignore = "full matrix: cargo test -p ecosphere --features full-matrix"
-)]
 fn s8d_volatile_lru_eviction_is_reported_as_loss_and_fenced() {
     state_lost(Loss::Eviction);
 }
@@ -400,10 +396,6 @@ fn s8b_aof_always_keeps_the_lock_across_a_crash() {
 }
 
 #[test]
-#[cfg_attr(
-    not(feature = "full-matrix"),
-    ignore = "full matrix: cargo test -p ecosphere --features full-matrix"
-)]
 fn s8e_shutdown_save_rdb_restart_keeps_the_lock() {
     lock_kept(Keep::RdbShutdown);
 }
