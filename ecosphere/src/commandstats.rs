@@ -51,11 +51,36 @@ pub fn parse(info: &str) -> BTreeMap<String, u64> {
 /// [`NOT_LOCK`].
 #[must_use]
 pub fn lock_commands(stats: &BTreeMap<String, u64>) -> u64 {
+    lock_commands_except(stats, &[])
+}
+
+/// Commands Slate's own locks run only inside their scripts beyond [`SCRIPT_ONLY`]: `SET` (the
+/// request records). Slate sends `SET` itself only to write a node marker, once per server.
+pub const SLATE_SCRIPT_ONLY: &[&str] = &["set"];
+
+/// Slate's lock commands in a commandstats delta of Slate's locks alone: [`lock_commands`]
+/// without [`SLATE_SCRIPT_ONLY`].
+///
+/// # Examples
+///
+/// ```
+/// let m = ecosphere::commandstats::parse("cmdstat_evalsha:calls=2\r\ncmdstat_set:calls=2\r\n");
+/// assert_eq!(ecosphere::commandstats::slate_lock_commands(&m), 2);
+/// assert_eq!(ecosphere::commandstats::lock_commands(&m), 4);
+/// ```
+#[must_use]
+pub fn slate_lock_commands(stats: &BTreeMap<String, u64>) -> u64 {
+    lock_commands_except(stats, SLATE_SCRIPT_ONLY)
+}
+
+fn lock_commands_except(stats: &BTreeMap<String, u64>, also_internal: &[&str]) -> u64 {
     stats
         .iter()
         .filter(|(name, _)| {
             let base = name.split('|').next().unwrap_or(name);
-            !SCRIPT_ONLY.contains(&base) && !NOT_LOCK.contains(&base)
+            !SCRIPT_ONLY.contains(&base)
+                && !NOT_LOCK.contains(&base)
+                && !also_internal.contains(&base)
         })
         .map(|(_, calls)| calls)
         .sum()

@@ -202,10 +202,18 @@ pub fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
     ecosphere::commandstats::parse(info)
 }
 
-/// Client-sent lock commands in a commandstats delta.
+/// Client-sent lock commands in a commandstats delta of `implementation` (Slate's scripts
+/// also run `SET`, for their request records, which the other implementations send).
 #[must_use]
-pub fn client_commands(stats: &BTreeMap<String, u64>) -> u64 {
-    ecosphere::commandstats::lock_commands(stats)
+pub fn client_commands(implementation: Impl, stats: &BTreeMap<String, u64>) -> u64 {
+    match implementation {
+        Impl::Slate | Impl::SlateComb3 | Impl::SlateComb3Pipelined => {
+            ecosphere::commandstats::slate_lock_commands(stats)
+        }
+        Impl::Rslock1 | Impl::Rslock3 | Impl::Spin => {
+            ecosphere::commandstats::lock_commands(stats)
+        }
+    }
 }
 
 /// Summarises worker reports and server counters into a [`RunResult`].
@@ -252,7 +260,7 @@ pub fn summarise(
         errors,
         first_error: reports.iter().find_map(|r| r.first_error.clone()),
         acq_per_s: acquisitions as f64 / duration.as_secs_f64(),
-        lock_cmds_per_acq: per(client_commands(&commandstats) as f64),
+        lock_cmds_per_acq: per(client_commands(implementation, &commandstats) as f64),
         server_cmds_per_acq: per(total_all as f64),
         cpu_us_per_acq: per(cpu as f64),
         wait_p50_ms: ms(0.5),
@@ -380,7 +388,9 @@ mod tests {
         assert_eq!(s["evalsha"], 10);
         assert_eq!(s["client|setinfo"], 2);
         // Connection setup (`client|setinfo`) is not lock traffic.
-        assert_eq!(client_commands(&s), 10 + 7);
+        assert_eq!(client_commands(Impl::Spin, &s), 10 + 7);
+        // Slate's scripts write request records with SET: not sent by the client.
+        assert_eq!(client_commands(Impl::Slate, &s), 10);
     }
 
     #[test]

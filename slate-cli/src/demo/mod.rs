@@ -510,7 +510,7 @@ impl Demo {
         let lock_commands = p
             .nodes
             .iter()
-            .map(|&i| ecosphere::commandstats::lock_commands(&self.counted[i]))
+            .map(|&i| ecosphere::commandstats::slate_lock_commands(&self.counted[i]))
             .sum();
         let history = History::load(&p.dir)
             .map_err(|e| Stop::Failed(format!("loading the {} history: {e}", p.label)))?;
