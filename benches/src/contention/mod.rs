@@ -210,9 +210,7 @@ pub fn client_commands(implementation: Impl, stats: &BTreeMap<String, u64>) -> u
         Impl::Slate | Impl::SlateComb3 | Impl::SlateComb3Pipelined => {
             ecosphere::commandstats::slate_lock_commands(stats)
         }
-        Impl::Rslock1 | Impl::Rslock3 | Impl::Spin => {
-            ecosphere::commandstats::lock_commands(stats)
-        }
+        Impl::Rslock1 | Impl::Rslock3 | Impl::Spin => ecosphere::commandstats::lock_commands(stats),
     }
 }
 
