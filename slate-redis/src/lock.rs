@@ -139,14 +139,7 @@ impl RedisCompetitor {
         holder: HolderId,
         local_waiters: bool,
     ) -> Result<i64> {
-        let release = Release {
-            holder,
-            lease: self.options.lease(),
-            turn: &self.turn,
-            local_waiters,
-            request: request::next_id(),
-            undo: None,
-        };
+        let release = Release::plain(holder, self.options.lease(), &self.turn, local_waiters);
         release_remote(&self.client, &self.keys, release).await
     }
 
@@ -239,20 +232,22 @@ pub(crate) fn min_validity(lease: Duration) -> Duration {
     lease / 10
 }
 
-/// Releases, in the background, a level that was granted but cannot be used.
-fn give_back(client: &RedisClient, keys: &Keys, holder: HolderId, lease: Duration, turn: &Turn) {
-    let (client2, keys2, turn) = (client.clone(), keys.clone(), turn.clone());
+/// Releases one level of `holder` in the background: a level that was granted but cannot be
+/// used (`why`, of lock `label`). If the release fails, the entry is never renewed and ends with its lease.
+fn release_in_background(
+    client: &RedisClient,
+    keys: &Keys,
+    holder: HolderId,
+    lease: Duration,
+    turn: &Turn,
+    local_waiters: bool,
+    (label, why): (&Arc<str>, &'static str),
+) {
+    let (client2, keys2, turn, label) = (client.clone(), keys.clone(), turn.clone(), label.clone());
     client.spawn(async move {
-        let release = Release {
-            holder,
-            lease,
-            turn: &turn,
-            local_waiters: false,
-            request: request::next_id(),
-            undo: None,
-        };
+        let release = Release::plain(holder, lease, &turn, local_waiters);
         if let Err(e) = release_remote(&client2, &keys2, release).await {
-            tracing::debug!(%holder, error = %e, "giving back a late grant failed; it ends with its lease");
+            tracing::warn!(lock = %label, %holder, error = %e, "release of {why} failed; the entry ends with its lease");
         }
     });
 }
@@ -311,6 +306,25 @@ pub(crate) struct Release<'a> {
     pub(crate) request: u64,
     /// Undo the acquire with this request id instead of releasing unconditionally.
     pub(crate) undo: Option<u64>,
+}
+
+impl<'a> Release<'a> {
+    /// A plain release of one level, as a new request.
+    pub(crate) fn plain(
+        holder: HolderId,
+        lease: Duration,
+        turn: &'a Turn,
+        local_waiters: bool,
+    ) -> Self {
+        Release {
+            holder,
+            lease,
+            turn,
+            local_waiters,
+            request: request::next_id(),
+            undo: None,
+        }
+    }
 }
 
 /// Runs the release script: `-2` (undo only) the acquire had not run and is cancelled, `-1`
@@ -448,7 +462,16 @@ impl Competitor for RedisCompetitor {
                 let round_trip = sent.elapsed();
                 if deadline < Instant::now() + min_validity(lease) {
                     // The reply came too late to hold anything: give the level back.
-                    give_back(&client, &keys, holder, lease, &turn);
+                    let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+                    release_in_background(
+                        &client,
+                        &keys,
+                        holder,
+                        lease,
+                        &turn,
+                        waiters,
+                        (&label, "a late grant"),
+                    );
                     return Err(Error::backend(
                         BackendKind::Timeout,
                         Some(client.address().to_owned()),
@@ -507,27 +530,17 @@ impl Competitor for RedisCompetitor {
     }
 
     fn abandon(&self, holder: HolderId, grant: Grant) {
-        let client = self.client.clone();
-        let keys = self.keys.clone();
-        let lease = self.options.lease();
-        let label = self.label.clone();
-        let turn = self.turn.clone();
         let waiters = self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
-        tracing::debug!(lock = %label, %holder, token = grant.token.get(), "releasing an abandoned grant");
-        self.client.spawn(async move {
-            let release = Release {
-                holder,
-                lease,
-                turn: &turn,
-                local_waiters: waiters,
-                request: request::next_id(),
-                undo: None,
-            };
-            if let Err(e) = release_remote(&client, &keys, release).await {
-                tracing::warn!(lock = %label, %holder, error = %e,
-                    "release of an abandoned grant failed; the entry ends with its lease");
-            }
-        });
+        tracing::debug!(lock = %self.label, %holder, token = grant.token.get(), "releasing an abandoned grant");
+        release_in_background(
+            &self.client,
+            &self.keys,
+            holder,
+            self.options.lease(),
+            &self.turn,
+            waiters,
+            (&self.label, "an abandoned grant"),
+        );
     }
 
     fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
@@ -1047,9 +1060,8 @@ impl DistributedLock for SingleLock {
 
     fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
         let c = self.shared.competitor();
-        let key = c.keys.lock.clone();
         async move {
-            let key: &[u8] = &key;
+            let key: &[u8] = &c.keys.lock;
             c.client
                 .exec("EXISTS", |mut conn| async move {
                     redis::cmd("EXISTS").arg(&*key).query_async(&mut conn).await
@@ -1060,9 +1072,8 @@ impl DistributedLock for SingleLock {
 
     fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
         let c = self.shared.competitor();
-        let key = c.keys.lock.clone();
         async move {
-            let key: &[u8] = &key;
+            let key: &[u8] = &c.keys.lock;
             let count: Option<i64> = c
                 .client
                 .exec("HGET", |mut conn| async move {
@@ -1079,9 +1090,8 @@ impl DistributedLock for SingleLock {
 
     fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
         let c = self.shared.competitor();
-        let key = c.keys.lock.clone();
         async move {
-            let key: &[u8] = &key;
+            let key: &[u8] = &c.keys.lock;
             let pttl: i64 = c
                 .client
                 .exec("PTTL", |mut conn| async move {

@@ -204,14 +204,8 @@ impl RedisClient {
     ) -> Result<Option<u32>> {
         let renewal = &self.inner.renewal;
         renewal.begin_release(&keys.keys.lock, holder);
-        let release = Release {
-            holder,
-            lease,
-            turn: &Turn::none(),
-            local_waiters: false,
-            request: request::next_id(),
-            undo: None,
-        };
+        let no_turn = Turn::none();
+        let release = Release::plain(holder, lease, &no_turn, false);
         let reply = release_remote(self, &keys.keys, release).await;
         renewal.end_release(&keys.keys.lock, holder);
         match reply? {
@@ -232,8 +226,7 @@ impl RedisClient {
     ///
     /// Idempotent: safe to drop and repeat.
     pub async fn node_raise_fence(&self, keys: &NodeKeys, token: FencingToken) -> Result<u64> {
-        let fence = keys.keys.fence.clone();
-        let fence: &[u8] = &fence;
+        let fence: &[u8] = &keys.keys.fence;
         self.exec("raise-fence script", |mut c| async move {
             RAISE_FENCE
                 .key(&*fence)
@@ -255,8 +248,7 @@ impl RedisClient {
     ///
     /// Idempotent.
     pub async fn node_mark(&self, keys: &NodeKeys) -> Result<()> {
-        let marker = keys.marker.clone();
-        let marker: &[u8] = &marker;
+        let marker: &[u8] = &keys.marker;
         self.exec("SET node marker", |mut c| async move {
             redis::cmd("SET")
                 .arg(&*marker)
@@ -278,8 +270,7 @@ impl RedisClient {
     ///
     /// Cancel safe (a read).
     pub async fn node_is_marked(&self, keys: &NodeKeys) -> Result<bool> {
-        let marker = keys.marker.clone();
-        let marker: &[u8] = &marker;
+        let marker: &[u8] = &keys.marker;
         self.exec("EXISTS node marker", |mut c| async move {
             redis::cmd("EXISTS")
                 .arg(&*marker)
@@ -337,8 +328,7 @@ impl RedisClient {
     ///
     /// The deletion may or may not have happened when the future is dropped.
     pub async fn node_force_unlock(&self, keys: &NodeKeys) -> Result<bool> {
-        let (lock_key, channel) = (keys.keys.lock.clone(), keys.keys.channel.clone());
-        let (lock_key, channel): (&[u8], &[u8]) = (&lock_key, &channel);
+        let (lock_key, channel): (&[u8], &[u8]) = (&keys.keys.lock, &keys.keys.channel);
         let n: i64 = self
             .exec("force-unlock script", |mut c| async move {
                 FORCE_UNLOCK
@@ -391,8 +381,7 @@ impl RedisClient {
     ///
     /// Cancel safe (a read).
     pub async fn node_inspect(&self, keys: &NodeKeys) -> Result<NodeEntries> {
-        let (lock_key, fence) = (keys.keys.lock.clone(), keys.keys.fence.clone());
-        let (lock_key, fence): (&[u8], &[u8]) = (&lock_key, &fence);
+        let (lock_key, fence): (&[u8], &[u8]) = (&keys.keys.lock, &keys.keys.fence);
         let reply: Vec<redis::Value> = self
             .exec("inspect script", |mut c| async move {
                 INSPECT
