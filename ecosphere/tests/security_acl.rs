@@ -306,8 +306,6 @@ async fn single_run(url: &str, prefix: &str, name: &str) -> Step<SingleRun> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Let the subscription settle past the waiter's first busy answer.
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let released_at = Instant::now();
     bounded("release", Duration::from_secs(3), held.unlock()).await?;
     let (gb, acquired_at, lb) = waiter.await.expect("waiter task");
@@ -338,10 +336,8 @@ async fn single_run(url: &str, prefix: &str, name: &str) -> Step<SingleRun> {
         format!("unlock after force unlock answered {after:?}"),
     )?;
 
-    // The queue drained (UNSUBSCRIBE) and, after more than the idle check, the next command
-    // first checks the connection with PING.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    bounded("idle check", Duration::from_secs(3), lb.is_locked()).await?;
+    // A query once the waiter queue drained (UNSUBSCRIBE).
+    bounded("query", Duration::from_secs(3), lb.is_locked()).await?;
     let drained = Instant::now() + Duration::from_secs(3);
     while b.stats().subscriptions > 0 && Instant::now() < drained {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -423,11 +419,21 @@ async fn combination_run(
     // A second process view waits (no cross-node notification: the spin wait wakes it).
     let other = at("connect", NodeSet::connect(urls, node_opts()))?;
     let lock2 = at("build", build(&other))?;
+    let waiting = lock2.clone();
     let waiter = tokio::spawn(async move {
         let g = lock2.try_lock_for(Duration::from_secs(10)).await;
         (g, lock2)
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Release only once the waiter is parked.
+    let parked = Instant::now() + Duration::from_secs(3);
+    while waiting.local_waiters() == 0 && Instant::now() < parked {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    ensure(
+        "waiter parked",
+        waiting.local_waiters() == 1,
+        "the second view's waiter never parked",
+    )?;
     bounded("release", Duration::from_secs(3), g2.unlock()).await?;
     bounded("release", Duration::from_secs(3), g.unlock()).await?;
     let (g3, _lock2) = waiter.await.expect("waiter task");

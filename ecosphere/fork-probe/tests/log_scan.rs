@@ -18,7 +18,7 @@
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ecosphere::server::{Data, RedisServer};
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
@@ -133,12 +133,20 @@ async fn single_paths(servers: &mut [RedisServer]) {
     drop(gb);
     // A guard dropped without unlock: released in the background.
     drop(la.lock().await.expect("lock"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let until = Instant::now() + Duration::from_secs(3);
+    while la.is_locked().await.expect("is_locked") {
+        assert!(Instant::now() < until, "the dropped guard was not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     // A restart under a subscribed waiter: pub/sub lost and reconnected, scripts reloaded.
     let g = la.lock().await.expect("lock");
     let waiter = tokio::spawn(async move { lb.try_lock_for(Duration::from_secs(10)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let until = Instant::now() + Duration::from_secs(3);
+    while !(b.stats().local_waiters == 1 && b.stats().subscriptions == 1 && b.stats().pubsub_up) {
+        assert!(Instant::now() < until, "the waiter never parked subscribed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     servers[0].restart(Data::Wipe).expect("restart");
     let _ = tokio::time::timeout(Duration::from_secs(3), g.lost()).await;
     drop(g);

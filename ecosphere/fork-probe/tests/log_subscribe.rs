@@ -70,7 +70,12 @@ async fn x1_a_refused_subscribe_is_reported() {
     let (la, lb) = (build(&a), build(&b));
     let g = la.lock().await.expect("lock");
     let waiter = tokio::spawn(async move { lb.try_lock_for(Duration::from_secs(10)).await });
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Release once the waiter is parked (its SUBSCRIBE is then sent, and refused).
+    let parked = Instant::now() + Duration::from_secs(3);
+    while b.stats().local_waiters == 0 {
+        assert!(Instant::now() < parked, "the waiter never parked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     g.unlock().await.expect("unlock");
     let gb = waiter
         .await
