@@ -31,7 +31,7 @@ mod combination_common;
 use std::time::{Duration, Instant};
 
 use combination_common::*;
-use ecosphere::history::{CheckConfig, CheckId, EventKind, Recorder, Status};
+use ecosphere::history::{CheckConfig, CheckId, EventKind, Recorder};
 use ecosphere::proxy::Mode;
 use ecosphere::seed::Seed;
 use slate_combination::{CombinationLock, NodeSet};
@@ -173,15 +173,13 @@ async fn prefix_scenario(x_cut_from_n1: bool) {
     };
     let (_, report) = check(dir.path(), &cfg);
     report.assert_ok();
-    for id in [
+    report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,
         CheckId::Ownership,
         CheckId::Validity,
         CheckId::Quiescence,
-    ] {
-        assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
-    }
+    ]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -356,13 +354,11 @@ async fn c9_a_waiting_worker_killed_while_holding_n1_frees_it_within_a_lease() {
     };
     let (_, report) = check_killed(dir.path(), &cfg);
     report.assert_ok();
-    for id in [
+    report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,
         CheckId::Ownership,
         CheckId::Validity,
         CheckId::Quiescence,
-    ] {
-        assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
-    }
+    ]);
 }

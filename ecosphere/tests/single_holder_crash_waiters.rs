@@ -25,7 +25,7 @@ mod single_common;
 use std::time::Duration;
 
 use ecosphere::clock::now_ns;
-use ecosphere::history::{CheckConfig, CheckId, EventKind, Recorder, Status};
+use ecosphere::history::{CheckConfig, CheckId, EventKind, Recorder};
 use single_common::*;
 
 const LOCK: &str = "crash-crowd";
@@ -109,22 +109,7 @@ fn holder_killed_with_waiters(per_proc: u64) {
         .expect("record the kill");
 
     let outputs = finish_ok(&mut waiters, BUDGET + Duration::from_secs(15));
-    let (mut acquired, mut failed) = (0u64, 0u64);
-    for out in &outputs {
-        let done = out
-            .stdout_lines()
-            .find(|l| l.starts_with("DONE "))
-            .unwrap_or_else(|| panic!("worker {}: no DONE line: {}", out.index, out.stdout));
-        let n = |k: &str| -> u64 {
-            done.split(' ')
-                .find_map(|f| f.strip_prefix(k))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{done}"))
-        };
-        assert_eq!(n("errors="), 0, "worker {}: {done}", out.index);
-        acquired += n("acquired=");
-        failed += n("failed=");
-    }
+    let (acquired, failed) = wait_totals(&outputs);
     let total = PROCS as u64 * per_proc;
     assert_eq!(acquired + failed, total);
 
@@ -135,7 +120,7 @@ fn holder_killed_with_waiters(per_proc: u64) {
     };
     let (h, report) = check_killed(history, &cfg);
     report.assert_ok();
-    for id in [
+    report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,
         CheckId::Ownership,
@@ -143,9 +128,7 @@ fn holder_killed_with_waiters(per_proc: u64) {
         CheckId::Validity,
         CheckId::Activity,
         CheckId::Quiescence,
-    ] {
-        assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
-    }
+    ]);
     assert_eq!(
         report.stats.windows_closed[3], 1,
         "A's window closed by the kill"

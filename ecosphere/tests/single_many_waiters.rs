@@ -13,7 +13,7 @@ mod single_common;
 
 use std::time::Duration;
 
-use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation, Status};
+use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation};
 use single_common::*;
 
 const PROCS: usize = 4;
@@ -65,22 +65,7 @@ fn five_hundred_waiters_finish_within_budget_without_a_polling_storm() {
     let outputs = finish_ok(&mut workers, Duration::from_secs(55));
     let after = commandstats(&lock_server);
 
-    let (mut acquired, mut failed) = (0u64, 0u64);
-    for out in &outputs {
-        let done = out
-            .stdout_lines()
-            .find(|l| l.starts_with("DONE "))
-            .unwrap_or_else(|| panic!("worker {}: no DONE line: {}", out.index, out.stdout));
-        let n = |k: &str| -> u64 {
-            done.split(' ')
-                .find_map(|f| f.strip_prefix(k))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{done}"))
-        };
-        assert_eq!(n("errors="), 0, "worker {}: {done}", out.index);
-        acquired += n("acquired=");
-        failed += n("failed=");
-    }
+    let (acquired, failed) = wait_totals(&outputs);
     let waiters = PROCS as u64 * WAITERS_PER_PROC;
     assert_eq!(acquired + failed, waiters);
     assert!(acquired > 0, "nobody acquired");
@@ -97,7 +82,7 @@ fn five_hundred_waiters_finish_within_budget_without_a_polling_storm() {
     };
     let (h, report) = check(&history, &cfg);
     report.assert_ok();
-    for id in [
+    report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,
         CheckId::Ownership,
@@ -105,9 +90,7 @@ fn five_hundred_waiters_finish_within_budget_without_a_polling_storm() {
         CheckId::Validity,
         CheckId::Counter,
         CheckId::Quiescence,
-    ] {
-        assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
-    }
+    ]);
     assert_eq!(counter, acquired);
 
     // Every waiter came back within its budget + slack.

@@ -112,9 +112,7 @@ fn acquire_through(mode: Mode) {
         _ => None,
     });
     if acq.is_some() {
-        for id in [CheckId::Exclusion, CheckId::Validity] {
-            assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
-        }
+        report.assert_pass(&[CheckId::Exclusion, CheckId::Validity]);
     }
     let invoke = first_of(&h, 0, "acq_invoke").expect("acq_invoke").t;
     let Mode::Delay {
@@ -237,14 +235,12 @@ fn s11c_renewal_slower_than_the_validity_is_reported_as_loss() {
     finish_ok(&mut holder, Duration::from_secs(20));
     let (h, report) = check(history, &cfg(&lock_server));
     report.assert_ok();
-    for id in [
+    report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Ownership,
         CheckId::Validity,
         CheckId::Quiescence,
-    ] {
-        assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
-    }
+    ]);
     let deadline = last_deadline(&h, &a_holder);
     let a_lost = first_of(&h, 0, "lost").expect("A's loss logged");
     assert!(

@@ -378,6 +378,50 @@ impl Report {
             .collect()
     }
 
+    /// Panics unless each of `ids` passed outright ([`Status::Pass`]: no failure, no warning,
+    /// and actually checked), naming the first that did not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ecosphere::clock::now_ns;
+    /// use ecosphere::history::{CheckConfig, CheckId, EventKind, History, Recorder};
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let rec = Recorder::create(dir.path(), 0)?;
+    /// rec.record(0, "l", EventKind::AcqInvoke { attempt: 1, budget_ms: None })?;
+    /// let deadline = now_ns() + 2_000_000_000;
+    /// rec.record(0, "l", EventKind::AcqOk {
+    ///     attempt: 1, holder: "p0:t0".into(), token: 1, depth: 1, deadline, nodes: vec![],
+    /// })?;
+    /// let r = History::load(dir.path())?.check(&CheckConfig::new(Duration::from_secs(2)));
+    /// r.assert_pass(&[CheckId::Exclusion, CheckId::Tokens]);
+    /// // An empty history checks nothing: not a pass.
+    /// let empty = History::default().check(&CheckConfig::new(Duration::from_secs(2)));
+    /// assert!(std::panic::catch_unwind(|| empty.assert_pass(&[CheckId::Exclusion])).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// None.
+    ///
+    /// # Panics
+    ///
+    /// If a check in `ids` is not [`Status::Pass`]; the message names it and shows the report.
+    #[track_caller]
+    pub fn assert_pass(&self, ids: &[CheckId]) {
+        for &id in ids {
+            assert!(
+                matches!(self.status(id), Status::Pass),
+                "{} is {:?}, not Pass\n{self}",
+                id.label(),
+                self.status(id)
+            );
+        }
+    }
+
     /// Panics with the whole report if any check failed.
     ///
     /// # Examples

@@ -472,3 +472,25 @@ pub fn first_of<'a>(h: &'a History, proc: u32, kind: &str) -> Option<&'a Event> 
         .iter()
         .find(|e| e.proc == proc && e.kind.name() == kind)
 }
+
+/// The `acquired=` and `failed=` totals of the `DONE` lines of `wait`-mode workers, asserting
+/// that none reported an error.
+pub fn wait_totals(outputs: &[WorkerOutput]) -> (u64, u64) {
+    let (mut acquired, mut failed) = (0u64, 0u64);
+    for out in outputs {
+        let done = out
+            .stdout_lines()
+            .find(|l| l.starts_with("DONE "))
+            .unwrap_or_else(|| panic!("worker {}: no DONE line: {}", out.index, out.stdout));
+        let n = |k: &str| -> u64 {
+            done.split(' ')
+                .find_map(|f| f.strip_prefix(k))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{done}"))
+        };
+        assert_eq!(n("errors="), 0, "worker {}: {done}", out.index);
+        acquired += n("acquired=");
+        failed += n("failed=");
+    }
+    (acquired, failed)
+}
