@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::Pool;
@@ -268,13 +268,15 @@ pub(crate) struct Turn {
 }
 
 impl Turn {
-    /// No turn (multi-node locks; their nodes are contended in node order instead).
-    pub(crate) fn none() -> Self {
-        Turn {
+    /// No turn (multi-node locks; their nodes are contended in node order instead). Shared,
+    /// so that the node calls of every attempt do not allocate one.
+    pub(crate) fn none() -> &'static Turn {
+        static NONE: LazyLock<Turn> = LazyLock::new(|| Turn {
             queue_id: Arc::from(""),
             tenure: 0,
             reserve: Duration::ZERO,
-        }
+        });
+        &NONE
     }
 
     /// The turn of a new local queue for a lock with `options`. Its id is a fresh holder id

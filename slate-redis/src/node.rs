@@ -162,7 +162,7 @@ impl RedisClient {
         let acquire = Acquire {
             holder,
             lease,
-            turn: &Turn::none(),
+            turn: Turn::none(),
             marker: Some(&keys.marker),
             request: request::next_id(),
         };
@@ -204,8 +204,7 @@ impl RedisClient {
     ) -> Result<Option<u32>> {
         let renewal = &self.inner.renewal;
         renewal.begin_release(&keys.keys.lock, holder);
-        let no_turn = Turn::none();
-        let release = Release::plain(holder, lease, &no_turn, false);
+        let release = Release::plain(holder, lease, Turn::none(), false);
         let reply = release_remote(self, &keys.keys, release).await;
         renewal.end_release(&keys.keys.lock, holder);
         match reply? {
