@@ -289,15 +289,9 @@ pub(crate) struct Inner {
 struct ConnSlot {
     generation: u64,
     conn: Option<deadpool_redis::Connection>,
-    /// Commands that timed out on this connection since it last answered.
-    timeouts: u32,
+    /// When a command first timed out on this connection since it last answered.
+    silent_since: Option<Instant>,
 }
-
-/// After this many commands in a row time out on the shared connection, it is replaced: a
-/// connection whose peer is gone (a half-open TCP connection after a partition) never
-/// answers again. One timeout alone keeps it, so that what is sent next (an undo) stays
-/// ordered behind the late command.
-const TIMEOUTS_BEFORE_REPLACING: u32 = 2;
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -494,7 +488,7 @@ impl RedisClient {
             conn: Mutex::new(ConnSlot {
                 generation: 0,
                 conn: None,
-                timeouts: 0,
+                silent_since: None,
             }),
             fill: tokio::sync::Mutex::new(()),
             locks: Mutex::new(HashMap::new()),
@@ -644,31 +638,34 @@ impl RedisClient {
             .map_err(|e| error::from_redis(e, "loading the lock scripts", &self.inner.address))?;
         let mut slot = lock(&self.inner.conn);
         slot.conn = Some(obj);
-        slot.timeouts = 0;
+        slot.silent_since = None;
         Ok((slot.generation, conn))
     }
 
     fn mark_ok(&self, generation: u64) {
         let mut slot = lock(&self.inner.conn);
         if slot.generation == generation {
-            slot.timeouts = 0;
+            slot.silent_since = None;
         }
     }
 
-    /// Counts a command that timed out on connection `generation`; replaces the connection
-    /// after [`TIMEOUTS_BEFORE_REPLACING`] in a row.
+    /// Notes a command that timed out on connection `generation`. The connection is replaced
+    /// once it has given no reply for two command timeouts since its first late one: a
+    /// connection whose peer is gone (half-open after a partition) never answers again. Late
+    /// replies within that time keep it, so that what is sent right after a late command (an
+    /// undo) stays on the same connection, ordered behind it.
     fn note_timeout(&self, generation: u64) {
         let replace = {
             let mut slot = lock(&self.inner.conn);
-            if slot.generation == generation {
-                slot.timeouts += 1;
-                slot.timeouts >= TIMEOUTS_BEFORE_REPLACING
-            } else {
+            if slot.generation != generation {
                 false
+            } else {
+                let since = *slot.silent_since.get_or_insert_with(Instant::now);
+                since.elapsed() >= self.inner.options.command_timeout * 2
             }
         };
         if replace {
-            tracing::debug!(node = %self.inner.address, "commands keep timing out on the connection; replacing it");
+            tracing::debug!(node = %self.inner.address, "the connection has not answered for two command timeouts; replacing it");
             self.invalidate(generation);
         }
     }

@@ -174,9 +174,10 @@ impl RedisCompetitor {
 /// queue when it resumes). Exact for first acquisitions and re-entries alike.
 ///
 /// The undo is put on the connection behind the acquire before this returns (one poll), so
-/// the next attempt of the synchronizer queues behind it. If it fails it is retried in the
-/// background, a few times within the lease: it is idempotent (it carries its own request
-/// id), and an entry it could not undo is never renewed and ends with its lease.
+/// the next attempt of the synchronizer queues behind it. If its connection breaks it is
+/// sent again in the background, a few times within the lease (it is idempotent: it carries
+/// its own request id); a late reply is not a reason to resend it. An entry it could not undo
+/// is never renewed and ends with its lease.
 async fn compensate(
     client: &RedisClient,
     keys: &Keys,
@@ -208,6 +209,12 @@ async fn compensate(
                     tracing::info!(%holder, left = n, "undid an acquire whose reply never came");
                 }
                 Ok(_) => {}
+                // A late reply: the undo is queued behind the acquire it undoes and runs when
+                // the server gets to them; sending it again would add nothing.
+                Err(e) if e.backend_kind() == Some(BackendKind::Timeout) => {
+                    tracing::debug!(%holder, error = %e, "the undo of a timed-out acquire got no reply in time either");
+                }
+                // The connection broke: the undo may not have been sent. Again, on a new one.
                 Err(e) if tries < UNDO_TRIES && started.elapsed() < lease => {
                     tracing::debug!(%holder, error = %e, "undoing a timed-out acquire failed; retrying");
                     tokio::time::sleep(Duration::from_millis(50 << tries)).await;
