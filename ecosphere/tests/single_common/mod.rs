@@ -369,13 +369,17 @@ pub fn last_deadline(h: &History, holder: &str) -> u64 {
 
 /// Lock keys left on the lock server, for [`CheckConfig::final_keys`]: every key but the
 /// persistent fencing counters (`…:fence`) and the request records (`…:req:…`) that expire on
-/// their own (a record without a TTL is reported).
+/// their own (a record without a TTL is reported). A key that expires between the listing
+/// and its `PTTL` (-2) is gone, not left.
 pub fn lock_keys(server: &RedisServer) -> Vec<String> {
     let v = server.command(&["KEYS", "*"]).expect("KEYS");
     let keys: Vec<String> = redis::from_redis_value(v).expect("KEYS reply");
     keys.into_iter()
         .filter(|k| !k.ends_with(":fence"))
-        .filter(|k| !(k.contains(":req:") && int(server, &["PTTL", k]) >= 0))
+        .filter(|k| {
+            let ttl = int(server, &["PTTL", k]);
+            ttl != -2 && !(k.contains(":req:") && ttl >= 0)
+        })
         .collect()
 }
 
