@@ -72,6 +72,31 @@ pub trait Competitor: Send + Sync + 'static {
         holder: HolderId,
     ) -> impl Future<Output = Result<Attempt<Self::Grant>>> + Send + 'static;
 
+    /// One remote **re-entry** attempt for `holder`, which is the synchronizer's local owner:
+    /// one more level of a hold that the caller believes still exists.
+    ///
+    /// It must never start a new hold: if `holder`'s hold no longer exists remotely (its
+    /// lease ran out, it was force-unlocked), it answers [`Error::LeaseLost`] (or
+    /// [`Attempt::Busy`] if another holder has the lock; the synchronizer turns that into
+    /// `LeaseLost` too) and changes nothing remotely. Otherwise the local depth would count a
+    /// level that the remote does not: releasing the stale outer level would then delete the
+    /// fresh hold while the inner guard still believes it holds the lock.
+    ///
+    /// The default calls [`attempt`](Competitor::attempt), which is right only for backends
+    /// whose attempt never creates a hold for a holder that already had one.
+    ///
+    /// [`Error::LeaseLost`]: slate_core::Error::LeaseLost
+    ///
+    /// # Errors
+    ///
+    /// As [`attempt`](Competitor::attempt), plus `LeaseLost` as above.
+    fn reenter(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Self::Grant>>> + Send + 'static {
+        self.attempt(holder)
+    }
+
     /// Called after `holder` won `grant`, before the grant is returned to the caller
     /// (e.g. register the hold with a renewal service).
     fn after_acquire(&self, holder: HolderId, grant: &Self::Grant) {

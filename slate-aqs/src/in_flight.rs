@@ -29,9 +29,16 @@ pub(crate) struct InFlight<'a, C: Competitor> {
 }
 
 impl<'a, C: Competitor> InFlight<'a, C> {
-    pub(crate) fn start(sync: &'a Synchronizer<C>, holder: &'a HolderId) -> Self {
+    /// Starts an attempt ([`Competitor::reenter`] when `reentrant`).
+    pub(crate) fn start(sync: &'a Synchronizer<C>, holder: &'a HolderId, reentrant: bool) -> Self {
+        let competitor = sync.competitor_arc();
+        let attempt: BoxAttempt<C::Grant> = if reentrant {
+            Box::pin(competitor.reenter(*holder))
+        } else {
+            Box::pin(competitor.attempt(*holder))
+        };
         InFlight {
-            attempt: Mutex::new(Some(Box::pin(sync.competitor_arc().attempt(*holder)))),
+            attempt: Mutex::new(Some(attempt)),
             sync,
             holder,
         }

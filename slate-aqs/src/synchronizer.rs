@@ -566,7 +566,7 @@ impl<C: Competitor> Synchronizer<C> {
                         return Err(self.timed_out(start, deadline, now));
                     }
                     Step::Attempt { epoch, reentrant } => {
-                        match InFlight::start(self, &holder).await {
+                        match InFlight::start(self, &holder, reentrant).await {
                             Ok(Attempt::Acquired(grant)) => {
                                 return self.grant(holder, &mut slot, grant);
                             }

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use slate_core::{BackendKind, Error, HolderId, Result};
+use slate_core::{BackendKind, Error, HolderId, LossReason, Result};
 
 use crate::{Attempt, Competitor, Notifications, Synchronizer};
 
@@ -121,6 +121,29 @@ impl MemoryRemote {
                 *held = Some((holder, 1));
                 Some(1)
             }
+        }
+    }
+
+    /// Adds one level to `holder`'s hold if it holds the lock, and never creates a hold (a
+    /// re-entry, see [`Competitor::reenter`]); returns the new count.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let me = slate_core::HolderId::new();
+    /// assert_eq!(remote.try_reenter(me), None);
+    /// remote.try_acquire(me);
+    /// assert_eq!(remote.try_reenter(me), Some(2));
+    /// ```
+    pub fn try_reenter(&self, holder: HolderId) -> Option<u32> {
+        let mut held = self.holder.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut *held {
+            Some((h, count)) if *h == holder => {
+                *count += 1;
+                Some(*count)
+            }
+            _ => None,
         }
     }
 
@@ -476,12 +499,12 @@ impl Drop for Live {
     }
 }
 
-impl Competitor for MemoryCompetitor {
-    type Grant = MemoryGrant;
-
-    fn attempt(
+impl MemoryCompetitor {
+    /// One attempt following the plan; `reentry`: a re-entry that never creates a hold.
+    fn attempt_as(
         &self,
         holder: HolderId,
+        reentry: bool,
     ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
         let (behavior, retry_after) = {
             let mut plan = self.plan();
@@ -511,6 +534,17 @@ impl Competitor for MemoryCompetitor {
                 Ok(Attempt::Busy { retry_after })
             };
             match behavior {
+                Behavior::Remote if reentry => match remote.try_reenter(holder) {
+                    Some(count) => {
+                        bump(&counters.acquired);
+                        Ok(Attempt::Acquired(MemoryGrant { holder, count }))
+                    }
+                    None => Err(Error::LeaseLost {
+                        lock: "memory".to_owned(),
+                        holder,
+                        reason: LossReason::EntryGone,
+                    }),
+                },
                 Behavior::Remote => match remote.try_acquire(holder) {
                     Some(count) => {
                         bump(&counters.acquired);
@@ -530,6 +564,25 @@ impl Competitor for MemoryCompetitor {
                 }
             }
         }
+    }
+}
+
+impl Competitor for MemoryCompetitor {
+    type Grant = MemoryGrant;
+
+    fn attempt(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
+        self.attempt_as(holder, false)
+    }
+
+    /// As `attempt`, but a holder whose remote hold is gone gets [`Error::LeaseLost`].
+    fn reenter(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
+        self.attempt_as(holder, true)
     }
 
     fn after_acquire(&self, _holder: HolderId, _grant: &MemoryGrant) {

@@ -487,9 +487,32 @@ fn a_reentry_that_finds_another_holder_reports_the_lease_lost() {
         let err = within(sync.acquire(a, Wait::Forever)).await.unwrap_err();
         assert!(err.is_lease_lost(), "{err}");
         let err = within(sync.acquire(a, Wait::Immediate)).await.unwrap_err();
-        assert!(err.is_busy(), "{err}");
+        assert!(err.is_lease_lost(), "{err}");
         assert_eq!(sync.owner(), Some((a, 1)), "local accounting untouched");
         assert_eq!(sync.waiters(), 0);
+    });
+}
+
+/// Issue 19, defect 4: a re-entry after the remote hold vanished (nobody took the lock) was
+/// granted as one more level; the competitor's `reenter` is now used for it and reports the
+/// loss, and the local depth stays.
+#[test]
+fn a_reentry_after_the_hold_vanished_reports_the_lease_lost() {
+    paused(|| async move {
+        let (remote, sync) = new_sync(SPIN);
+        let a = HolderId::new();
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        remote.release_silently(a).unwrap();
+        let err = within(sync.acquire(a, Wait::Forever)).await.unwrap_err();
+        assert!(err.is_lease_lost(), "{err}");
+        assert_eq!(remote.holder(), None, "no hold was created");
+        assert_eq!(sync.owner(), Some((a, 1)), "local accounting untouched");
+        // A fresh holder still queues behind the local owner, and gets the lock once it
+        // releases.
+        assert!(testing::release(&sync, a).unwrap_err().is_not_held());
+        within(sync.acquire(HolderId::new(), Wait::Forever))
+            .await
+            .unwrap();
     });
 }
 

@@ -44,6 +44,9 @@ enum Op {
     Reenter,
     /// The owner releases one level (remotely, then locally).
     Release,
+    /// The owner's remote hold vanishes (its lease ran out), silently: its local hold stays
+    /// until it releases, and a re-entry meanwhile must fail with `LeaseLost`.
+    LoseLease,
     /// Drop the n-th live waiter (mod their number).
     Cancel(usize),
     /// Poll the n-th live waiter although nobody woke it.
@@ -62,6 +65,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => Just(Op::Immediate),
         1 => Just(Op::Reenter),
         4 => Just(Op::Release),
+        1 => Just(Op::LoseLease),
         2 => any::<usize>().prop_map(Op::Cancel),
         1 => any::<usize>().prop_map(Op::SpuriousPoll),
         2 => Just(Op::ExternalLock),
@@ -88,6 +92,8 @@ struct Model {
     queue: VecDeque<usize>,
     /// The remote was freed without a notification and the head may not know yet.
     stale: bool,
+    /// The owner's remote hold was lost (`LoseLease`) and it has not released to zero yet.
+    lost: bool,
     /// How each waiter ended (index = waiter id).
     ended: Vec<Option<&'static str>>,
 }
@@ -238,20 +244,40 @@ impl<'a> Harness<'a> {
                 };
                 let mut fut = Manual::new(self.sync.acquire(owner, Wait::Forever));
                 match fut.poll() {
-                    Poll::Ready(Ok(grant)) if grant.count == depth + 1 => {
+                    Poll::Ready(Ok(grant)) if grant.count == depth + 1 && !self.model.lost => {
                         self.model.owner = Some((owner, depth + 1));
                     }
-                    other => return Err(format!("re-entry: {other:?}")),
+                    // Issue 19, defect 4: a re-entry after the hold was lost must not count
+                    // a fresh remote hold as one more level.
+                    Poll::Ready(Err(Error::LeaseLost { .. })) if self.model.lost => {}
+                    other => {
+                        return Err(format!("re-entry (lost: {}): {other:?}", self.model.lost));
+                    }
+                }
+            }
+            Op::LoseLease => {
+                if let Some((owner, _)) = self.model.owner
+                    && !self.model.lost
+                {
+                    while self.remote.release_silently(owner).is_ok_and(|n| n > 0) {}
+                    self.model.lost = true;
                 }
             }
             Op::Release => {
                 let Some((owner, depth)) = self.model.owner else {
                     return Ok(());
                 };
-                testing::release(self.sync, owner).map_err(|e| e.to_string())?;
+                match testing::release(self.sync, owner) {
+                    Ok(_) if !self.model.lost => {}
+                    Err(Error::NotHeld { .. }) if self.model.lost => {}
+                    other => {
+                        return Err(format!("release (lost: {}): {other:?}", self.model.lost));
+                    }
+                }
                 self.model.owner = (depth > 1).then_some((owner, depth - 1));
                 if depth == 1 {
                     self.model.stale = false;
+                    self.model.lost = false;
                 }
             }
             Op::Cancel(n) => {
@@ -323,6 +349,7 @@ impl<'a> Harness<'a> {
             ));
         }
         let expected_remote = match (self.model.owner, self.model.external) {
+            (Some(_), false) if self.model.lost => None,
             (Some((h, d)), false) => Some((h, d)),
             (None, true) => Some((self.outsider, 1)),
             (None, false) => None,
@@ -358,10 +385,16 @@ impl<'a> Harness<'a> {
         for _ in 0..1_000 {
             if let Some((owner, depth)) = self.model.owner {
                 for _ in 0..depth {
-                    testing::release(self.sync, owner).map_err(|e| e.to_string())?;
+                    match testing::release(self.sync, owner) {
+                        Err(Error::NotHeld { .. }) if self.model.lost => {}
+                        other => {
+                            other.map_err(|e| e.to_string())?;
+                        }
+                    }
                 }
                 self.model.owner = None;
                 self.model.stale = false;
+                self.model.lost = false;
             }
             if self.model.external {
                 self.remote.release(self.outsider).unwrap();

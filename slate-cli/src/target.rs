@@ -86,6 +86,12 @@ impl Target {
         prefix: &str,
         lease: Duration,
     ) -> Result<Self, Error> {
+        // The lease and prefix first, so that a bad one is reported as itself and not as the
+        // node-set setting derived from it (the quarantine follows the lease).
+        slate_core::LockOptions::default()
+            .with_lease(lease)
+            .with_key_prefix(prefix)
+            .validate()?;
         match urls {
             [url] => {
                 let client = RedisClient::open(url)?;

@@ -643,3 +643,32 @@ fn demo_short_run_has_zero_overlaps() {
         "{stdout}"
     );
 }
+
+/// Issue 19, defect 2: an oversize lease reached Redis and came back as "value is not an
+/// integer or out of range" (exit 69); it is a usage error naming the option, before any
+/// connection (the URL below has nothing listening).
+#[test]
+fn huge_lease_is_a_usage_error() {
+    for urls in [
+        "redis://127.0.0.1:1",
+        "redis://127.0.0.1:1,redis://127.0.0.1:2,redis://127.0.0.1:3",
+    ] {
+        let out = output(&[
+            "run",
+            "--lock",
+            "job",
+            "--redis",
+            urls,
+            "--lease",
+            "18446744073709551615s",
+            "--",
+            "true",
+        ]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{urls}: {err}");
+        assert!(
+            err.contains("lease") && err.contains("365 days"),
+            "{urls}: {err}"
+        );
+    }
+}

@@ -100,15 +100,18 @@ impl Inner {
         lock(&self.holds).get(&holder).map(|h| h.nodes.clone())
     }
 
-    async fn acquire_on(&self, i: usize, holder: HolderId) -> Result<NodeAcquire> {
+    /// Acquires on node `i`; `reentry`: only one more level of an entry that exists.
+    async fn acquire_on(&self, i: usize, holder: HolderId, reentry: bool) -> Result<NodeAcquire> {
         let client = &self.nodes.node(i).client;
         let lease = self.options.lease();
-        match tokio::time::timeout(
-            self.op_time(),
-            client.node_acquire(&self.keys, holder, lease),
-        )
-        .await
-        {
+        let call = async {
+            if reentry {
+                client.node_reenter(&self.keys, holder, lease).await
+            } else {
+                client.node_acquire(&self.keys, holder, lease).await
+            }
+        };
+        match tokio::time::timeout(self.op_time(), call).await {
             Ok(r) => r,
             Err(_) => Err(self.node_timeout(i, "acquire")),
         }
@@ -192,7 +195,7 @@ impl Inner {
                     let replies = join_all(
                         batch
                             .iter()
-                            .map(|&i| async move { (i, self.acquire_on(i, holder).await) }),
+                            .map(|&i| async move { (i, self.acquire_on(i, holder, false).await) }),
                     )
                     .await;
                     let mut answers = Vec::with_capacity(replies.len());
@@ -404,43 +407,62 @@ impl Inner {
         }));
     }
 
-    /// A re-entry by a holder that holds the lock here: exactly its nodes, all of them.
+    /// A re-entry by a holder that holds the lock here: exactly its nodes, all of them, each
+    /// only if its entry still exists there (a re-entry never creates an entry).
+    ///
+    /// Whatever goes wrong, the levels it took are given back before it answers, so that
+    /// every node keeps the count the hold had (issue 19, defect 6: a hold that ended while
+    /// the re-entry was in flight kept the new levels, which blocked contenders for a lease).
     async fn reenter(&self, holder: HolderId, nodes: Vec<usize>) -> Result<Attempt<Grant>> {
         let replies = join_all(
             nodes
                 .iter()
-                .map(|&i| async move { (i, self.acquire_on(i, holder).await) }),
+                .map(|&i| async move { (i, self.acquire_on(i, holder, true).await) }),
         )
         .await;
-        let (token, watch) = match lock(&self.holds).get(&holder) {
-            Some(h) => (h.token, h.watch.clone()),
-            None => {
-                return Err(Error::NotHeld {
-                    lock: self.label.to_string(),
-                    holder,
-                });
-            }
-        };
         let ok: Vec<usize> = replies
             .iter()
             .filter(|(_, r)| matches!(r, Ok(NodeAcquire::Acquired { .. })))
             .map(|(i, _)| *i)
             .collect();
-        if ok.len() == nodes.len() {
+        // Read after the replies: a hold that ended meanwhile gets none of the new levels.
+        let hold = lock(&self.holds)
+            .get(&holder)
+            .map(|h| (h.token, h.watch.clone()));
+        if let Some((token, watch)) = &hold
+            && ok.len() == nodes.len()
+        {
             let grant = Grant {
-                token,
+                token: *token,
                 node_deadlines: Vec::new(),
                 nodes,
                 deadline: watch.deadline(),
                 watch: OnceLock::new(),
             };
-            let _ = grant.watch.set(watch);
+            let _ = grant.watch.set(watch.clone());
             return Ok(Attempt::Acquired(grant));
         }
-        // Undo the levels taken, so that every node keeps the same count.
-        let mut undo = ok;
+        let mut undo = ok.clone();
         undo.reverse();
         self.release_nodes(&undo, holder).await;
+        if hold.is_none() {
+            return Err(Error::NotHeld {
+                lock: self.label.to_string(),
+                holder,
+            });
+        }
+        let gone = replies
+            .iter()
+            .filter(|(_, r)| matches!(r, Ok(NodeAcquire::NotHeld)))
+            .count();
+        if nodes.len() - gone < self.required {
+            // Fewer than a quorum of the held nodes still have the entry: the hold is lost.
+            return Err(Error::LeaseLost {
+                lock: self.label.to_string(),
+                holder,
+                reason: slate_core::LossReason::EntryGone,
+            });
+        }
         let reports = replies
             .into_iter()
             .map(|(i, r)| NodeReport {
@@ -448,6 +470,7 @@ impl Inner {
                 address: self.nodes.node(i).address().to_owned(),
                 state: match r {
                     Ok(NodeAcquire::Acquired { .. }) => NodeState::Released,
+                    Ok(NodeAcquire::NotHeld) => NodeState::NotHeld,
                     Ok(_) => NodeState::HeldByOther,
                     Err(e) => NodeState::Failed {
                         kind: e.backend_kind().unwrap_or(BackendKind::Other),
@@ -547,6 +570,8 @@ impl Competitor for CombinationCompetitor {
         holder: HolderId,
     ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
         let inner = self.inner.clone();
+        // A holder that holds the lock here re-enters its nodes (never creating an entry: the
+        // default `Competitor::reenter` comes here too); anyone else walks the nodes.
         let run = async move {
             match inner.held_nodes(holder) {
                 Some(nodes) => inner.reenter(holder, nodes).await,

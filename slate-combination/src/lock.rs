@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use slate_aqs::Synchronizer;
+use slate_core::detach::Detached;
 use slate_core::lease::{self, LeaseWatch};
 use slate_core::{
     DistributedLock, Error, FencingToken, HolderId, LockGuard, LockName, LockOptions, Result, Wait,
@@ -156,9 +157,11 @@ impl CombinationLockBuilder {
         let required = quorum(n, self.required)?;
         let set_opts = self.nodes.options();
         let op = set_opts.node_operation_time_value();
-        let budget = self
-            .budget
-            .unwrap_or(op * u32::try_from(n).unwrap_or(u32::MAX) + Duration::from_millis(100));
+        let budget = self.budget.unwrap_or_else(|| {
+            op.checked_mul(u32::try_from(n).unwrap_or(u32::MAX))
+                .and_then(|d| d.checked_add(Duration::from_millis(100)))
+                .unwrap_or(Duration::MAX)
+        });
         let lease = self.options.lease();
         if budget.is_zero() || budget >= lease {
             return Err(Error::invalid_input(
@@ -496,13 +499,20 @@ impl LockGuard for CombinationGuard {
         &self.watch
     }
 
+    /// Releases one level; see the trait. A dropped `unlock` future still completes its
+    /// release in the background (exactly once): the local owner is cleared and every node
+    /// released, whoever stops waiting.
     fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
         self.released = true;
-        release(
-            self.lock.clone(),
-            self.holder,
-            std::mem::take(&mut self.nodes),
-            self.depth,
+        let runtime = self.lock.inner().runtime.clone();
+        Detached::new(
+            release(
+                self.lock.clone(),
+                self.holder,
+                std::mem::take(&mut self.nodes),
+                self.depth,
+            ),
+            runtime,
         )
     }
 }

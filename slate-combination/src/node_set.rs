@@ -127,6 +127,9 @@ impl NodeSetOptions {
                 "use at least 1ms (the default is 50ms)",
             ));
         }
+        slate_core::options::check_max_duration("node operation time", self.node_op_time)?;
+        slate_core::options::check_max_duration("re-probe interval", self.reprobe)?;
+        slate_core::options::check_max_duration("quarantine", self.quarantine)?;
         if self.reprobe.is_zero() {
             return Err(Error::invalid_input(
                 "re-probe interval",
@@ -469,5 +472,33 @@ impl Node {
             address: self.address().to_owned(),
             state,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 19, defect 2: `node_operation_time(Duration::MAX)` panicked when the acquire
+    /// budget was computed from it; every duration of the node set is bounded.
+    #[test]
+    fn large_durations_are_refused() {
+        let d = NodeSetOptions::default;
+        for (opts, what) in [
+            (
+                d().node_operation_time(Duration::MAX),
+                "node operation time",
+            ),
+            (d().reprobe_interval(Duration::MAX), "re-probe interval"),
+            (d().quarantine(Duration::MAX), "quarantine"),
+        ] {
+            match opts.validate() {
+                Err(Error::InvalidInput { what: w, .. }) => assert_eq!(w, what),
+                other => panic!("{what}: expected invalid input, got {other:?}"),
+            }
+        }
+        d().node_operation_time(slate_core::MAX_DURATION)
+            .validate()
+            .unwrap();
     }
 }

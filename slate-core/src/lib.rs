@@ -12,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod detach;
 pub mod error;
 pub mod fencing;
 pub mod holder;
@@ -26,4 +27,4 @@ pub use holder::HolderId;
 pub use lease::{LeaseKeeper, LeaseWatch, LossReason};
 pub use lock::{DistributedLock, LockGuard, Wait};
 pub use name::{LockName, MAX_NAME_LEN};
-pub use options::LockOptions;
+pub use options::{LockOptions, MAX_DURATION};

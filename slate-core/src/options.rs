@@ -10,15 +10,49 @@ pub const MIN_LEASE: Duration = Duration::from_millis(30);
 pub const MIN_SPIN_WAIT: Duration = Duration::from_millis(1);
 /// The longest key prefix accepted, in bytes.
 pub const MAX_PREFIX_LEN: usize = 256;
+/// The longest duration any Slate option accepts (lease, spin wait, max hold, timeouts): 365
+/// days. Longer values mean nothing for a lock, and the bound keeps every deadline computed
+/// from them (`Instant` + duration) and every lease sent to Redis (milliseconds) far inside
+/// their ranges, so that no option can make an acquisition panic or a script refuse its TTL.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// Checks that the option `what` is at most [`MAX_DURATION`]; for option types of every
+/// Slate crate, so that they all refuse an oversize duration in the same words.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] naming `what` when `d` is longer than [`MAX_DURATION`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use slate_core::options::check_max_duration;
+///
+/// check_max_duration("command timeout", Duration::from_secs(2))?;
+/// let err = check_max_duration("command timeout", Duration::MAX).unwrap_err();
+/// assert!(err.is_invalid_input());
+/// # Ok::<(), slate_core::Error>(())
+/// ```
+pub fn check_max_duration(what: &'static str, d: Duration) -> Result<()> {
+    if d > MAX_DURATION {
+        return Err(Error::invalid_input(
+            what,
+            format!("{d:?} is longer than the maximum of 365 days"),
+            format!("use a {what} of at most 365 days"),
+        ));
+    }
+    Ok(())
+}
 
 /// Options common to both locks (see `SEMANTICS.md`, "Common to both locks").
 ///
 /// | option | default | rule |
 /// | --- | --- | --- |
-/// | lease | 30 s | at least 30 ms |
+/// | lease | 30 s | at least 30 ms, at most [`MAX_DURATION`] (365 days) |
 /// | renewal period | lease / 2 | between lease / 10 and lease / 2 |
-/// | spin wait | 50 ms | at least 1 ms |
-/// | max hold | none | when set, non-zero |
+/// | spin wait | 50 ms | at least 1 ms, at most [`MAX_DURATION`] |
+/// | max hold | none | when set, non-zero and at most [`MAX_DURATION`] |
 /// | key prefix | `slate:` | at most 256 bytes, no `{` or `}` |
 ///
 /// Setters never fail; [`LockOptions::validate`] (called by every lock builder) reports the
@@ -225,6 +259,7 @@ impl LockOptions {
                 format!("use a lease of at least {MIN_LEASE:?} (the default is 30s)"),
             ));
         }
+        check_max_duration("lease", self.lease)?;
         if let Some(period) = self.renewal_period {
             let (lo, hi) = (self.lease / 10, self.lease / 2);
             if period >= self.lease || period > hi {
@@ -254,6 +289,10 @@ impl LockOptions {
                 format!("{:?} would make waiters poll without pause", self.spin_wait),
                 format!("use a spin wait of at least {MIN_SPIN_WAIT:?} (the default is 50ms)"),
             ));
+        }
+        check_max_duration("spin wait", self.spin_wait)?;
+        if let Some(max_hold) = self.max_hold {
+            check_max_duration("max hold", max_hold)?;
         }
         if self.max_hold == Some(Duration::ZERO) {
             return Err(Error::invalid_input(
@@ -317,6 +356,17 @@ mod tests {
         );
         assert_eq!(what(d().with_spin_wait(Duration::ZERO)), "spin wait");
         assert_eq!(what(d().with_max_hold(Duration::ZERO)), "max hold");
+        // large_durations_are_refused (issue 19, defect 2): these panicked later, in the
+        // renewal service or on the clock, or reached Redis as an out-of-range TTL.
+        assert_eq!(what(d().with_lease(Duration::MAX)), "lease");
+        assert_eq!(
+            what(d().with_lease(MAX_DURATION + Duration::from_millis(1))),
+            "lease"
+        );
+        assert_eq!(what(d().with_spin_wait(Duration::MAX)), "spin wait");
+        assert_eq!(what(d().with_max_hold(Duration::MAX)), "max hold");
+        d().with_lease(MAX_DURATION).validate().unwrap();
+        d().with_max_hold(MAX_DURATION).validate().unwrap();
         assert_eq!(what(d().with_key_prefix("a{b")), "key prefix");
         assert_eq!(what(d().with_key_prefix("p".repeat(257))), "key prefix");
         d().with_renewal_period(Duration::from_secs(3))

@@ -209,6 +209,8 @@ impl ClientOptions {
                 "use a connect timeout of at least a few milliseconds (the default is 2s)",
             ));
         }
+        slate_core::options::check_max_duration("command timeout", self.command_timeout)?;
+        slate_core::options::check_max_duration("connect timeout", self.connect_timeout)?;
         if self.pool_size == 0 {
             return Err(Error::invalid_input(
                 "pool size",
@@ -871,6 +873,34 @@ mod tests {
             .unwrap_err();
         assert!(e.is_invalid_input());
         assert!(ClientOptions::default().pool_size(0).validate().is_err());
+    }
+
+    /// Issue 19, defect 2: `command_timeout(Duration::MAX)` panicked on the clock in every
+    /// call; it is refused when the client is opened.
+    #[test]
+    fn large_durations_are_refused() {
+        for opts in [
+            ClientOptions::default().command_timeout(Duration::MAX),
+            ClientOptions::default().connect_timeout(Duration::MAX),
+        ] {
+            let e = opts.validate().unwrap_err();
+            assert!(
+                e.is_invalid_input() && e.to_string().contains("365 days"),
+                "{e}"
+            );
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = RedisClient::open_with(
+            "redis://127.0.0.1:1",
+            ClientOptions::default()
+                .command_timeout(Duration::MAX)
+                .runtime(rt.handle().clone()),
+        )
+        .unwrap_err();
+        assert!(e.is_invalid_input(), "{e}");
     }
 
     #[test]

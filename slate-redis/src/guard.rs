@@ -2,9 +2,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
+use slate_core::detach::Detached;
 use slate_core::{DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockGuard, Result};
 use tracing::Instrument;
 
@@ -220,14 +219,12 @@ impl LockGuard for SingleLockGuard {
     fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
         self.released = true;
         let handle = self.lock.client().runtime().clone();
-        Detached {
-            fut: Some(Box::pin(
-                self.lock
-                    .client()
-                    .on_runtime(release(self.lock.clone(), self.holder)),
-            )),
+        Detached::new(
+            self.lock
+                .client()
+                .on_runtime(release(self.lock.clone(), self.holder)),
             handle,
-        }
+        )
     }
 }
 
@@ -254,41 +251,5 @@ impl fmt::Debug for SingleLockGuard {
             .field("depth", &self.depth)
             .field("deadline", &self.watch.deadline())
             .finish()
-    }
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// A future that, when dropped before completion, finishes in a task on `handle` instead of
-/// being cancelled (so a release runs exactly once, whoever stops waiting for it).
-struct Detached<T: Send + 'static> {
-    fut: Option<BoxFuture<T>>,
-    handle: tokio::runtime::Handle,
-}
-
-impl<T: Send + 'static> Future for Detached<T> {
-    type Output = T;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let Some(fut) = self.fut.as_mut() else {
-            return Poll::Pending;
-        };
-        match fut.as_mut().poll(cx) {
-            Poll::Ready(v) => {
-                self.fut = None;
-                Poll::Ready(v)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl<T: Send + 'static> Drop for Detached<T> {
-    fn drop(&mut self) {
-        if let Some(fut) = self.fut.take() {
-            drop(self.handle.spawn(async move {
-                let _ = fut.await;
-            }));
-        }
     }
 }

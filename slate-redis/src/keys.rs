@@ -15,8 +15,19 @@ use slate_core::LockName;
 /// | turn | `<prefix>{<name>}:turn` | which process a free lock is reserved for; TTL = lease |
 /// | request record | `<prefix>{<name>}:req:<holder>` | the holder's last acquire or release request and its answer, so that a retry does not apply twice; TTL = the retry window (2 × command timeout) |
 ///
-/// The name's bytes go in verbatim (between braces, so that the three share a cluster hash
-/// slot); they only ever travel as KEYS, ARGV or the channel name, never inside script text.
+/// The name's bytes go in verbatim, between braces, so that every key and the channel of one
+/// lock share one cluster hash slot: Redis hashes the bytes between the first `{` of a key
+/// and the first `}` after it, when there are any. They only ever travel as KEYS, ARGV or the
+/// channel name, never inside script text.
+///
+/// **One exception keeps that tag non-empty** (issue 19, defect 7): a name that begins with
+/// `}`, after any number of `{`, would give an empty tag (`p:{}x}`), and Redis then hashes
+/// each key whole, scattering the lock over several slots. Such a name gets one more `{` in
+/// front (`p:{{}x}`, tag `{`). The map stays one-to-one: a name gains the `{` exactly when it
+/// matches `^\{*\}`, and a name with the `{` added matches it too, so no other name can
+/// produce the same key. Every other name keeps the key it always had. The key prefix never
+/// contains a brace (the options refuse it), so the tag is always the first brace pair after
+/// the prefix, and it is never empty.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Keys {
     pub(crate) lock: Arc<[u8]>,
@@ -37,10 +48,14 @@ impl Keys {
     }
 
     pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
-        let mut lock = Vec::with_capacity(prefix.len() + name.as_bytes().len() + 2);
+        let name = name.as_bytes();
+        let mut lock = Vec::with_capacity(prefix.len() + name.len() + 3);
         lock.extend_from_slice(prefix.as_bytes());
         lock.push(b'{');
-        lock.extend_from_slice(name.as_bytes());
+        if empty_tag(name) {
+            lock.push(b'{');
+        }
+        lock.extend_from_slice(name);
         lock.push(b'}');
         let with = |suffix: &[u8]| -> Arc<[u8]> {
             let mut k = lock.clone();
@@ -57,9 +72,91 @@ impl Keys {
     }
 }
 
+/// Whether `{<name>}` would be an empty hash tag: the name is `{`* then `}`.
+fn empty_tag(name: &[u8]) -> bool {
+    let braces = name.iter().take_while(|&&b| b == b'{').count();
+    name.get(braces) == Some(&b'}')
+}
+
+/// The hash tag Redis Cluster hashes for `key`: the bytes between the first `{` and the
+/// first `}` after it when that is non-empty, else the whole key.
+#[cfg(test)]
+pub(crate) fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{')
+        && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn all(k: &Keys) -> Vec<Vec<u8>> {
+        vec![
+            k.lock.to_vec(),
+            k.fence.to_vec(),
+            k.channel.to_vec(),
+            k.queue.to_vec(),
+            k.turn.to_vec(),
+            k.record("h:1"),
+        ]
+    }
+
+    /// Issue 19, defect 7: `}x` gave `p:{}x}`, an empty tag, so each key hashed whole.
+    #[test]
+    fn names_beginning_with_a_closing_brace_get_one_tag() {
+        for name in ["}", "}x", "}}", "{}", "{{}x}", "}{", "{}{}"] {
+            let k = Keys::new("p:", &LockName::new(name).unwrap());
+            let keys = all(&k);
+            let tag = hash_tag(&keys[0]);
+            assert!(
+                !tag.is_empty() && tag != &keys[0][..],
+                "{name}: no tag in {:?}",
+                keys[0]
+            );
+            for key in &keys {
+                assert_eq!(hash_tag(key), tag, "{name}: {key:?}");
+            }
+        }
+        assert_eq!(
+            &*Keys::new("p:", &LockName::new("}x").unwrap()).lock,
+            b"p:{{}x}"
+        );
+        // Other names keep their key.
+        assert_eq!(
+            &*Keys::new("p:", &LockName::new("a}b").unwrap()).lock,
+            b"p:{a}b}"
+        );
+        assert_eq!(
+            &*Keys::new("p:", &LockName::new("{a").unwrap()).lock,
+            b"p:{{a}"
+        );
+    }
+
+    proptest! {
+        /// Every accepted name yields one non-empty tag shared by all of its keys, and two
+        /// names never share a lock key.
+        #[test]
+        fn every_name_has_one_slot_and_its_own_key(
+            a in prop::collection::vec(prop::sample::select(b"{}ab:".to_vec()), 1..8),
+            b in prop::collection::vec(prop::sample::select(b"{}ab:".to_vec()), 1..8),
+        ) {
+            let ka = Keys::new("p:", &LockName::new(&a).unwrap());
+            let kb = Keys::new("p:", &LockName::new(&b).unwrap());
+            let keys = all(&ka);
+            let tag = hash_tag(&keys[0]);
+            prop_assert!(!tag.is_empty() && tag != &keys[0][..]);
+            for key in &keys {
+                prop_assert_eq!(hash_tag(key), tag);
+            }
+            prop_assert_eq!(a == b, ka.lock == kb.lock);
+        }
+    }
 
     #[test]
     fn layout_is_prefix_braced_name_and_suffixes() {

@@ -10,7 +10,7 @@ use deadpool_redis::Pool;
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::{
     BackendKind, DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions,
-    Result, Wait,
+    LossReason, Result, Wait,
 };
 use tracing::Instrument;
 
@@ -146,6 +146,7 @@ impl RedisCompetitor {
     fn hold(&self, holder: HolderId, grant: &Grant) -> Hold {
         Hold {
             key: self.keys.lock.clone(),
+            turn: Some(self.keys.turn.clone()),
             holder,
             lease: self.options.lease(),
             period: self.options.renewal_period(),
@@ -384,6 +385,9 @@ pub(crate) struct Acquire<'a> {
     pub(crate) marker: Option<&'a [u8]>,
     /// This call's request id (a retry answers from its record; an undo names it).
     pub(crate) request: u64,
+    /// A re-entry only: the holder's entry must exist; the script answers `{-4}` and touches
+    /// nothing when it does not (the hold was lost), instead of starting a fresh hold.
+    pub(crate) reentry: bool,
 }
 
 /// Runs the acquire script and returns its reply (see `scripts/acquire.lua`). Retried once,
@@ -399,7 +403,7 @@ pub(crate) async fn acquire_remote(
     let queue_id = &*acquire.turn.queue_id;
     let tenure = acquire.turn.tenure;
     let record_ms = request::record_ttl_ms(client.command_timeout());
-    let (request, marker) = (acquire.request, acquire.marker);
+    let (request, marker, reentry) = (acquire.request, acquire.marker, acquire.reentry);
     client
         .exec("acquire script", |mut c| {
             let mut invocation = ACQUIRE.script.prepare_invoke();
@@ -419,17 +423,20 @@ pub(crate) async fn acquire_remote(
                 .arg(tenure)
                 .arg(request)
                 .arg(record_ms);
+            if reentry {
+                invocation.arg("1");
+            }
             async move { invocation.invoke_async(&mut c).await }
         })
         .await
 }
 
-impl Competitor for RedisCompetitor {
-    type Grant = Grant;
-
-    fn attempt(
+impl RedisCompetitor {
+    /// One acquire script call for `holder`; `reentry`: see [`Competitor::reenter`].
+    fn attempt_remote(
         &self,
         holder: HolderId,
+        reentry: bool,
     ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
         let client = self.client.clone();
         let turn = self.turn.clone();
@@ -449,6 +456,7 @@ impl Competitor for RedisCompetitor {
                 turn: &turn,
                 marker: None,
                 request,
+                reentry,
             };
             let reply = match acquire_remote(&client, &keys, acquire).await {
                 Ok(r) => r,
@@ -517,9 +525,40 @@ impl Competitor for RedisCompetitor {
                 }
                 // Only a request that was undone answers this, and nobody awaits it then.
                 [-3] => Ok(Attempt::Busy { retry_after: None }),
+                [-4] => {
+                    tracing::debug!(lock = %label, %holder, "re-entry found the hold gone");
+                    // The guards of the hold learn it now, not at the next renewal.
+                    let renewal = &client.inner.renewal;
+                    renewal.lose(&keys.lock, holder, LossReason::EntryGone);
+                    Err(Error::LeaseLost {
+                        lock: label.to_string(),
+                        holder,
+                        reason: LossReason::EntryGone,
+                    })
+                }
                 _ => Err(unexpected_reply("acquire script", client.address(), &reply)),
             }
         })
+    }
+}
+
+impl Competitor for RedisCompetitor {
+    type Grant = Grant;
+
+    fn attempt(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        self.attempt_remote(holder, false)
+    }
+
+    /// A re-entry never creates an entry: a holder whose entry is gone (lease lost) gets
+    /// [`Error::LeaseLost`], and the local depth stays as it was.
+    fn reenter(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        self.attempt_remote(holder, true)
     }
 
     fn after_acquire(&self, holder: HolderId, grant: &Grant) {

@@ -104,6 +104,9 @@ pub enum NodeAcquire {
     },
     /// The node marker is missing: the server lost its data. Nothing was touched.
     DataLost,
+    /// (A re-entry only, [`RedisClient::node_reenter`]) the holder has no entry on this node
+    /// (its lease ran out there): nothing was touched.
+    NotHeld,
 }
 
 /// A server's identity and age, from `INFO server`.
@@ -158,6 +161,36 @@ impl RedisClient {
         holder: HolderId,
         lease: Duration,
     ) -> Result<NodeAcquire> {
+        self.node_acquire_as(keys, holder, lease, false).await
+    }
+
+    /// Re-enters `holder`'s entry on this server: as [`node_acquire`](Self::node_acquire), but
+    /// an entry that does not exist is never created ([`NodeAcquire::NotHeld`]), so a level is
+    /// only ever added to a hold that still exists.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures (timeouts included), unexpected replies.
+    ///
+    /// # Cancel safety
+    ///
+    /// The command may or may not have run when the future is dropped; release the node.
+    pub async fn node_reenter(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        lease: Duration,
+    ) -> Result<NodeAcquire> {
+        self.node_acquire_as(keys, holder, lease, true).await
+    }
+
+    async fn node_acquire_as(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        lease: Duration,
+        reentry: bool,
+    ) -> Result<NodeAcquire> {
         let sent = Instant::now();
         let acquire = Acquire {
             holder,
@@ -165,6 +198,7 @@ impl RedisClient {
             turn: Turn::none(),
             marker: Some(&keys.marker),
             request: request::next_id(),
+            reentry,
         };
         let reply = acquire_remote(self, &keys.keys, acquire).await?;
         let acquired = |token: i64, count: i64| match (u64::try_from(token), u32::try_from(count)) {
@@ -182,6 +216,7 @@ impl RedisClient {
                 retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
             }),
             [-2] => Ok(NodeAcquire::DataLost),
+            [-4] => Ok(NodeAcquire::NotHeld),
             _ => Err(unexpected_reply("acquire script", self.address(), &reply)),
         }
     }
@@ -355,6 +390,7 @@ impl RedisClient {
             self,
             Hold {
                 key: keys.keys.lock.clone(),
+                turn: None,
                 holder,
                 lease: hold.lease,
                 period: hold.period,

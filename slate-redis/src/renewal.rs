@@ -20,6 +20,7 @@ use redis::RedisResult;
 use slate_core::lease::{self, LeaseKeeper, LeaseWatch, LossReason};
 use slate_core::{HolderId, Result};
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::client::{Inner, RedisClient, lock};
 use crate::scripts;
@@ -52,6 +53,9 @@ type RegKey = (Arc<[u8]>, HolderId);
 /// What a lock tells the service about one hold.
 pub(crate) struct Hold {
     pub(crate) key: Arc<[u8]>,
+    /// The lock's turn key, refreshed with the lease while held (single lock; `None` for the
+    /// combination lock's node entries, which have no turn).
+    pub(crate) turn: Option<Arc<[u8]>>,
     pub(crate) holder: HolderId,
     pub(crate) lease: Duration,
     pub(crate) period: Duration,
@@ -76,6 +80,9 @@ struct Registration {
     cap: Option<Instant>,
     phase: Phase,
     in_flight: bool,
+    /// `next_due` is a retry time (after a failed renewal, or one that met a release in
+    /// flight): it is kept to exactly, not brought forward like a scheduled renewal.
+    retrying: bool,
     /// Releases of this holder that are on their way to the server: a renewal answering 0
     /// meanwhile is the release's doing, not a loss.
     releasing: u32,
@@ -149,7 +156,8 @@ impl Renewal {
         // renewal still lands before the deadline.
         let next_due =
             (now + hold.period).min(now + hold.deadline.saturating_duration_since(now) / 2);
-        let cap = hold.max_hold.map(|m| now + m);
+        // Options bound the max hold, but a cap beyond the clock's range is simply no cap.
+        let cap = hold.max_hold.and_then(|m| now.checked_add(m));
         tracing::debug!(lock = %hold.label, holder = %hold.holder, "renewal registered");
         st.regs.insert(
             key,
@@ -161,6 +169,7 @@ impl Renewal {
                 cap,
                 phase: Phase::Renewing,
                 in_flight: false,
+                retrying: false,
                 releasing: 0,
             },
         );
@@ -187,6 +196,18 @@ impl Renewal {
             .is_some();
         if removed {
             tracing::debug!(holder = %holder, "renewal deregistered");
+        }
+    }
+
+    /// Reports `holder`'s lease on `key` lost now (a re-entry found its entry gone), unless it
+    /// already was.
+    pub(crate) fn lose(&self, key: &Arc<[u8]>, holder: HolderId, reason: LossReason) {
+        if let Some(reg) = lock(&self.shared.state)
+            .regs
+            .get_mut(&(key.clone(), holder))
+            && !matches!(reg.phase, Phase::Lost)
+        {
+            lose(reg, reason);
         }
     }
 
@@ -225,6 +246,7 @@ impl Renewal {
 /// One renewal to send.
 struct Due {
     key: RegKey,
+    turn: Option<Arc<[u8]>>,
     generation: u64,
     lease: Duration,
 }
@@ -304,11 +326,18 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
                 at(cap);
             }
             if !reg.in_flight {
-                // Renew a little early rather than send one more round trip soon after.
-                if reg.next_due <= now + reg.hold.period / 4 {
+                // Renew a little early rather than send one more round trip soon after (but
+                // a retry waits its delay: brought forward, it would go back to back).
+                let early = if reg.retrying {
+                    Duration::ZERO
+                } else {
+                    reg.hold.period / 4
+                };
+                if reg.next_due <= now + early {
                     reg.in_flight = true;
                     batch.push(Due {
                         key: key.clone(),
+                        turn: reg.hold.turn.clone(),
                         generation: reg.generation,
                         lease: reg.hold.lease,
                     });
@@ -331,8 +360,10 @@ fn lose(reg: &mut Registration, reason: LossReason) {
 async fn send(client: &RedisClient, shared: &Shared, batch: Vec<Due>) {
     let sent = Instant::now();
     let span = tracing::debug_span!("renewal", locks = batch.len());
+    let replies = renew_pipeline(client, &batch)
+        .instrument(span.clone())
+        .await;
     let _enter = span.enter();
-    let replies = renew_pipeline(client, &batch).await;
     let now = Instant::now();
     let mut st = lock(&shared.state);
     for (i, due) in batch.iter().enumerate() {
@@ -342,32 +373,50 @@ async fn send(client: &RedisClient, shared: &Shared, batch: Vec<Due>) {
         if reg.generation != due.generation {
             continue;
         }
-        reg.in_flight = false;
         let reply = match &replies {
             Ok(r) => r.get(i).cloned().unwrap_or(Ok(-2)),
             Err(e) => Err(e.to_string()),
         };
-        match reply {
-            Ok(1) => {
-                reg.keeper.extend(deadline(sent, due.lease));
-                reg.next_due = sent + reg.hold.period;
-                tracing::trace!(lock = %reg.hold.label, "renewed");
-            }
-            Ok(0) if reg.releasing > 0 => {}
-            Ok(0) => {
-                if !matches!(reg.phase, Phase::Lost) {
-                    lose(reg, LossReason::EntryGone);
-                }
-            }
-            other => {
-                reg.next_due = now + retry_delay(reg.hold.period);
-                tracing::debug!(lock = %reg.hold.label, reply = ?other,
-                    "renewal failed; retrying until the deadline");
-            }
-        }
+        apply(reg, reply, due.lease, sent, now);
     }
     drop(st);
     shared.notify.notify_one();
+}
+
+/// Applies one renewal reply (`sent`: when its pipeline was sent) to its registration.
+fn apply(
+    reg: &mut Registration,
+    reply: std::result::Result<i64, String>,
+    lease: Duration,
+    sent: Instant,
+    now: Instant,
+) {
+    reg.in_flight = false;
+    match reply {
+        Ok(1) => {
+            reg.keeper.extend(deadline(sent, lease));
+            reg.next_due = sent + reg.hold.period;
+            reg.retrying = false;
+            tracing::trace!(lock = %reg.hold.label, "renewed");
+        }
+        // The release in flight deleted the entry; its reply will deregister the hold. Until
+        // then, ask again at the retry pace (not at once: the renewal would go back to back).
+        Ok(0) if reg.releasing > 0 => {
+            reg.next_due = now + retry_delay(reg.hold.period);
+            reg.retrying = true;
+        }
+        Ok(0) => {
+            if !matches!(reg.phase, Phase::Lost) {
+                lose(reg, LossReason::EntryGone);
+            }
+        }
+        other => {
+            reg.next_due = now + retry_delay(reg.hold.period);
+            reg.retrying = true;
+            tracing::debug!(lock = %reg.hold.label, reply = ?other,
+                "renewal failed; retrying until the deadline");
+        }
+    }
 }
 
 /// One round trip: every renewal of the batch as EVALSHA in one pipeline; entries that answer
@@ -379,7 +428,12 @@ async fn renew_pipeline(
     let build = |items: &[&Due]| {
         let mut pipe = redis::pipe();
         for due in items {
-            pipe.add_command(scripts::renew_cmd(&due.key.0, due.key.1, due.lease));
+            pipe.add_command(scripts::renew_cmd(
+                &due.key.0,
+                due.turn.as_deref(),
+                due.key.1,
+                due.lease,
+            ));
         }
         pipe.ignore_errors();
         pipe
@@ -410,7 +464,12 @@ async fn renew_pipeline(
     let mut pipe = redis::pipe();
     pipe.add_command(scripts::RENEW.load_cmd()).ignore();
     for due in retry {
-        pipe.add_command(scripts::renew_cmd(&due.key.0, due.key.1, due.lease));
+        pipe.add_command(scripts::renew_cmd(
+            &due.key.0,
+            due.turn.as_deref(),
+            due.key.1,
+            due.lease,
+        ));
     }
     pipe.ignore_errors();
     let pipe = &pipe;
@@ -423,4 +482,99 @@ async fn renew_pipeline(
         out[slot] = r.map_err(|e| e.to_string());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(now: Instant, period: Duration) -> Registration {
+        let lease = period * 2;
+        let (keeper, _watch) = lease::channel(now + lease);
+        Registration {
+            hold: Hold {
+                key: Arc::from(b"k".as_slice()),
+                turn: None,
+                holder: HolderId::new(),
+                lease,
+                period,
+                max_hold: None,
+                deadline: now + lease,
+                label: Arc::from("k"),
+            },
+            generation: 1,
+            keeper,
+            next_due: now,
+            cap: None,
+            phase: Phase::Renewing,
+            in_flight: false,
+            retrying: false,
+            releasing: 0,
+        }
+    }
+
+    /// Issue 19, defect 5: a renewal that answered 0 while a release of the same holder was
+    /// in flight left `next_due` in the past, so the service sent renewals back to back until
+    /// the release answered. It now waits the retry delay.
+    #[test]
+    fn renewal_during_inflight_release_does_not_spin() {
+        let now = Instant::now();
+        let period = Duration::from_millis(100);
+        let mut st = State::default();
+        let mut reg = registration(now, period);
+        let key = (reg.hold.key.clone(), reg.hold.holder);
+        reg.releasing = 1;
+        st.regs.insert(key.clone(), reg);
+        let (batch, _) = plan(&mut st, now);
+        assert_eq!(batch.len(), 1, "the registration is due");
+        let reg = st.regs.get_mut(&key).unwrap();
+        apply(reg, Ok(0), period * 2, now, now);
+        assert!(
+            !matches!(reg.phase, Phase::Lost),
+            "a release's doing, not a loss"
+        );
+        // Right after the reply, and a little later: nothing to send yet.
+        for later in [now, now + Duration::from_millis(1)] {
+            let (batch, wake) = plan(&mut st, later);
+            assert!(
+                batch.is_empty(),
+                "renewal sent again at once during the release"
+            );
+            assert!(
+                wake.is_some_and(|w| w > later),
+                "the service sleeps until the retry"
+            );
+        }
+        // At the retry delay it asks again.
+        let (batch, _) = plan(&mut st, now + retry_delay(period));
+        assert_eq!(batch.len(), 1);
+    }
+
+    /// A failed renewal (an error reply, a broken connection) is retried after the retry
+    /// delay, not at once: the early-renewal window used to swallow the delay.
+    #[test]
+    fn failed_renewal_waits_the_retry_delay() {
+        let now = Instant::now();
+        let period = Duration::from_millis(100);
+        let mut st = State::default();
+        let reg = registration(now, period);
+        let key = (reg.hold.key.clone(), reg.hold.holder);
+        st.regs.insert(key.clone(), reg);
+        assert_eq!(plan(&mut st, now).0.len(), 1);
+        let reg = st.regs.get_mut(&key).unwrap();
+        apply(reg, Err("connection reset".into()), period * 2, now, now);
+        assert!(plan(&mut st, now).0.is_empty(), "retried back to back");
+        assert_eq!(plan(&mut st, now + retry_delay(period)).0.len(), 1);
+    }
+
+    /// Without a release in flight, 0 is a loss (unchanged).
+    #[test]
+    fn renewal_answering_zero_is_entry_gone() {
+        let now = Instant::now();
+        let mut reg = registration(now, Duration::from_millis(100));
+        let watch = reg.keeper.watch();
+        apply(&mut reg, Ok(0), Duration::from_millis(200), now, now);
+        assert!(matches!(reg.phase, Phase::Lost));
+        assert_eq!(watch.loss_reason(), Some(LossReason::EntryGone));
+    }
 }

@@ -69,10 +69,14 @@ pub(crate) fn lease_ms(lease: Duration) -> u64 {
 }
 
 /// The renewal of one hold, for a pipeline.
-pub(crate) fn renew_cmd(key: &[u8], holder: HolderId, lease: Duration) -> Cmd {
+pub(crate) fn renew_cmd(key: &[u8], turn: Option<&[u8]>, holder: HolderId, lease: Duration) -> Cmd {
     let holder = holder.to_string();
     let ms = lease_ms(lease).to_string();
-    RENEW.evalsha_cmd(&[key], &[holder.as_bytes(), ms.as_bytes()])
+    let args: [&[u8]; 2] = [holder.as_bytes(), ms.as_bytes()];
+    match turn {
+        Some(turn) => RENEW.evalsha_cmd(&[key, turn], &args),
+        None => RENEW.evalsha_cmd(&[key], &args),
+    }
 }
 
 /// Whether a reply says the server does not know the script.

@@ -21,6 +21,9 @@
 -- ARGV[4]  tenure: acquisitions in a row a queue may keep while others wait
 -- ARGV[5]  request id (decimal digits, unique per call; '' = no record)
 -- ARGV[6]  how long the record is kept, in ms (the window in which a retry may arrive)
+-- ARGV[7]  (optional) '1': a re-entry only. The caller holds the lock in its process, so the
+--          holder's field must exist; if it does not (the lease was lost), nothing is touched
+--          and {-4} is answered: a fresh hold must never be counted as one more level
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the key was absent; created holder -> 1 with the lease and
@@ -35,6 +38,8 @@
 --                      data since it was marked; nothing was touched
 --   {-3}               the request was cancelled (its caller gave up and undid it); nothing
 --                      was touched
+--   {-4}               (only with ARGV[7] = '1') the holder's field does not exist: its hold
+--                      was lost; nothing was touched
 --
 -- A request whose record says it already acquired, while the holder's field still exists,
 -- answers {1, token} or {2, token, count} as it did the first time and changes nothing.
@@ -60,6 +65,9 @@ if req ~= '' then
             end
         end
     end
+end
+if ARGV[7] == '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+    return {-4}
 end
 local function remember(token, count)
     if req ~= '' then

@@ -1,16 +1,24 @@
--- Slate single lock: renew a holder's lease.
+-- Slate: renew a holder's lease.
 --
 -- KEYS[1]  lock hash: <prefix>{<name>}
+-- KEYS[2]  (optional, single lock) the turn: <prefix>{<name>}:turn (see acquire.lua). While
+--          the lock is held, the turn records the holder's process and its tenure; it must
+--          live as long as the hold, or the release would read a tenure of 0 and keep the turn
+--          for ever (a hold longer than the lease would defeat the tenure)
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in milliseconds
 --
 -- Replies (an integer):
---   1  renewed: the holder's field exists; the key's TTL was reset to the lease
+--   1  renewed: the holder's field exists; the key's TTL (and the turn's, if it exists) was
+--      reset to the lease
 --   0  not held: the field is gone; nothing was touched (renewal never re-creates an entry)
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    if #KEYS >= 2 then
+        redis.call('PEXPIRE', KEYS[2], ARGV[2])
+    end
     return 1
 end
 return 0

@@ -1,0 +1,100 @@
+//! [`Detached`]: a future that finishes in the background when it is dropped early.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A future that, when dropped before completion, is finished by a task on a tokio runtime
+/// instead of being cancelled.
+///
+/// Every guard's `unlock()` returns one: the [`LockGuard`](crate::LockGuard) contract says a
+/// dropped `unlock` future still releases, exactly once (the caller stopped waiting for the
+/// outcome; the lock must not stay held because of it, e.g. under
+/// `tokio::time::timeout(d, guard.unlock())`). Nothing is spawned unless it is dropped early.
+///
+/// # Examples
+///
+/// ```
+/// use slate_core::detach::Detached;
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicBool, Ordering};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let done = Arc::new(AtomicBool::new(false));
+/// let flag = done.clone();
+/// let release = Detached::new(
+///     async move {
+///         tokio::task::yield_now().await;
+///         flag.store(true, Ordering::SeqCst);
+///     },
+///     tokio::runtime::Handle::current(),
+/// );
+/// // The caller gives up at once: the work still completes, in a task.
+/// let _ = tokio::time::timeout(std::time::Duration::ZERO, release).await;
+/// while !done.load(Ordering::SeqCst) {
+///     tokio::task::yield_now().await;
+/// }
+/// # }
+/// ```
+///
+/// # Cancel safety
+///
+/// This is what makes a future cancel safe in the sense above: dropping it never loses the
+/// work, only its output.
+#[must_use = "futures do nothing unless polled (a dropped Detached runs in the background)"]
+pub struct Detached<T: Send + 'static> {
+    fut: Option<BoxFuture<T>>,
+    handle: tokio::runtime::Handle,
+}
+
+impl<T: Send + 'static> Detached<T> {
+    /// Wraps `fut`; if the wrapper is dropped before `fut` completes, `fut` is finished by a
+    /// task spawned on `handle`.
+    pub fn new(
+        fut: impl Future<Output = T> + Send + 'static,
+        handle: tokio::runtime::Handle,
+    ) -> Self {
+        Detached {
+            fut: Some(Box::pin(fut)),
+            handle,
+        }
+    }
+}
+
+impl<T: Send + 'static> fmt::Debug for Detached<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Detached")
+            .field("done", &self.fut.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> Future for Detached<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let Some(fut) = self.fut.as_mut() else {
+            return Poll::Pending;
+        };
+        match fut.as_mut().poll(cx) {
+            Poll::Ready(v) => {
+                self.fut = None;
+                Poll::Ready(v)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: Send + 'static> Drop for Detached<T> {
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take() {
+            drop(self.handle.spawn(async move {
+                let _ = fut.await;
+            }));
+        }
+    }
+}

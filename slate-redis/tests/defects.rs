@@ -1,0 +1,192 @@
+//! Regression tests for the defects of issue 19 that the single lock reaches, each named after
+//! its defect and each failing on the code before its fix (commit ec39e02).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::*;
+use ecosphere::server::RedisServer;
+use slate_redis::{DistributedLock, LockGuard, LossReason, SingleLock};
+
+/// Defect 3: the turn key got its TTL only at acquisition. A hold longer than the lease let
+/// it expire; the release then read a tenure of 0 and kept the turn, so a process with two
+/// local tasks that each hold longer than the lease starved every other process for ever.
+/// Now renewal refreshes the turn with the lease, and the other process gets the lock after
+/// at most a tenure (8) of the first process's acquisitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_holds_keep_the_tenure() {
+    const LEASE: Duration = Duration::from_millis(200);
+    const HOLD: Duration = Duration::from_millis(300); // longer than the lease: renewed
+    const ROUNDS: u32 = 24; // three tenures
+    let server = server();
+    let (a, b) = (client(&server), client(&server)); // two "processes"
+    let la = lock(&a, "tenure", LEASE);
+    let lb = lock(&b, "tenure", LEASE);
+    let acquisitions = Arc::new(AtomicU32::new(0));
+    let b_won = Arc::new(AtomicBool::new(false));
+    // Process A: two tasks, so that a release always leaves a local waiter behind.
+    let tasks: Vec<_> = (0..2)
+        .map(|_| {
+            let (la, n, b_won) = (la.clone(), acquisitions.clone(), b_won.clone());
+            tokio::spawn(async move {
+                while n.load(Ordering::SeqCst) < ROUNDS && !b_won.load(Ordering::SeqCst) {
+                    let guard = la.lock().await.unwrap();
+                    n.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(HOLD).await;
+                    assert!(!guard.is_lost(), "renewal keeps a long hold");
+                    guard.unlock().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(5), "A holds", || {
+        acquisitions.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    // Process B asks while A holds; it must not wait for more than a tenure of A's holds.
+    let asked_at = acquisitions.load(Ordering::SeqCst);
+    let got = lb.try_lock_for(HOLD * (ROUNDS + 2)).await;
+    let waited = acquisitions.load(Ordering::SeqCst) - asked_at;
+    b_won.store(true, Ordering::SeqCst);
+    let guard = got.unwrap_or_else(|e| {
+        panic!("process B starved through {waited} acquisitions of process A: {e}")
+    });
+    guard.unlock().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        waited <= 8 + 1,
+        "process B waited {waited} acquisitions of process A (tenure 8)"
+    );
+}
+
+/// Defect 4: after the hold was lost, a re-entry was a fresh acquisition counted as one more
+/// level; unlocking the stale outer guard then deleted the fresh entry while the inner guard
+/// still believed it held the lock. A re-entry now fails with `LeaseLost` and creates
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_after_lost_lease_fails() {
+    let server = server();
+    let (a, b) = (client(&server), client(&server));
+    let la = lock(&a, "lost", Duration::from_secs(5));
+    let lb = lock(&b, "lost", Duration::from_secs(5));
+    let outer = la.lock().await.unwrap();
+    let holder = outer.holder();
+    // The lease is lost: the entry is gone (as when it expired during a pause).
+    assert_eq!(int(&server, &["DEL", "slate:{lost}"]), 1);
+    let err = outer.reenter().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            slate_core::Error::LeaseLost {
+                reason: LossReason::EntryGone,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Nothing was created, and the local hold still has its one level.
+    assert!(!la.is_locked().await.unwrap());
+    assert_eq!(la.local_owner(), Some((holder, 1)));
+    // Another process can take the lock; the stale guard's release does not touch it.
+    let other = lb.try_lock().await.unwrap().expect("the lock is free");
+    assert!(outer.unlock().await.unwrap_err().is_not_held());
+    assert!(lb.is_locked().await.unwrap());
+    assert_eq!(la.local_owner(), None);
+    other.unlock().await.unwrap();
+}
+
+/// The same through `lock_as` with an inner guard alive: the outer guard's holder re-enters
+/// while its entry is gone and another process holds the lock: `LeaseLost` (unchanged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_while_another_process_holds_fails() {
+    let server = server();
+    let (a, b) = (client(&server), client(&server));
+    let la = lock(&a, "lost2", Duration::from_secs(5));
+    let lb = lock(&b, "lost2", Duration::from_secs(5));
+    let outer = la.lock().await.unwrap();
+    assert_eq!(int(&server, &["DEL", "slate:{lost2}"]), 1);
+    let other = lb.try_lock().await.unwrap().expect("the lock is free");
+    let err = la.lock_as(outer.holder()).await.unwrap_err();
+    assert!(err.is_lease_lost(), "{err:?}");
+    assert_eq!(lb.hold_count(other.holder()).await.unwrap(), 1);
+    other.unlock().await.unwrap();
+    drop(outer);
+}
+
+/// A one-node Redis Cluster owning every slot: a script whose keys span two slots fails with
+/// CROSSSLOT there, as on any cluster.
+fn cluster_node() -> RedisServer {
+    let server = RedisServer::builder()
+        .arg("cluster-enabled", "yes")
+        .start()
+        .expect("start redis-server in cluster mode");
+    server
+        .command(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+        .expect("CLUSTER ADDSLOTSRANGE");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String =
+            redis::from_redis_value(server.command(&["CLUSTER", "INFO"]).unwrap()).unwrap();
+        if info.contains("cluster_state:ok") {
+            return server;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cluster state: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Defect 7: a name beginning with `}` gave the keys an empty hash tag (`p:{}x}`), so each key
+/// hashed whole and every script failed with CROSSSLOT on a cluster. Every script of the
+/// single lock runs here on a cluster node for hostile names: acquire, re-entry, busy answer,
+/// renewal (with the turn key), release with a waiter queued (queue, turn, channel), force
+/// unlock and the queries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_beginning_with_a_brace_stay_in_one_slot() {
+    let server = cluster_node();
+    let (a, b) = (client(&server), client(&server));
+    for name in ["}x", "}", "{}", "{{}}", "a}b", "{a", "}{", "x{y}z"] {
+        let lease = Duration::from_millis(300);
+        let la = lock(&a, name, lease);
+        let lb = SingleLock::builder(&b, name).lease(lease).build().unwrap();
+        let outer = la.lock().await.unwrap();
+        let inner = outer.reenter().await.unwrap();
+        assert!(lb.try_lock().await.unwrap().is_none(), "{name}: busy");
+        let waiter = {
+            let lb = lb.clone();
+            tokio::spawn(async move { lb.lock().await })
+        };
+        eventually(Duration::from_secs(5), "the waiter queued", || {
+            lb.local_waiters() == 1
+        })
+        .await;
+        // Renewed at least twice (every 150 ms) within a lease and a half.
+        tokio::time::sleep(lease * 3 / 2).await;
+        assert!(
+            !outer.is_lost(),
+            "{name}: renewal failed: {:?}",
+            outer.lease().loss_reason()
+        );
+        assert_eq!(la.hold_count(outer.holder()).await.unwrap(), 2, "{name}");
+        assert!(la.remaining_lease().await.unwrap().is_some(), "{name}");
+        assert_eq!(inner.unlock().await.unwrap(), 1, "{name}");
+        assert_eq!(outer.unlock().await.unwrap(), 0, "{name}");
+        let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{name}: waiter: {e}"));
+        assert!(lb.force_unlock().await.unwrap(), "{name}: force unlock");
+        assert!(guard.unlock().await.unwrap_err().is_not_held(), "{name}");
+        assert!(!la.is_locked().await.unwrap(), "{name}");
+    }
+}
