@@ -614,3 +614,46 @@ impl Competitor for CombinationCompetitor {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use ecosphere::server::RedisServer;
+    use slate_core::{DistributedLock, LockGuard};
+
+    use crate::{CombinationLock, NodeSet, NodeSetOptions};
+
+    /// Issue 19, defect 6: `reenter` took a level on every node, then found the hold gone
+    /// (its last local level was released while the re-entry was in flight) and returned
+    /// `NotHeld` without giving the levels back: they blocked contenders for a whole lease.
+    /// The window is forced here by ending the hold, as the outer release's local step does,
+    /// right before the re-entry's node calls.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reentry_racing_the_release_leaks_no_level() {
+        let servers = RedisServer::start_many(3).expect("redis-server");
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        let nodes = NodeSet::connect(urls, NodeSetOptions::default()).unwrap();
+        nodes.adopt_fresh_servers("slate:").await.unwrap();
+        let lock = CombinationLock::builder(&nodes, "race").build().unwrap();
+        let guard = lock.lock().await.unwrap();
+        let holder = guard.holder();
+        let inner = &lock.shared.sync.competitor().inner;
+        let held = inner.held_nodes(holder).unwrap();
+        inner.end_hold(holder);
+        let err = inner.reenter(holder, held).await.err().unwrap();
+        assert!(err.is_not_held(), "{err:?}");
+        // Every node keeps the one level the hold had (not two).
+        for server in &servers {
+            let count: Option<i64> = redis::from_redis_value(
+                server
+                    .command(&["HGET", "slate:{race}", &holder.to_string()])
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(count, Some(1), "a re-entry level was left behind");
+        }
+        guard.unlock().await.unwrap();
+        assert!(!lock.is_locked().await.unwrap());
+    }
+}
