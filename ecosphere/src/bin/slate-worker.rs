@@ -51,7 +51,10 @@
 //!   `DEPTH n` per level and `HOLD_COUNT n`, holds `--hold-ms` (with resource operations if
 //!   `--resource-url` is given),
 //!   releases level by level (`RELEASED n`, `--step-ms` apart), then sends one extra release
-//!   (the library's release script, as no guard is left) and prints `EXTRA not_held`.
+//!   (the library's release script, as no guard is left) and prints `EXTRA not_held`. With
+//!   `--reenter-file PATH` it prints `REENTER_WAIT` at depth 1 and re-enters once PATH exists;
+//!   a re-entry that finds the lease lost prints `REENTER lease_lost`, releases the first
+//!   level (`RELEASED not_held`) and ends the mode.
 //! - `wait`: `--tasks` waiters each call `try_lock_for(--budget-ms)` once (`try_lock()` for a
 //!   budget of 0); prints `INVOKED n` once all have invoked; winners hold `--hold-ms` (one
 //!   counter increment if `--resource-url` is given) and unlock. Prints
@@ -69,7 +72,9 @@
 //! `LOST`, `LATE`, `UNLOCK`; an incomplete release is `UNLOCK error <message>`) and logs the
 //! same events (`renew_ok` whenever the combined deadline moved, checked at each tick). The
 //! resource server is optional in `hold`; `--fenced-key` works as above. Last: `STATS
-//! renewals=0 subscriptions=0 local_waiters=W`.
+//! renewals=0 subscriptions=0 local_waiters=W`. With `--cancel-unlock`, `contend` drops each
+//! `unlock()` future after its first poll (logged as `rel_info`, the release finishing in the
+//! background).
 //!
 //! Exit code 0 on success; 1 with a message on stderr otherwise (bad arguments: 2). In `hold`
 //! and `wait`, lock errors are outcomes (recorded), not worker failures.
@@ -235,6 +240,16 @@ struct Args {
     /// partition).
     #[arg(long)]
     unlock_file: Option<PathBuf>,
+    /// Reenter: after `DEPTH 1`, print `REENTER_WAIT` and wait, bounded by the run's deadline,
+    /// until this file exists before re-entering (the test makes the hold lose its entry
+    /// meanwhile). A re-entry that fails with a lost lease is then an outcome: `REENTER
+    /// lease_lost`, the first level is released (`RELEASED not_held`), and the mode ends.
+    #[arg(long)]
+    reenter_file: Option<PathBuf>,
+    /// Combination lock: give up on every `unlock()` after its first poll (as
+    /// `timeout(d, guard.unlock())` does when `d` runs out first); logged as `rel_info`.
+    #[arg(long)]
+    cancel_unlock: bool,
     /// Hold (single lock): this many OS threads spin on the CPU while holding (the application
     /// busy next to its renewal), stopped when the hold ends.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=8))]
@@ -279,8 +294,13 @@ impl Drop for Burners {
 
 /// Waits until `file` exists (if given), bounded by `deadline`; prints `UNLOCK_WAIT` first.
 async fn wait_unlock_file(file: Option<&PathBuf>, deadline: Instant) -> Res<()> {
+    wait_file("UNLOCK_WAIT", file, deadline).await
+}
+
+/// Prints `line` and waits, bounded by `deadline`, until `file` exists (nothing without one).
+async fn wait_file(line: &str, file: Option<&PathBuf>, deadline: Instant) -> Res<()> {
     let Some(file) = file else { return Ok(()) };
-    say("UNLOCK_WAIT")?;
+    say(line)?;
     while !file.exists() {
         if Instant::now() >= deadline {
             return Err(format!("{} did not appear in time", file.display()));
@@ -990,6 +1010,7 @@ async fn reenter(ctx: &Ctx) -> Res<()> {
     say(&format!("HOLDING {} {}", held.holder, held.token))?;
     say("DEPTH 1")?;
     let holder = g1.holder();
+    wait_file("REENTER_WAIT", ctx.args.reenter_file.as_ref(), ctx.deadline).await?;
     let (g2, h2) = {
         let attempt = ctx.next_attempt();
         ctx.record(
@@ -1012,6 +1033,11 @@ async fn reenter(ctx: &Ctx) -> Res<()> {
                         reason: e.to_string(),
                     },
                 )?;
+                if ctx.args.reenter_file.is_some() && e.is_lease_lost() {
+                    say("REENTER lease_lost")?;
+                    let released = ctx.release(0, &mut held, g1).await?;
+                    return say(&format!("RELEASED {}", released.line()));
+                }
                 return Err(format!("reenter() failed: {e}"));
             }
             Err(_) => return Err("max duration reached in reenter()".to_owned()),
@@ -1230,6 +1256,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
 mod combination {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::task::Poll;
     use std::time::{Duration, Instant};
 
     use ecosphere::clock::to_mono_ns;
@@ -1454,7 +1481,7 @@ mod combination {
                 )?;
             }
             match release(ctx, task, &holder, guard).await? {
-                Released::Ok(_) | Released::NotHeld => {}
+                Released::Ok(_) | Released::NotHeld | Released::Cancelled => {}
                 Released::Incomplete(_) => {
                     ctx.incomplete.fetch_add(1, Ordering::Relaxed);
                 }
@@ -1472,6 +1499,8 @@ mod combination {
         /// `ReleaseIncomplete`: some node could not be reached (its entry expires with the lease).
         Incomplete(String),
         Error(String),
+        /// `--cancel-unlock`: the caller stopped waiting; the release goes on in the background.
+        Cancelled,
     }
 
     /// `rel_invoke`, `unlock()`, then `rel_ok` / `rel_fail{not_held}` / `rel_info`.
@@ -1490,7 +1519,21 @@ mod combination {
             },
         )?;
         let holder = holder.to_owned();
-        let (kind, released) = match tokio::time::timeout(ctx.remaining(), guard.unlock()).await {
+        let mut unlock = Box::pin(guard.unlock());
+        if ctx.args.cancel_unlock
+            && let Poll::Pending = futures::poll!(unlock.as_mut())
+        {
+            drop(unlock);
+            ctx.record(
+                task,
+                EventKind::RelInfo {
+                    holder,
+                    reason: "cancelled: unlock dropped after its first poll".to_owned(),
+                },
+            )?;
+            return Ok(Released::Cancelled);
+        }
+        let (kind, released) = match tokio::time::timeout(ctx.remaining(), unlock).await {
             Ok(Ok(n)) => (
                 EventKind::RelOk {
                     holder,
@@ -1642,6 +1685,7 @@ mod combination {
         let line = match release(ctx, 0, &holder, guard).await? {
             Released::Ok(n) => format!("ok {n}"),
             Released::NotHeld => "not_held".to_owned(),
+            Released::Cancelled => "cancelled".to_owned(),
             Released::Incomplete(m) | Released::Error(m) => {
                 format!("error {}", m.replace('\n', " "))
             }

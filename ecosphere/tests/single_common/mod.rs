@@ -45,6 +45,8 @@ pub struct Worker {
     pub late_write: bool,
     /// `--unlock-file`: hold waits for this file before unlocking.
     pub unlock_file: Option<PathBuf>,
+    /// `--reenter-file`: reenter waits for this file at depth 1 before re-entering.
+    pub reenter_file: Option<PathBuf>,
     /// `--burn-threads`.
     pub burn_threads: u64,
     /// Run through `ip <exec_prefix...> slate-worker ...` (a network namespace).
@@ -76,6 +78,7 @@ impl Worker {
             fenced_key: None,
             late_write: false,
             unlock_file: None,
+            reenter_file: None,
             burn_threads: 0,
             exec_prefix: None,
         }
@@ -129,6 +132,10 @@ impl Worker {
         opt(
             "--unlock-file",
             self.unlock_file.as_ref().map(|p| p.display().to_string()),
+        );
+        opt(
+            "--reenter-file",
+            self.reenter_file.as_ref().map(|p| p.display().to_string()),
         );
         if self.burn_threads > 0 {
             a.push("--burn-threads".into());
