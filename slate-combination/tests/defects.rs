@@ -104,3 +104,40 @@ async fn reentry_after_lost_lease_fails() {
     let g = try_as(&lock, HolderId::new()).await.unwrap().expect("free");
     g.unlock().await.unwrap();
 }
+
+/// Issue 19, "also": can a plain release of a node overtake that node's acquire and leave an
+/// orphan entry? Not through a hung node: node 0 is frozen during an attempt, the attempt
+/// wins on nodes 1 and 2 and releases node 0 in the background, retrying on replaced
+/// connections for a lease; the first release travels on the acquire's own connection, right
+/// behind it, so when node 0 resumes (after several node operation times) it runs the acquire
+/// and then that release, and later retries find nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_of_a_timed_out_node_acquire_leaves_no_orphan() {
+    let mut s = servers(3);
+    let op = Duration::from_millis(100);
+    let nodes = view_of(urls(&s), opts(op));
+    adopt(&nodes).await;
+    let name = "overtake";
+    // A lease long enough that an orphan entry would still be there at the end.
+    let lock = slate_combination::CombinationLock::builder(&nodes, name)
+        .lease(Duration::from_secs(4))
+        .build()
+        .unwrap();
+    lock.lock().await.unwrap().unlock().await.unwrap(); // connections and scripts ready
+    s[0].pause().unwrap();
+    let guard = lock.lock().await.unwrap();
+    assert_eq!(guard.nodes(), &[1, 2]);
+    // The fault's length: many node operation times (the background release is retried and
+    // its connection replaced meanwhile).
+    tokio::time::sleep(op * 10).await;
+    s[0].resume().unwrap();
+    let holder = guard.holder();
+    wait_for(Duration::from_secs(5), "node 0 to run the held-up commands", || {
+        let keys: Vec<String> =
+            redis::from_redis_value(s[0].command(&["KEYS", "*:req:*"]).unwrap()).unwrap();
+        (!keys.is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(count_of(&s[0], name, holder), None, "orphan entry on node 0");
+    guard.unlock().await.unwrap();
+}

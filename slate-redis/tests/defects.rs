@@ -190,3 +190,40 @@ async fn names_beginning_with_a_brace_stay_in_one_slot() {
         assert!(!la.is_locked().await.unwrap(), "{name}");
     }
 }
+
+/// Issue 19, "also": can a timed-out acquire whose undo runs after the request record's
+/// window (a server that resumes long after) leave an orphan entry? No: the undo is written
+/// on the acquire's own connection right after the timeout, so the server runs the two in
+/// order whenever it resumes, and the record is written by the acquire itself, at that time.
+/// Here the server is frozen for five record windows with both in its socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_of_an_acquire_held_past_the_record_window_leaves_no_entry() {
+    const TIMEOUT: Duration = Duration::from_millis(200); // record window: 400 ms
+    let mut server = server();
+    let client = client_with(
+        &server,
+        slate_redis::ClientOptions::default().command_timeout(TIMEOUT),
+    );
+    let lock = lock(&client, "held-up", Duration::from_secs(10));
+    // Connection and scripts ready before the freeze.
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    server.pause().unwrap();
+    let err = lock.try_lock().await.unwrap_err();
+    assert!(
+        err.backend_kind() == Some(slate_core::BackendKind::Timeout),
+        "{err}"
+    );
+    // The fault's length, not a wait for a condition: five record windows.
+    tokio::time::sleep(TIMEOUT * 10).await;
+    server.resume().unwrap();
+    // Both ran once the holder's request record (written by each of them) is there.
+    eventually(Duration::from_secs(5), "the acquire and its undo to run", || {
+        keys(&server).iter().any(|k| k.contains(":req:"))
+    })
+    .await;
+    assert!(
+        !keys(&server).contains(&"slate:{held-up}".to_owned()),
+        "orphan entry: {:?}",
+        keys(&server)
+    );
+}
