@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -205,19 +205,20 @@ impl FaultProxy {
     /// [`HarnessError::Io`] when the port cannot be bound or the proxy thread or runtime cannot
     /// start.
     pub fn start(upstream: SocketAddr) -> Result<Self, HarnessError> {
-        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .map_err(HarnessError::io("binding the proxy port"))?;
-        let port = listener
-            .local_addr()
-            .map_err(HarnessError::io("reading the proxy port"))?
-            .port();
-        listener
-            .set_nonblocking(true)
-            .map_err(HarnessError::io("making the proxy listener non-blocking"))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(HarnessError::io("building the proxy runtime"))?;
+        // Registered with the proxy's runtime (entering it works inside another runtime too).
+        let listener = {
+            let _in_proxy_runtime = runtime.enter();
+            port_socket(0).and_then(|s| s.listen(LISTEN_BACKLOG))
+        }
+        .map_err(HarnessError::io("binding the proxy port"))?;
+        let port = listener
+            .local_addr()
+            .map_err(HarnessError::io("reading the proxy port"))?
+            .port();
         let shared = Arc::new(Shared {
             upstream,
             port,
@@ -535,13 +536,31 @@ impl Drop for FaultProxy {
     }
 }
 
+/// Listen backlog of the proxy port.
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// A socket bound to `port` on loopback (0: any free port) with `SO_REUSEPORT`, so that a
+/// second one can hold the port while the first stops listening.
+fn port_socket(port: u16) -> std::io::Result<TcpSocket> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind((Ipv4Addr::LOCALHOST, port).into())?;
+    Ok(socket)
+}
+
 /// Accepts connections and keeps the listener in line with the mode.
+///
+/// Under [`Mode::Refuse`] the port stays bound by a socket that does not listen (connects are
+/// refused), so that no other socket (an outgoing connection given it as its ephemeral port,
+/// another test's server) can take it meanwhile and make the proxy unable to listen again.
 async fn accept_loop(
     shared: Arc<Shared>,
-    listener: std::net::TcpListener,
+    listener: TcpListener,
     mut control: watch::Receiver<Control>,
 ) -> std::io::Result<()> {
-    let mut listener = Some(TcpListener::from_std(listener)?);
+    let mut listener = Some(listener);
+    let mut held: Option<TcpSocket> = None;
     loop {
         let current = *control.borrow_and_update();
         if current.shutdown {
@@ -549,11 +568,20 @@ async fn accept_loop(
         }
         let mut error = None;
         match (current.mode == Mode::Refuse, listener.is_some()) {
-            (true, true) => listener = None,
-            (false, false) => match rebind(shared.port).await {
-                Ok(bound) => listener = Some(bound),
-                Err(err) => error = Some(format!("rebinding port {}: {err}", shared.port)),
-            },
+            (true, true) => {
+                held = port_socket(shared.port).ok();
+                listener = None;
+            }
+            (false, false) => {
+                let bound = match held.take() {
+                    Some(socket) => socket.listen(LISTEN_BACKLOG),
+                    None => rebind(shared.port).await,
+                };
+                match bound {
+                    Ok(bound) => listener = Some(bound),
+                    Err(err) => error = Some(format!("rebinding port {}: {err}", shared.port)),
+                }
+            }
             _ => {}
         }
         shared.acknowledge(current.seq, error);
@@ -591,7 +619,7 @@ async fn rebind(port: u16) -> std::io::Result<TcpListener> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
+        match port_socket(port).and_then(|s| s.listen(LISTEN_BACKLOG)) {
             Ok(listener) => return Ok(listener),
             Err(err) if tries >= REBIND_TRIES => return Err(err),
             Err(_) => tokio::time::sleep(REBIND_PAUSE).await,

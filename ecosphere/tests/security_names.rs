@@ -8,7 +8,8 @@
 //! `slate:{a}:fence` itself), a NUL byte, non-UTF-8 bytes (the API takes bytes).
 //!
 //! Expected: each name is either refused by a clear validation error (`InvalidInput` naming
-//! the limit) or used verbatim, only inside the braces of its keys (`slate:{<name>}` and its
+//! the limit) or used verbatim, only inside the braces of its keys (`slate:{<name>}`, or
+//! `slate:{{<name>}` for a name that is `{`* then `}`, whose tag would otherwise be empty; and its
 //! suffixed side keys), with no script error; the keys of distinct names never coincide; and
 //! locks never interfere:
 //! - pairs of look-alike names contend at the same time, from worker processes (names that fit
@@ -44,6 +45,21 @@ use slate_core::{DistributedLock, LockGuard, LossReason, MAX_NAME_LEN};
 use slate_redis::{ClientOptions, RedisClient, SingleLock, SingleLockGuard};
 
 /// Names that fit a command line (no NUL, valid UTF-8), in look-alike pairs.
+
+/// The lock key of `name` under the default prefix: the name's exact bytes in braces, with one
+/// more `{` in front of a name that is `{`* then `}` (whose tag would otherwise be empty: issue
+/// 19, defect 7).
+fn lock_key(name: &[u8]) -> Vec<u8> {
+    let mut key = b"slate:{".to_vec();
+    let braces = name.iter().take_while(|&&b| b == b'{').count();
+    if name.get(braces) == Some(&b'}') {
+        key.push(b'{');
+    }
+    key.extend_from_slice(name);
+    key.push(b'}');
+    key
+}
+
 fn argv_names() -> Vec<String> {
     vec![
         "a".into(),
@@ -177,9 +193,7 @@ async fn x3_names_are_refused_clearly_or_used_verbatim_as_keys() {
     let lease = Duration::from_secs(2);
     for name in &names {
         let lock = lock_of(&client, name, lease);
-        let mut expected = b"slate:{".to_vec();
-        expected.extend_from_slice(name);
-        expected.push(b'}');
+        let expected = lock_key(name);
         assert_eq!(lock.key(), expected.as_slice());
         for k in derived(lock.key()) {
             if let Some(other) = all_keys.insert(k.clone(), name.clone()) {
@@ -467,9 +481,10 @@ fn look_alike_pairs(procs: usize, tasks: u64, iterations: u64, within: Duration)
             lease,
             per_name,
         );
-        let fence = format!("slate:{{{name}}}:fence");
+        let mut fence = lock_key(name.as_bytes());
+        fence.extend_from_slice(b":fence");
         assert_eq!(
-            raw_get(&lock_server, fence.as_bytes()),
+            raw_get(&lock_server, &fence),
             per_name,
             "{label}: its own fencing counter counted only its own holders"
         );

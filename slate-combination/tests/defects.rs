@@ -132,12 +132,20 @@ async fn release_of_a_timed_out_node_acquire_leaves_no_orphan() {
     tokio::time::sleep(op * 10).await;
     s[0].resume().unwrap();
     let holder = guard.holder();
-    wait_for(Duration::from_secs(5), "node 0 to run the held-up commands", || {
-        let keys: Vec<String> =
-            redis::from_redis_value(s[0].command(&["KEYS", "*:req:*"]).unwrap()).unwrap();
-        (!keys.is_empty()).then_some(())
-    })
+    wait_for(
+        Duration::from_secs(5),
+        "node 0 to run the held-up commands",
+        || {
+            let keys: Vec<String> =
+                redis::from_redis_value(s[0].command(&["KEYS", "*:req:*"]).unwrap()).unwrap();
+            (!keys.is_empty()).then_some(())
+        },
+    )
     .await;
-    assert_eq!(count_of(&s[0], name, holder), None, "orphan entry on node 0");
+    assert_eq!(
+        count_of(&s[0], name, holder),
+        None,
+        "orphan entry on node 0"
+    );
     guard.unlock().await.unwrap();
 }

@@ -7,12 +7,19 @@
 //! channel in one command and wakes every such lock once (a release may have been missed while
 //! it was down). While it is down, waiters are told notifications are off and wait on the
 //! spin-wait timer.
+//!
+//! Subscriptions never hold up messages: every `SUBSCRIBE`, `UNSUBSCRIBE` and keepalive `PING`
+//! is an outstanding future polled beside the message stream, and the requests that arrived
+//! together go out as one command. A channel whose lock's queue drained stays subscribed for a
+//! linger period (1 s), so that a name contended on and off costs at most one `SUBSCRIBE` and
+//! one `UNSUBSCRIBE` per period.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use redis::aio::{PubSubSink, PubSubStream};
 use slate_aqs::Notifications;
 use tokio::sync::{mpsc, oneshot};
@@ -156,6 +163,10 @@ impl Notifier {
                 command_timeout: self.command_timeout,
                 connect_timeout: self.connect_timeout,
                 sink: None,
+                generation: 0,
+                subscribed: HashSet::new(),
+                inflight: HashMap::new(),
+                lingering: HashMap::new(),
                 refusal_reported: false,
             };
             rc.spawn(listener.run(receiver));
@@ -165,12 +176,40 @@ impl Notifier {
     }
 }
 
+/// What an outstanding (un)subscription, ping or keepalive answered.
+enum Outcome {
+    /// A `SUBSCRIBE` of `channels` was confirmed (or failed).
+    Subscribed {
+        channels: Vec<Arc<[u8]>>,
+        replies: Vec<oneshot::Sender<bool>>,
+        result: redis::RedisResult<()>,
+    },
+    /// An `UNSUBSCRIBE` (or a keepalive `PING`) answered.
+    Done(bool),
+}
+
+type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = (u64, Outcome)> + Send>>;
+
+/// How long a channel stays subscribed after its lock's queue drained. A name contended on
+/// and off (waiters come and go) then costs one `SUBSCRIBE` and one `UNSUBSCRIBE` per linger
+/// period at most, instead of a pair per wait.
+const LINGER: Duration = Duration::from_secs(1);
+
 struct Listener {
     client: redis::Client,
     state: Arc<Mutex<State>>,
     command_timeout: Duration,
     connect_timeout: Duration,
     sink: Option<PubSubSink>,
+    /// Bumped on every new connection; outcomes of an older one are ignored.
+    generation: u64,
+    /// Channels the server confirmed we are subscribed to.
+    subscribed: HashSet<Arc<[u8]>>,
+    /// Channels whose `SUBSCRIBE` is on its way, with the requests that arrived meanwhile (the
+    /// request that sent it is answered by its own outcome).
+    inflight: HashMap<Arc<[u8]>, Vec<oneshot::Sender<bool>>>,
+    /// Subscribed channels no longer wanted, and when to unsubscribe them.
+    lingering: HashMap<Arc<[u8]>, Instant>,
     /// Whether a refused subscription was already reported (once per listener).
     refusal_reported: bool,
 }
@@ -192,10 +231,17 @@ impl Listener {
         }
     }
 
+    /// The listener's loop. It never waits for a (un)subscription inline: every command to
+    /// the server is an outstanding future polled beside the message stream, so release
+    /// messages are dispatched while subscriptions are on their way. Requests that arrive
+    /// together are sent as one `SUBSCRIBE` (one round trip for many names).
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         let mut stream: Option<PubSubStream> = None;
+        let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
         let mut backoff = BACKOFF_MIN;
         let mut retry_at: Option<Instant> = None;
+        // Subscribe requests waiting for a connection.
+        let mut waiting: Vec<oneshot::Sender<bool>> = Vec::new();
         loop {
             let wanted = !lock(&self.state).channels.is_empty();
             if stream.is_none() && wanted && retry_at.is_none_or(|t| Instant::now() >= t) {
@@ -210,55 +256,68 @@ impl Listener {
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
                 }
+                // Whoever waited for this connection learns whether it is up.
+                let up = stream.is_some();
+                for reply in waiting.drain(..) {
+                    let _ = reply.send(up);
+                }
             }
+            let connected = stream.is_some();
             let retry = async {
                 match retry_at {
-                    Some(t) if wanted => tokio::time::sleep_until(t.into()).await,
+                    Some(t) if wanted && !connected => {
+                        tokio::time::sleep_until(t.into()).await;
+                    }
                     _ => std::future::pending().await,
                 }
             };
-            let connected = stream.is_some();
+            let unlinger_at = self.lingering.values().min().copied();
+            let unlinger = async {
+                match unlinger_at {
+                    Some(t) if connected => tokio::time::sleep_until(t.into()).await,
+                    _ => std::future::pending().await,
+                }
+            };
             let next_msg = async {
                 match stream.as_mut() {
                     Some(s) => s.next().await,
                     None => std::future::pending().await,
                 }
             };
+            let outcome = async {
+                if pending.is_empty() {
+                    std::future::pending().await
+                } else {
+                    pending.next().await
+                }
+            };
             tokio::select! {
-                cmd = rx.recv() => match cmd {
-                    None => return,
-                    Some(Command::Subscribe(channel, reply)) => {
-                        if stream.is_none() && retry_at.is_none_or(|t| Instant::now() >= t) {
-                            if let Some(s) = self.connect().await {
-                                stream = Some(s);
-                                backoff = BACKOFF_MIN;
-                                retry_at = None;
-                            } else {
-                                retry_at = Some(Instant::now() + backoff);
-                                backoff = (backoff * 2).min(BACKOFF_MAX);
+                cmd = rx.recv() => {
+                    let Some(first) = cmd else { return };
+                    // Everything already queued goes into the same round trip.
+                    let mut batch = vec![first];
+                    while let Ok(more) = rx.try_recv() {
+                        batch.push(more);
+                    }
+                    if stream.is_none() {
+                        // The next turn of the loop connects and subscribes every wanted
+                        // channel in one command; replies wait for that.
+                        for cmd in batch {
+                            if let Command::Subscribe(_, reply) = cmd {
+                                if retry_at.is_some_and(|t| Instant::now() < t) {
+                                    let _ = reply.send(false);
+                                } else {
+                                    waiting.push(reply);
+                                }
                             }
                         }
-                        let ok = match stream {
-                            Some(_) => match self.subscribe_one(&channel).await {
-                                Some(confirmed) => confirmed,
-                                None => {
-                                    stream = None;
-                                    self.down();
-                                    retry_at = Some(Instant::now() + backoff);
-                                    false
-                                }
-                            },
-                            None => false,
-                        };
-                        let _ = reply.send(ok);
+                        retry_at = retry_at.filter(|t| Instant::now() < *t);
+                        continue;
                     }
-                    Some(Command::Unsubscribe(channel)) => {
-                        if stream.is_some() && !self.unsubscribe_one(&channel).await {
-                            stream = None;
-                            self.down();
-                        }
+                    if let Some(fut) = self.apply(batch) {
+                        pending.push(fut);
                     }
-                },
+                }
                 msg = next_msg => match msg {
                     Some(msg) => self.dispatch(&msg),
                     None => {
@@ -267,16 +326,191 @@ impl Listener {
                         self.down();
                     }
                 },
-                () = retry => {}
-                () = tokio::time::sleep(KEEPALIVE), if connected => {
-                    if !self.ping().await {
-                        tracing::warn!("pub/sub connection does not answer; reconnecting");
+                Some((generation, outcome)) = outcome => {
+                    if generation == self.generation && !self.finish(outcome) {
                         stream = None;
                         self.down();
+                        retry_at = Some(Instant::now() + backoff);
+                    }
+                }
+                () = unlinger => {
+                    if let Some(fut) = self.unsubscribe_lingering() {
+                        pending.push(fut);
+                    }
+                }
+                () = retry => {}
+                () = tokio::time::sleep(KEEPALIVE), if connected => {
+                    if let Some(fut) = self.ping() {
+                        pending.push(fut);
                     }
                 }
             }
         }
+    }
+
+    /// Applies a batch of requests on a live connection: channels wanted again while still
+    /// subscribed are confirmed at once; the others are subscribed in one command (returned);
+    /// unsubscriptions start their linger.
+    fn apply(&mut self, batch: Vec<Command>) -> Option<Pending> {
+        let now = Instant::now();
+        let mut to_subscribe: Vec<Arc<[u8]>> = Vec::new();
+        let mut replies = Vec::new();
+        for cmd in batch {
+            match cmd {
+                Command::Subscribe(channel, reply) => {
+                    let wanted = lock(&self.state).channels.contains_key(&channel);
+                    if !wanted {
+                        let _ = reply.send(false);
+                    } else if self.subscribed.contains(&channel) {
+                        // Subscribed all along (it was lingering): a release published from
+                        // now on is delivered. Confirmed "now", not at the original time:
+                        // messages of the lingering period were not dispatched.
+                        self.lingering.remove(&channel);
+                        self.confirm(&channel, now);
+                        let _ = reply.send(true);
+                    } else if let Some(waiting) = self.inflight.get_mut(&channel) {
+                        waiting.push(reply);
+                    } else {
+                        self.inflight.insert(channel.clone(), Vec::new());
+                        to_subscribe.push(channel);
+                        replies.push(reply);
+                    }
+                }
+                Command::Unsubscribe(channel) => {
+                    if self.subscribed.contains(&channel)
+                        && !lock(&self.state).channels.contains_key(&channel)
+                    {
+                        self.lingering.insert(channel, now + LINGER);
+                    }
+                }
+            }
+        }
+        if to_subscribe.is_empty() {
+            return None;
+        }
+        let Some(mut sink) = self.sink.clone() else {
+            // Not reached: requests are applied on a live connection only.
+            for c in &to_subscribe {
+                self.inflight.remove(c);
+            }
+            return None;
+        };
+        let (generation, budget) = (self.generation, self.command_timeout);
+        Some(Box::pin(async move {
+            let args: Vec<&[u8]> = to_subscribe.iter().map(|c| &**c).collect();
+            let result = match tokio::time::timeout(budget, sink.subscribe(args)).await {
+                Ok(r) => r,
+                Err(_) => Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "SUBSCRIBE timed out",
+                ))),
+            };
+            (
+                generation,
+                Outcome::Subscribed {
+                    channels: to_subscribe,
+                    replies,
+                    result,
+                },
+            )
+        }))
+    }
+
+    fn confirm(&self, channel: &Arc<[u8]>, at: Instant) {
+        if let Some(ch) = lock(&self.state).channels.get_mut(channel) {
+            ch.confirmed_at = Some(at);
+        }
+    }
+
+    /// Applies an outcome of the current connection; `false`: the connection failed.
+    fn finish(&mut self, outcome: Outcome) -> bool {
+        match outcome {
+            Outcome::Subscribed {
+                channels,
+                replies,
+                result,
+            } => {
+                let ok = match result {
+                    Ok(()) => true,
+                    Err(e) => {
+                        self.subscribe_failed(&e);
+                        false
+                    }
+                };
+                let now = Instant::now();
+                let mut replies = replies;
+                for channel in channels {
+                    replies.extend(self.inflight.remove(&channel).unwrap_or_default());
+                    if !ok {
+                        continue;
+                    }
+                    self.confirm(&channel, now);
+                    if !lock(&self.state).channels.contains_key(&channel) {
+                        // Unwanted while the SUBSCRIBE was on its way.
+                        self.lingering.insert(channel.clone(), now + LINGER);
+                    }
+                    self.subscribed.insert(channel);
+                }
+                for reply in replies {
+                    let _ = reply.send(ok);
+                }
+                ok
+            }
+            Outcome::Done(ok) => {
+                if !ok {
+                    tracing::warn!("pub/sub connection does not answer; reconnecting");
+                }
+                ok
+            }
+        }
+    }
+
+    /// One `UNSUBSCRIBE` for every lingering channel whose time came and that is still not
+    /// wanted.
+    fn unsubscribe_lingering(&mut self) -> Option<Pending> {
+        let now = Instant::now();
+        let due: Vec<Arc<[u8]>> = self
+            .lingering
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(c, _)| c.clone())
+            .collect();
+        let st = lock(&self.state);
+        let gone: Vec<Arc<[u8]>> = due
+            .into_iter()
+            .filter(|c| !st.channels.contains_key(c))
+            .collect();
+        drop(st);
+        self.lingering.retain(|_, at| *at > now);
+        if gone.is_empty() {
+            return None;
+        }
+        for c in &gone {
+            self.subscribed.remove(c);
+        }
+        let mut sink = self.sink.clone()?;
+        let (generation, budget) = (self.generation, self.command_timeout);
+        Some(Box::pin(async move {
+            let args: Vec<&[u8]> = gone.iter().map(|c| &**c).collect();
+            let ok = matches!(
+                tokio::time::timeout(budget, sink.unsubscribe(args)).await,
+                Ok(Ok(()))
+            );
+            (generation, Outcome::Done(ok))
+        }))
+    }
+
+    /// A keepalive `PING` (a silently dead connection would otherwise look subscribed).
+    fn ping(&mut self) -> Option<Pending> {
+        let mut sink = self.sink.clone()?;
+        let (generation, budget) = (self.generation, self.command_timeout);
+        Some(Box::pin(async move {
+            let ok = matches!(
+                tokio::time::timeout(budget, sink.ping::<redis::Value>()).await,
+                Ok(Ok(_))
+            );
+            (generation, Outcome::Done(ok))
+        }))
     }
 
     /// Opens the connection and subscribes every wanted channel in one command; on success
@@ -325,6 +559,14 @@ impl Listener {
                 .collect()
         };
         tracing::debug!(channels = channels.len(), "pub/sub connected");
+        self.generation += 1;
+        self.subscribed = channels.into_iter().collect();
+        self.lingering.clear();
+        for (_, waiting) in self.inflight.drain() {
+            for reply in waiting {
+                let _ = reply.send(false);
+            }
+        }
         self.sink = Some(sink);
         for t in targets.iter().filter_map(Weak::upgrade) {
             t.released();
@@ -332,55 +574,15 @@ impl Listener {
         Some(stream)
     }
 
-    /// `Some(true)`: confirmed; `Some(false)`: no longer wanted (nothing sent); `None`: the
-    /// connection failed.
-    async fn subscribe_one(&mut self, channel: &Arc<[u8]>) -> Option<bool> {
-        let sink = self.sink.as_mut()?;
-        if !lock(&self.state).channels.contains_key(channel) {
-            return Some(false);
-        }
-        match tokio::time::timeout(self.command_timeout, sink.subscribe(&**channel)).await {
-            Ok(Ok(())) => {
-                let mut st = lock(&self.state);
-                if let Some(ch) = st.channels.get_mut(channel) {
-                    ch.confirmed_at = Some(Instant::now());
-                }
-                Some(true)
-            }
-            Ok(Err(e)) => {
-                self.subscribe_failed(&e);
-                None
-            }
-            Err(_) => None,
-        }
-    }
-
-    async fn unsubscribe_one(&mut self, channel: &Arc<[u8]>) -> bool {
-        let Some(sink) = self.sink.as_mut() else {
-            return true;
-        };
-        if lock(&self.state).channels.contains_key(channel) {
-            // Wanted again meanwhile.
-            return true;
-        }
-        matches!(
-            tokio::time::timeout(self.command_timeout, sink.unsubscribe(&**channel)).await,
-            Ok(Ok(()))
-        )
-    }
-
-    async fn ping(&mut self) -> bool {
-        let Some(sink) = self.sink.as_mut() else {
-            return false;
-        };
-        matches!(
-            tokio::time::timeout(self.command_timeout, sink.ping::<redis::Value>()).await,
-            Ok(Ok(_))
-        )
-    }
-
     fn down(&mut self) {
         self.sink = None;
+        self.subscribed.clear();
+        self.lingering.clear();
+        for (_, waiting) in self.inflight.drain() {
+            for reply in waiting {
+                let _ = reply.send(false);
+            }
+        }
         let mut st = lock(&self.state);
         st.up = false;
         for ch in st.channels.values_mut() {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::*;
+use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
 use slate_redis::{DistributedLock, LockGuard, LossReason, SingleLock};
 
@@ -217,13 +218,131 @@ async fn undo_of_an_acquire_held_past_the_record_window_leaves_no_entry() {
     tokio::time::sleep(TIMEOUT * 10).await;
     server.resume().unwrap();
     // Both ran once the holder's request record (written by each of them) is there.
-    eventually(Duration::from_secs(5), "the acquire and its undo to run", || {
-        keys(&server).iter().any(|k| k.contains(":req:"))
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the acquire and its undo to run",
+        || keys(&server).iter().any(|k| k.contains(":req:")),
+    )
     .await;
     assert!(
         !keys(&server).contains(&"slate:{held-up}".to_owned()),
         "orphan entry: {:?}",
         keys(&server)
     );
+}
+
+/// A client whose commands go straight to `server` and whose pub/sub connection goes through
+/// `proxy`.
+fn client_with_pubsub_via(server: &RedisServer, proxy: &FaultProxy) -> slate_redis::RedisClient {
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    slate_redis::RedisClient::from_pool(pool, redis::Client::open(proxy.url()).unwrap()).unwrap()
+}
+
+/// Issue 19, "also": the pub/sub listener awaited each `SUBSCRIBE` inline and dispatched no
+/// message meanwhile, so with many contended names a waiter could wait seconds for a release
+/// message that had already arrived. Here lock B's `SUBSCRIBE` is held up 3 s on its way to
+/// the server (only the pub/sub connection goes through the proxy); lock A is released
+/// meanwhile, and its waiter (spin wait 30 s: only the message can wake it) must get the lock
+/// before B's subscription could possibly have been confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_messages_are_dispatched_while_a_subscription_is_on_its_way() {
+    const HELD_UP: Duration = Duration::from_secs(3);
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).unwrap();
+    let waiter_client = client_with_pubsub_via(&server, &proxy);
+    let holder_client = client(&server);
+    let build = |c: &slate_redis::RedisClient, name: &str| {
+        SingleLock::builder(c, name)
+            .lease(Duration::from_secs(30))
+            .spin_wait(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let (held_a, held_b) = (
+        build(&holder_client, "a").lock().await.unwrap(),
+        build(&holder_client, "b").lock().await.unwrap(),
+    );
+    let (wa, wb) = (build(&waiter_client, "a"), build(&waiter_client, "b"));
+    let task_a = {
+        let wa = wa.clone();
+        tokio::spawn(async move { wa.lock().await })
+    };
+    // A's waiter is parked with its subscription confirmed (the first parked wait).
+    eventually(Duration::from_secs(5), "A's waiter subscribed", || {
+        let stats = waiter_client.stats();
+        stats.subscriptions == 1 && stats.pubsub_up && wa.local_waiters() == 1
+    })
+    .await;
+    proxy
+        .set_mode(Mode::Delay {
+            to_server: HELD_UP,
+            to_client: Duration::ZERO,
+        })
+        .unwrap();
+    let task_b = {
+        let wb = wb.clone();
+        tokio::spawn(async move { wb.lock().await })
+    };
+    eventually(Duration::from_secs(5), "B's subscription requested", || {
+        waiter_client.stats().subscriptions == 2
+    })
+    .await;
+    let released = std::time::Instant::now();
+    held_a.unlock().await.unwrap();
+    let guard_a = tokio::time::timeout(HELD_UP * 3, task_a)
+        .await
+        .expect("A's waiter acquires")
+        .unwrap()
+        .unwrap();
+    let woke_after = released.elapsed();
+    assert!(
+        woke_after < HELD_UP,
+        "A's waiter woke {woke_after:?} after the release: its message waited for B's SUBSCRIBE"
+    );
+    guard_a.unlock().await.unwrap();
+    proxy.set_mode(Mode::Pass).unwrap();
+    held_b.unlock().await.unwrap();
+    let guard_b = tokio::time::timeout(Duration::from_secs(10), task_b)
+        .await
+        .expect("B's waiter acquires")
+        .unwrap()
+        .unwrap();
+    guard_b.unlock().await.unwrap();
+}
+
+/// Issue 19, "also": a name contended on and off (a waiter parks, the lock frees, the queue
+/// drains, again) cost a `SUBSCRIBE` and an `UNSUBSCRIBE` per wait. A drained channel now
+/// lingers: 20 such waits in a row cost one subscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_contended_on_and_off_subscribes_once_per_linger() {
+    let server = server();
+    let (a, b) = (client(&server), client(&server));
+    let la = lock(&a, "churn", Duration::from_secs(5));
+    let lb = lock(&b, "churn", Duration::from_secs(5));
+    let subscribes = || {
+        let text: String =
+            redis::from_redis_value(server.command(&["INFO", "commandstats"]).unwrap()).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_subscribe:"))
+            .and_then(|f| f.split(',').find_map(|x| x.strip_prefix("calls=")))
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    for _ in 0..20 {
+        let held = la.lock().await.unwrap();
+        let waiter = {
+            let lb = lb.clone();
+            tokio::spawn(async move { lb.lock().await })
+        };
+        eventually(Duration::from_secs(5), "the waiter subscribed", || {
+            b.stats().subscriptions == 1 && lb.local_waiters() == 1
+        })
+        .await;
+        held.unlock().await.unwrap();
+        let g = waiter.await.unwrap().unwrap();
+        g.unlock().await.unwrap();
+    }
+    let n = subscribes();
+    assert!(n <= 3, "{n} SUBSCRIBE commands for 20 waits on one name");
 }
