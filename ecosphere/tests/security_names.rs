@@ -44,8 +44,6 @@ use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{DistributedLock, LockGuard, LossReason, MAX_NAME_LEN};
 use slate_redis::{ClientOptions, RedisClient, SingleLock, SingleLockGuard};
 
-/// Names that fit a command line (no NUL, valid UTF-8), in look-alike pairs.
-
 /// The lock key of `name` under the default prefix: the name's exact bytes in braces, with one
 /// more `{` in front of a name that is `{`* then `}` (whose tag would otherwise be empty: issue
 /// 19, defect 7).
@@ -60,6 +58,7 @@ fn lock_key(name: &[u8]) -> Vec<u8> {
     key
 }
 
+/// Names that fit a command line (no NUL, valid UTF-8), in look-alike pairs.
 fn argv_names() -> Vec<String> {
     vec![
         "a".into(),
