@@ -152,6 +152,13 @@ impl CombinationLockBuilder {
     /// a node-set quarantine shorter than the lease, no tokio runtime.
     pub fn build(self) -> Result<CombinationLock> {
         self.options.validate()?;
+        if self.options.fence_expiry().is_some() {
+            return Err(Error::invalid_input(
+                "fence expiry",
+                "the combination lock keeps a persistent fencing counter on each node",
+                "leave the fence expiry unset for a combination lock (it is a single-lock option)",
+            ));
+        }
         let name = LockName::new(&self.name)?;
         let n = self.nodes.len();
         let required = quorum(n, self.required)?;

@@ -54,6 +54,7 @@ pub fn check_max_duration(what: &'static str, d: Duration) -> Result<()> {
 /// | spin wait | 50 ms | at least 1 ms, at most [`MAX_DURATION`] |
 /// | max hold | none | when set, non-zero and at most [`MAX_DURATION`] |
 /// | key prefix | `slate:` | at most 256 bytes, no `{` or `}` |
+/// | fence expiry | none (persistent counter) | when set, at least the lease and 1 s, at most [`MAX_DURATION`] |
 ///
 /// Setters never fail; [`LockOptions::validate`] (called by every lock builder) reports the
 /// first problem with a message naming the option and the fix. Nothing is silently corrected.
@@ -79,6 +80,7 @@ pub struct LockOptions {
     spin_wait: Duration,
     max_hold: Option<Duration>,
     key_prefix: String,
+    fence_expiry: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -89,6 +91,7 @@ impl Default for LockOptions {
             spin_wait: Duration::from_millis(50),
             max_hold: None,
             key_prefix: "slate:".to_owned(),
+            fence_expiry: None,
         }
     }
 }
@@ -220,6 +223,48 @@ impl LockOptions {
         self.max_hold
     }
 
+    /// Lets a lock's fencing counter expire after `idle` without acquisitions or holds, and
+    /// seeds a fresh counter from the server's clock (single lock).
+    ///
+    /// By default the counter (`<prefix>{<name>}:fence`) is persistent: it costs Redis memory
+    /// for every lock name ever used (about 60 bytes plus the key's length), which grows
+    /// without bound with per-entity names (`order:<id>`). With a fence expiry the counter
+    /// lives while the lock is used (every acquisition and renewal resets its TTL to `idle`)
+    /// and a first acquisition takes `max(counter + 1, server time in µs)`. Tokens then stay
+    /// strictly increasing across holders as long as the server's clock never steps back by
+    /// more than `idle` (an NTP step of hours, not a drift), and they even survive a server
+    /// that loses its data, which resets a persistent counter. Tokens are then large numbers
+    /// (about 1.7 × 10¹⁵). Every process using one lock must use the same setting: a
+    /// persistent counter that meets an expired one restarts at 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::default().with_fence_expiry(Duration::from_secs(3600));
+    /// assert_eq!(o.fence_expiry(), Some(Duration::from_secs(3600)));
+    /// o.validate()?;
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    #[must_use]
+    pub fn with_fence_expiry(mut self, idle: Duration) -> Self {
+        self.fence_expiry = Some(idle);
+        self
+    }
+
+    /// The fence expiry, if the fencing counter expires (see
+    /// [`with_fence_expiry`](Self::with_fence_expiry)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_core::LockOptions::default().fence_expiry(), None);
+    /// ```
+    #[must_use]
+    pub fn fence_expiry(&self) -> Option<Duration> {
+        self.fence_expiry
+    }
+
     /// The key prefix.
     ///
     /// # Examples
@@ -301,6 +346,24 @@ impl LockOptions {
                 "use a positive max hold, or leave it unset for no cap",
             ));
         }
+        if let Some(idle) = self.fence_expiry {
+            check_max_duration("fence expiry", idle)?;
+            let least = self.lease.max(Duration::from_secs(1));
+            if idle < least {
+                return Err(Error::invalid_input(
+                    "fence expiry",
+                    format!(
+                        "{idle:?} is shorter than the {:?} lease (or 1s): the counter could \
+                         expire while the lock is held",
+                        self.lease
+                    ),
+                    format!(
+                        "use a fence expiry of at least {least:?}; longer is safer against \
+                         the server's clock stepping back (an hour or a day is typical)"
+                    ),
+                ));
+            }
+        }
         if self.key_prefix.len() > MAX_PREFIX_LEN {
             return Err(Error::invalid_input(
                 "key prefix",
@@ -367,6 +430,14 @@ mod tests {
         assert_eq!(what(d().with_max_hold(Duration::MAX)), "max hold");
         d().with_lease(MAX_DURATION).validate().unwrap();
         d().with_max_hold(MAX_DURATION).validate().unwrap();
+        assert_eq!(
+            what(d().with_fence_expiry(Duration::from_secs(29))),
+            "fence expiry"
+        );
+        assert_eq!(what(d().with_fence_expiry(Duration::MAX)), "fence expiry");
+        d().with_fence_expiry(Duration::from_secs(30))
+            .validate()
+            .unwrap();
         assert_eq!(what(d().with_key_prefix("a{b")), "key prefix");
         assert_eq!(what(d().with_key_prefix("p".repeat(257))), "key prefix");
         d().with_renewal_period(Duration::from_secs(3))

@@ -38,8 +38,10 @@ use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
 ///   kept in Redis and gets the same fencing token. Re-enter with [`SingleLockGuard::reenter`],
 ///   [`DistributedLock::lock_as`] or inside a [`HolderId::scope`].
 /// - **Fencing tokens** strictly increase across holders (a persistent counter next to the
-///   lock, `<prefix>{<name>}:fence`, which must never expire or be deleted) and stay fixed
-///   across re-entry. The counter restarts if the server loses its data.
+///   lock, `<prefix>{<name>}:fence`, which must never be deleted) and stay fixed across
+///   re-entry. The counter restarts if the server loses its data. It costs about 60 bytes of
+///   Redis memory plus its key's length per lock name ever used; for per-entity names, see
+///   [`SingleLockBuilder::fence_expiry`] (an expiring counter seeded from the server clock).
 /// - **Renewal**: while held, the client's renewal service renews the lease every renewal
 ///   period (all locks of a client in one pipeline per tick). It never re-creates a missing
 ///   entry. The guard's lease deadline moves with every renewal; its loss signal fires with
@@ -147,6 +149,10 @@ impl RedisCompetitor {
         Hold {
             key: self.keys.lock.clone(),
             turn: Some(self.keys.turn.clone()),
+            fence: self
+                .options
+                .fence_expiry()
+                .map(|idle| (self.keys.fence.clone(), idle)),
             holder,
             lease: self.options.lease(),
             period: self.options.renewal_period(),
@@ -388,6 +394,8 @@ pub(crate) struct Acquire<'a> {
     /// A re-entry only: the holder's entry must exist; the script answers `{-4}` and touches
     /// nothing when it does not (the hold was lost), instead of starting a fresh hold.
     pub(crate) reentry: bool,
+    /// The fencing counter's expiry (`None`: persistent).
+    pub(crate) fence_expiry: Option<Duration>,
 }
 
 /// Runs the acquire script and returns its reply (see `scripts/acquire.lua`). Retried once,
@@ -404,6 +412,7 @@ pub(crate) async fn acquire_remote(
     let tenure = acquire.turn.tenure;
     let record_ms = request::record_ttl_ms(client.command_timeout());
     let (request, marker, reentry) = (acquire.request, acquire.marker, acquire.reentry);
+    let fence_expiry = acquire.fence_expiry.map(scripts::lease_ms);
     client
         .exec("acquire script", |mut c| {
             let mut invocation = ACQUIRE.script.prepare_invoke();
@@ -423,8 +432,14 @@ pub(crate) async fn acquire_remote(
                 .arg(tenure)
                 .arg(request)
                 .arg(record_ms);
-            if reentry {
-                invocation.arg("1");
+            match (reentry, fence_expiry) {
+                (false, None) => {}
+                (true, None) => {
+                    invocation.arg("1");
+                }
+                (reentry, Some(ms)) => {
+                    invocation.arg(if reentry { "1" } else { "0" }).arg(ms);
+                }
             }
             async move { invocation.invoke_async(&mut c).await }
         })
@@ -441,6 +456,7 @@ impl RedisCompetitor {
         let client = self.client.clone();
         let turn = self.turn.clone();
         let lease = self.options.lease();
+        let fence_expiry = self.options.fence_expiry();
         let last = self.last_attempt.clone();
         let label = self.label.clone();
         let keys = self.keys.clone();
@@ -457,6 +473,7 @@ impl RedisCompetitor {
                 marker: None,
                 request,
                 reentry,
+                fence_expiry,
             };
             let reply = match acquire_remote(&client, &keys, acquire).await {
                 Ok(r) => r,
@@ -757,6 +774,25 @@ impl SingleLockBuilder {
     /// ```
     pub fn max_hold(mut self, max_hold: std::time::Duration) -> Self {
         self.options = self.options.with_max_hold(max_hold);
+        self
+    }
+
+    /// Lets the lock's fencing counter expire after `idle` without use, so that lock names
+    /// used once do not keep Redis memory for ever (see
+    /// [`LockOptions::with_fence_expiry`] for the guarantee and its condition).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "order:4711")
+    ///     .fence_expiry(std::time::Duration::from_secs(24 * 3600))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fence_expiry(mut self, idle: std::time::Duration) -> Self {
+        self.options = self.options.with_fence_expiry(idle);
         self
     }
 

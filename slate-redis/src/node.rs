@@ -199,6 +199,7 @@ impl RedisClient {
             marker: Some(&keys.marker),
             request: request::next_id(),
             reentry,
+            fence_expiry: None,
         };
         let reply = acquire_remote(self, &keys.keys, acquire).await?;
         let acquired = |token: i64, count: i64| match (u64::try_from(token), u32::try_from(count)) {
@@ -391,6 +392,7 @@ impl RedisClient {
             Hold {
                 key: keys.keys.lock.clone(),
                 turn: None,
+                fence: None,
                 holder,
                 lease: hold.lease,
                 period: hold.period,

@@ -56,6 +56,8 @@ pub(crate) struct Hold {
     /// The lock's turn key, refreshed with the lease while held (single lock; `None` for the
     /// combination lock's node entries, which have no turn).
     pub(crate) turn: Option<Arc<[u8]>>,
+    /// The fencing counter and its expiry, when it expires (reset with every renewal).
+    pub(crate) fence: Option<(Arc<[u8]>, Duration)>,
     pub(crate) holder: HolderId,
     pub(crate) lease: Duration,
     pub(crate) period: Duration,
@@ -247,6 +249,7 @@ impl Renewal {
 struct Due {
     key: RegKey,
     turn: Option<Arc<[u8]>>,
+    fence: Option<(Arc<[u8]>, Duration)>,
     generation: u64,
     lease: Duration,
 }
@@ -338,6 +341,7 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
                     batch.push(Due {
                         key: key.clone(),
                         turn: reg.hold.turn.clone(),
+                        fence: reg.hold.fence.clone(),
                         generation: reg.generation,
                         lease: reg.hold.lease,
                     });
@@ -431,6 +435,7 @@ async fn renew_pipeline(
             pipe.add_command(scripts::renew_cmd(
                 &due.key.0,
                 due.turn.as_deref(),
+                due.fence.as_ref(),
                 due.key.1,
                 due.lease,
             ));
@@ -467,6 +472,7 @@ async fn renew_pipeline(
         pipe.add_command(scripts::renew_cmd(
             &due.key.0,
             due.turn.as_deref(),
+            due.fence.as_ref(),
             due.key.1,
             due.lease,
         ));
@@ -495,6 +501,7 @@ mod tests {
             hold: Hold {
                 key: Arc::from(b"k".as_slice()),
                 turn: None,
+                fence: None,
                 holder: HolderId::new(),
                 lease,
                 period,

@@ -6,6 +6,7 @@
 //! command and the renewal service loads the script and resends the entries that answered
 //! `NOSCRIPT`, once.
 
+use std::sync::Arc;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -69,13 +70,28 @@ pub(crate) fn lease_ms(lease: Duration) -> u64 {
 }
 
 /// The renewal of one hold, for a pipeline.
-pub(crate) fn renew_cmd(key: &[u8], turn: Option<&[u8]>, holder: HolderId, lease: Duration) -> Cmd {
+///
+/// `turn`: the single lock's turn key (refreshed with the lease); `fence`: its fencing counter
+/// and expiry when the counter expires (needs `turn`).
+pub(crate) fn renew_cmd(
+    key: &[u8],
+    turn: Option<&[u8]>,
+    fence: Option<&(Arc<[u8]>, Duration)>,
+    holder: HolderId,
+    lease: Duration,
+) -> Cmd {
     let holder = holder.to_string();
     let ms = lease_ms(lease).to_string();
-    let args: [&[u8]; 2] = [holder.as_bytes(), ms.as_bytes()];
-    match turn {
-        Some(turn) => RENEW.evalsha_cmd(&[key, turn], &args),
-        None => RENEW.evalsha_cmd(&[key], &args),
+    match (turn, fence) {
+        (Some(turn), Some((fence, idle))) => {
+            let idle = lease_ms(*idle).to_string();
+            RENEW.evalsha_cmd(
+                &[key, turn, fence],
+                &[holder.as_bytes(), ms.as_bytes(), idle.as_bytes()],
+            )
+        }
+        (Some(turn), None) => RENEW.evalsha_cmd(&[key, turn], &[holder.as_bytes(), ms.as_bytes()]),
+        (None, _) => RENEW.evalsha_cmd(&[key], &[holder.as_bytes(), ms.as_bytes()]),
     }
 }
 

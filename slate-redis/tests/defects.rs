@@ -346,3 +346,78 @@ async fn a_name_contended_on_and_off_subscribes_once_per_linger() {
     let n = subscribes();
     assert!(n <= 3, "{n} SUBSCRIBE commands for 20 waits on one name");
 }
+
+/// Issue 19, "also": fencing counters never expired, so per-entity lock names grew Redis
+/// memory without bound. With a fence expiry the counter lives while the lock is used (its TTL
+/// is reset by every acquisition and renewal, so a hold longer than the expiry keeps it), goes
+/// away when the lock is idle, and a new counter starts above every earlier token (seeded from
+/// the server's clock); it even survives a server that lost its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_fence_goes_away_and_tokens_still_increase() {
+    const IDLE: Duration = Duration::from_secs(1);
+    const LEASE: Duration = Duration::from_millis(300);
+    let mut server = server();
+    let (a, b) = (client(&server), client(&server));
+    let build = |c: &slate_redis::RedisClient| {
+        SingleLock::builder(c, "expiring")
+            .lease(LEASE)
+            .options(
+                slate_core::LockOptions::default()
+                    .with_lease(LEASE)
+                    .with_fence_expiry(IDLE),
+            )
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (build(&a), build(&b));
+    let fence = "slate:{expiring}:fence";
+    // A hold three times the expiry: renewal keeps the counter, re-entry keeps the token.
+    let g = la.lock().await.unwrap();
+    let first = g.fencing_token().get();
+    let pttl = int(&server, &["PTTL", fence]);
+    assert!(
+        pttl > 0 && pttl <= 1000,
+        "the counter expires with the fence expiry: {pttl}"
+    );
+    tokio::time::sleep(IDLE * 3).await;
+    assert!(!g.is_lost());
+    assert_eq!(
+        int(&server, &["EXISTS", fence]),
+        1,
+        "renewal keeps the counter"
+    );
+    let inner = g.reenter().await.unwrap();
+    assert_eq!(inner.fencing_token().get(), first);
+    inner.unlock().await.unwrap();
+    g.unlock().await.unwrap();
+    // Another holder: strictly greater.
+    let g = lb.lock().await.unwrap();
+    let second = g.fencing_token().get();
+    assert!(second > first);
+    g.unlock().await.unwrap();
+    // Idle: the counter goes away; the next token is still greater.
+    eventually(IDLE * 5, "the idle lock's counter to expire", || {
+        int(&server, &["EXISTS", fence]) == 0
+    })
+    .await;
+    let g = la.lock().await.unwrap();
+    let third = g.fencing_token().get();
+    assert!(third > second, "{third} after {second}");
+    g.unlock().await.unwrap();
+    // A server that loses its data: a persistent counter would restart at 1.
+    server
+        .restart(ecosphere::server::Data::Wipe)
+        .expect("restart empty");
+    let g = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match lb.lock().await {
+                Ok(g) => return g,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .expect("the lock after the restart");
+    assert!(g.fencing_token().get() > third);
+    g.unlock().await.unwrap();
+}

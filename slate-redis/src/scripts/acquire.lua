@@ -1,7 +1,8 @@
 -- Slate: acquire (or re-enter) a lock for one holder, with a fair turn between processes.
 --
 -- KEYS[1]  lock hash: <prefix>{<name>}; field = holder id, value = reentry count, TTL = lease
--- KEYS[2]  fencing counter: <prefix>{<name>}:fence (persistent, never expires)
+-- KEYS[2]  fencing counter: <prefix>{<name>}:fence (persistent, never expires, unless ARGV[8]
+--          gives it an expiry)
 -- KEYS[3]  waiting processes: <prefix>{<name>}:queue, a sorted set (member = process id,
 --          score = server time in ms when it first got busy): the processes' FIFO
 -- KEYS[4]  the turn: <prefix>{<name>}:turn, a hash {o = queue id, u = reserved until (server
@@ -24,6 +25,11 @@
 -- ARGV[7]  (optional) '1': a re-entry only. The caller holds the lock in its process, so the
 --          holder's field must exist; if it does not (the lease was lost), nothing is touched
 --          and {-4} is answered: a fresh hold must never be counted as one more level
+-- ARGV[8]  (optional) fence expiry in ms ('' or absent: the counter is persistent and a first
+--          acquisition INCRs it). When given, a first acquisition takes max(counter + 1, server
+--          time in µs) and sets the counter to it with this TTL, and a re-entry resets the TTL:
+--          an idle lock's counter goes away, and a new one starts above every earlier token as
+--          long as the server's clock does not step back by more than the expiry
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the key was absent; created holder -> 1 with the lease and
@@ -75,6 +81,7 @@ local function remember(token, count)
     end
 end
 local pid = ARGV[3] or ''
+local fence_expiry = ARGV[8] or ''
 local function now_ms()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -109,13 +116,24 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    local token = redis.call('INCR', KEYS[2])
+    local token
+    if fence_expiry ~= '' then
+        local t = redis.call('TIME')
+        local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
+        redis.call('SET', KEYS[2], string.format('%d', token), 'PX', fence_expiry)
+    else
+        token = redis.call('INCR', KEYS[2])
+    end
     remember(token, 1)
     return {1, token}
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     local count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    if fence_expiry ~= '' then
+        redis.call('PEXPIRE', KEYS[2], fence_expiry)
+    end
     local token = tonumber(redis.call('GET', KEYS[2]) or '0')
     remember(token, count)
     return {2, token, count}

@@ -5,12 +5,15 @@
 --          the lock is held, the turn records the holder's process and its tenure; it must
 --          live as long as the hold, or the release would read a tenure of 0 and keep the turn
 --          for ever (a hold longer than the lease would defeat the tenure)
+-- KEYS[3]  (optional, single lock with a fence expiry) the fencing counter: <prefix>{<name>}:fence,
+--          whose TTL is reset to ARGV[3] while the lock is held (see acquire.lua, ARGV[8])
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in milliseconds
+-- ARGV[3]  (with KEYS[3]) the fence expiry in milliseconds
 --
 -- Replies (an integer):
 --   1  renewed: the holder's field exists; the key's TTL (and the turn's, if it exists) was
---      reset to the lease
+--      reset to the lease (and the fencing counter's to the fence expiry)
 --   0  not held: the field is gone; nothing was touched (renewal never re-creates an entry)
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
@@ -18,6 +21,9 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     if #KEYS >= 2 then
         redis.call('PEXPIRE', KEYS[2], ARGV[2])
+    end
+    if #KEYS >= 3 then
+        redis.call('PEXPIRE', KEYS[3], ARGV[3])
     end
     return 1
 end
