@@ -20,6 +20,7 @@ mod exit;
 mod run;
 mod status;
 mod target;
+mod tree;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -52,8 +53,12 @@ enum Cmd {
     #[command(
         long_about = "Take the lock, run CMD while holding it (the lease is renewed in the \
 background), release the lock when CMD exits and exit with CMD's exit code.\n\n\
-SIGINT, SIGTERM and SIGHUP sent to slate are forwarded to CMD (a Ctrl-C at the terminal reaches \
-CMD directly and is not sent twice); slate waits for CMD to exit, then releases.\n\n\
+SIGINT, SIGTERM and SIGHUP sent to slate are forwarded to CMD's process group (a Ctrl-C at the \
+terminal reaches CMD directly); slate waits for CMD to exit, then releases.\n\n\
+CMD runs in a process group of its own, watched by a small guardian process: whatever kills \
+slate (SIGKILL included), the whole group (CMD, its children and grandchildren) is killed at \
+once, before another holder can get the lock. When CMD exits, anything it left running in its \
+group is killed before the lock is released.\n\n\
 CMD gets SLATE_LOCK, SLATE_FENCING_TOKEN (strictly increasing across holders: pass it to the \
 storage you write to) and SLATE_HOLDER in its environment.\n\n\
 Example, a cron job that must not overlap across machines:\n  \
@@ -84,6 +89,10 @@ violation, 69 no redis-server, 130 interrupted."
     /// One worker process of the demo (internal).
     #[command(hide = true)]
     DemoWorker(demo::worker::WorkerArgs),
+    /// The guardian of `slate run`'s command (internal): kills the command's process group
+    /// when `slate run` dies.
+    #[command(hide = true, name = "guard")]
+    Guard,
 }
 
 #[derive(Debug, Args)]
@@ -174,6 +183,7 @@ fn urls(common: &Common) -> Result<Vec<String>, u8> {
 fn dispatch(cli: Cli) -> Result<u8, u8> {
     match cli.command {
         Cmd::DemoWorker(args) => Ok(demo::worker::main(args)),
+        Cmd::Guard => Ok(tree::guard()),
         Cmd::Demo(args) => {
             let rt = runtime()?;
             let code = demo::demo(args, &rt);

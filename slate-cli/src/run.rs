@@ -7,8 +7,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
-use nix::sys::signal::{self, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use slate_core::{
     BackendKind, DistributedLock, Error, HolderId, LockGuard, LossReason, NodeState, TimeoutKind,
     Wait,
@@ -19,6 +18,7 @@ use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use crate::duration::{WaitFor, human};
 use crate::exit;
 use crate::target::Target;
+use crate::tree::Tree;
 
 /// How long CMD has between SIGTERM and SIGKILL under `--on-lost term`.
 pub const TERM_GRACE: Duration = Duration::from_secs(5);
@@ -102,24 +102,6 @@ impl Signals {
             _ = self.hup.recv() => Signal::SIGHUP,
         }
     }
-}
-
-/// Whether slate is in the foreground process group of its terminal. The terminal then
-/// delivers Ctrl-C (SIGINT) and hang-up (SIGHUP) to the whole group, CMD included, so
-/// forwarding them would deliver them twice (many programs treat a second SIGINT as "quit
-/// now").
-fn terminal_reaches_cmd() -> bool {
-    use std::os::fd::AsFd;
-    let stdin = std::io::stdin();
-    matches!(nix::unistd::tcgetpgrp(stdin.as_fd()), Ok(fg) if fg == nix::unistd::getpgrp())
-}
-
-/// Forwards a signal slate received to CMD (see [`terminal_reaches_cmd`]).
-fn forward(child: &Child, sig: Signal) {
-    if sig != Signal::SIGTERM && terminal_reaches_cmd() {
-        return;
-    }
-    send(child, sig);
 }
 
 fn signal_exit(sig: Signal) -> u8 {
@@ -244,15 +226,30 @@ async fn run_locked<L: DistributedLock>(lock: &L, spec: &RunSpec) -> u8 {
     if spec.verbose {
         eprintln!("slate: acquired lock {name:?} (fencing token {token}, holder {holder})");
     }
-    let mut child = match spawn(spec, token, holder) {
+    let mut tree = match Tree::start() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!(
+                "slate: cannot start the guardian of the command's process group ({e}); not \
+                 running the command"
+            );
+            release(guard, name, spec.verbose, false).await;
+            return exit::INTERNAL;
+        }
+    };
+    let mut child = match spawn(spec, token, holder, &tree) {
         Ok(c) => c,
         Err((code, msg)) => {
             eprintln!("slate: {msg}");
+            tree.end().await;
             release(guard, name, spec.verbose, false).await;
             return code;
         }
     };
-    let outcome = supervise(&mut child, &guard, &mut signals, spec).await;
+    tree.take_terminal();
+    let outcome = supervise(&mut child, &tree, &guard, &mut signals, spec).await;
+    // Nothing of CMD's tree runs on once the lock is released.
+    tree.end().await;
     release(guard, name, spec.verbose, outcome.lost.is_some()).await;
     match outcome.status {
         Ok(status) => {
@@ -278,12 +275,14 @@ fn status_code(status: ExitStatus) -> u8 {
     }
 }
 
-fn spawn(spec: &RunSpec, token: u64, holder: HolderId) -> Result<Child, (u8, String)> {
+fn spawn(spec: &RunSpec, token: u64, holder: HolderId, tree: &Tree) -> Result<Child, (u8, String)> {
     let (program, args) = spec
         .command
         .split_first()
         .ok_or((exit::USAGE, "no command given".to_owned()))?;
-    Command::new(program)
+    let mut command = Command::new(program);
+    tree.adopt(&mut command);
+    command
         .args(args)
         .env("SLATE_LOCK", &spec.name)
         .env("SLATE_FENCING_TOKEN", token.to_string())
@@ -310,17 +309,12 @@ struct Outcome {
     lost: Option<LossReason>,
 }
 
-/// Sends `sig` to the child if it has not been reaped (so its PID is still ours).
-fn send(child: &Child, sig: Signal) {
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        // ESRCH (already exited, not yet reaped) is harmless.
-        let _ = signal::kill(Pid::from_raw(pid), sig);
-    }
-}
-
-/// Waits for CMD, forwarding SIGINT/SIGTERM and acting on lease loss.
+/// Waits for CMD, forwarding SIGINT/SIGTERM/SIGHUP to its group and acting on lease loss
+/// (the `--on-lost` signals go to the whole group: CMD's tree must not run on without the
+/// lock).
 async fn supervise<G: LockGuard>(
     child: &mut Child,
+    tree: &Tree,
     guard: &G,
     signals: &mut Signals,
     spec: &RunSpec,
@@ -331,7 +325,7 @@ async fn supervise<G: LockGuard>(
     loop {
         tokio::select! {
             status = child.wait() => return Outcome { status, lost },
-            sig = signals.next() => forward(child, sig),
+            sig = signals.next() => tree.signal(sig),
             reason = guard.lost(), if lost.is_none() => {
                 lost = Some(reason);
                 match spec.on_lost {
@@ -340,7 +334,7 @@ async fn supervise<G: LockGuard>(
                             "slate: lease on lock {name:?} lost ({reason}); killing the command \
                              (SIGKILL, --on-lost kill)"
                         );
-                        send(child, Signal::SIGKILL);
+                        tree.signal(Signal::SIGKILL);
                     }
                     OnLost::Term => {
                         eprintln!(
@@ -348,7 +342,7 @@ async fn supervise<G: LockGuard>(
                              command (SIGTERM, SIGKILL in {}s, --on-lost term)",
                             TERM_GRACE.as_secs()
                         );
-                        send(child, Signal::SIGTERM);
+                        tree.signal(Signal::SIGTERM);
                         kill_at = Some(tokio::time::Instant::now() + TERM_GRACE);
                     }
                     OnLost::Ignore => {
@@ -366,7 +360,7 @@ async fn supervise<G: LockGuard>(
                 }
             } => {
                 eprintln!("slate: the command is still running {}s after SIGTERM; SIGKILL", TERM_GRACE.as_secs());
-                send(child, Signal::SIGKILL);
+                tree.signal(Signal::SIGKILL);
                 kill_at = None;
             }
         }

@@ -672,3 +672,79 @@ fn huge_lease_is_a_usage_error() {
         );
     }
 }
+
+/// Whether `pid` is a live process (a zombie, killed and not yet reaped by whoever inherited
+/// it, is not). Reads `/proc`; sends no signal.
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+/// Issue 12, item 1: a `slate run` killed with SIGKILL left its command running without the
+/// lock, and a second `slate run` on the lock started its command while the first one still
+/// ran. Now the command's whole tree (a shell and the two children it started) is gone before
+/// the second command starts.
+#[test]
+fn a_killed_slate_takes_its_command_tree_with_it() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let script = "sleep 60 & echo tree $!; sleep 60 & echo tree $!; echo tree $$; wait";
+    let first = Running::start(&[
+        "run", "--lock", "job", "--lease", "2s", "--redis", &url, "--", "sh", "-c", script,
+    ]);
+    let tree: Vec<i32> = (0..3)
+        .map(|_| {
+            first
+                .line(|l| l.starts_with("tree "))
+                .trim_start_matches("tree ")
+                .parse()
+                .expect("pid")
+        })
+        .collect();
+    assert!(tree.iter().all(|&p| alive(p)), "the tree runs: {tree:?}");
+    // The holder dies without a chance to clean up (our own child).
+    signal::kill(first.pid(), Signal::SIGKILL).expect("SIGKILL slate");
+    let second = Running::start(&[
+        "run", "--lock", "job", "--wait", "30s", "--redis", &url, "--", "echo", "second",
+    ]);
+    second.line(|l| l == "second");
+    let survivors: Vec<i32> = tree.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(
+        survivors.is_empty(),
+        "processes of the first command still ran when the second started: {survivors:?}"
+    );
+    let (code, err) = second.finish();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// Issue 12, item 1: what the command leaves running in its process group when it exits is
+/// killed before the lock is released (it would otherwise run on without the lock).
+#[test]
+fn leftovers_of_the_command_do_not_outlive_the_lock() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let run = Running::start(&[
+        "run",
+        "--lock",
+        "job2",
+        "--redis",
+        &url,
+        "--",
+        "sh",
+        "-c",
+        "sleep 60 & echo left $!",
+    ]);
+    let left: i32 = run
+        .line(|l| l.starts_with("left "))
+        .trim_start_matches("left ")
+        .parse()
+        .expect("pid");
+    let (code, err) = run.finish();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!alive(left), "the background sleep outlived the lock");
+}
