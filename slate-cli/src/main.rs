@@ -5,6 +5,7 @@
 //! slate run --lock NAME [--redis URL]... [--lease 30s] [--wait 10s] [--on-lost kill|term|ignore] -- CMD [ARGS]...
 //! slate status NAME [--redis URL]... [--json]
 //! slate unlock --force NAME [--redis URL]...
+//! slate nodes adopt [--redis URL]...
 //! slate demo [--duration 20s] [--workers 3] [--tasks 4]
 //! ```
 //!
@@ -17,6 +18,7 @@
 mod demo;
 mod duration;
 mod exit;
+mod nodes;
 mod run;
 mod status;
 mod target;
@@ -78,6 +80,9 @@ table shows which), 2 usage error."
 69 Redis error."
     )]
     Unlock(UnlockArgs),
+    /// Manage the servers of a combination lock.
+    #[command(subcommand)]
+    Nodes(NodesCmd),
     /// Live demo: local Redis masters, workers contending on a single and a combination lock,
     /// a node killed and restarted, then a checked summary.
     #[command(
@@ -93,6 +98,25 @@ violation, 69 no redis-server, 130 interrupted."
     /// when `slate run` dies.
     #[command(hide = true, name = "guard")]
     Guard,
+}
+
+#[derive(Debug, Subcommand)]
+enum NodesCmd {
+    /// Declare brand-new servers fresh, so that combination locks use them at once (by
+    /// default a server up for less than the quarantine, 30 s, is not used: a new server
+    /// cannot be told from one that restarted without its data).
+    #[command(
+        after_help = "Only for brand-new servers: never run it while a lock on them may \
+be held (a server that lost a held lock would be used at once). Exit codes: 0 every server \
+marked, 69 some did not answer, 2 usage error."
+    )]
+    Adopt(AdoptArgs),
+}
+
+#[derive(Debug, Args)]
+struct AdoptArgs {
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Debug, Args)]
@@ -203,6 +227,13 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
             };
             let rt = runtime()?;
             let code = rt.block_on(run::run(spec));
+            rt.shutdown_timeout(Duration::from_millis(200));
+            Ok(code)
+        }
+        Cmd::Nodes(NodesCmd::Adopt(args)) => {
+            let urls = urls(&args.common)?;
+            let rt = runtime()?;
+            let code = rt.block_on(nodes::adopt(&urls, &args.common.prefix));
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)
         }

@@ -72,6 +72,12 @@ pub async fn run(spec: RunSpec) -> u8 {
             };
         }
     };
+    if let Target::Combination(lock) = &target
+        && let Err(e) = lock.nodes().check_distinct_servers().await
+    {
+        eprintln!("slate: {e}");
+        return exit::USAGE;
+    }
     match target {
         Target::Single(lock) => run_locked(&lock, &spec).await,
         Target::Combination(lock) => run_locked(&lock, &spec).await,
@@ -114,8 +120,9 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Printed when a combination lock failed because nodes are quarantined.
 const QUARANTINE_HINT: &str = "slate: hint: a Redis server that has been up for less than the \
 quarantine (30s, or the lease if longer) is not used by a combination lock: a fresh server cannot \
-be told from one that restarted without its data. Wait until the servers have been up that long \
-(or, for a brand-new deployment, see NodeSet::adopt_fresh_servers).";
+be told from one that restarted without its data. Wait until the servers have been up that long, \
+or, for a brand-new deployment, run `slate nodes adopt --redis URL --redis URL ...` once (never \
+while a lock on them may be held).";
 
 /// Whether an acquisition error may go away by itself (worth retrying within `--wait`).
 fn is_transient(e: &Error) -> bool {

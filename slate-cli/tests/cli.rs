@@ -748,3 +748,60 @@ fn leftovers_of_the_command_do_not_outlive_the_lock() {
     assert_eq!(code, Some(0), "{err}");
     assert!(!alive(left), "the background sleep outlived the lock");
 }
+
+/// Issue 12, item 2: the same server listed twice was accepted as a two-node combination lock.
+/// It is a usage error naming both entries, whether the address repeats or two addresses
+/// reach one server (found by its run id).
+#[test]
+fn one_server_listed_twice_is_a_usage_error() {
+    let servers = RedisServer::start_many(2).expect("redis-server");
+    let (a, b) = (servers[0].url(), servers[1].url());
+    let alias = format!("redis://localhost:{}", servers[0].port());
+    for (urls, says) in [
+        (format!("{a},{a}"), "the same address"),
+        (format!("{a},{b},{alias}"), "the same Redis server"),
+    ] {
+        let out = output(&["run", "--lock", "dup", "--redis", &urls, "--", "true"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{urls}: {err}");
+        assert!(
+            err.contains("node 0")
+                && err.contains(says)
+                && err.contains("list each Redis master once"),
+            "{urls}: {err}"
+        );
+    }
+}
+
+/// Issue 12, item 3: brand-new servers were refused for 30 s by the restart quarantine, with
+/// no way in the CLI to say they are new. The quarantine error names `slate nodes adopt`,
+/// which marks them (with the safety note), after which the lock is taken at once.
+#[test]
+fn nodes_adopt_lets_brand_new_servers_in() {
+    let servers = RedisServer::start_many(3).expect("redis-server");
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let joined = urls.join(",");
+    let run = || {
+        output(&[
+            "run", "--lock", "new", "--wait", "0s", "--redis", &joined, "--", "true",
+        ])
+    };
+    let out = run();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("slate nodes adopt"), "{err}");
+    let out = output(&["nodes", "adopt", "--redis", &joined]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        text(&out.stdout).contains("marked 3 of 3"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(err.contains("never adopt while a lock"), "{err}");
+    let out = run();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // One URL: nothing to adopt.
+    let out = output(&["nodes", "adopt", "--redis", &urls[0]]);
+    assert_eq!(out.status.code(), Some(2));
+}

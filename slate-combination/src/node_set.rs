@@ -141,6 +141,19 @@ impl NodeSetOptions {
     }
 }
 
+/// The error for nodes `j` < `i` that are one server.
+fn same_server(j: usize, i: usize, a: &str, b: &str, run_id: Option<&str>) -> Error {
+    let how = match run_id {
+        Some(id) => format!("the same Redis server (run id {id})"),
+        None => "the same address".to_owned(),
+    };
+    Error::invalid_input(
+        "nodes",
+        format!("node {j} ({a}) and node {i} ({b}) are {how}"),
+        "list each Redis master once: two entries of one server are not independent nodes",
+    )
+}
+
 /// How soon a node whose first contact failed is probed again.
 const FIRST_CONTACT_RETRY: Duration = Duration::from_secs(1);
 
@@ -251,6 +264,17 @@ impl NodeSet {
     pub fn from_clients(clients: Vec<RedisClient>, options: NodeSetOptions) -> Result<Self> {
         options.validate()?;
         crate::decision::quorum(clients.len(), None)?;
+        // Two entries of one server are not independent nodes: one failure would count twice.
+        // (A client wrapping a bare pool has no address to compare: see
+        // `check_distinct_servers` for the run-id check once connected.)
+        for (i, a) in clients.iter().enumerate() {
+            let same = clients[..i]
+                .iter()
+                .position(|b| b.address() == a.address() && a.address() != "redis");
+            if let Some(j) = same {
+                return Err(same_server(j, i, a.address(), a.address(), None));
+            }
+        }
         let nodes = clients
             .into_iter()
             .enumerate()
@@ -297,6 +321,53 @@ impl NodeSet {
     pub fn report(&self) -> Vec<NodeReport> {
         let now = Instant::now();
         self.inner.nodes.iter().map(|n| n.report(now)).collect()
+    }
+
+    /// Asks every node for its server's run id and refuses two nodes that are one server
+    /// reached under two addresses (`localhost` and `127.0.0.1`, a DNS alias, a proxy): they
+    /// are not independent nodes. Nodes that do not answer within the node operation time
+    /// are not compared. [`connect`](Self::connect) already refuses one address given twice.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming both nodes.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (reads).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{NodeSet, NodeSetOptions};
+    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"], NodeSetOptions::default())?;
+    /// nodes.check_distinct_servers().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_distinct_servers(&self) -> Result<()> {
+        let op = self.inner.options.node_op_time;
+        let ids: Vec<Option<String>> =
+            futures::future::join_all(self.inner.nodes.iter().map(|n| async move {
+                match tokio::time::timeout(op, n.client.server_info()).await {
+                    Ok(Ok(info)) => Some(info.run_id),
+                    _ => None,
+                }
+            }))
+            .await;
+        for (i, id) in ids.iter().enumerate() {
+            let Some(id) = id else { continue };
+            if let Some(j) = ids[..i].iter().position(|o| o.as_ref() == Some(id)) {
+                return Err(same_server(
+                    j,
+                    i,
+                    self.inner.nodes[j].address(),
+                    self.inner.nodes[i].address(),
+                    Some(id),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Declares every server fresh: writes the node marker on each reachable node whatever its
