@@ -6,6 +6,8 @@
 //! slate status NAME [--redis URL]... [--json]
 //! slate unlock --force NAME [--redis URL]...
 //! slate nodes adopt [--redis URL]...
+//! slate completions bash|zsh|fish|elvish|powershell
+//! slate man
 //! slate demo [--duration 20s] [--workers 3] [--tasks 4]
 //! ```
 //!
@@ -91,6 +93,23 @@ see docker/compose.yml. Exit codes: 0 all checks passed, 1 the history checker f
 violation, 69 no redis-server, 130 interrupted."
     )]
     Demo(demo::DemoArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    #[command(after_help = "Install, for example:\n  \
+slate completions bash > /etc/bash_completion.d/slate\n  \
+slate completions zsh > \"${fpath[1]}/_slate\"\n  \
+slate completions fish > ~/.config/fish/completions/slate.fish")]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print a manual page (roff) to stdout: `slate man > slate.1` for slate(1), `slate man run >
+    /// slate-run.1` for a subcommand's page (the main page refers to them as slate-run(1)...).
+    Man {
+        /// The subcommand whose page to print (default: the main page).
+        #[arg(value_name = "SUBCOMMAND")]
+        subcommand: Option<String>,
+    },
     /// One worker process of the demo (internal).
     #[command(hide = true)]
     DemoWorker(demo::worker::WorkerArgs),
@@ -208,6 +227,55 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
     match cli.command {
         Cmd::DemoWorker(args) => Ok(demo::worker::main(args)),
         Cmd::Guard => Ok(tree::guard()),
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            // The public commands only (some generators list hidden ones too).
+            let top = Cli::command();
+            let mut public = clap::Command::new("slate")
+                .about(top.get_about().cloned().unwrap_or_default())
+                .subcommands(top.get_subcommands().filter(|c| !c.is_hide_set()).cloned());
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut public, "slate", &mut script);
+            print_generated("the completion script", &script)
+        }
+        Cmd::Man { subcommand } => {
+            use clap::CommandFactory;
+            let top = Cli::command();
+            let cmd = match &subcommand {
+                None => top,
+                Some(name) => {
+                    let found = top
+                        .get_subcommands()
+                        .find(|c| c.get_name() == name && !c.is_hide_set())
+                        .cloned();
+                    let Some(sub) = found else {
+                        let names: Vec<&str> = top
+                            .get_subcommands()
+                            .filter(|c| !c.is_hide_set())
+                            .map(clap::Command::get_name)
+                            .collect();
+                        eprintln!(
+                            "slate: no subcommand {name:?}; pages exist for: {}",
+                            names.join(", ")
+                        );
+                        return Err(exit::USAGE);
+                    };
+                    let full = format!("slate-{name}");
+                    sub.name(full.clone())
+                        .bin_name(full)
+                        .version(env!("CARGO_PKG_VERSION"))
+                }
+            };
+            let mut page = Vec::new();
+            let rendered = clap_mangen::Man::new(cmd).render(&mut page);
+            match rendered {
+                Ok(()) => print_generated("the manual page", &page),
+                Err(e) => {
+                    eprintln!("slate: cannot render the manual page: {e}");
+                    Err(exit::INTERNAL)
+                }
+            }
+        }
         Cmd::Demo(args) => {
             let rt = runtime()?;
             let code = demo::demo(args, &rt);
@@ -259,6 +327,19 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
             let code = rt.block_on(status::unlock(&urls, &args.name, &args.common.prefix));
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)
+        }
+    }
+}
+
+/// Writes generated text to stdout; a reader that stops early (`| head`) is not an error.
+fn print_generated(what: &str, bytes: &[u8]) -> Result<u8, u8> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(bytes) {
+        Ok(()) => Ok(exit::OK),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(exit::OK),
+        Err(e) => {
+            eprintln!("slate: cannot write {what}: {e}");
+            Err(exit::INTERNAL)
         }
     }
 }

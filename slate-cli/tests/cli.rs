@@ -805,3 +805,37 @@ fn nodes_adopt_lets_brand_new_servers_in() {
     let out = output(&["nodes", "adopt", "--redis", &urls[0]]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Issue 12, item 5: completion scripts and manual pages come from the same definitions as
+/// the parser (every public subcommand and flag, no internal one).
+#[test]
+fn completions_and_man_pages_are_generated() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = output(&["completions", shell]);
+        let script = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{shell}: {}", text(&out.stderr));
+        for word in ["run", "status", "unlock", "adopt", "lease", "on-lost"] {
+            assert!(script.contains(word), "{shell}: no {word:?} in the script");
+        }
+        assert!(
+            !script.contains("demo-worker"),
+            "{shell}: an internal command is offered"
+        );
+    }
+    let out = output(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+
+    let page = text(&output(&["man"]).stdout);
+    assert!(page.contains(".TH slate 1"), "{page}");
+    assert!(page.contains("slate\\-run(1)"), "{page}");
+    let page = text(&output(&["man", "run"]).stdout);
+    assert!(page.contains(".TH slate-run 1"), "{page}");
+    assert!(page.contains("on\\-lost"), "{page}");
+    assert!(page.contains("guardian"), "{page}");
+    let out = output(&["man", "guard"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "no page for an internal command"
+    );
+}
