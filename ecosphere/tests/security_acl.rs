@@ -1056,10 +1056,14 @@ async fn x1_a_lock_outside_the_users_prefix_is_refused_by_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x1_credentials_never_appear_in_debug_or_display() {
-    let server = acl_builder()
-        .acl_user("odd", ODD_PASSWORD.replace(' ', "_"), rules(NEEDED))
-        .start()
-        .expect("redis-server");
+    let start = || {
+        acl_builder()
+            .acl_user("odd", ODD_PASSWORD.replace(' ', "_"), rules(NEEDED))
+            .start()
+            .expect("redis-server")
+    };
+    // A second server for the node set's second node (one server listed twice is refused).
+    let (server, second) = (start(), start());
     let odd = ODD_PASSWORD.replace(' ', "_");
     let mut texts: Vec<(String, String)> = Vec::new();
 
@@ -1090,7 +1094,7 @@ async fn x1_credentials_never_appear_in_debug_or_display() {
     guard.unlock().await.expect("unlock");
     let urls = vec![
         server.url_for_user(USER, PASSWORD),
-        server.url_for_user("odd", &odd),
+        second.url_for_user("odd", &odd),
     ];
     let node_opts = node_opts().client_options(opts.clone());
     texts.push(("NodeSetOptions".into(), format!("{node_opts:?}")));
@@ -1128,8 +1132,8 @@ async fn x1_credentials_never_appear_in_debug_or_display() {
             texts.extend(renderings("URL error", &e));
         }
     }
-    let closed = ecosphere::server::RedisServer::start().expect("redis-server");
-    let port = closed.port();
+    let closed = ecosphere::server::RedisServer::start_many(2).expect("redis-server");
+    let (port, port2) = (closed[0].port(), closed[1].port());
     drop(closed);
     let unreachable = RedisClient::open_with(
         format!("redis://{USER}:{PASSWORD}@127.0.0.1:{port}"),
@@ -1141,7 +1145,7 @@ async fn x1_credentials_never_appear_in_debug_or_display() {
     let e = NodeSet::connect(
         vec![
             format!("redis://{USER}:{PASSWORD}@127.0.0.1:{port}"),
-            format!("redis://{USER}:{PASSWORD}@127.0.0.1:{port}"),
+            format!("redis://{USER}:{PASSWORD}@127.0.0.1:{port2}"),
         ],
         self::node_opts(),
     )

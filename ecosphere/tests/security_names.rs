@@ -157,9 +157,10 @@ fn lock_of(client: &RedisClient, name: &[u8], lease: Duration) -> SingleLock {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x3_names_are_refused_clearly_or_used_verbatim_as_keys() {
     let server = server();
+    let second = single_common::server(); // one server listed twice is refused
     let client = RedisClient::open(server.url()).expect("client");
     let nodes = NodeSet::connect(
-        [server.url(), server.url()],
+        [server.url(), second.url()],
         NodeSetOptions::default().quarantine(Duration::from_secs(30)),
     )
     .expect("node set");

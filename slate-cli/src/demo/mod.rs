@@ -6,6 +6,7 @@
 //! that `INFO commandstats` deltas of the nodes belong to one lock each: the single lock lives
 //! on node 0, which the combination lock also uses, and Redis counts commands per server only.
 
+mod local;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -15,10 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use ecosphere::clock::now_ns;
-use ecosphere::history::{CheckConfig, CheckId, Event, EventKind, History, Recorder, Report};
-use ecosphere::server::{Data, HarnessError, RedisServer};
-use ecosphere::workers::WorkerSet;
+use slate_history::clock::now_ns;
+use slate_history::history::{CheckConfig, CheckId, Event, EventKind, History, Recorder, Report};
+
+use self::local::{LocalError, LocalServer, Workers};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use slate_combination::{NodeSet, NodeSetOptions};
 
@@ -80,8 +81,8 @@ enum Stop {
     Failed(String),
 }
 
-impl From<HarnessError> for Stop {
-    fn from(e: HarnessError) -> Self {
+impl From<LocalError> for Stop {
+    fn from(e: LocalError) -> Self {
         Stop::Failed(e.to_string())
     }
 }
@@ -101,7 +102,7 @@ struct Phase<'a> {
 
 struct Demo {
     args: DemoArgs,
-    servers: Vec<RedisServer>,
+    servers: Vec<LocalServer>,
     urls: Vec<String>,
     stop: Arc<AtomicBool>,
     multi: MultiProgress,
@@ -149,9 +150,9 @@ pub fn demo(args: DemoArgs, rt: &tokio::runtime::Runtime) -> u8 {
     println!(
         "slate demo: starting 3 local Redis masters (redis-server, temporary, no persistence)"
     );
-    let servers = match RedisServer::start_many(3) {
+    let servers = match LocalServer::start_many(3) {
         Ok(s) => s,
-        Err(HarnessError::BinaryNotFound { detail }) => {
+        Err(LocalError::NotFound(detail)) => {
             eprintln!(
                 "slate: redis-server not found ({detail}).\n\
                  The demo starts its own local Redis servers and needs `redis-server` on PATH:\n\
@@ -171,7 +172,7 @@ pub fn demo(args: DemoArgs, rt: &tokio::runtime::Runtime) -> u8 {
             return exit::REDIS;
         }
     };
-    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<String> = servers.iter().map(LocalServer::url).collect();
     // Brand-new servers cannot be told apart from servers that restarted without their data,
     // so a node set quarantines both until they have been up for the quarantine period. These
     // servers were started a moment ago and no lock on them can be held yet, so they are
@@ -335,14 +336,14 @@ impl Demo {
         let v = self.servers[i].command(&["INFO", "commandstats"])?;
         let text: String = redis::from_redis_value(v)
             .map_err(|e| Stop::Failed(format!("INFO commandstats of node {i}: {e}")))?;
-        Ok(ecosphere::commandstats::parse(&text))
+        Ok(slate_history::commandstats::parse(&text))
     }
 
     /// Adds node `i`'s commands since its baseline to the phase's count.
     fn count_node(&mut self, i: usize) -> Result<(), Stop> {
         let now = self.commandstats(i)?;
-        let d = ecosphere::commandstats::delta(&self.baseline[i], &now);
-        ecosphere::commandstats::add(&mut self.counted[i], &d);
+        let d = slate_history::commandstats::delta(&self.baseline[i], &now);
+        slate_history::commandstats::add(&mut self.counted[i], &d);
         self.baseline[i] = now;
         Ok(())
     }
@@ -378,43 +379,41 @@ impl Demo {
             go.display().to_string(),
         );
         let (tasks, duration_ms) = (self.args.tasks, millis(p.duration));
-        let mut workers = WorkerSet::builder(&self.exe)
-            .count(usize::try_from(self.args.workers).unwrap_or(1))
-            .args(move |i| {
-                let mut a: Vec<String> = vec![
-                    "demo-worker".into(),
-                    "--kind".into(),
-                    kind.into(),
-                    "--lock".into(),
-                    lock.clone(),
-                    "--proc".into(),
-                    i.to_string(),
-                    "--history-dir".into(),
-                    dir.clone(),
-                    "--go-file".into(),
-                    go_arg.clone(),
-                    "--tasks".into(),
-                    tasks.to_string(),
-                    "--duration-ms".into(),
-                    duration_ms.to_string(),
-                    "--lease-ms".into(),
-                    millis(LEASE).to_string(),
-                    "--quarantine-ms".into(),
-                    millis(QUARANTINE).to_string(),
-                    "--reprobe-ms".into(),
-                    millis(REPROBE).to_string(),
-                    "--node-op-ms".into(),
-                    millis(NODE_OP).to_string(),
-                    "--hold-us".into(),
-                    HOLD.as_micros().to_string(),
-                ];
-                for u in &urls {
-                    a.push("--redis".into());
-                    a.push(u.clone());
-                }
-                a
-            })
-            .spawn()?;
+        let count = usize::try_from(self.args.workers).unwrap_or(1);
+        let mut workers = Workers::spawn(&self.exe, count, move |i| {
+            let mut a: Vec<String> = vec![
+                "demo-worker".into(),
+                "--kind".into(),
+                kind.into(),
+                "--lock".into(),
+                lock.clone(),
+                "--proc".into(),
+                i.to_string(),
+                "--history-dir".into(),
+                dir.clone(),
+                "--go-file".into(),
+                go_arg.clone(),
+                "--tasks".into(),
+                tasks.to_string(),
+                "--duration-ms".into(),
+                duration_ms.to_string(),
+                "--lease-ms".into(),
+                millis(LEASE).to_string(),
+                "--quarantine-ms".into(),
+                millis(QUARANTINE).to_string(),
+                "--reprobe-ms".into(),
+                millis(REPROBE).to_string(),
+                "--node-op-ms".into(),
+                millis(NODE_OP).to_string(),
+                "--hold-us".into(),
+                HOLD.as_micros().to_string(),
+            ];
+            for u in &urls {
+                a.push("--redis".into());
+                a.push(u.clone());
+            }
+            a
+        })?;
         for i in 0..workers.len() {
             if self.interrupted() {
                 return Err(Stop::Interrupted);
@@ -454,7 +453,7 @@ impl Demo {
                     ));
                 }
                 if kill_ns.is_some() && restart_ns.is_none() && elapsed >= restart_at {
-                    self.servers[VICTIM].restart(Data::Wipe)?;
+                    self.servers[VICTIM].restart_empty()?;
                     self.baseline[VICTIM] = self.commandstats(VICTIM)?;
                     self.nemesis("restart_server_wiped");
                     restart_ns = Some(now_ns());
@@ -477,7 +476,7 @@ impl Demo {
                     ));
                 }
             }
-            if workers.exited()?.len() == workers.len() {
+            if workers.exited() == workers.len() {
                 break;
             }
             if elapsed > p.duration + FINISH_GRACE {
@@ -510,7 +509,7 @@ impl Demo {
         let lock_commands = p
             .nodes
             .iter()
-            .map(|&i| ecosphere::commandstats::slate_lock_commands(&self.counted[i]))
+            .map(|&i| slate_history::commandstats::slate_lock_commands(&self.counted[i]))
             .sum();
         let history = History::load(&p.dir)
             .map_err(|e| Stop::Failed(format!("loading the {} history: {e}", p.label)))?;
@@ -587,7 +586,7 @@ impl Demo {
                     .report
                     .checks
                     .iter()
-                    .filter(|c| matches!(c.status, ecosphere::history::Status::Pass))
+                    .filter(|c| matches!(c.status, slate_history::history::Status::Pass))
                     .map(|c| c.id.label())
                     .collect();
                 println!(
@@ -618,7 +617,7 @@ impl Demo {
 }
 
 /// The latest progress of every worker: (acquisitions, errors, per-node holds).
-fn progress(workers: &WorkerSet, nodes: usize) -> (u64, u64, Vec<u64>) {
+fn progress(workers: &Workers, nodes: usize) -> (u64, u64, Vec<u64>) {
     let mut acq = 0;
     let mut errors = 0;
     let mut per = vec![0u64; nodes];

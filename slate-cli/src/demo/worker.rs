@@ -1,7 +1,7 @@
 //! `slate demo-worker` (hidden): one worker process of the demo. It contends on one lock with
 //! `--tasks` tasks until `--duration-ms` has passed, recording its history for the checker.
 //!
-//! History rules (`ecosphere::history`): `acq_invoke`/`rel_invoke` are stamped before the call,
+//! History rules (`slate_history::history`): `acq_invoke`/`rel_invoke` are stamped before the call,
 //! everything else after the reply; `holder` is `guard.holder().to_string()` (the hash field);
 //! deadlines are `to_mono_ns(guard.lease_deadline())`.
 //!
@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use ecosphere::clock::to_mono_ns;
-use ecosphere::history::{EventKind, Recorder};
 use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{DistributedLock, HolderId, LockGuard, Wait};
+use slate_history::clock::to_mono_ns;
+use slate_history::history::{EventKind, Recorder};
 use slate_redis::{RedisClient, SingleLock, SingleLockGuard};
 
 use crate::exit;

@@ -10,7 +10,7 @@ use super::event::{Event, EventKind};
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::CheckId;
+/// use slate_history::history::CheckId;
 /// assert_eq!(CheckId::Exclusion.label(), "I1 exclusion");
 /// ```
 ///
@@ -45,7 +45,7 @@ impl CheckId {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(ecosphere::history::CheckId::ALL.len(), 9);
+    /// assert_eq!(slate_history::history::CheckId::ALL.len(), 9);
     /// ```
     ///
     /// # Errors
@@ -68,7 +68,7 @@ impl CheckId {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(ecosphere::history::CheckId::Tokens.label(), "I3 tokens");
+    /// assert_eq!(slate_history::history::CheckId::Tokens.label(), "I3 tokens");
     /// ```
     ///
     /// # Errors
@@ -94,7 +94,7 @@ impl CheckId {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::Status;
+/// use slate_history::history::Status;
 /// assert!(Status::Pass.is_ok());
 /// assert!(Status::Unchecked("no data".into()).is_ok());
 /// ```
@@ -120,7 +120,7 @@ impl Status {
     /// # Examples
     ///
     /// ```
-    /// assert!(ecosphere::history::Status::Pass.is_ok());
+    /// assert!(slate_history::history::Status::Pass.is_ok());
     /// ```
     ///
     /// # Errors
@@ -135,7 +135,7 @@ impl Status {
     /// # Examples
     ///
     /// ```
-    /// assert!(ecosphere::history::Status::Pass.counterexample().is_none());
+    /// assert!(slate_history::history::Status::Pass.counterexample().is_none());
     /// ```
     ///
     /// # Errors
@@ -164,7 +164,7 @@ impl Status {
 /// # Examples
 ///
 /// ```
-/// let c = ecosphere::history::Counterexample::default();
+/// let c = slate_history::history::Counterexample::default();
 /// assert!(c.events.is_empty());
 /// ```
 ///
@@ -186,7 +186,7 @@ pub struct Counterexample {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::{CheckConfig, CheckId, History};
+/// use slate_history::history::{CheckConfig, CheckId, History};
 /// let r = History::default().check(&CheckConfig::default());
 /// assert_eq!(r.checks[0].id, CheckId::Exclusion);
 /// ```
@@ -211,7 +211,7 @@ pub struct CheckResult {
 /// # Examples
 ///
 /// ```
-/// let l = ecosphere::history::Latency::default();
+/// let l = slate_history::history::Latency::default();
 /// assert_eq!(l.count, 0);
 /// ```
 ///
@@ -235,7 +235,7 @@ pub struct Latency {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::{CheckConfig, History};
+/// use slate_history::history::{CheckConfig, History};
 /// assert_eq!(History::default().check(&CheckConfig::default()).stats.events, 0);
 /// ```
 ///
@@ -287,7 +287,7 @@ pub struct Stats {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::{CheckConfig, History};
+/// use slate_history::history::{CheckConfig, History};
 /// let report = History::default().check(&CheckConfig::default());
 /// assert!(report.is_ok());
 /// println!("{report}");
@@ -312,7 +312,7 @@ impl Report {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{CheckConfig, History};
+    /// use slate_history::history::{CheckConfig, History};
     /// assert!(History::default().check(&CheckConfig::default()).is_ok());
     /// ```
     ///
@@ -328,7 +328,7 @@ impl Report {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{CheckConfig, CheckId, History, Status};
+    /// use slate_history::history::{CheckConfig, CheckId, History, Status};
     /// let r = History::default().check(&CheckConfig::default());
     /// assert!(matches!(r.status(CheckId::Counter), Status::Unchecked(_)));
     /// ```
@@ -346,7 +346,7 @@ impl Report {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{CheckConfig, CheckId, History};
+    /// use slate_history::history::{CheckConfig, CheckId, History};
     /// let r = History::default().check(&CheckConfig::default());
     /// assert_eq!(r.result(CheckId::Tokens).map(|c| c.violations), Some(0));
     /// ```
@@ -363,7 +363,7 @@ impl Report {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{CheckConfig, History};
+    /// use slate_history::history::{CheckConfig, History};
     /// assert!(History::default().check(&CheckConfig::default()).failed().is_empty());
     /// ```
     ///
@@ -384,8 +384,8 @@ impl Report {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::clock::now_ns;
-    /// use ecosphere::history::{CheckConfig, CheckId, EventKind, History, Recorder};
+    /// use slate_history::clock::now_ns;
+    /// use slate_history::history::{CheckConfig, CheckId, EventKind, History, Recorder};
     /// use std::time::Duration;
     ///
     /// let dir = tempfile::tempdir()?;
@@ -427,7 +427,7 @@ impl Report {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{CheckConfig, History};
+    /// use slate_history::history::{CheckConfig, History};
     /// History::default().check(&CheckConfig::default()).assert_ok();
     /// ```
     ///

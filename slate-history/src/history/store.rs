@@ -16,7 +16,7 @@ use super::report::Report;
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::{Event, EventKind, History};
+/// use slate_history::history::{Event, EventKind, History};
 /// let h = History::from_events(vec![
 ///     Event::new(20, 1, 0, "l", EventKind::AcqInvoke { attempt: 1, budget_ms: None }),
 ///     Event::new(10, 0, 0, "l", EventKind::AcqInvoke { attempt: 1, budget_ms: None }),
@@ -48,7 +48,7 @@ impl History {
     /// std::fs::write(dir.path().join("a.jsonl"),
     ///     "{\"t\":2,\"proc\":0,\"task\":0,\"lock\":\"l\",\"kind\":\"acq_invoke\",\
     ///       \"attempt\":0,\"budget_ms\":null}\n{\"t\":3,\"pro")?;
-    /// let h = ecosphere::history::History::load(dir.path())?;
+    /// let h = slate_history::history::History::load(dir.path())?;
     /// assert_eq!((h.len(), h.truncated_lines()), (1, 1));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -105,7 +105,7 @@ impl History {
     /// # Examples
     ///
     /// ```
-    /// let h = ecosphere::history::History::from_events(Vec::new());
+    /// let h = slate_history::history::History::from_events(Vec::new());
     /// assert!(h.is_empty());
     /// ```
     ///
@@ -126,7 +126,7 @@ impl History {
     /// # Examples
     ///
     /// ```
-    /// assert!(ecosphere::history::History::default().events().is_empty());
+    /// assert!(slate_history::history::History::default().events().is_empty());
     /// ```
     ///
     /// # Errors
@@ -141,7 +141,7 @@ impl History {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(ecosphere::history::History::default().len(), 0);
+    /// assert_eq!(slate_history::history::History::default().len(), 0);
     /// ```
     ///
     /// # Errors
@@ -156,7 +156,7 @@ impl History {
     /// # Examples
     ///
     /// ```
-    /// assert!(ecosphere::history::History::default().is_empty());
+    /// assert!(slate_history::history::History::default().is_empty());
     /// ```
     ///
     /// # Errors
@@ -171,7 +171,7 @@ impl History {
     /// # Examples
     ///
     /// ```
-    /// assert!(ecosphere::history::History::default().files().is_empty());
+    /// assert!(slate_history::history::History::default().files().is_empty());
     /// ```
     ///
     /// # Errors
@@ -186,7 +186,7 @@ impl History {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(ecosphere::history::History::default().truncated_lines(), 0);
+    /// assert_eq!(slate_history::history::History::default().truncated_lines(), 0);
     /// ```
     ///
     /// # Errors
@@ -201,7 +201,7 @@ impl History {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{CheckConfig, History};
+    /// use slate_history::history::{CheckConfig, History};
     /// History::default().check(&CheckConfig::default()).assert_ok();
     /// ```
     ///

@@ -22,8 +22,8 @@ use nix::time::{ClockId, clock_gettime};
 /// # Examples
 ///
 /// ```
-/// let a = ecosphere::clock::try_now_ns()?;
-/// let b = ecosphere::clock::try_now_ns()?;
+/// let a = slate_history::clock::try_now_ns()?;
+/// let b = slate_history::clock::try_now_ns()?;
 /// assert!(b >= a);
 /// # Ok::<(), nix::errno::Errno>(())
 /// ```
@@ -44,7 +44,7 @@ pub fn try_now_ns() -> Result<u64, Errno> {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::clock::now_ns;
+/// use slate_history::clock::now_ns;
 /// let a = now_ns();
 /// std::thread::sleep(std::time::Duration::from_millis(1));
 /// assert!(now_ns() - a >= 1_000_000);
@@ -97,7 +97,7 @@ fn calibration() -> (Instant, u64) {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::clock::{now_ns, to_mono_ns};
+/// use slate_history::clock::{now_ns, to_mono_ns};
 /// use std::time::{Duration, Instant};
 /// let deadline = Instant::now() + Duration::from_secs(2);
 /// let d = to_mono_ns(deadline);

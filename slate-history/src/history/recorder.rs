@@ -24,7 +24,7 @@ use crate::clock::now_ns;
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::{EventKind, History, Recorder};
+/// use slate_history::history::{EventKind, History, Recorder};
 /// let dir = tempfile::tempdir()?;
 /// let rec = Recorder::create(dir.path(), 7)?;
 /// rec.record(0, "orders", EventKind::AcqInvoke { attempt: 1, budget_ms: Some(0) })?;
@@ -65,7 +65,7 @@ impl Recorder {
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// let rec = ecosphere::history::Recorder::create(dir.path(), 1)?;
+    /// let rec = slate_history::history::Recorder::create(dir.path(), 1)?;
     /// assert!(rec.path().ends_with("proc-1.jsonl"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -83,7 +83,7 @@ impl Recorder {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{EventKind, Recorder};
+    /// use slate_history::history::{EventKind, Recorder};
     /// let dir = tempfile::tempdir()?;
     /// let rec = Recorder::create_buffered(dir.path(), 2)?;
     /// rec.record(0, "l", EventKind::AcqInvoke { attempt: 0, budget_ms: None })?;
@@ -124,7 +124,7 @@ impl Recorder {
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// assert_eq!(ecosphere::history::Recorder::create(dir.path(), 4)?.proc(), 4);
+    /// assert_eq!(slate_history::history::Recorder::create(dir.path(), 4)?.proc(), 4);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
@@ -141,7 +141,7 @@ impl Recorder {
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// let rec = ecosphere::history::Recorder::create(dir.path(), 4)?;
+    /// let rec = slate_history::history::Recorder::create(dir.path(), 4)?;
     /// assert_eq!(rec.path(), dir.path().join("proc-4.jsonl"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -158,11 +158,11 @@ impl Recorder {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{EventKind, Recorder};
+    /// use slate_history::history::{EventKind, Recorder};
     /// let dir = tempfile::tempdir()?;
     /// let rec = Recorder::create(dir.path(), 0)?;
     /// let t = rec.record(3, "l", EventKind::RelInvoke { holder: "h".into(), depth_before: 1 })?;
-    /// assert!(t <= ecosphere::clock::now_ns());
+    /// assert!(t <= slate_history::clock::now_ns());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
@@ -184,10 +184,10 @@ impl Recorder {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{EventKind, Recorder};
+    /// use slate_history::history::{EventKind, Recorder};
     /// let dir = tempfile::tempdir()?;
     /// let rec = Recorder::create(dir.path(), u32::MAX)?;
-    /// rec.record_at(ecosphere::clock::now_ns(), 0, "", EventKind::kill_worker(2))?;
+    /// rec.record_at(slate_history::clock::now_ns(), 0, "", EventKind::kill_worker(2))?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
@@ -211,7 +211,7 @@ impl Recorder {
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// ecosphere::history::Recorder::create_buffered(dir.path(), 0)?.flush()?;
+    /// slate_history::history::Recorder::create_buffered(dir.path(), 0)?.flush()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///

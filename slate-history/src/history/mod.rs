@@ -53,8 +53,8 @@
 //! # Examples
 //!
 //! ```
-//! use ecosphere::clock::now_ns;
-//! use ecosphere::history::{CheckConfig, EventKind, History, Recorder};
+//! use slate_history::clock::now_ns;
+//! use slate_history::history::{CheckConfig, EventKind, History, Recorder};
 //! use std::time::Duration;
 //!
 //! let dir = tempfile::tempdir()?;
@@ -92,8 +92,8 @@ pub use store::History;
 /// # Examples
 ///
 /// ```
-/// let err = ecosphere::history::History::load("/nonexistent/dir").unwrap_err();
-/// assert!(matches!(err, ecosphere::history::HistoryError::Io { .. }));
+/// let err = slate_history::history::History::load("/nonexistent/dir").unwrap_err();
+/// assert!(matches!(err, slate_history::history::HistoryError::Io { .. }));
 /// ```
 ///
 /// # Errors

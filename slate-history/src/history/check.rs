@@ -19,7 +19,7 @@ use super::store::History;
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::{CheckConfig, CounterCheck, CounterExpectation};
+/// use slate_history::history::{CheckConfig, CounterCheck, CounterExpectation};
 /// use std::time::Duration;
 /// let cfg = CheckConfig {
 ///     min_validity: Duration::from_millis(200),
@@ -100,7 +100,7 @@ impl CheckConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let cfg = ecosphere::history::CheckConfig::new(Duration::from_secs(2));
+    /// let cfg = slate_history::history::CheckConfig::new(Duration::from_secs(2));
     /// assert_eq!(cfg.lease, Some(Duration::from_secs(2)));
     /// ```
     ///
@@ -121,7 +121,7 @@ impl CheckConfig {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::{CounterCheck, CounterExpectation};
+/// use slate_history::history::{CounterCheck, CounterExpectation};
 /// let c = CounterCheck { final_value: 10, expected: CounterExpectation::Exact(10) };
 /// assert_eq!(c.final_value, 10);
 /// ```
@@ -142,8 +142,8 @@ pub struct CounterCheck {
 /// # Examples
 ///
 /// ```
-/// let e = ecosphere::history::CounterExpectation::AckedIncrements;
-/// assert_ne!(e, ecosphere::history::CounterExpectation::FirstLevelAcquisitions);
+/// let e = slate_history::history::CounterExpectation::AckedIncrements;
+/// assert_ne!(e, slate_history::history::CounterExpectation::FirstLevelAcquisitions);
 /// ```
 ///
 /// # Errors
@@ -167,7 +167,7 @@ pub enum CounterExpectation {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::{check, CheckConfig, Event, EventKind::*, History};
+/// use slate_history::history::{check, CheckConfig, Event, EventKind::*, History};
 /// let h = History::from_events(vec![
 ///     Event::new(10, 0, 0, "l", AcqOk { attempt: 0, holder: "a".into(), token: 1, depth: 1,
 ///         deadline: 1_000, nodes: vec![] }),

@@ -26,7 +26,7 @@ pub const OP_FENCED_WRITE: &str = "f_write";
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::FencedOutcome;
+/// use slate_history::history::FencedOutcome;
 /// let a = FencedOutcome::Accepted { seq: 7 };
 /// assert_eq!(a.to_outcome(), "accepted:7");
 /// assert_eq!(FencedOutcome::parse("accepted:7"), Some(a));
@@ -62,7 +62,7 @@ impl FencedOutcome {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::FencedOutcome;
+    /// use slate_history::history::FencedOutcome;
     /// assert_eq!(FencedOutcome::Rejected { max: 3 }.to_outcome(), "rejected:3");
     /// ```
     ///
@@ -82,7 +82,7 @@ impl FencedOutcome {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::FencedOutcome;
+    /// use slate_history::history::FencedOutcome;
     /// assert!(matches!(FencedOutcome::parse("unknown:timed out"),
     ///     Some(FencedOutcome::Unknown { .. })));
     /// assert_eq!(FencedOutcome::parse("accepted:x"), None);
@@ -113,7 +113,7 @@ impl FencedOutcome {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::{Event, EventKind};
+/// use slate_history::history::{Event, EventKind};
 /// let e = Event::new(5, 1, 0, "a", EventKind::RelOk { holder: "h1".into(), depth_after: 0 });
 /// let line = serde_json::to_string(&e)?;
 /// assert_eq!(line,
@@ -146,7 +146,7 @@ impl Event {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::{Event, EventKind};
+    /// use slate_history::history::{Event, EventKind};
     /// let e = Event::new(1, 0, 0, "l", EventKind::AcqInvoke { attempt: 0, budget_ms: None });
     /// assert_eq!(e.lock, "l");
     /// ```
@@ -186,7 +186,7 @@ pub(crate) struct EventRef<'a> {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::history::EventKind;
+/// use slate_history::history::EventKind;
 /// let k = EventKind::AcqOk {
 ///     attempt: 3, holder: "p1:t0".into(), token: 17, depth: 1, deadline: 2_000_000_000,
 ///     nodes: vec![0, 1, 2],
@@ -325,7 +325,7 @@ impl EventKind {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::EventKind;
+    /// use slate_history::history::EventKind;
     /// assert_eq!(EventKind::kill_worker(3),
     ///     EventKind::Nemesis { action: "kill_worker".into(), target: "3".into() });
     /// ```
@@ -345,7 +345,7 @@ impl EventKind {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::EventKind;
+    /// use slate_history::history::EventKind;
     /// assert_eq!(EventKind::AcqInvoke { attempt: 0, budget_ms: None }.name(), "acq_invoke");
     /// ```
     ///
@@ -376,7 +376,7 @@ impl EventKind {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::history::EventKind;
+    /// use slate_history::history::EventKind;
     /// let k = EventKind::Lost { holder: "h".into(), reason: "expired".into() };
     /// assert_eq!(k.holder(), Some("h"));
     /// ```

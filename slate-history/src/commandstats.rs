@@ -23,7 +23,7 @@ pub const NOT_LOCK: &[&str] = &["info", "config", "flushall", "flushdb", "client
 /// # Examples
 ///
 /// ```
-/// let m = ecosphere::commandstats::parse("cmdstat_evalsha:calls=3,usec=9\r\n");
+/// let m = slate_history::commandstats::parse("cmdstat_evalsha:calls=3,usec=9\r\n");
 /// assert_eq!(m["evalsha"], 3);
 /// ```
 #[must_use]
@@ -64,9 +64,9 @@ pub const SLATE_SCRIPT_ONLY: &[&str] = &["set"];
 /// # Examples
 ///
 /// ```
-/// let m = ecosphere::commandstats::parse("cmdstat_evalsha:calls=2\r\ncmdstat_set:calls=2\r\n");
-/// assert_eq!(ecosphere::commandstats::slate_lock_commands(&m), 2);
-/// assert_eq!(ecosphere::commandstats::lock_commands(&m), 4);
+/// let m = slate_history::commandstats::parse("cmdstat_evalsha:calls=2\r\ncmdstat_set:calls=2\r\n");
+/// assert_eq!(slate_history::commandstats::slate_lock_commands(&m), 2);
+/// assert_eq!(slate_history::commandstats::lock_commands(&m), 4);
 /// ```
 #[must_use]
 pub fn slate_lock_commands(stats: &BTreeMap<String, u64>) -> u64 {
