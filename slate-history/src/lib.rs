@@ -9,6 +9,8 @@
 //! - [`clock`]: the one monotonic timescale all processes of a machine stamp events with.
 //! - [`commandstats`]: lock commands per acquisition, from a Redis server's
 //!   `INFO commandstats`.
+//! - [`logged`]: a lock call and its events, recorded the same way by every worker (the
+//!   demo's and the scenario suite's).
 //!
 //! Slate's fault matrix (`ecosphere`, not published) and `slate demo` judge every run with it;
 //! it is published so that an application can check its own use of a lock the same way.
@@ -18,3 +20,4 @@
 pub mod clock;
 pub mod commandstats;
 pub mod history;
+pub mod logged;

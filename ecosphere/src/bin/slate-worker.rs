@@ -5,7 +5,8 @@
 //! following the rules of `ecosphere::history`: `acq_invoke`/`rel_invoke` stamped before the
 //! call, everything else after the reply; `holder` is the exact hash field
 //! (`guard.holder().to_string()`); a `renew_ok` is logged whenever the guard's deadline moved,
-//! checked before each resource operation.
+//! checked before each resource operation. The lock calls are logged by
+//! `slate_history::logged::Log`, the same code as `slate demo`'s worker.
 //!
 //! ```text
 //! slate-worker --redis-url URL --lock NAME --proc N --history-dir DIR --mode MODE
@@ -87,12 +88,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use ecosphere::clock::{now_ns, to_mono_ns};
+use ecosphere::clock::now_ns;
 use ecosphere::history::{
     EventKind, FencedOutcome, OP_FENCED_WRITE, OP_INCR, OUTCOME_OK, Recorder,
 };
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
+use slate_history::logged::{Held, Log, Released as Logged};
 use slate_redis::{
     ClientOptions, DistributedLock, LockGuard, LossReason, RedisClient, SingleLock, SingleLockGuard,
 };
@@ -116,6 +118,16 @@ local seq = redis.call('HINCRBY', KEYS[1], 'accepted', 1)
 redis.call('RPUSH', KEYS[2], ARGV[2])
 return {1, seq}
 ";
+
+/// The error a lock call gets when the worker's max duration cuts it (recorded as `acq_info`).
+const MAX_DURATION: slate_core::Error = slate_core::Error::Closed {
+    what: "the worker's max duration (cancelled)",
+};
+
+/// A history write failed.
+fn recording(e: ecosphere::history::HistoryError) -> String {
+    format!("recording: {e}")
+}
 
 /// Interval of the resource operations while holding (`hold`, `reenter`).
 const TICK: Duration = Duration::from_millis(50);
@@ -474,20 +486,14 @@ struct Ctx {
     attempts: AtomicU64,
 }
 
-/// A holder's state as this worker logged it.
-struct Held {
-    holder: String,
-    token: u64,
-    depth: u32,
-    /// Latest deadline logged (mono ns).
-    deadline: u64,
-}
-
 impl Ctx {
     fn record(&self, task: u64, kind: EventKind) -> Res<u64> {
-        self.rec
-            .record(task, &self.args.lock, kind)
-            .map_err(|e| format!("recording: {e}"))
+        self.log(task).record(kind).map_err(recording)
+    }
+
+    /// Task `task`'s log of the lock's calls (shared with `slate demo`'s worker).
+    fn log(&self, task: u64) -> Log<'_> {
+        Log::new(&self.rec, &self.args.lock, task)
     }
 
     fn next_attempt(&self) -> u64 {
@@ -504,42 +510,9 @@ impl Ctx {
             .ok_or_else(|| "this mode needs --resource-url".to_owned())
     }
 
-    /// Logs `acq_ok` for a fresh guard and returns the logged state.
-    fn acquired(&self, task: u64, attempt: u64, guard: &SingleLockGuard) -> Res<Held> {
-        let held = Held {
-            holder: guard.holder().to_string(),
-            token: guard.fencing_token().get(),
-            depth: guard.depth(),
-            deadline: to_mono_ns(guard.lease_deadline()),
-        };
-        self.record(
-            task,
-            EventKind::AcqOk {
-                attempt,
-                holder: held.holder.clone(),
-                token: held.token,
-                depth: held.depth,
-                deadline: held.deadline,
-                nodes: vec![],
-            },
-        )?;
-        Ok(held)
-    }
-
     /// Logs `renew_ok` if the guard's deadline moved since the last logged one.
     fn note_renewal(&self, task: u64, held: &mut Held, guard: &SingleLockGuard) -> Res<()> {
-        let d = to_mono_ns(guard.lease_deadline());
-        if d > held.deadline {
-            held.deadline = d;
-            self.record(
-                task,
-                EventKind::RenewOk {
-                    holder: held.holder.clone(),
-                    deadline: d,
-                },
-            )?;
-        }
-        Ok(())
+        self.log(task).note_renewal(held, guard).map_err(recording)
     }
 
     /// One resource operation: the fenced write (with `--fenced-key`), then GET and SET+1 of
@@ -577,53 +550,17 @@ impl Ctx {
 
     /// `rel_invoke`, `unlock()`, then `rel_ok` / `rel_fail{not_held}` / `rel_info`.
     async fn release(&self, task: u64, held: &mut Held, guard: SingleLockGuard) -> Res<Released> {
-        self.record(
-            task,
-            EventKind::RelInvoke {
-                holder: held.holder.clone(),
-                depth_before: held.depth,
-            },
-        )?;
-        let outcome = tokio::time::timeout(self.remaining(), guard.unlock()).await;
-        let (kind, released) = match outcome {
-            Ok(Ok(n)) => {
-                held.depth = n;
-                (
-                    EventKind::RelOk {
-                        holder: held.holder.clone(),
-                        depth_after: n,
-                    },
-                    Released::Ok(n),
-                )
-            }
-            Ok(Err(e)) if e.is_not_held() => {
-                held.depth = 0;
-                (
-                    EventKind::RelFail {
-                        holder: held.holder.clone(),
-                        reason: e.to_string(),
-                        not_held: true,
-                    },
-                    Released::NotHeld,
-                )
-            }
-            Ok(Err(e)) => (
-                EventKind::RelInfo {
-                    holder: held.holder.clone(),
-                    reason: e.to_string(),
-                },
-                Released::Error(e.to_string()),
-            ),
-            Err(_) => (
-                EventKind::RelInfo {
-                    holder: held.holder.clone(),
-                    reason: "cancelled: worker max duration".to_owned(),
-                },
-                Released::Error("max duration reached during unlock".to_owned()),
-            ),
-        };
-        self.record(task, kind)?;
-        Ok(released)
+        let released = self
+            .log(task)
+            .release(held, guard, self.remaining())
+            .await
+            .map_err(recording)?;
+        Ok(match released {
+            Logged::Done(n) => Released::Ok(n),
+            Logged::NotHeld => Released::NotHeld,
+            Logged::Failed(e) => Released::Error(e.to_string()),
+            Logged::TimedOut => Released::Error("max duration reached during unlock".to_owned()),
+        })
     }
 
     /// `lock()` bounded by the run's deadline; logs `acq_invoke` and the outcome. A lock error
@@ -645,44 +582,29 @@ impl Ctx {
         as_holder: Option<slate_redis::HolderId>,
     ) -> Res<Result<(SingleLockGuard, Held), String>> {
         let attempt = self.next_attempt();
-        self.record(
-            task,
-            EventKind::AcqInvoke {
-                attempt,
-                budget_ms: None,
-            },
-        )?;
+        let remaining = self.remaining();
         let call = async {
-            match as_holder {
-                Some(h) => self.lock.lock_as(h).await,
-                None => self.lock.lock().await,
-            }
+            let call = async {
+                match as_holder {
+                    Some(h) => self.lock.lock_as(h).await,
+                    None => self.lock.lock().await,
+                }
+            };
+            tokio::time::timeout(remaining, call)
+                .await
+                .unwrap_or(Err(MAX_DURATION))
         };
-        match tokio::time::timeout(self.remaining(), call).await {
-            Ok(Ok(guard)) => {
-                let held = self.acquired(task, attempt, &guard)?;
-                Ok(Ok((guard, held)))
-            }
-            Ok(Err(e)) => {
-                self.record(
-                    task,
-                    EventKind::AcqInfo {
-                        attempt,
-                        reason: e.to_string(),
-                    },
-                )?;
-                Ok(Err(e.to_string()))
-            }
-            Err(_) => {
-                self.record(
-                    task,
-                    EventKind::AcqInfo {
-                        attempt,
-                        reason: "cancelled: worker max duration".to_owned(),
-                    },
-                )?;
+        match self
+            .log(task)
+            .acquire(attempt, call)
+            .await
+            .map_err(recording)?
+        {
+            Ok(acquired) => Ok(Ok(acquired)),
+            Err(_) if self.remaining().is_zero() => {
                 Err("max duration reached while waiting for the lock".to_owned())
             }
+            Err(e) => Ok(Err(e.to_string())),
         }
     }
 }
@@ -860,6 +782,7 @@ async fn unsafe_iteration(ctx: &Ctx, task: u64, i: u64) -> Res<()> {
         token,
         depth: 1,
         deadline: now_ns() + ctx.args.lease_ms * 1_000_000,
+        nodes: Vec::new(),
     };
     ctx.record(
         task,
@@ -1013,34 +936,19 @@ async fn reenter(ctx: &Ctx) -> Res<()> {
     wait_file("REENTER_WAIT", ctx.args.reenter_file.as_ref(), ctx.deadline).await?;
     let (g2, h2) = {
         let attempt = ctx.next_attempt();
-        ctx.record(
-            0,
-            EventKind::AcqInvoke {
-                attempt,
-                budget_ms: None,
-            },
-        )?;
-        match tokio::time::timeout(ctx.remaining(), g1.reenter()).await {
-            Ok(Ok(g)) => {
-                let h = ctx.acquired(0, attempt, &g)?;
-                (g, h)
+        let call = async {
+            tokio::time::timeout(ctx.remaining(), g1.reenter())
+                .await
+                .unwrap_or(Err(MAX_DURATION))
+        };
+        match ctx.log(0).acquire(attempt, call).await.map_err(recording)? {
+            Ok(acquired) => acquired,
+            Err(e) if ctx.args.reenter_file.is_some() && e.is_lease_lost() => {
+                say("REENTER lease_lost")?;
+                let released = ctx.release(0, &mut held, g1).await?;
+                return say(&format!("RELEASED {}", released.line()));
             }
-            Ok(Err(e)) => {
-                ctx.record(
-                    0,
-                    EventKind::AcqInfo {
-                        attempt,
-                        reason: e.to_string(),
-                    },
-                )?;
-                if ctx.args.reenter_file.is_some() && e.is_lease_lost() {
-                    say("REENTER lease_lost")?;
-                    let released = ctx.release(0, &mut held, g1).await?;
-                    return say(&format!("RELEASED {}", released.line()));
-                }
-                return Err(format!("reenter() failed: {e}"));
-            }
-            Err(_) => return Err("max duration reached in reenter()".to_owned()),
+            Err(e) => return Err(format!("reenter() failed: {e}")),
         }
     };
     say("DEPTH 2")?;
@@ -1239,7 +1147,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
             return Err("max duration reached while waiting".to_owned());
         }
     };
-    let mut held = ctx.acquired(task, attempt, &guard)?;
+    let mut held = ctx.log(task).acquired(attempt, &guard).map_err(recording)?;
     if ctx.resource.is_some() {
         ctx.resource_op(task, &mut held, Some(&guard)).await?;
     }
@@ -1259,13 +1167,14 @@ mod combination {
     use std::task::Poll;
     use std::time::{Duration, Instant};
 
-    use ecosphere::clock::to_mono_ns;
     use ecosphere::history::{EventKind, OP_INCR, Recorder};
     use redis::aio::MultiplexedConnection;
     use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
     use slate_redis::{DistributedLock, LockGuard};
 
-    use super::{Args, CombOrder, Fenced, Mode, Res, connect, late_word, reason_code, say};
+    use super::{
+        Args, CombOrder, Fenced, Held, Log, Logged, Mode, Res, connect, late_word, reason_code, say,
+    };
 
     struct Comb {
         args: Args,
@@ -1288,6 +1197,11 @@ mod combination {
 
         fn remaining(&self) -> Duration {
             self.deadline.saturating_duration_since(Instant::now())
+        }
+
+        /// Task `task`'s log of the lock's calls (shared with `slate demo`'s worker).
+        fn log(&self, task: u64) -> Log<'_> {
+            Log::new(&self.rec, &self.args.lock, task)
         }
     }
 
@@ -1400,64 +1314,27 @@ mod combination {
 
     /// `lock()` until acquired (bounded by the run's deadline): `acq_invoke`, then `acq_ok`, or
     /// `acq_fail` and another attempt after the spin wait.
-    async fn acquire(ctx: &Comb, task: u64) -> Res<(CombinationGuard, u64)> {
+    async fn acquire(ctx: &Comb, task: u64) -> Res<(CombinationGuard, Held)> {
+        let log = ctx.log(task);
         loop {
             let attempt = ctx.attempts.fetch_add(1, Ordering::Relaxed);
-            ctx.record(
-                task,
-                EventKind::AcqInvoke {
-                    attempt,
-                    budget_ms: None,
-                },
-            )?;
-            match tokio::time::timeout(ctx.remaining(), ctx.lock.lock()).await {
-                Ok(Ok(guard)) => {
-                    ctx.record(
-                        task,
-                        EventKind::AcqOk {
-                            attempt,
-                            holder: guard.holder().to_string(),
-                            token: guard.fencing_token().get(),
-                            depth: guard.depth(),
-                            deadline: to_mono_ns(guard.lease().deadline()),
-                            nodes: guard.nodes().to_vec(),
-                        },
-                    )?;
-                    let logged = to_mono_ns(guard.lease().deadline());
-                    return Ok((guard, logged));
-                }
-                Ok(Err(e)) if e.is_insufficient_nodes() || e.is_timeout() => {
+            let call = async {
+                tokio::time::timeout(ctx.remaining(), ctx.lock.lock())
+                    .await
+                    .unwrap_or(Err(super::MAX_DURATION))
+            };
+            match log.acquire(attempt, call).await.map_err(super::recording)? {
+                Ok(acquired) => return Ok(acquired),
+                // Nothing held (what was taken was released): `acq_fail`, and again.
+                Err(e) if e.is_insufficient_nodes() || e.is_timeout() => {
                     ctx.failed.fetch_add(1, Ordering::Relaxed);
-                    ctx.record(
-                        task,
-                        EventKind::AcqFail {
-                            attempt,
-                            reason: e.to_string(),
-                        },
-                    )?;
                     let pause = Duration::from_millis(ctx.args.spin_wait_ms.unwrap_or(50));
                     tokio::time::sleep(pause.min(ctx.remaining())).await;
                 }
-                Ok(Err(e)) => {
-                    ctx.record(
-                        task,
-                        EventKind::AcqInfo {
-                            attempt,
-                            reason: e.to_string(),
-                        },
-                    )?;
-                    return Err(format!("lock() failed: {e}"));
-                }
-                Err(_) => {
-                    ctx.record(
-                        task,
-                        EventKind::AcqInfo {
-                            attempt,
-                            reason: "cancelled: worker max duration".to_owned(),
-                        },
-                    )?;
+                Err(_) if ctx.remaining().is_zero() => {
                     return Err("max duration reached while waiting for the lock".to_owned());
                 }
+                Err(e) => return Err(format!("lock() failed: {e}")),
             }
         }
     }
@@ -1468,19 +1345,12 @@ mod combination {
             if Instant::now() >= ctx.deadline {
                 return Err(format!("max duration reached after {done} iterations"));
             }
-            let (guard, mut logged) = acquire(ctx, task).await?;
-            let holder = guard.holder().to_string();
-            resource_op(ctx, task, &guard, &holder, &mut logged).await?;
-            if let Some(reason) = guard.lease().loss_reason() {
-                ctx.record(
-                    task,
-                    EventKind::Lost {
-                        holder: holder.clone(),
-                        reason: reason.to_string(),
-                    },
-                )?;
-            }
-            match release(ctx, task, &holder, guard).await? {
+            let (guard, mut held) = acquire(ctx, task).await?;
+            resource_op(ctx, task, &guard, &mut held).await?;
+            ctx.log(task)
+                .note_loss(&held, &guard)
+                .map_err(super::recording)?;
+            match release(ctx, task, held, guard).await? {
                 Released::Ok(_) | Released::NotHeld | Released::Cancelled => {}
                 Released::Incomplete(_) => {
                     ctx.incomplete.fetch_add(1, Ordering::Relaxed);
@@ -1503,76 +1373,42 @@ mod combination {
         Cancelled,
     }
 
-    /// `rel_invoke`, `unlock()`, then `rel_ok` / `rel_fail{not_held}` / `rel_info`.
+    /// `rel_invoke`, `unlock()`, then `rel_ok` / `rel_fail{not_held}` / `rel_info` (with
+    /// `--cancel-unlock`, the unlock is given up after its first poll: `rel_info`).
     async fn release(
         ctx: &Comb,
         task: u64,
-        holder: &str,
+        mut held: Held,
         guard: CombinationGuard,
     ) -> Res<Released> {
-        let depth_before = guard.depth();
-        ctx.record(
-            task,
-            EventKind::RelInvoke {
-                holder: holder.to_owned(),
-                depth_before,
-            },
-        )?;
-        let holder = holder.to_owned();
-        let mut unlock = Box::pin(guard.unlock());
-        if ctx.args.cancel_unlock
-            && let Poll::Pending = futures::poll!(unlock.as_mut())
-        {
-            drop(unlock);
-            ctx.record(
-                task,
-                EventKind::RelInfo {
-                    holder,
-                    reason: "cancelled: unlock dropped after its first poll".to_owned(),
-                },
-            )?;
-            return Ok(Released::Cancelled);
-        }
-        let (kind, released) = match tokio::time::timeout(ctx.remaining(), unlock).await {
-            Ok(Ok(n)) => (
-                EventKind::RelOk {
-                    holder,
-                    depth_after: n,
-                },
-                Released::Ok(n),
-            ),
-            Ok(Err(e)) if e.is_not_held() => (
-                EventKind::RelFail {
-                    holder,
-                    reason: e.to_string(),
-                    not_held: true,
-                },
-                Released::NotHeld,
-            ),
-            Ok(Err(e)) if e.is_release_incomplete() => (
-                EventKind::RelInfo {
-                    holder,
-                    reason: e.to_string(),
-                },
-                Released::Incomplete(e.to_string()),
-            ),
-            Ok(Err(e)) => (
-                EventKind::RelInfo {
-                    holder,
-                    reason: e.to_string(),
-                },
-                Released::Error(e.to_string()),
-            ),
-            Err(_) => (
-                EventKind::RelInfo {
-                    holder,
-                    reason: "cancelled: worker max duration".to_owned(),
-                },
-                Released::Error("max duration reached during unlock".to_owned()),
-            ),
+        let log = ctx.log(task);
+        let released = if ctx.args.cancel_unlock {
+            log.release_invoked(&held).map_err(super::recording)?;
+            let mut unlock = Box::pin(guard.unlock());
+            match futures::poll!(unlock.as_mut()) {
+                Poll::Pending => {
+                    drop(unlock);
+                    ctx.record(
+                        task,
+                        EventKind::RelInfo {
+                            holder: held.holder,
+                            reason: "cancelled: unlock dropped after its first poll".to_owned(),
+                        },
+                    )?;
+                    return Ok(Released::Cancelled);
+                }
+                Poll::Ready(outcome) => log.release_answered(&mut held, outcome),
+            }
+        } else {
+            log.release(&mut held, guard, ctx.remaining()).await
         };
-        ctx.record(task, kind)?;
-        Ok(released)
+        Ok(match released.map_err(super::recording)? {
+            Logged::Done(n) => Released::Ok(n),
+            Logged::NotHeld => Released::NotHeld,
+            Logged::Failed(e) if e.is_release_incomplete() => Released::Incomplete(e.to_string()),
+            Logged::Failed(e) => Released::Error(e.to_string()),
+            Logged::TimedOut => Released::Error("max duration reached during unlock".to_owned()),
+        })
     }
 
     /// One resource operation: the fenced write (with `--fenced-key`), GET then SET+1 of the
@@ -1582,19 +1418,20 @@ mod combination {
         ctx: &Comb,
         task: u64,
         guard: &CombinationGuard,
-        holder: &str,
-        logged: &mut u64,
+        held: &mut Held,
     ) -> Res<()> {
-        let token = guard.fencing_token().get();
+        let token = held.token;
         let fenced = match &ctx.fenced {
-            Some(f) => Some(f.write(holder, token).await),
+            Some(f) => Some(f.write(&held.holder, token).await),
             None => None,
         };
         let counted = match &ctx.resource {
             Some(conn) => Some(super::counter_incr(conn.clone(), &ctx.args.counter_key).await),
             None => None,
         };
-        note_renewal(ctx, task, guard, holder, logged)?;
+        ctx.log(task)
+            .note_renewal(held, guard)
+            .map_err(super::recording)?;
         if let Some(f) = fenced {
             ctx.record(task, f)?;
         }
@@ -1603,7 +1440,7 @@ mod combination {
                 ctx.record(
                     task,
                     EventKind::ResOp {
-                        holder: holder.to_owned(),
+                        holder: held.holder.clone(),
                         token,
                         op: OP_INCR.to_owned(),
                         outcome: super::incr_outcome(&counted),
@@ -1615,34 +1452,11 @@ mod combination {
         }
     }
 
-    /// Logs `renew_ok` if the guard's deadline moved past `logged`.
-    fn note_renewal(
-        ctx: &Comb,
-        task: u64,
-        guard: &CombinationGuard,
-        holder: &str,
-        logged: &mut u64,
-    ) -> Res<()> {
-        let d = to_mono_ns(guard.lease().deadline());
-        if d > *logged {
-            *logged = d;
-            ctx.record(
-                task,
-                EventKind::RenewOk {
-                    holder: holder.to_owned(),
-                    deadline: d,
-                },
-            )?;
-        }
-        Ok(())
-    }
-
     /// `hold` on the combination lock: acquire (retrying failed attempts), hold with resource
     /// operations until done or lost, unlock.
     async fn hold(ctx: &Comb) -> Res<()> {
-        let (guard, mut logged) = acquire(ctx, 0).await?;
-        let holder = guard.holder().to_string();
-        let token = guard.fencing_token().get();
+        let (guard, mut held) = acquire(ctx, 0).await?;
+        let (holder, token) = (held.holder.clone(), held.token);
         say(&format!("HOLDING {holder} {token}"))?;
         let end = (Instant::now() + Duration::from_millis(ctx.args.hold_ms)).min(ctx.deadline);
         let mut tick = tokio::time::interval(super::TICK);
@@ -1657,9 +1471,11 @@ mod combination {
                         // lost() completes at once.
                     } else if ctx.resource.is_some() {
                         // A failed increment is a recorded outcome here, not a failure.
-                        let _ = resource_op(ctx, 0, &guard, &holder, &mut logged).await;
+                        let _ = resource_op(ctx, 0, &guard, &mut held).await;
                     } else {
-                        note_renewal(ctx, 0, &guard, &holder, &mut logged)?;
+                        ctx.log(0)
+                            .note_renewal(&mut held, &guard)
+                            .map_err(super::recording)?;
                     }
                 }
             }
@@ -1682,7 +1498,7 @@ mod combination {
             }
         }
         super::wait_unlock_file(ctx.args.unlock_file.as_ref(), ctx.deadline).await?;
-        let line = match release(ctx, 0, &holder, guard).await? {
+        let line = match release(ctx, 0, held, guard).await? {
             Released::Ok(n) => format!("ok {n}"),
             Released::NotHeld => "not_held".to_owned(),
             Released::Cancelled => "cancelled".to_owned(),

@@ -1,9 +1,9 @@
 //! `slate demo-worker` (hidden): one worker process of the demo. It contends on one lock with
 //! `--tasks` tasks until `--duration-ms` has passed, recording its history for the checker.
 //!
-//! History rules (`slate_history::history`): `acq_invoke`/`rel_invoke` are stamped before the call,
-//! everything else after the reply; `holder` is `guard.holder().to_string()` (the hash field);
-//! deadlines are `to_mono_ns(guard.lease_deadline())`.
+//! Its lock calls are logged by `slate_history::logged::Log`, the same code as the scenario
+//! suite's worker (`ecosphere/src/bin/slate-worker.rs`): `acq_invoke`/`rel_invoke` stamped
+//! before the call, everything else after the reply, the holder as the lock stores it.
 //!
 //! Stdout protocol, one line each: `READY` once connected; `GO` once the go file exists;
 //! `P <acquisitions> <errors> <held on node 0> <held on node 1> ...` every 100 ms;
@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions};
-use slate_core::{DistributedLock, HolderId, LockGuard, Wait};
-use slate_history::clock::to_mono_ns;
-use slate_history::history::{EventKind, Recorder};
-use slate_redis::{RedisClient, SingleLock, SingleLockGuard};
+use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+use slate_core::{DistributedLock, HolderId, Wait};
+use slate_history::history::Recorder;
+use slate_history::logged::{Log, Observed};
+use slate_redis::{RedisClient, SingleLock};
 
 use crate::exit;
 
@@ -88,23 +88,6 @@ pub struct WorkerArgs {
     pub hold_us: u64,
 }
 
-/// The nodes a guard holds.
-trait HeldNodes {
-    fn held_nodes(&self) -> Vec<usize>;
-}
-
-impl HeldNodes for SingleLockGuard {
-    fn held_nodes(&self) -> Vec<usize> {
-        Vec::new()
-    }
-}
-
-impl HeldNodes for CombinationGuard {
-    fn held_nodes(&self) -> Vec<usize> {
-        self.nodes().to_vec()
-    }
-}
-
 /// Counters shared by the tasks and the progress printer.
 struct Counters {
     acquisitions: AtomicU64,
@@ -135,15 +118,6 @@ struct Ctx {
 }
 
 type Res<T> = Result<T, String>;
-
-impl Ctx {
-    fn record(&self, task: u64, kind: EventKind) -> Res<()> {
-        self.rec
-            .record(task, &self.args.lock, kind)
-            .map(|_| ())
-            .map_err(|e| format!("recording: {e}"))
-    }
-}
 
 fn say(line: &str) -> Res<()> {
     let mut out = std::io::stdout().lock();
@@ -224,7 +198,7 @@ async fn run(args: WorkerArgs) -> Res<()> {
 async fn contend<L>(args: WorkerArgs, rec: Recorder, lock: L, nodes: usize) -> Res<()>
 where
     L: DistributedLock,
-    L::Guard: HeldNodes,
+    L::Guard: Observed,
 {
     say("READY")?;
     let waited = Instant::now();
@@ -276,125 +250,46 @@ where
 async fn contend_task<L>(ctx: &Ctx, lock: &L, task: u64) -> Res<()>
 where
     L: DistributedLock,
-    L::Guard: HeldNodes,
+    L::Guard: Observed,
 {
     let hold = Duration::from_micros(ctx.args.hold_us);
+    let log = Log::new(&ctx.rec, &ctx.args.lock, task);
+    let history = |e: slate_history::history::HistoryError| format!("recording: {e}");
     loop {
         let remaining = ctx.deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
             return Ok(());
         }
         let attempt = ctx.attempts.fetch_add(1, Ordering::Relaxed);
-        ctx.record(
-            task,
-            EventKind::AcqInvoke {
-                attempt,
-                budget_ms: None,
-            },
-        )?;
-        let guard =
-            match tokio::time::timeout(remaining, lock.acquire(HolderId::new(), Wait::Forever))
+        // Cut at the end of the run: not acquired (the lock releases a late grant), recorded
+        // as `acq_info` since an entry may briefly exist.
+        let call = async {
+            tokio::time::timeout(remaining, lock.acquire(HolderId::new(), Wait::Forever))
                 .await
-            {
-                Ok(Ok(g)) => g,
-                Ok(Err(e)) => {
-                    // Too few nodes, a timeout or busy: definitely not acquired (what was taken
-                    // was released). Anything else may have left an entry behind.
-                    let kind = if e.is_insufficient_nodes() || e.is_timeout() || e.is_busy() {
-                        EventKind::AcqFail {
-                            attempt,
-                            reason: e.to_string(),
-                        }
-                    } else {
-                        EventKind::AcqInfo {
-                            attempt,
-                            reason: e.to_string(),
-                        }
-                    };
-                    ctx.record(task, kind)?;
-                    ctx.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(ERROR_BACKOFF).await;
-                    continue;
-                }
-                Err(_) => {
-                    // Cancelled at the end of the run (the lock releases a late grant).
-                    ctx.record(
-                        task,
-                        EventKind::AcqInfo {
-                            attempt,
-                            reason: "cancelled at the end of the run".to_owned(),
-                        },
-                    )?;
-                    return Ok(());
-                }
-            };
-        let holder = guard.holder().to_string();
-        let nodes = guard.held_nodes();
-        let mut deadline = to_mono_ns(guard.lease_deadline());
-        ctx.record(
-            task,
-            EventKind::AcqOk {
-                attempt,
-                holder: holder.clone(),
-                token: guard.fencing_token().get(),
-                depth: 1,
-                deadline,
-                nodes: nodes.clone(),
-            },
-        )?;
+                .unwrap_or(Err(slate_core::Error::Closed {
+                    what: "the demo's run (cancelled at its end)",
+                }))
+        };
+        let (guard, mut held) = match log.acquire(attempt, call).await.map_err(history)? {
+            Ok(acquired) => acquired,
+            Err(_) if Instant::now() >= ctx.deadline => return Ok(()),
+            Err(_) => {
+                ctx.counters.errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(ERROR_BACKOFF).await;
+                continue;
+            }
+        };
         ctx.counters.acquisitions.fetch_add(1, Ordering::Relaxed);
-        for &n in &nodes {
+        for &n in &held.nodes {
             if let Some(c) = ctx.counters.per_node.get(n) {
                 c.fetch_add(1, Ordering::Relaxed);
             }
         }
         tokio::time::sleep(hold).await;
-        let renewed = to_mono_ns(guard.lease_deadline());
-        if renewed > deadline {
-            deadline = renewed;
-            ctx.record(
-                task,
-                EventKind::RenewOk {
-                    holder: holder.clone(),
-                    deadline,
-                },
-            )?;
-        }
-        if let Some(reason) = guard.lease().loss_reason() {
-            ctx.record(
-                task,
-                EventKind::Lost {
-                    holder: holder.clone(),
-                    reason: reason.to_string(),
-                },
-            )?;
-        }
-        ctx.record(
-            task,
-            EventKind::RelInvoke {
-                holder: holder.clone(),
-                depth_before: 1,
-            },
-        )?;
-        let kind = match tokio::time::timeout(RELEASE_BUDGET, guard.unlock()).await {
-            Ok(Ok(n)) => EventKind::RelOk {
-                holder,
-                depth_after: n,
-            },
-            Ok(Err(e)) if e.is_not_held() => EventKind::RelFail {
-                holder,
-                reason: e.to_string(),
-                not_held: true,
-            },
-            Ok(Err(e)) => EventKind::RelInfo {
-                holder,
-                reason: e.to_string(),
-            },
-            Err(_) => EventKind::RelInfo {
-                holder,
-                reason: "release timed out".to_owned(),
-            },
-        };
-        ctx.record(task, kind)?;
+        log.note_renewal(&mut held, &guard).map_err(history)?;
+        log.note_loss(&held, &guard).map_err(history)?;
+        log.release(&mut held, guard, RELEASE_BUDGET)
+            .await
+            .map_err(history)?;
     }
 }

@@ -1,0 +1,297 @@
+//! Lock calls recorded as history events, the same way by every worker process (`slate
+//! demo`'s and the scenario suite's): `acq_invoke` and `rel_invoke` stamped before the call,
+//! the outcome after the reply, the holder as the lock stores it, deadlines on the shared
+//! clock ([`to_mono_ns`](crate::clock::to_mono_ns)).
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use slate_history::history::Recorder;
+//! use slate_history::logged::Log;
+//! use slate_redis::{DistributedLock, RedisClient, SingleLock};
+//!
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let rec = Recorder::create("history", 0)?;
+//! let client = RedisClient::open("redis://127.0.0.1:6379")?;
+//! let lock = SingleLock::builder(&client, "orders").build()?;
+//! let log = Log::new(&rec, "orders", 0);
+//! if let Ok((guard, mut held)) = log.acquire(0, lock.lock()).await? {
+//!     // ... the critical section ...
+//!     log.note_renewal(&mut held, &guard)?;
+//!     log.release(&mut held, guard, Duration::from_secs(5)).await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use slate_combination::CombinationGuard;
+use slate_core::{Error, LockGuard};
+use slate_redis::SingleLockGuard;
+
+use crate::clock::to_mono_ns;
+use crate::history::{EventKind, HistoryError, Recorder};
+
+/// A guard as a history sees it: its level and the nodes it holds.
+pub trait Observed: LockGuard {
+    /// The holder's level after this acquisition (1 for a first acquisition).
+    fn level(&self) -> u32;
+    /// The nodes held (empty for a single lock).
+    fn held_nodes(&self) -> Vec<usize>;
+}
+
+impl Observed for SingleLockGuard {
+    fn level(&self) -> u32 {
+        self.depth()
+    }
+
+    fn held_nodes(&self) -> Vec<usize> {
+        Vec::new()
+    }
+}
+
+impl Observed for CombinationGuard {
+    fn level(&self) -> u32 {
+        self.depth()
+    }
+
+    fn held_nodes(&self) -> Vec<usize> {
+        self.nodes().to_vec()
+    }
+}
+
+/// What the history logged of one hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The holder id, as the lock stores it.
+    pub holder: String,
+    /// The fencing token.
+    pub token: u64,
+    /// The level the history believes the holder has.
+    pub depth: u32,
+    /// The latest lease deadline logged (monotonic ns).
+    pub deadline: u64,
+    /// The nodes held (empty for a single lock).
+    pub nodes: Vec<usize>,
+}
+
+/// How a logged release ended.
+#[derive(Debug)]
+pub enum Released {
+    /// Released; the level left (0: the lock is free of this holder).
+    Done(u32),
+    /// The lock said the holder held nothing (the lease was lost).
+    NotHeld,
+    /// Any other error (recorded as `rel_info`: the entry may be left to its lease).
+    Failed(Error),
+    /// No answer within the budget (recorded as `rel_info`).
+    TimedOut,
+}
+
+/// One task's view of a recorder, for one lock.
+#[derive(Clone, Copy, Debug)]
+pub struct Log<'a> {
+    rec: &'a Recorder,
+    lock: &'a str,
+    task: u64,
+}
+
+impl<'a> Log<'a> {
+    /// Records for task `task` of the recorder's process, on lock `lock`.
+    #[must_use]
+    pub fn new(rec: &'a Recorder, lock: &'a str, task: u64) -> Self {
+        Log { rec, lock, task }
+    }
+
+    /// Records one event.
+    ///
+    /// # Errors
+    ///
+    /// The history file could not be written.
+    pub fn record(&self, kind: EventKind) -> Result<u64, HistoryError> {
+        self.rec.record(self.task, self.lock, kind)
+    }
+
+    /// `acq_invoke`, then the call, then `acq_ok` with the guard's holder, token, level,
+    /// deadline and nodes; or, for an error, `acq_fail` when nothing can be held (busy, a
+    /// timeout, too few nodes: what was taken was released) and `acq_info` otherwise (an
+    /// entry may have been left behind).
+    ///
+    /// # Errors
+    ///
+    /// The history could not be written (the call's own error is the inner `Err`).
+    pub async fn acquire<G: Observed>(
+        &self,
+        attempt: u64,
+        call: impl Future<Output = slate_core::Result<G>>,
+    ) -> Result<Result<(G, Held), Error>, HistoryError> {
+        self.record(EventKind::AcqInvoke {
+            attempt,
+            budget_ms: None,
+        })?;
+        match call.await {
+            Ok(guard) => {
+                let held = self.acquired(attempt, &guard)?;
+                Ok(Ok((guard, held)))
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                let nothing_held = e.is_busy() || e.is_timeout() || e.is_insufficient_nodes();
+                self.record(if nothing_held {
+                    EventKind::AcqFail { attempt, reason }
+                } else {
+                    EventKind::AcqInfo { attempt, reason }
+                })?;
+                Ok(Err(e))
+            }
+        }
+    }
+
+    /// `acq_ok` for a guard just received (for a caller that logged the invocation itself),
+    /// and the state logged.
+    ///
+    /// # Errors
+    ///
+    /// The history could not be written.
+    pub fn acquired<G: Observed>(&self, attempt: u64, guard: &G) -> Result<Held, HistoryError> {
+        let held = Held {
+            holder: guard.holder().to_string(),
+            token: guard.fencing_token().get(),
+            depth: guard.level(),
+            deadline: to_mono_ns(guard.lease_deadline()),
+            nodes: guard.held_nodes(),
+        };
+        self.record(EventKind::AcqOk {
+            attempt,
+            holder: held.holder.clone(),
+            token: held.token,
+            depth: held.depth,
+            deadline: held.deadline,
+            nodes: held.nodes.clone(),
+        })?;
+        Ok(held)
+    }
+
+    /// `renew_ok` when the guard's deadline moved past the one logged.
+    ///
+    /// # Errors
+    ///
+    /// The history could not be written.
+    pub fn note_renewal<G: LockGuard>(
+        &self,
+        held: &mut Held,
+        guard: &G,
+    ) -> Result<(), HistoryError> {
+        let d = to_mono_ns(guard.lease_deadline());
+        if d > held.deadline {
+            held.deadline = d;
+            self.record(EventKind::RenewOk {
+                holder: held.holder.clone(),
+                deadline: d,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `lost` with the reason, when the guard's lease was lost.
+    ///
+    /// # Errors
+    ///
+    /// The history could not be written.
+    pub fn note_loss<G: LockGuard>(&self, held: &Held, guard: &G) -> Result<(), HistoryError> {
+        if let Some(reason) = guard.lease().loss_reason() {
+            self.record(EventKind::Lost {
+                holder: held.holder.clone(),
+                reason: reason.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `rel_invoke`, `unlock()` within `budget`, then `rel_ok` / `rel_fail` (not held) /
+    /// `rel_info`; `held.depth` follows.
+    ///
+    /// # Errors
+    ///
+    /// The history could not be written.
+    pub async fn release<G: LockGuard>(
+        &self,
+        held: &mut Held,
+        guard: G,
+        budget: Duration,
+    ) -> Result<Released, HistoryError> {
+        self.release_invoked(held)?;
+        match tokio::time::timeout(budget, guard.unlock()).await {
+            Ok(outcome) => self.release_answered(held, outcome),
+            Err(_) => {
+                self.record(EventKind::RelInfo {
+                    holder: held.holder.clone(),
+                    reason: format!("release gave no answer within {budget:?}"),
+                })?;
+                Ok(Released::TimedOut)
+            }
+        }
+    }
+
+    /// `rel_invoke`, for a caller that runs the `unlock()` itself (then
+    /// [`release_answered`](Self::release_answered)).
+    ///
+    /// # Errors
+    ///
+    /// The history could not be written.
+    pub fn release_invoked(&self, held: &Held) -> Result<u64, HistoryError> {
+        self.record(EventKind::RelInvoke {
+            holder: held.holder.clone(),
+            depth_before: held.depth,
+        })
+    }
+
+    /// Records what `unlock()` answered: `rel_ok`, `rel_fail` (not held) or `rel_info`;
+    /// `held.depth` follows.
+    ///
+    /// # Errors
+    ///
+    /// The history could not be written.
+    pub fn release_answered(
+        &self,
+        held: &mut Held,
+        outcome: slate_core::Result<u32>,
+    ) -> Result<Released, HistoryError> {
+        let holder = held.holder.clone();
+        let (kind, released) = match outcome {
+            Ok(n) => {
+                held.depth = n;
+                (
+                    EventKind::RelOk {
+                        holder,
+                        depth_after: n,
+                    },
+                    Released::Done(n),
+                )
+            }
+            Err(e) if e.is_not_held() => {
+                held.depth = 0;
+                (
+                    EventKind::RelFail {
+                        holder,
+                        reason: e.to_string(),
+                        not_held: true,
+                    },
+                    Released::NotHeld,
+                )
+            }
+            Err(e) => (
+                EventKind::RelInfo {
+                    holder,
+                    reason: e.to_string(),
+                },
+                Released::Failed(e),
+            ),
+        };
+        self.record(kind)?;
+        Ok(released)
+    }
+}
