@@ -10,10 +10,13 @@
 //! inside the validity windows and the counter; afterwards no lock key is left on any node.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-use std::time::{Duration, Instant};
+mod combination_common;
 
-use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation, History};
+use std::path::Path;
+use std::time::Duration;
+
+use combination_common::{adopt, block_on, check, wait_quiet};
+use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation};
 use ecosphere::server::RedisServer;
 use ecosphere::workers::WorkerSet;
 
@@ -59,32 +62,12 @@ fn args(i: usize, nodes: &[String], resource: &str, dir: &Path, go: &Path) -> Ve
     a
 }
 
-/// Lock keys on a node (everything but the fencing counters and the node marker).
-fn lock_keys(server: &RedisServer) -> Vec<String> {
-    let keys: Vec<String> =
-        redis::from_redis_value(server.command(&["KEYS", "*"]).expect("KEYS")).expect("KEYS");
-    keys.into_iter()
-        .filter(|k| !k.ends_with(":fence") && !k.ends_with("node-marker") && !k.contains(":req:"))
-        .collect()
-}
-
 #[test]
 fn cancelled_unlocks_still_release_across_processes() {
     let nodes = RedisServer::start_many(3).expect("redis-server");
     let resource = RedisServer::start().expect("redis-server");
     let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let set = slate_combination::NodeSet::connect(
-            &urls,
-            slate_combination::NodeSetOptions::default(),
-        )
-        .unwrap();
-        assert_eq!(set.adopt_fresh_servers("slate:").await.unwrap(), 3);
-    });
+    block_on(adopt(&urls));
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("history");
     std::fs::create_dir(&history).unwrap();
@@ -127,14 +110,7 @@ fn cancelled_unlocks_still_release_across_processes() {
         );
     }
     // The last releases finish in the background: their entries go within a round trip.
-    let deadline = Instant::now() + Duration::from_secs(1);
-    let left = loop {
-        let left: Vec<String> = nodes.iter().flat_map(lock_keys).collect();
-        if left.is_empty() || Instant::now() > deadline {
-            break left;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let left = wait_quiet(&nodes, Duration::from_secs(1));
     let total = PROCS as u64 * TASKS * ITERATIONS;
     let counter: u64 = {
         let v: Option<u64> =
@@ -150,9 +126,7 @@ fn cancelled_unlocks_still_release_across_processes() {
         final_keys: Some(left),
         ..CheckConfig::new(LEASE)
     };
-    let h = History::load(&history).expect("history");
-    let report = h.check(&cfg);
-    println!("{report}");
+    let (h, report) = check(&history, &cfg);
     report.assert_ok();
     assert_eq!(counter, total, "counter = acquisitions");
     assert_eq!(report.stats.first_level_acquisitions, total as usize);
