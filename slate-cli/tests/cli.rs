@@ -8,9 +8,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ecosphere::server::RedisServer;
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
+use slate_cli::local::LocalServer;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{DistributedLock, LockGuard};
 use slate_redis::{RedisClient, SingleLock};
@@ -44,7 +44,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Marks fresh servers as adopted (the node marker), as `NodeSet::adopt_fresh_servers` does,
 /// so combination locks use them at once.
-fn adopt(servers: &[RedisServer]) {
+fn adopt(servers: &[LocalServer]) {
     for s in servers {
         s.command(&["SET", "slate:node-marker", "1"])
             .expect("SET marker");
@@ -173,7 +173,7 @@ fn status_json(urls: &[&str], name: &str) -> serde_json::Value {
 
 #[test]
 fn exit_code_of_the_command_passes_through() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let run = |cmd: &[&str]| {
         let mut args = vec!["run", "--lock", "pass", "--redis", &url, "--"];
@@ -208,7 +208,7 @@ fn exit_code_of_the_command_passes_through() {
 
 #[test]
 fn wait_timeout_exits_75_with_a_reason() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let rt = runtime();
     let guard = rt.block_on(async {
@@ -283,23 +283,23 @@ fn no_overlap_rounds(urls: &[String], dir: &Path, rounds: usize) {
 
 #[test]
 fn concurrent_runs_never_overlap_single_lock() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
     no_overlap_rounds(&[server.url()], dir.path(), 3);
 }
 
 #[test]
 fn concurrent_runs_never_overlap_combination_lock() {
-    let servers = RedisServer::start_many(3).expect("redis-servers");
+    let servers = LocalServer::start_many(3).expect("redis-servers");
     adopt(&servers);
-    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<String> = servers.iter().map(LocalServer::url).collect();
     let dir = tempfile::tempdir().expect("tempdir");
     no_overlap_rounds(&urls, dir.path(), 3);
 }
 
 #[test]
 fn lease_loss_kills_the_command() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     // The entry is deleted while the command runs: renewal finds it gone.
     let run = Running::start(&[
@@ -331,7 +331,7 @@ fn lease_loss_kills_the_command() {
 
 #[test]
 fn lease_loss_with_on_lost_ignore_warns_and_lets_the_command_finish() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let dir = tempfile::tempdir().expect("tempdir");
     let go = dir.path().join("go");
@@ -383,7 +383,7 @@ fn demo_without_redis_server_says_how_to_get_one() {
 
 #[test]
 fn lease_loss_on_a_hung_server_terminates_the_command() {
-    let mut server = RedisServer::start().expect("redis-server");
+    let mut server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let run = Running::start(&[
         "run",
@@ -411,7 +411,7 @@ fn lease_loss_on_a_hung_server_terminates_the_command() {
 
 #[test]
 fn sigterm_is_forwarded_and_the_lock_released() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let run = Running::start(&[
         "run",
@@ -434,7 +434,7 @@ fn sigterm_is_forwarded_and_the_lock_released() {
 
 #[test]
 fn status_json_matches_the_lock_state() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let rt = runtime();
     let (outer, inner) = rt.block_on(async {
@@ -482,8 +482,8 @@ fn status_json_matches_the_lock_state() {
 
 #[test]
 fn status_json_of_a_combination_lock() {
-    let mut servers = RedisServer::start_many(3).expect("redis-servers");
-    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let mut servers = LocalServer::start_many(3).expect("redis-servers");
+    let urls: Vec<String> = servers.iter().map(LocalServer::url).collect();
     let rt = runtime();
     let guard = rt.block_on(async {
         let nodes = NodeSet::connect(&urls, NodeSetOptions::default()).expect("nodes");
@@ -521,7 +521,7 @@ fn status_json_of_a_combination_lock() {
 
 #[test]
 fn unlock_needs_force() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let rt = runtime();
     let guard = rt.block_on(async {
@@ -595,7 +595,7 @@ fn argument_errors_print_usage_and_exit_2() {
 
 #[test]
 fn redis_url_from_the_environment() {
-    let servers = RedisServer::start_many(2).expect("redis-servers");
+    let servers = LocalServer::start_many(2).expect("redis-servers");
     adopt(&servers);
     let joined = format!("{},{}", servers[0].url(), servers[1].url());
     let out = slate(&["run", "--lock", "env", "--", "true"])
@@ -691,7 +691,7 @@ fn alive(pid: i32) -> bool {
 /// the second command starts.
 #[test]
 fn a_killed_slate_takes_its_command_tree_with_it() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let script = "sleep 60 & echo tree $!; sleep 60 & echo tree $!; echo tree $$; wait";
     let first = Running::start(&[
@@ -726,7 +726,7 @@ fn a_killed_slate_takes_its_command_tree_with_it() {
 /// killed before the lock is released (it would otherwise run on without the lock).
 #[test]
 fn leftovers_of_the_command_do_not_outlive_the_lock() {
-    let server = RedisServer::start().expect("redis-server");
+    let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let run = Running::start(&[
         "run",
@@ -754,7 +754,7 @@ fn leftovers_of_the_command_do_not_outlive_the_lock() {
 /// reach one server (found by its run id).
 #[test]
 fn one_server_listed_twice_is_a_usage_error() {
-    let servers = RedisServer::start_many(2).expect("redis-server");
+    let servers = LocalServer::start_many(2).expect("redis-server");
     let (a, b) = (servers[0].url(), servers[1].url());
     let alias = format!("redis://localhost:{}", servers[0].port());
     for (urls, says) in [
@@ -778,8 +778,8 @@ fn one_server_listed_twice_is_a_usage_error() {
 /// which marks them (with the safety note), after which the lock is taken at once.
 #[test]
 fn nodes_adopt_lets_brand_new_servers_in() {
-    let servers = RedisServer::start_many(3).expect("redis-server");
-    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let servers = LocalServer::start_many(3).expect("redis-server");
+    let urls: Vec<String> = servers.iter().map(LocalServer::url).collect();
     let joined = urls.join(",");
     let run = || {
         output(&[

@@ -47,7 +47,7 @@ fn the_readme_shows_this_code() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_quickstart_runs() {
-    let servers = ecosphere::server::RedisServer::start_many(3).expect("redis-servers");
+    let servers = slate_cli::local::LocalServer::start_many(3).expect("redis-servers");
     // Fresh servers: declare them adopted, as the README says a new deployment does.
     for s in &servers {
         s.command(&["SET", "slate:node-marker", "1"])

@@ -46,7 +46,7 @@ fn the_readme_shows_this_code() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_quickstart_runs() {
-    let server = ecosphere::server::RedisServer::start().expect("redis-server");
+    let server = slate_cli::local::LocalServer::start().expect("redis-server");
     nightly_report(&server.url()).await.expect("quickstart");
     assert!(WRITTEN.load(Ordering::SeqCst) > 0);
 }

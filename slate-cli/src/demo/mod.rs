@@ -6,7 +6,6 @@
 //! that `INFO commandstats` deltas of the nodes belong to one lock each: the single lock lives
 //! on node 0, which the combination lock also uses, and Redis counts commands per server only.
 
-mod local;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -19,8 +18,8 @@ use clap::Args;
 use slate_history::clock::now_ns;
 use slate_history::history::{CheckConfig, CheckId, Event, EventKind, History, Recorder, Report};
 
-use self::local::{LocalError, LocalServer, Workers};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use slate_cli::local::{LocalError, LocalServer, Workers};
 use slate_combination::{NodeSet, NodeSetOptions};
 
 use crate::duration::human;

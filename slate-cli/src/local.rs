@@ -1,7 +1,19 @@
 //! What `slate demo` runs locally: `redis-server` processes on loopback (one temporary
 //! directory each, no persistence, killed on drop) and its worker processes (`slate
-//! demo-worker`, their output lines collected as they come). The demo signals only the
-//! processes it started here.
+//! demo-worker`, their output lines collected as they come). Only the processes started here
+//! are ever signalled. The command's own tests start their servers with it too.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use slate_cli::local::LocalServer;
+//!
+//! let mut server = LocalServer::start()?;
+//! println!("{}", server.url());
+//! server.pause()?; // a hung server
+//! server.resume()?;
+//! # Ok::<(), slate_cli::local::LocalError>(())
+//! ```
 
 use std::fmt;
 use std::io::{BufRead, BufReader, Read};
@@ -52,7 +64,12 @@ impl LocalServer {
         (0..n).map(|_| Self::start()).collect()
     }
 
-    fn start() -> Result<Self, LocalError> {
+    /// Starts one server on a free loopback port.
+    ///
+    /// # Errors
+    ///
+    /// [`LocalError::NotFound`] without `redis-server`; otherwise why it did not start.
+    pub fn start() -> Result<Self, LocalError> {
         let dir = tempfile::Builder::new()
             .prefix("slate-demo-redis-")
             .tempdir()
@@ -123,6 +140,12 @@ impl LocalServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The server's port.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The server's address.
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
@@ -144,6 +167,34 @@ impl LocalServer {
             .map_err(fail)?;
         let (name, rest) = args.split_first().unwrap_or((&"PING", &[]));
         redis::cmd(name).arg(rest).query(&mut conn).map_err(fail)
+    }
+
+    /// Stops the server (SIGSTOP): a hung server, its connections open and silent.
+    ///
+    /// # Errors
+    ///
+    /// The server is not running, or the signal failed.
+    pub fn pause(&mut self) -> Result<(), LocalError> {
+        self.signal(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// Resumes a paused server (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// The server is not running, or the signal failed.
+    pub fn resume(&mut self) -> Result<(), LocalError> {
+        self.signal(nix::sys::signal::Signal::SIGCONT)
+    }
+
+    fn signal(&mut self, sig: nix::sys::signal::Signal) -> Result<(), LocalError> {
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(|c| i32::try_from(c.id()).ok())
+            .ok_or_else(|| LocalError::Failed("the server is not running".to_owned()))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig)
+            .map_err(|e| LocalError::Failed(format!("{sig} to redis-server: {e}")))
     }
 
     /// Kills the server (SIGKILL), as a crash would.
@@ -271,6 +322,12 @@ impl Workers {
     #[must_use]
     pub fn len(&self) -> usize {
         self.procs.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
     }
 
     /// The lines worker `i` printed so far.
