@@ -412,7 +412,9 @@ pub(crate) async fn acquire_remote(
     let tenure = acquire.turn.tenure;
     let record_ms = request::record_ttl_ms(client.command_timeout());
     let (request, marker, reentry) = (acquire.request, acquire.marker, acquire.reentry);
-    let fence_expiry = acquire.fence_expiry.map(scripts::lease_ms);
+    let fence_expiry = acquire
+        .fence_expiry
+        .map(|d| scripts::lease_ms(d).to_string());
     client
         .exec("acquire script", |mut c| {
             let mut invocation = ACQUIRE.script.prepare_invoke();
@@ -432,15 +434,10 @@ pub(crate) async fn acquire_remote(
                 .arg(tenure)
                 .arg(request)
                 .arg(record_ms);
-            match (reentry, fence_expiry) {
-                (false, None) => {}
-                (true, None) => {
-                    invocation.arg("1");
-                }
-                (reentry, Some(ms)) => {
-                    invocation.arg(if reentry { "1" } else { "0" }).arg(ms);
-                }
-            }
+            // ARGV[7] and ARGV[8]: '' means no (see acquire.lua).
+            invocation
+                .arg(if reentry { "1" } else { "" })
+                .arg(fence_expiry.as_deref().unwrap_or(""));
             async move { invocation.invoke_async(&mut c).await }
         })
         .await

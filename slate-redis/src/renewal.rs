@@ -142,9 +142,7 @@ impl Renewal {
         let key = (hold.key.clone(), hold.holder);
         if let Some(reg) = st.regs.get_mut(&key) {
             if fresh {
-                if !matches!(reg.phase, Phase::Lost) {
-                    lose(reg, LossReason::EntryGone);
-                }
+                lose(reg, LossReason::EntryGone);
             } else if !matches!(reg.phase, Phase::Lost) && !reg.keeper.is_lost() {
                 reg.keeper.extend(hold.deadline);
                 return reg.keeper.watch();
@@ -207,7 +205,6 @@ impl Renewal {
         if let Some(reg) = lock(&self.shared.state)
             .regs
             .get_mut(&(key.clone(), holder))
-            && !matches!(reg.phase, Phase::Lost)
         {
             lose(reg, reason);
         }
@@ -354,7 +351,11 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
     (batch, wake)
 }
 
+/// Reports the lease lost, once (a registration already lost is left as it is).
 fn lose(reg: &mut Registration, reason: LossReason) {
+    if matches!(reg.phase, Phase::Lost) {
+        return;
+    }
     reg.phase = Phase::Lost;
     reg.keeper.lose(reason);
     tracing::warn!(lock = %reg.hold.label, holder = %reg.hold.holder, %reason, "lease lost");
@@ -409,11 +410,7 @@ fn apply(
             reg.next_due = now + retry_delay(reg.hold.period);
             reg.retrying = true;
         }
-        Ok(0) => {
-            if !matches!(reg.phase, Phase::Lost) {
-                lose(reg, LossReason::EntryGone);
-            }
-        }
+        Ok(0) => lose(reg, LossReason::EntryGone),
         other => {
             reg.next_due = now + retry_delay(reg.hold.period);
             reg.retrying = true;

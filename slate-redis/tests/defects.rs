@@ -170,8 +170,13 @@ async fn names_beginning_with_a_brace_stay_in_one_slot() {
             lb.local_waiters() == 1
         })
         .await;
-        // Renewed at least twice (every 150 ms) within a lease and a half.
-        tokio::time::sleep(lease * 3 / 2).await;
+        // Renewed (with the turn key, in one script) at least twice: the deadline moved past
+        // a whole lease beyond the first one; a CROSSSLOT renewal would lose the lease.
+        let first = outer.lease_deadline();
+        eventually(Duration::from_secs(5), "two renewals", || {
+            outer.is_lost() || outer.lease_deadline() > first + lease
+        })
+        .await;
         assert!(
             !outer.is_lost(),
             "{name}: renewal failed: {:?}",

@@ -22,9 +22,10 @@
 -- ARGV[4]  tenure: acquisitions in a row a queue may keep while others wait
 -- ARGV[5]  request id (decimal digits, unique per call; '' = no record)
 -- ARGV[6]  how long the record is kept, in ms (the window in which a retry may arrive)
--- ARGV[7]  (optional) '1': a re-entry only. The caller holds the lock in its process, so the
---          holder's field must exist; if it does not (the lease was lost), nothing is touched
---          and {-4} is answered: a fresh hold must never be counted as one more level
+-- ARGV[7]  (optional) '1': a re-entry only ('' or absent: any acquisition). The caller holds
+--          the lock in its process, so the holder's field must exist; if it does not (the lease
+--          was lost), nothing is touched and {-4} is answered: a fresh hold must never be
+--          counted as one more level
 -- ARGV[8]  (optional) fence expiry in ms ('' or absent: the counter is persistent and a first
 --          acquisition INCRs it). When given, a first acquisition takes max(counter + 1, server
 --          time in µs) and sets the counter to it with this TTL, and a re-entry resets the TTL:
