@@ -15,12 +15,10 @@ mod combination_common;
 use std::path::Path;
 use std::time::Duration;
 
-use combination_common::{adopt, block_on, check, wait_quiet};
+use combination_common::{adopt, assert_done, block_on, check, spawn_ready, wait_quiet};
 use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation};
 use ecosphere::server::RedisServer;
-use ecosphere::workers::WorkerSet;
 
-const WORKER: &str = env!("CARGO_BIN_EXE_slate-worker");
 const PROCS: usize = 3;
 const TASKS: u64 = 3;
 const ITERATIONS: u64 = 15;
@@ -74,41 +72,13 @@ fn cancelled_unlocks_still_release_across_processes() {
     let go = dir.path().join("go");
     let mut workers = {
         let (urls, res, h, g) = (urls.clone(), resource.url(), history.clone(), go.clone());
-        WorkerSet::builder(WORKER)
-            .count(PROCS)
-            .args(move |i| args(i, &urls, &res, &h, &g))
-            .env("RUST_BACKTRACE", "1")
-            .spawn()
-            .expect("spawn slate-worker")
+        spawn_ready(PROCS, move |i| args(i, &urls, &res, &h, &g))
     };
-    for i in 0..PROCS {
-        workers
-            .wait_for_line(i, |l| l == "READY", Duration::from_secs(20))
-            .unwrap_or_else(|e| panic!("worker {i} not ready: {e}"));
-    }
     std::fs::write(&go, b"go").unwrap();
     let outputs = workers
         .wait_all(Duration::from_secs(45))
         .expect("workers finish in time");
-    for out in &outputs {
-        assert!(
-            out.status.success(),
-            "worker {} failed ({:?})\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            out.index,
-            out.status,
-            out.stdout,
-            out.stderr
-        );
-        let done = out
-            .stdout_lines()
-            .find(|l| l.starts_with("DONE "))
-            .unwrap_or_else(|| panic!("worker {}: {}", out.index, out.stdout));
-        assert!(
-            done.starts_with(&format!("DONE acquisitions={} ", TASKS * ITERATIONS)),
-            "worker {}: {done}",
-            out.index
-        );
-    }
+    assert_done(&outputs, TASKS * ITERATIONS);
     // The last releases finish in the background: their entries go within a round trip.
     let left = wait_quiet(&nodes, Duration::from_secs(1));
     let total = PROCS as u64 * TASKS * ITERATIONS;

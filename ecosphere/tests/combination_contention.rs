@@ -9,18 +9,18 @@
 //! and the counter equals the number of acquisitions; after healing, no lock key is left.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod combination_common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use combination_common::{assert_done, spawn_ready};
 use ecosphere::history::{
     CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, History, Recorder,
 };
 use ecosphere::server::RedisServer;
-use ecosphere::workers::WorkerSet;
-
-const WORKER: &str = env!("CARGO_BIN_EXE_slate-worker");
 const PROCS: usize = 4;
 const TASKS: u64 = 2;
 const ITERATIONS: u64 = 150;
@@ -147,18 +147,8 @@ fn five_nodes_four_processes_two_nodes_paused_and_resumed() {
     let go = dir.path().join("go");
     let mut workers = {
         let (urls, res, h, g) = (urls.clone(), resource.url(), history.clone(), go.clone());
-        WorkerSet::builder(WORKER)
-            .count(PROCS)
-            .args(move |i| args(i, &urls, &res, &h, &g))
-            .env("RUST_BACKTRACE", "1")
-            .spawn()
-            .expect("spawn slate-worker")
+        spawn_ready(PROCS, move |i| args(i, &urls, &res, &h, &g))
     };
-    for i in 0..PROCS {
-        workers
-            .wait_for_line(i, |l| l == "READY", Duration::from_secs(20))
-            .unwrap_or_else(|e| panic!("worker {i} not ready: {e}"));
-    }
     let rec = Recorder::create(&history, 100).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
@@ -173,24 +163,10 @@ fn five_nodes_four_processes_two_nodes_paused_and_resumed() {
     let outputs = outputs.expect("workers finish in time");
     let elapsed = started.elapsed();
     let mut failed_attempts = 0u64;
-    for out in &outputs {
-        assert!(
-            out.status.success(),
-            "worker {} failed ({:?})\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            out.index,
-            out.status,
-            out.stdout,
-            out.stderr
-        );
-        let done = out
-            .stdout_lines()
-            .find(|l| l.starts_with("DONE "))
-            .unwrap_or_else(|| panic!("worker {}: {}", out.index, out.stdout));
-        assert!(
-            done.starts_with(&format!("DONE acquisitions={} ", TASKS * ITERATIONS)),
-            "worker {}: {done}",
-            out.index
-        );
+    for (out, done) in outputs
+        .iter()
+        .zip(assert_done(&outputs, TASKS * ITERATIONS))
+    {
         println!("worker {}: {done}", out.index);
         failed_attempts += done
             .split_whitespace()

@@ -830,3 +830,47 @@ pub fn assert_fenced_kept_everything(h: &History, resource: &RedisServer, key: &
     );
     assert_eq!(f.get("accepted").copied().unwrap_or(0), log_len, "F: {f:?}");
 }
+
+/// Spawns `n` worker processes with `args(i)` and waits until each printed `READY`.
+pub fn spawn_ready(n: usize, args: impl Fn(usize) -> Vec<String> + 'static) -> WorkerSet {
+    let mut workers = WorkerSet::builder(WORKER)
+        .count(n)
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .spawn()
+        .expect("spawn slate-worker");
+    for i in 0..n {
+        workers
+            .wait_for_line(i, |l| l == "READY", Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("worker {i} not ready: {e}"));
+    }
+    workers
+}
+
+/// Asserts that every `contend` worker exited 0 after `expected` acquisitions; returns their
+/// `DONE` lines.
+pub fn assert_done(outputs: &[WorkerOutput], expected: u64) -> Vec<String> {
+    outputs
+        .iter()
+        .map(|out| {
+            assert!(
+                out.status.success(),
+                "worker {} failed ({:?})\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                out.index,
+                out.status,
+                out.stdout,
+                out.stderr
+            );
+            let done = out
+                .stdout_lines()
+                .find(|l| l.starts_with("DONE "))
+                .unwrap_or_else(|| panic!("worker {}: {}", out.index, out.stdout));
+            assert!(
+                done.starts_with(&format!("DONE acquisitions={expected} ")),
+                "worker {}: {done}",
+                out.index
+            );
+            done.to_owned()
+        })
+        .collect()
+}
