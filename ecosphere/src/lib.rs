@@ -1,7 +1,7 @@
 //! `ecosphere`: Slate's end-to-end scenario suite.
 //!
-//! The harness starts real `redis-server` processes on loopback and breaks them on purpose
-//! ([`server`], [`proxy`]), runs multi-process workers ([`workers`]), and decides from recorded
+//! The harness starts real `redis-server` processes on loopback (standalone [`server`]s, a Redis
+//! [`cluster`], a [`sentinel`] group) and breaks them on purpose ([`server`], [`proxy`]), runs multi-process workers ([`workers`]), and decides from recorded
 //! event histories whether a run kept mutual exclusion ([`history`]).
 //!
 //! The CI runs the smoke subset of the fault matrix; the full matrix (longer and rarer
@@ -12,9 +12,11 @@
 //! This crate is never published; every Slate crate uses it as a dev-dependency.
 
 pub mod cgroup;
+pub mod cluster;
 pub mod netns;
 pub mod proxy;
 pub mod seed;
+pub mod sentinel;
 pub mod server;
 pub mod workers;
 

@@ -133,6 +133,7 @@ pub struct ServerBuilder {
     debug_command: bool,
     extra: Vec<(String, String)>,
     start_timeout: Duration,
+    sentinel: bool,
 }
 
 impl Default for ServerBuilder {
@@ -146,6 +147,7 @@ impl Default for ServerBuilder {
             debug_command: true,
             extra: Vec::new(),
             start_timeout: Duration::from_secs(10),
+            sentinel: false,
         }
     }
 }
@@ -270,6 +272,27 @@ impl ServerBuilder {
     /// ```
     pub fn enable_debug_command(mut self, enabled: bool) -> Self {
         self.debug_command = enabled;
+        self
+    }
+
+    /// Starts the process as a Redis Sentinel (`redis-server <conf> --sentinel`) instead of a
+    /// data server. The config's `sentinel ...` lines come from [`arg`](Self::arg); see
+    /// [`crate::sentinel::SentinelGroup`], which builds a whole group.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use ecosphere::server::RedisServer;
+    ///
+    /// let master = RedisServer::start()?;
+    /// let sentinel = RedisServer::builder()
+    ///     .sentinel_mode(true)
+    ///     .arg("sentinel", format!("monitor m 127.0.0.1 {} 1", master.port()))
+    ///     .start()?;
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    pub fn sentinel_mode(mut self, enabled: bool) -> Self {
+        self.sentinel = enabled;
         self
     }
 
@@ -635,8 +658,12 @@ impl RedisServer {
         let stderr = log
             .try_clone()
             .map_err(HarnessError::io("duplicating the log handle"))?;
-        let child = Command::new(&self.binary)
-            .arg(&self.conf_path)
+        let mut command = Command::new(&self.binary);
+        command.arg(&self.conf_path);
+        if self.config.sentinel {
+            command.arg("--sentinel");
+        }
+        let child = command
             .args(["--daemonize", "no"])
             .stdin(Stdio::null())
             .stdout(log)
