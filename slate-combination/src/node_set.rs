@@ -260,10 +260,27 @@ impl NodeSet {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for fewer than 2 clients or bad options.
+    /// [`Error::InvalidInput`] for fewer than 2 clients, a cluster client (a node is one
+    /// master: standalone or Sentinel-managed), or bad options.
     pub fn from_clients(clients: Vec<RedisClient>, options: NodeSetOptions) -> Result<Self> {
         options.validate()?;
         crate::decision::quorum(clients.len(), None)?;
+        // The node marker is one key per server, outside every lock's slot, and a cluster's
+        // shards fail together with its own quorum: a whole cluster is not one node.
+        if let Some(i) = clients
+            .iter()
+            .position(|c| c.topology() == slate_redis::Topology::Cluster)
+        {
+            return Err(Error::invalid_input(
+                "nodes",
+                format!(
+                    "node {i} ({}) is a Redis Cluster; a combination node is one master",
+                    clients[i].address()
+                ),
+                "give standalone masters or Sentinel-managed groups \
+                 (RedisClient::open / open_sentinel); on a cluster, use the single lock",
+            ));
+        }
         // Two entries of one server are not independent nodes: one failure would count twice.
         // (A client wrapping a bare pool has no address to compare: see
         // `check_distinct_servers` for the run-id check once connected.)

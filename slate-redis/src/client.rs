@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::{Manager, Pool, Runtime};
 use redis::aio::MultiplexedConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, IntoConnectionInfo, RedisResult};
 use slate_core::{BackendKind, Error, Result};
 use tokio::runtime::Handle;
 
+use crate::conn::{Conn, Topology};
 use crate::error;
-use crate::notify::Notifier;
+use crate::notify::{Notifier, PubSubSource};
 use crate::renewal::Renewal;
 use crate::scripts;
 
@@ -277,20 +279,52 @@ pub struct RedisClient {
 }
 
 pub(crate) struct Inner {
-    pool: Pool,
+    backend: Backend,
     address: String,
     options: ClientOptions,
     runtime: Handle,
     conn: Mutex<ConnSlot>,
     fill: tokio::sync::Mutex<()>,
+    /// (Cluster) the slot map as last read, for grouping renewals by node.
+    slots: Mutex<Option<Arc<SlotMap>>>,
     pub(crate) renewal: Renewal,
     pub(crate) notifier: Notifier,
     pub(crate) locks: Mutex<Registry>,
 }
 
+/// Where the client's connection comes from.
+enum Backend {
+    /// A pool of connections to one server.
+    Standalone(Pool),
+    /// redis-rs's cluster client (its connection keeps one connection per node).
+    Cluster(Box<redis::cluster::ClusterClient>),
+    /// Sentinels that name the current master.
+    Sentinel {
+        sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+        config: Box<AsyncConnectionConfig>,
+    },
+}
+
+/// The connection in use, as held by the client.
+enum Held {
+    /// Borrowed from the pool (returned to it, or discarded when broken).
+    Pooled(deadpool_redis::Connection),
+    /// Owned (cluster, sentinel).
+    Owned(Conn),
+}
+
+impl Held {
+    fn conn(&self) -> Conn {
+        match self {
+            Held::Pooled(c) => Conn::Server(MultiplexedConnection::clone(c)),
+            Held::Owned(c) => c.clone(),
+        }
+    }
+}
+
 struct ConnSlot {
     generation: u64,
-    conn: Option<deadpool_redis::Connection>,
+    conn: Option<Held>,
     /// When a command first timed out on this connection since it last answered.
     silent_since: Option<Instant>,
 }
@@ -388,6 +422,7 @@ impl RedisClient {
             None => info,
         };
         let client = redis::Client::open(info.clone()).map_err(|e| bad_url(url, &e))?;
+        let address = info.addr().to_string();
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.command_timeout));
@@ -406,7 +441,12 @@ impl RedisClient {
                     "check the pool options",
                 )
             })?;
-        Self::build(pool, Some(client), options)
+        Self::build(
+            Backend::Standalone(pool),
+            Some(PubSubSource::Server(Box::new(client))),
+            address,
+            options,
+        )
     }
 
     /// Wraps an existing pool; `pubsub` (a client for the same server) opens the pub/sub
@@ -462,10 +502,218 @@ impl RedisClient {
             }
             other => other,
         };
-        Self::build(pool, pubsub, options)
+        let address = pubsub.as_ref().map_or_else(
+            || "redis".to_owned(),
+            |c| c.get_connection_info().addr().to_string(),
+        );
+        Self::build(
+            Backend::Standalone(pool),
+            pubsub.map(|c| PubSubSource::Server(Box::new(c))),
+            address,
+            options,
+        )
     }
 
-    fn build(pool: Pool, pubsub: Option<redis::Client>, options: ClientOptions) -> Result<Self> {
+    /// Opens a client for a Redis Cluster, discovered from `seeds` (any of its nodes; several
+    /// in case some are down).
+    ///
+    /// Every key of one lock shares one hash slot (the `{…}` tag of its name), so each lock
+    /// lives on the shard that owns that slot, and its scripts run there in one call. The
+    /// client follows `MOVED`/`ASK` redirects and failovers; release notifications use sharded
+    /// pub/sub (`SSUBSCRIBE`/`SPUBLISH`, Redis 7), delivered by the shard that owns the lock;
+    /// renewals go as one pipeline per node per tick.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use slate_redis::{ClientOptions, RedisClient};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = RedisClient::open_cluster(
+    ///     ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"],
+    ///     ClientOptions::default(),
+    /// )?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for no seed, a malformed URL, seeds that differ in TLS or
+    /// credentials, invalid options, or outside a tokio runtime without
+    /// [`ClientOptions::runtime`].
+    pub fn open_cluster<I, S>(seeds: I, options: ClientOptions) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        options.validate()?;
+        let seeds: Vec<String> = seeds.into_iter().map(|s| s.as_ref().to_owned()).collect();
+        if seeds.is_empty() {
+            return Err(Error::invalid_input(
+                "cluster seeds",
+                "no seed node was given",
+                "give at least one node of the cluster (redis://host:port)",
+            ));
+        }
+        let infos = seeds
+            .iter()
+            .map(|u| parse_url(u).map(|i| apply_credentials(i, &options)))
+            .collect::<Result<Vec<_>>>()?;
+        let address = format!(
+            "cluster {}",
+            infos
+                .iter()
+                .map(|i| i.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let build = {
+            let infos = infos.clone();
+            let options = options.clone();
+            move |push: Option<tokio::sync::mpsc::UnboundedSender<redis::PushInfo>>| {
+                let mut b = redis::cluster::ClusterClientBuilder::new(infos.clone())
+                    .connection_timeout(options.connect_timeout)
+                    .response_timeout(options.command_timeout);
+                #[cfg(feature = "tls")]
+                if let Some(pem) = &options.tls_root_certificate {
+                    b = b.certs(redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(pem.clone()),
+                    });
+                }
+                if let Some(push) = push {
+                    b = b
+                        .use_protocol(redis::ProtocolVersion::RESP3)
+                        .push_sender(push);
+                }
+                b.build()
+            }
+        };
+        let client = build(None).map_err(|e| bad_url(&seeds[0], &e))?;
+        Self::build(
+            Backend::Cluster(Box::new(client)),
+            Some(PubSubSource::Cluster(Arc::new(build))),
+            address,
+            options,
+        )
+    }
+
+    /// Opens a client for the master that the Sentinels at `sentinels` name `master_name`,
+    /// following failovers: when the master changes (its connection breaks, or it answers
+    /// `READONLY` after being demoted), the client asks the Sentinels again.
+    ///
+    /// The Sentinels' URLs carry the Sentinels' own credentials, if any;
+    /// [`ClientOptions::credentials`] are those of the data servers.
+    ///
+    /// Replication is asynchronous: a grant the master acknowledged but had not yet sent to a
+    /// replica is lost if that replica is promoted. [`ClientOptions::synced_replicas`] makes
+    /// every grant (and renewal) wait for replicas first.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use slate_redis::{ClientOptions, RedisClient};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = RedisClient::open_sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    ///     ClientOptions::default(),
+    /// )?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for no Sentinel, an empty master name, a malformed URL, a
+    /// `rediss://` Sentinel URL (TLS to Sentinels is not supported yet), invalid options, or
+    /// outside a tokio runtime without [`ClientOptions::runtime`].
+    pub fn open_sentinel<I, S>(
+        sentinels: I,
+        master_name: &str,
+        options: ClientOptions,
+    ) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        options.validate()?;
+        let urls: Vec<String> = sentinels
+            .into_iter()
+            .map(|s| s.as_ref().to_owned())
+            .collect();
+        if urls.is_empty() {
+            return Err(Error::invalid_input(
+                "sentinels",
+                "no Sentinel was given",
+                "give the Sentinels' addresses (redis://host:26379)",
+            ));
+        }
+        if master_name.is_empty() {
+            return Err(Error::invalid_input(
+                "master name",
+                "it is empty",
+                "give the name the Sentinels monitor the master under (sentinel monitor <name> ...)",
+            ));
+        }
+        if let Some(u) = urls.iter().find(|u| u.starts_with("rediss://")) {
+            return Err(Error::invalid_input(
+                "sentinels",
+                format!(
+                    "{} asks for TLS, which Slate does not support with Sentinels yet",
+                    redact(u)
+                ),
+                "reach the Sentinels over redis:// (or use a standalone or cluster URL)",
+            ));
+        }
+        let infos = urls
+            .iter()
+            .map(|u| parse_url(u))
+            .collect::<Result<Vec<_>>>()?;
+        let mut node = redis::RedisConnectionInfo::default();
+        if let Some(password) = &options.password {
+            node = node.set_password(password);
+            if let Some(user) = &options.username {
+                node = node.set_username(user);
+            }
+        }
+        let node_info = SentinelNodeConnectionInfo::default().set_redis_connection_info(node);
+        let sentinel = SentinelClient::build(
+            infos.clone(),
+            master_name,
+            Some(node_info),
+            SentinelServerType::Master,
+        )
+        .map_err(|e| bad_url(&urls[0], &e))?;
+        let address = format!(
+            "sentinel {master_name} via {}",
+            infos
+                .iter()
+                .map(|i| i.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.command_timeout));
+        Self::build(
+            Backend::Sentinel {
+                sentinel: sentinel.clone(),
+                config: Box::new(config),
+            },
+            Some(PubSubSource::Sentinel(sentinel)),
+            address,
+            options,
+        )
+    }
+
+    fn build(
+        backend: Backend,
+        pubsub: Option<PubSubSource>,
+        address: String,
+        options: ClientOptions,
+    ) -> Result<Self> {
         let runtime = match options.runtime.clone() {
             Some(h) => h,
             None => Handle::try_current().map_err(|_| {
@@ -476,14 +724,10 @@ impl RedisClient {
                 )
             })?,
         };
-        let address = pubsub.as_ref().map_or_else(
-            || "redis".to_owned(),
-            |c| c.get_connection_info().addr().to_string(),
-        );
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
             renewal: Renewal::new(weak.clone()),
             notifier: Notifier::new(pubsub, options.command_timeout, options.connect_timeout),
-            pool,
+            backend,
             address,
             runtime,
             options,
@@ -493,6 +737,7 @@ impl RedisClient {
                 silent_since: None,
             }),
             fill: tokio::sync::Mutex::new(()),
+            slots: Mutex::new(None),
             locks: Mutex::new(HashMap::new()),
         });
         Ok(RedisClient { inner })
@@ -579,19 +824,42 @@ impl RedisClient {
         &self.inner.options
     }
 
-    /// The pool this client borrows its connection from.
+    /// The pool this client borrows its connection from (a standalone client's; a cluster or
+    /// Sentinel client has none: see [`topology`](Self::topology)).
     ///
     /// # Examples
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let _status = client.pool().status();
+    /// let _status = client.pool().map(|p| p.status());
     /// # Ok(()) }
     /// ```
     #[must_use]
-    pub fn pool(&self) -> &Pool {
-        &self.inner.pool
+    pub fn pool(&self) -> Option<&Pool> {
+        match &self.inner.backend {
+            Backend::Standalone(pool) => Some(pool),
+            _ => None,
+        }
+    }
+
+    /// The deployment this client talks to.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// assert_eq!(client.topology(), slate_redis::Topology::Standalone);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn topology(&self) -> Topology {
+        match &self.inner.backend {
+            Backend::Standalone(_) => Topology::Standalone,
+            Backend::Cluster(_) => Topology::Cluster,
+            Backend::Sentinel { .. } => Topology::Sentinel,
+        }
     }
 
     pub(crate) fn runtime(&self) -> &Handle {
@@ -605,11 +873,11 @@ impl RedisClient {
     /// command timeout): a connection a restarted server broke fails the command at once with
     /// an I/O error, and [`exec`](Self::exec) sends it again on a new one; every command Slate
     /// sends may be repeated (acquire and release carry request ids).
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection)> {
+    async fn connection(&self) -> Result<(u64, Conn)> {
         {
             let slot = lock(&self.inner.conn);
             if let Some(c) = &slot.conn {
-                return Ok((slot.generation, MultiplexedConnection::clone(c)));
+                return Ok((slot.generation, c.conn()));
             }
         }
         // One task fills the slot; the others wait for it instead of each taking (and
@@ -618,28 +886,74 @@ impl RedisClient {
         {
             let slot = lock(&self.inner.conn);
             if let Some(c) = &slot.conn {
-                return Ok((slot.generation, MultiplexedConnection::clone(c)));
+                return Ok((slot.generation, c.conn()));
             }
         }
         let budget = self.inner.options.connect_timeout;
-        let obj = self
-            .inner
-            .pool
-            .get()
-            .await
-            .map_err(|e| error::from_pool(e, &self.inner.address, budget))?;
-        let mut conn = MultiplexedConnection::clone(&obj);
+        let address = &self.inner.address;
+        let held = match &self.inner.backend {
+            Backend::Standalone(pool) => Held::Pooled(
+                pool.get()
+                    .await
+                    .map_err(|e| error::from_pool(e, address, budget))?,
+            ),
+            Backend::Cluster(client) => {
+                let conn = tokio::time::timeout(budget, client.get_async_connection())
+                    .await
+                    .map_err(|_| {
+                        error::command_timeout("connecting to the cluster", address, budget)
+                    })?
+                    .map_err(|e| error::from_redis(e, "connecting to the cluster", address))?;
+                Held::Owned(Conn::Cluster(conn))
+            }
+            Backend::Sentinel { sentinel, config } => {
+                let connect = async {
+                    let master = sentinel.lock().await.async_get_client().await?;
+                    master
+                        .get_multiplexed_async_connection_with_config(config)
+                        .await
+                };
+                let conn = tokio::time::timeout(budget, connect)
+                    .await
+                    .map_err(|_| {
+                        error::command_timeout(
+                            "asking the Sentinels for the master",
+                            address,
+                            budget,
+                        )
+                    })?
+                    .map_err(|e| {
+                        error::from_redis(e, "asking the Sentinels for the master", address)
+                    })?;
+                Held::Owned(Conn::Server(conn))
+            }
+        };
+        let mut conn = held.conn();
         // Load every script once per connection, so that normal operation never meets NOSCRIPT
-        // (after a restart it still can; the callers reload then).
-        let mut load = redis::pipe();
-        for script in scripts::ALL {
-            load.add_command(script.load_cmd()).ignore();
-        }
-        load.query_async::<()>(&mut conn)
-            .await
-            .map_err(|e| error::from_redis(e, "loading the lock scripts", &self.inner.address))?;
+        // (after a restart or a failover it still can; the callers reload then).
+        let loaded = match &mut conn {
+            // SCRIPT LOAD goes to every master of a cluster; a pipeline cannot (no key).
+            Conn::Cluster(_) => {
+                let mut r = Ok(());
+                for script in scripts::ALL {
+                    r = script.load_cmd().query_async::<()>(&mut conn).await;
+                    if r.is_err() {
+                        break;
+                    }
+                }
+                r
+            }
+            Conn::Server(_) => {
+                let mut load = redis::pipe();
+                for script in scripts::ALL {
+                    load.add_command(script.load_cmd()).ignore();
+                }
+                load.query_async::<()>(&mut conn).await
+            }
+        };
+        loaded.map_err(|e| error::from_redis(e, "loading the lock scripts", address))?;
         let mut slot = lock(&self.inner.conn);
-        slot.conn = Some(obj);
+        slot.conn = Some(held);
         slot.silent_since = None;
         Ok((slot.generation, conn))
     }
@@ -676,10 +990,43 @@ impl RedisClient {
         let mut slot = lock(&self.inner.conn);
         if slot.generation == generation {
             slot.generation += 1;
-            if let Some(obj) = slot.conn.take() {
+            if let Some(Held::Pooled(obj)) = slot.conn.take() {
                 // A broken connection must not go back to the pool.
                 drop(deadpool_redis::Connection::take(obj));
             }
+        }
+    }
+
+    /// (Cluster) the slot map: read with `CLUSTER SLOTS` on first use and after
+    /// [`forget_cluster_slots`](Self::forget_cluster_slots).
+    pub(crate) async fn cluster_slots(&self) -> Result<Arc<SlotMap>> {
+        if let Some(map) = lock(&self.inner.slots).clone() {
+            return Ok(map);
+        }
+        let reply: redis::Value = self
+            .exec("CLUSTER SLOTS", |mut c| async move {
+                redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut c).await
+            })
+            .await?;
+        let map = Arc::new(
+            SlotMap::parse(&reply)
+                .ok_or_else(|| unexpected_reply("CLUSTER SLOTS", self.address(), &reply))?,
+        );
+        *lock(&self.inner.slots) = Some(map.clone());
+        Ok(map)
+    }
+
+    /// (Cluster) drops the slot map: the next use reads it again.
+    pub(crate) fn forget_cluster_slots(&self) {
+        lock(&self.inner.slots).take();
+    }
+
+    /// The release scripts' publish command argument: `SPUBLISH` on a cluster (sharded
+    /// pub/sub), `''` (`PUBLISH`) elsewhere.
+    pub(crate) fn publish_arg(&self) -> &'static str {
+        match self.inner.backend {
+            Backend::Cluster(_) => "SPUBLISH",
+            _ => "",
         }
     }
 
@@ -698,7 +1045,7 @@ impl RedisClient {
     /// request's record instead of applying it twice (see `request.rs`).
     pub(crate) async fn exec<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
     where
-        F: Fn(MultiplexedConnection) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let start = Instant::now();
@@ -718,7 +1065,7 @@ impl RedisClient {
 
     async fn exec_within<T, F, Fut>(&self, what: &'static str, budget: Duration, f: F) -> Result<T>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         // The connection's generation, once taken (u64::MAX: none yet).
@@ -798,6 +1145,46 @@ impl TryFrom<Pool> for RedisClient {
     /// Wraps a pool without a pub/sub client: waiters are woken by the spin-wait timer only.
     fn try_from(pool: Pool) -> Result<Self> {
         Self::from_pool_with(pool, None, ClientOptions::default())
+    }
+}
+
+/// Which master serves which slots, from `CLUSTER SLOTS`.
+pub(crate) struct SlotMap {
+    /// (first slot, last slot, host, port), sorted.
+    ranges: Vec<(u16, u16, String, u16)>,
+}
+
+impl SlotMap {
+    fn parse(reply: &redis::Value) -> Option<Self> {
+        let redis::Value::Array(rows) = reply else {
+            return None;
+        };
+        let mut ranges = Vec::with_capacity(rows.len());
+        for row in rows {
+            let redis::Value::Array(f) = row else {
+                return None;
+            };
+            let (start, end, master) = (f.first()?, f.get(1)?, f.get(2)?);
+            let start: u16 = redis::from_redis_value_ref(start).ok()?;
+            let end: u16 = redis::from_redis_value_ref(end).ok()?;
+            let redis::Value::Array(m) = master else {
+                return None;
+            };
+            let host: String = redis::from_redis_value_ref(m.first()?).ok()?;
+            let port: u16 = redis::from_redis_value_ref(m.get(1)?).ok()?;
+            ranges.push((start, end, host, port));
+        }
+        ranges.sort_unstable();
+        Some(SlotMap { ranges })
+    }
+
+    /// The (host, port) of the master serving `slot`, if any.
+    pub(crate) fn owner(&self, slot: u16) -> Option<(String, u16)> {
+        let i = self.ranges.partition_point(|r| r.1 < slot);
+        self.ranges
+            .get(i)
+            .filter(|r| r.0 <= slot)
+            .map(|r| (r.2.clone(), r.3))
     }
 }
 

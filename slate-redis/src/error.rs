@@ -31,6 +31,11 @@ pub(crate) fn kind_of(e: &RedisError) -> BackendKind {
             | ServerErrorKind::ClusterDown
             | ServerErrorKind::ReadOnly,
         ) => BackendKind::Unavailable,
+        // During a Sentinel failover the Sentinels may name no master (or one that is not
+        // master yet) for a moment.
+        ErrorKind::MasterNameNotFoundBySentinel | ErrorKind::NoValidReplicasFoundBySentinel => {
+            BackendKind::Unavailable
+        }
         ErrorKind::Extension => match e.code() {
             Some("NOAUTH" | "WRONGPASS") => BackendKind::Auth,
             Some("BUSY" | "MISCONF" | "OOM") => BackendKind::Unavailable,
@@ -45,8 +50,14 @@ pub(crate) fn kind_of(e: &RedisError) -> BackendKind {
 }
 
 /// Whether the connection that produced `e` should be replaced.
+///
+/// `READONLY` counts: a server that answers it was demoted to a replica (a Sentinel failover),
+/// and a Sentinel client must ask for the new master. (A cluster connection routes by slot and
+/// follows the new master itself.)
 pub(crate) fn breaks_connection(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Io || e.is_unrecoverable_error()
+    e.kind() == ErrorKind::Io
+        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+        || e.is_unrecoverable_error()
 }
 
 fn hint(kind: BackendKind) -> &'static str {
@@ -58,7 +69,8 @@ fn hint(kind: BackendKind) -> &'static str {
             "; grant the ACL user EVALSHA, SCRIPT LOAD, PING, SUBSCRIBE, UNSUBSCRIBE, EXISTS, HGET, \
              PTTL, INFO, SET, HSET, HEXISTS, HINCRBY, HMGET, HGETALL, DEL, PEXPIRE, GET, INCR, \
              INCRBY, PUBLISH, TIME, ZADD, ZREM, ZRANGE on the lock keys and channels (for the \
-             default prefix: ~slate:* &slate:*); the scripts run most of them (README: ACL)"
+             default prefix: ~slate:* &slate:*); the scripts run most of them (README: ACL); \
+             on a cluster also SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE, CLUSTER SLOTS"
         }
         BackendKind::Io => {
             "; check that Redis runs at this address and is reachable (for a rediss:// URL, \
@@ -71,10 +83,22 @@ fn hint(kind: BackendKind) -> &'static str {
 /// Wraps a Redis failure, naming the operation and the node.
 pub(crate) fn from_redis(e: RedisError, what: &str, node: &str) -> Error {
     let kind = kind_of(&e);
+    let topology = match e.kind() {
+        ErrorKind::MasterNameNotFoundBySentinel => {
+            "; during a failover this passes within seconds; if it lasts, check the master \
+             name (the one in the Sentinels' `sentinel monitor <name> ...`)"
+        }
+        // A standalone client sent a key to a cluster node that does not own it.
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+            "; this server is a Redis Cluster node: open the client with \
+             RedisClient::open_cluster (the slate command: --cluster URL)"
+        }
+        _ => "",
+    };
     Error::backend(
         kind,
         Some(node.to_owned()),
-        format!("{what} failed: {e}{}", hint(kind)),
+        format!("{what} failed: {e}{}{topology}", hint(kind)),
         Some(Box::new(e)),
     )
 }

@@ -80,7 +80,6 @@ fn empty_tag(name: &[u8]) -> bool {
 
 /// The hash tag Redis Cluster hashes for `key`: the bytes between the first `{` and the
 /// first `}` after it when that is non-empty, else the whole key.
-#[cfg(test)]
 pub(crate) fn hash_tag(key: &[u8]) -> &[u8] {
     if let Some(open) = key.iter().position(|&b| b == b'{')
         && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')

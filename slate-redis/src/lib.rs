@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod conn;
 mod error;
 mod guard;
 mod keys;
@@ -51,6 +52,7 @@ mod request;
 mod scripts;
 
 pub use client::{ClientOptions, ClientStats, DEFAULT_COMMAND_TIMEOUT, RedisClient};
+pub use conn::Topology;
 pub use guard::SingleLockGuard;
 pub use lock::{ClientSource, SingleLock, SingleLockBuilder};
 pub use slate_core::{

@@ -359,6 +359,7 @@ pub(crate) async fn release_remote(
     let record_ms = request::record_ttl_ms(client.command_timeout());
     let undo = release.undo.map(|id| id.to_string()).unwrap_or_default();
     let (request, waiters) = (release.request, u8::from(release.local_waiters));
+    let publish = client.publish_arg();
     client
         .exec("release script", |mut c| {
             let mut invocation = RELEASE.script.prepare_invoke();
@@ -376,7 +377,8 @@ pub(crate) async fn release_remote(
                 .arg(reserve)
                 .arg(request)
                 .arg(record_ms)
-                .arg(&undo);
+                .arg(&undo)
+                .arg(publish);
             async move { invocation.invoke_async(&mut c).await }
         })
         .await
@@ -1203,6 +1205,7 @@ impl DistributedLock for SingleLock {
         let (key, channel) = (c.keys.lock.clone(), c.keys.channel.clone());
         async move {
             let (key, channel): (&[u8], &[u8]) = (&key, &channel);
+            let publish = c.client.publish_arg();
             let deleted: i64 = c
                 .client
                 .exec("force-unlock script", |mut conn| async move {
@@ -1210,6 +1213,7 @@ impl DistributedLock for SingleLock {
                         .script
                         .key(&*key)
                         .key(&*channel)
+                        .arg(publish)
                         .invoke_async(&mut conn)
                         .await
                 })

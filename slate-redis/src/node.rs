@@ -364,12 +364,14 @@ impl RedisClient {
     /// The deletion may or may not have happened when the future is dropped.
     pub async fn node_force_unlock(&self, keys: &NodeKeys) -> Result<bool> {
         let (lock_key, channel): (&[u8], &[u8]) = (&keys.keys.lock, &keys.keys.channel);
+        let publish = self.publish_arg();
         let n: i64 = self
             .exec("force-unlock script", |mut c| async move {
                 FORCE_UNLOCK
                     .script
                     .key(&*lock_key)
                     .key(&*channel)
+                    .arg(publish)
                     .invoke_async(&mut c)
                     .await
             })

@@ -21,10 +21,150 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use redis::aio::{PubSubSink, PubSubStream};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::SentinelClient;
+use redis::{PushInfo, PushKind, RedisResult};
 use slate_aqs::Notifications;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::client::{RedisClient, lock};
+use crate::conn::slot_of;
+
+/// Builds a cluster client whose connection delivers push messages on the given sender.
+pub(crate) type ClusterBuild = dyn Fn(Option<mpsc::UnboundedSender<PushInfo>>) -> RedisResult<redis::cluster::ClusterClient>
+    + Send
+    + Sync;
+
+/// Where the pub/sub connection goes.
+#[derive(Clone)]
+pub(crate) enum PubSubSource {
+    /// One server (`SUBSCRIBE`).
+    Server(Box<redis::Client>),
+    /// The master the Sentinels name at connect time (`SUBSCRIBE`). After a failover the old
+    /// connection breaks (or keeps receiving: a demoted master's replication stream carries the
+    /// new master's publications), and the next connect asks the Sentinels again.
+    Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
+    /// A cluster: sharded pub/sub (`SSUBSCRIBE`) on the node that owns each channel's slot,
+    /// over RESP3 (redis-rs's cluster connection delivers the messages as pushes and
+    /// resubscribes after reconnections and slot-map changes).
+    Cluster(Arc<ClusterBuild>),
+}
+
+/// The sending half of the pub/sub connection.
+#[derive(Clone)]
+enum Sink {
+    Server(PubSubSink),
+    Cluster(ClusterConnection),
+}
+
+/// Groups channels by hash slot: a sharded (un)subscription names channels of one slot.
+fn by_slot(channels: &[Arc<[u8]>]) -> Vec<Vec<&[u8]>> {
+    let mut groups: HashMap<u16, Vec<&[u8]>> = HashMap::new();
+    for c in channels {
+        groups.entry(slot_of(c)).or_default().push(c);
+    }
+    groups.into_values().collect()
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channels: &[Arc<[u8]>]) -> RedisResult<()> {
+        match self {
+            Sink::Server(s) => {
+                let args: Vec<&[u8]> = channels.iter().map(|c| &**c).collect();
+                s.subscribe(args).await
+            }
+            Sink::Cluster(c) => {
+                let calls = by_slot(channels).into_iter().map(|group| {
+                    let mut c = c.clone();
+                    async move { c.ssubscribe(group).await }
+                });
+                futures::future::try_join_all(calls).await.map(drop)
+            }
+        }
+    }
+
+    async fn unsubscribe(&mut self, channels: &[Arc<[u8]>]) -> RedisResult<()> {
+        match self {
+            Sink::Server(s) => {
+                let args: Vec<&[u8]> = channels.iter().map(|c| &**c).collect();
+                s.unsubscribe(args).await
+            }
+            Sink::Cluster(c) => {
+                let calls = by_slot(channels).into_iter().map(|group| {
+                    let mut c = c.clone();
+                    async move { c.sunsubscribe(group).await }
+                });
+                futures::future::try_join_all(calls).await.map(drop)
+            }
+        }
+    }
+
+    async fn ping(&mut self) -> RedisResult<()> {
+        match self {
+            Sink::Server(s) => s.ping::<redis::Value>().await.map(drop),
+            Sink::Cluster(c) => redis::cmd("PING").query_async::<()>(c).await,
+        }
+    }
+}
+
+/// The receiving half of the pub/sub connection.
+enum Stream {
+    Server(PubSubStream),
+    Cluster(mpsc::UnboundedReceiver<PushInfo>),
+}
+
+/// What the pub/sub connection delivered.
+enum Event {
+    /// A release message on a channel.
+    Message { channel: Vec<u8>, payload: Vec<u8> },
+    /// The whole connection is gone.
+    Closed,
+    /// (Cluster) one node's connection broke; redis-rs reconnects and resubscribes.
+    NodeLost,
+    /// (Cluster) a sharded subscription was confirmed (ours, or a resubscription).
+    Confirmed(Vec<u8>),
+    /// (Cluster) the server ended a sharded subscription (its slot moved to another node).
+    Dropped(Vec<u8>),
+    /// Nothing the listener acts on.
+    Other,
+}
+
+impl Stream {
+    async fn next(&mut self) -> Event {
+        match self {
+            Stream::Server(s) => match s.next().await {
+                Some(msg) => match msg.get_channel::<Vec<u8>>() {
+                    Ok(channel) => Event::Message {
+                        channel,
+                        payload: msg.get_payload_bytes().to_vec(),
+                    },
+                    Err(_) => Event::Other,
+                },
+                None => Event::Closed,
+            },
+            Stream::Cluster(rx) => {
+                let Some(push) = rx.recv().await else {
+                    return Event::Closed;
+                };
+                let bytes = |i: usize| {
+                    push.data
+                        .get(i)
+                        .and_then(|v| redis::from_redis_value_ref::<Vec<u8>>(v).ok())
+                };
+                match push.kind {
+                    PushKind::SMessage => match (bytes(0), bytes(1)) {
+                        (Some(channel), Some(payload)) => Event::Message { channel, payload },
+                        _ => Event::Other,
+                    },
+                    PushKind::Disconnection => Event::NodeLost,
+                    PushKind::SSubscribe => bytes(0).map_or(Event::Other, Event::Confirmed),
+                    PushKind::SUnsubscribe => bytes(0).map_or(Event::Other, Event::Dropped),
+                    _ => Event::Other,
+                }
+            }
+        }
+    }
+}
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -60,7 +200,7 @@ enum Command {
 
 /// The notification side of a client.
 pub(crate) struct Notifier {
-    client: Option<redis::Client>,
+    client: Option<PubSubSource>,
     command_timeout: Duration,
     connect_timeout: Duration,
     state: Arc<Mutex<State>>,
@@ -69,7 +209,7 @@ pub(crate) struct Notifier {
 
 impl Notifier {
     pub(crate) fn new(
-        client: Option<redis::Client>,
+        client: Option<PubSubSource>,
         command_timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
@@ -167,6 +307,7 @@ impl Notifier {
                 subscribed: HashSet::new(),
                 inflight: HashMap::new(),
                 lingering: HashMap::new(),
+                lost: HashSet::new(),
                 refusal_reported: false,
             };
             rc.spawn(listener.run(receiver));
@@ -196,11 +337,11 @@ type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = (u64, Outcome)
 const LINGER: Duration = Duration::from_secs(1);
 
 struct Listener {
-    client: redis::Client,
+    client: PubSubSource,
     state: Arc<Mutex<State>>,
     command_timeout: Duration,
     connect_timeout: Duration,
-    sink: Option<PubSubSink>,
+    sink: Option<Sink>,
     /// Bumped on every new connection; outcomes of an older one are ignored.
     generation: u64,
     /// Channels the server confirmed we are subscribed to.
@@ -210,6 +351,8 @@ struct Listener {
     inflight: HashMap<Arc<[u8]>, Vec<oneshot::Sender<bool>>>,
     /// Subscribed channels no longer wanted, and when to unsubscribe them.
     lingering: HashMap<Arc<[u8]>, Instant>,
+    /// (Cluster) channels whose node connection broke, until a resubscription is confirmed.
+    lost: HashSet<Arc<[u8]>>,
     /// Whether a refused subscription was already reported (once per listener).
     refusal_reported: bool,
 }
@@ -236,7 +379,7 @@ impl Listener {
     /// messages are dispatched while subscriptions are on their way. Requests that arrive
     /// together are sent as one `SUBSCRIBE` (one round trip for many names).
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
-        let mut stream: Option<PubSubStream> = None;
+        let mut stream: Option<Stream> = None;
         let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
         let mut backoff = BACKOFF_MIN;
         let mut retry_at: Option<Instant> = None;
@@ -281,7 +424,7 @@ impl Listener {
             let next_msg = async {
                 match stream.as_mut() {
                     Some(s) => s.next().await,
-                    None => std::future::pending().await,
+                    None => std::future::pending::<Event>().await,
                 }
             };
             let outcome = async {
@@ -318,13 +461,21 @@ impl Listener {
                         pending.push(fut);
                     }
                 }
-                msg = next_msg => match msg {
-                    Some(msg) => self.dispatch(&msg),
-                    None => {
+                event = next_msg => match event {
+                    Event::Message { channel, payload } => self.dispatch(&channel, &payload),
+                    Event::Closed => {
                         tracing::warn!("pub/sub connection lost; waiters fall back to the spin wait");
                         stream = None;
                         self.down();
                     }
+                    Event::NodeLost => self.node_lost(),
+                    Event::Confirmed(channel) => self.resubscribed(&channel),
+                    Event::Dropped(channel) => {
+                        if let Some(fut) = self.dropped(&channel) {
+                            pending.push(fut);
+                        }
+                    }
+                    Event::Other => {}
                 },
                 Some((generation, outcome)) = outcome => {
                     if generation == self.generation && !self.finish(outcome) {
@@ -397,8 +548,7 @@ impl Listener {
         };
         let (generation, budget) = (self.generation, self.command_timeout);
         Some(Box::pin(async move {
-            let args: Vec<&[u8]> = to_subscribe.iter().map(|c| &**c).collect();
-            let result = match tokio::time::timeout(budget, sink.subscribe(args)).await {
+            let result = match tokio::time::timeout(budget, sink.subscribe(&to_subscribe)).await {
                 Ok(r) => r,
                 Err(_) => Err(redis::RedisError::from((
                     redis::ErrorKind::Io,
@@ -444,6 +594,7 @@ impl Listener {
                     if !ok {
                         continue;
                     }
+                    self.lost.remove(&channel);
                     self.confirm(&channel, now);
                     if !lock(&self.state).channels.contains_key(&channel) {
                         // Unwanted while the SUBSCRIBE was on its way.
@@ -491,9 +642,8 @@ impl Listener {
         let mut sink = self.sink.clone()?;
         let (generation, budget) = (self.generation, self.command_timeout);
         Some(Box::pin(async move {
-            let args: Vec<&[u8]> = gone.iter().map(|c| &**c).collect();
             let ok = matches!(
-                tokio::time::timeout(budget, sink.unsubscribe(args)).await,
+                tokio::time::timeout(budget, sink.unsubscribe(&gone)).await,
                 Ok(Ok(()))
             );
             (generation, Outcome::Done(ok))
@@ -505,23 +655,16 @@ impl Listener {
         let mut sink = self.sink.clone()?;
         let (generation, budget) = (self.generation, self.command_timeout);
         Some(Box::pin(async move {
-            let ok = matches!(
-                tokio::time::timeout(budget, sink.ping::<redis::Value>()).await,
-                Ok(Ok(_))
-            );
+            let ok = matches!(tokio::time::timeout(budget, sink.ping()).await, Ok(Ok(())));
             (generation, Outcome::Done(ok))
         }))
     }
 
     /// Opens the connection and subscribes every wanted channel in one command; on success
     /// wakes every such lock once.
-    async fn connect(&mut self) -> Option<PubSubStream> {
-        let pubsub = match tokio::time::timeout(
-            self.connect_timeout,
-            self.client.get_async_pubsub(),
-        )
-        .await
-        {
+    async fn connect(&mut self) -> Option<Stream> {
+        let opened = tokio::time::timeout(self.connect_timeout, open(&self.client)).await;
+        let (mut sink, stream) = match opened {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "pub/sub connect failed");
@@ -532,11 +675,9 @@ impl Listener {
                 return None;
             }
         };
-        let (mut sink, stream) = pubsub.split();
         let channels: Vec<Arc<[u8]>> = lock(&self.state).channels.keys().cloned().collect();
         if !channels.is_empty() {
-            let args: Vec<&[u8]> = channels.iter().map(|c| &**c).collect();
-            match tokio::time::timeout(self.command_timeout, sink.subscribe(args)).await {
+            match tokio::time::timeout(self.command_timeout, sink.subscribe(&channels)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     self.subscribe_failed(&e);
@@ -562,6 +703,7 @@ impl Listener {
         self.generation += 1;
         self.subscribed = channels.into_iter().collect();
         self.lingering.clear();
+        self.lost.clear();
         for (_, waiting) in self.inflight.drain() {
             for reply in waiting {
                 let _ = reply.send(false);
@@ -578,6 +720,7 @@ impl Listener {
         self.sink = None;
         self.subscribed.clear();
         self.lingering.clear();
+        self.lost.clear();
         for (_, waiting) in self.inflight.drain() {
             for reply in waiting {
                 let _ = reply.send(false);
@@ -590,22 +733,125 @@ impl Listener {
         }
     }
 
-    fn dispatch(&self, msg: &redis::Msg) {
-        let Ok(channel) = msg.get_channel::<Vec<u8>>() else {
+    /// (Cluster) a node's connection broke: a release published on it meanwhile is not
+    /// delivered, so every subscribed channel counts as unconfirmed (its waiters retry once and
+    /// wait on the spin timer until a resubscription is confirmed), and the next wait
+    /// subscribes it again.
+    fn node_lost(&mut self) {
+        tracing::debug!("a cluster node's pub/sub connection broke; resubscribing");
+        let lost: Vec<Arc<[u8]>> = self.subscribed.drain().collect();
+        let mut targets: Vec<Weak<dyn ReleaseTarget>> = Vec::new();
+        {
+            let mut st = lock(&self.state);
+            for c in &lost {
+                if let Some(ch) = st.channels.get_mut(c) {
+                    ch.confirmed_at = None;
+                    targets.push(ch.target.clone());
+                }
+            }
+        }
+        self.lost.extend(lost);
+        for t in targets.iter().filter_map(Weak::upgrade) {
+            t.released();
+        }
+    }
+
+    /// (Cluster) a sharded subscription was confirmed. For a channel lost with its node, this
+    /// is redis-rs's resubscription: confirmed from now on, and its waiters retry once (a
+    /// release may have passed while it was down).
+    fn resubscribed(&mut self, channel: &[u8]) {
+        let Some(channel) = self.lost.take(channel) else {
             return;
         };
+        let target = {
+            let mut st = lock(&self.state);
+            st.channels.get_mut(&channel).map(|ch| {
+                ch.confirmed_at = Some(Instant::now());
+                ch.target.clone()
+            })
+        };
+        if let Some(t) = target.and_then(|t| t.upgrade()) {
+            self.subscribed.insert(channel);
+            t.released();
+        }
+    }
+
+    /// (Cluster) the server ended a subscription we did not end (its slot moved): it is
+    /// unconfirmed, its waiters retry once, and it is subscribed again (on the slot's new
+    /// owner) when still wanted.
+    fn dropped(&mut self, channel: &[u8]) -> Option<Pending> {
+        let channel = self.subscribed.take(channel)?;
+        tracing::debug!("the server ended a sharded subscription (slot moved); resubscribing");
+        let target = {
+            let mut st = lock(&self.state);
+            st.channels.get_mut(&channel).map(|ch| {
+                ch.confirmed_at = None;
+                ch.target.clone()
+            })
+        };
+        self.lingering.remove(&channel);
+        let target = target?;
+        if let Some(t) = target.upgrade() {
+            t.released();
+        }
+        if self.inflight.contains_key(&channel) {
+            return None;
+        }
+        self.inflight.insert(channel.clone(), Vec::new());
+        let mut sink = self.sink.clone()?;
+        let (generation, budget) = (self.generation, self.command_timeout);
+        Some(Box::pin(async move {
+            let channels = vec![channel];
+            let result = match tokio::time::timeout(budget, sink.subscribe(&channels)).await {
+                Ok(r) => r,
+                Err(_) => Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "SSUBSCRIBE timed out",
+                ))),
+            };
+            (
+                generation,
+                Outcome::Subscribed {
+                    channels,
+                    replies: Vec::new(),
+                    result,
+                },
+            )
+        }))
+    }
+
+    fn dispatch(&self, channel: &[u8], to: &[u8]) {
         // A release addresses the local queue whose turn comes next (or nobody in particular
         // with an empty message): the heads of other queues stay parked instead of all retrying.
-        let to = msg.get_payload_bytes();
         let target = lock(&self.state)
             .channels
-            .get(channel.as_slice())
+            .get(channel)
             .and_then(|ch| ch.target.upgrade());
         if let Some(t) = target
             && (to.is_empty() || to == t.queue_id().as_bytes())
         {
             tracing::trace!("release notification");
             t.released();
+        }
+    }
+}
+
+/// Opens a pub/sub connection to `source`.
+async fn open(source: &PubSubSource) -> RedisResult<(Sink, Stream)> {
+    match source {
+        PubSubSource::Server(client) => {
+            let (sink, stream) = client.get_async_pubsub().await?.split();
+            Ok((Sink::Server(sink), Stream::Server(stream)))
+        }
+        PubSubSource::Sentinel(sentinel) => {
+            let master = sentinel.lock().await.async_get_client().await?;
+            let (sink, stream) = master.get_async_pubsub().await?.split();
+            Ok((Sink::Server(sink), Stream::Server(stream)))
+        }
+        PubSubSource::Cluster(build) => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let conn = build(Some(tx))?.get_async_connection().await?;
+            Ok((Sink::Cluster(conn), Stream::Cluster(rx)))
         }
     }
 }

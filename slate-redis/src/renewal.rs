@@ -16,13 +16,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use redis::RedisResult;
+use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::{ErrorKind, RedisResult, ServerErrorKind};
 use slate_core::lease::{self, LeaseKeeper, LeaseWatch, LossReason};
 use slate_core::{HolderId, Result};
 use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::client::{Inner, RedisClient, lock};
+use crate::conn::{Conn, Topology, slot_of};
 use crate::scripts;
 
 /// The clock-drift allowance taken off every lease deadline: 1% of the lease plus 2 ms.
@@ -426,6 +428,9 @@ async fn renew_pipeline(
     client: &RedisClient,
     batch: &[Due],
 ) -> Result<Vec<std::result::Result<i64, String>>> {
+    if client.topology() == Topology::Cluster {
+        return Ok(renew_cluster(client, batch).await);
+    }
     let build = |items: &[&Due]| {
         let mut pipe = redis::pipe();
         for due in items {
@@ -485,6 +490,150 @@ async fn renew_pipeline(
         out[slot] = r.map_err(|e| e.to_string());
     }
     Ok(out)
+}
+
+fn renew_cmd(due: &Due) -> redis::Cmd {
+    scripts::renew_cmd(
+        &due.key.0,
+        due.turn.as_deref(),
+        due.fence.as_ref(),
+        due.key.1,
+        due.lease,
+    )
+}
+
+/// Renewal on a cluster: one pipeline per node per tick, whatever the number of held locks.
+///
+/// Entries are grouped by the node that owns their slot in the client's copy of the slot map
+/// (`CLUSTER SLOTS`, fetched on first use and again after any redirect), and each node's
+/// pipeline is sent to that node by address, all nodes at once. An entry the node does not
+/// serve any more (`MOVED`/`ASK` after a slot migration or failover), or that answers
+/// `NOSCRIPT` (a promoted replica has no script cache), or whose node's pipeline failed, is
+/// sent once more alone through redis-rs's routing, which follows the redirect; a hold that is
+/// still valid is renewed on its new node in the same tick.
+async fn renew_cluster(
+    client: &RedisClient,
+    batch: &[Due],
+) -> Vec<std::result::Result<i64, String>> {
+    let mut out: Vec<std::result::Result<i64, String>> =
+        vec![Err("not sent".to_owned()); batch.len()];
+    let mut again: Vec<usize> = Vec::new();
+    match client.cluster_slots().await {
+        Ok(map) => {
+            let mut by_node: HashMap<(String, u16), Vec<usize>> = HashMap::new();
+            for (i, due) in batch.iter().enumerate() {
+                match map.owner(slot_of(&due.key.0)) {
+                    Some(node) => by_node.entry(node).or_default().push(i),
+                    None => again.push(i),
+                }
+            }
+            let sends = by_node.into_iter().map(|((host, port), items)| {
+                let mut pipe = redis::pipe();
+                for &i in &items {
+                    pipe.add_command(renew_cmd(&batch[i]));
+                }
+                pipe.ignore_errors();
+                async move {
+                    let pipe = &pipe;
+                    let n = items.len();
+                    let host = &host;
+                    let replies = client
+                        .exec("renewal pipeline", |c| async move {
+                            match c {
+                                Conn::Cluster(mut c) => {
+                                    c.route_pipeline(
+                                        pipe.clone(),
+                                        0,
+                                        n,
+                                        SingleNodeRoutingInfo::ByAddress {
+                                            host: host.clone(),
+                                            port,
+                                        },
+                                    )
+                                    .await
+                                }
+                                Conn::Server(mut c) => pipe.query_async(&mut c).await,
+                            }
+                        })
+                        .await;
+                    (items, replies)
+                }
+            });
+            let mut stale = false;
+            for (items, replies) in futures::future::join_all(sends).await {
+                match replies {
+                    Ok(values) if values.len() == items.len() => {
+                        for (i, v) in items.into_iter().zip(values) {
+                            match redis::from_redis_value::<RedisResult<i64>>(v) {
+                                Ok(Ok(n)) => out[i] = Ok(n),
+                                Ok(Err(e)) if needs_routing(&e) => {
+                                    stale |= matches!(
+                                        e.kind(),
+                                        ErrorKind::Server(
+                                            ServerErrorKind::Moved | ServerErrorKind::Ask
+                                        )
+                                    );
+                                    again.push(i);
+                                }
+                                Ok(Err(e)) => out[i] = Err(e.to_string()),
+                                Err(e) => out[i] = Err(e.to_string()),
+                            }
+                        }
+                    }
+                    Ok(_) | Err(_) => {
+                        stale = true;
+                        again.extend(items);
+                    }
+                }
+            }
+            if stale {
+                client.forget_cluster_slots();
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "CLUSTER SLOTS failed; renewing each lock alone");
+            again.extend(0..batch.len());
+        }
+    }
+    if again.is_empty() {
+        return out;
+    }
+    let singles = again.iter().map(|&i| {
+        let cmd = renew_cmd(&batch[i]);
+        async move {
+            let cmd = &cmd;
+            let r = client
+                .exec("renewal", |mut c| async move {
+                    match cmd.query_async::<i64>(&mut c).await {
+                        Err(e) if scripts::is_noscript(&e) => {
+                            scripts::RENEW.load_cmd().query_async::<()>(&mut c).await?;
+                            cmd.query_async::<i64>(&mut c).await
+                        }
+                        r => r,
+                    }
+                })
+                .await;
+            (i, r)
+        }
+    });
+    for (i, r) in futures::future::join_all(singles).await {
+        out[i] = r.map_err(|e| e.to_string());
+    }
+    out
+}
+
+/// Whether a renewal's error means "send it where the cluster says" (or load the script).
+fn needs_routing(e: &redis::RedisError) -> bool {
+    scripts::is_noscript(e)
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+            )
+        )
 }
 
 #[cfg(test)]

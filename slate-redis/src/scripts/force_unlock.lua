@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  lock hash: <prefix>{<name>}
 -- KEYS[2]  release channel: <prefix>{<name>}:released
--- ARGV     none
+-- ARGV[1]  (optional) 'SPUBLISH' on a Redis Cluster; anything else or absent = 'PUBLISH'
 --
 -- Replies (an integer):
 --   1  the key existed and was deleted; a message was published so that waiters retry at once
@@ -10,7 +10,11 @@
 --
 -- The fencing counter is left alone: deleting it would let tokens repeat.
 if redis.call('DEL', KEYS[1]) == 1 then
-    redis.call('PUBLISH', KEYS[2], '')
+    if ARGV[1] == 'SPUBLISH' then
+        redis.call('SPUBLISH', KEYS[2], '')
+    else
+        redis.call('PUBLISH', KEYS[2], '')
+    end
     return 1
 end
 return 0

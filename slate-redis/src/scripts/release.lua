@@ -18,6 +18,8 @@
 --          level is released only if that acquire ran (its record is still the holder's
 --          latest); otherwise the acquire is marked cancelled, so that it does nothing if it
 --          runs later, and -2 is answered
+-- ARGV[10] (optional) 'SPUBLISH' on a Redis Cluster (sharded pub/sub: the message stays on
+--          the shard that owns the lock); anything else or absent = 'PUBLISH'
 --
 -- Replies (an integer):
 --   -2      (undo only) the acquire had not run (or its record was gone): it is cancelled
@@ -33,6 +35,8 @@
 -- time and changes nothing (no double decrement, no spurious 'not held' after the last level).
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
+local publish = 'PUBLISH'
+if ARGV[10] == 'SPUBLISH' then publish = 'SPUBLISH' end
 local req = ARGV[7] or ''
 if req ~= '' then
     local rec = redis.call('GET', KEYS[5])
@@ -63,7 +67,7 @@ end
 redis.call('DEL', KEYS[1])
 local pid = ARGV[3] or ''
 if pid == '' then
-    redis.call('PUBLISH', KEYS[2], '')
+    redis.call(publish, KEYS[2], '')
     return 0
 end
 local t = redis.call('TIME')
@@ -84,9 +88,9 @@ end
 if #others == 1 then
     redis.call('HSET', KEYS[4], 'o', others[1], 'u', now + reserve, 'n', 0)
     redis.call('PEXPIRE', KEYS[4], ARGV[2])
-    redis.call('PUBLISH', KEYS[2], others[1])
+    redis.call(publish, KEYS[2], others[1])
 else
     redis.call('DEL', KEYS[4])
-    redis.call('PUBLISH', KEYS[2], '')
+    redis.call(publish, KEYS[2], '')
 end
 return 0

@@ -1,0 +1,59 @@
+//! Combination nodes on other topologies (issue 13): a node may be a Sentinel-managed group;
+//! a whole cluster is refused.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use ecosphere::cluster::RedisCluster;
+use ecosphere::sentinel::SentinelGroup;
+use slate_combination::{CombinationLock, NodeSet};
+use slate_core::{DistributedLock, LockGuard};
+use slate_redis::{ClientOptions, RedisClient};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_groups_are_combination_nodes() {
+    let g1 = SentinelGroup::start(1, 1).unwrap();
+    let g2 = SentinelGroup::start(1, 1).unwrap();
+    let standalone = servers(1);
+    let op = Duration::from_millis(500);
+    let client_opts = ClientOptions::default()
+        .command_timeout(op)
+        .connect_timeout(op);
+    let sentinel = |g: &SentinelGroup| {
+        RedisClient::open_sentinel(g.sentinel_urls(), g.master_name(), client_opts.clone()).unwrap()
+    };
+    let clients = vec![
+        sentinel(&g1),
+        sentinel(&g2),
+        RedisClient::open_with(standalone[0].url(), client_opts.clone()).unwrap(),
+    ];
+    let nodes = NodeSet::from_clients(clients, opts(op)).unwrap();
+    adopt(&nodes).await;
+    let lock = CombinationLock::builder(&nodes, "groups")
+        .lease(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let g = lock.lock().await.unwrap();
+    assert_eq!(g.nodes(), &[0, 1, 2]);
+    assert!(lock.try_lock().await.unwrap().is_none());
+    g.unlock().await.unwrap();
+    // The lock's entry lives on each group's master.
+    assert!(lock.try_lock().await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_is_not_a_combination_node() {
+    let cluster = RedisCluster::start(3, 0).unwrap();
+    let s = servers(2);
+    let clients = vec![
+        RedisClient::open_cluster(cluster.urls(), ClientOptions::default()).unwrap(),
+        RedisClient::open(s[0].url()).unwrap(),
+        RedisClient::open(s[1].url()).unwrap(),
+    ];
+    let e = NodeSet::from_clients(clients, opts(Duration::from_millis(500))).unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+    assert!(e.to_string().contains("Redis Cluster"), "{e}");
+}

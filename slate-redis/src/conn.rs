@@ -1,0 +1,97 @@
+//! The connection every command goes through, whatever the deployment.
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+/// The Redis deployment a [`RedisClient`](crate::RedisClient) talks to.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+/// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// assert_eq!(client.topology(), slate_redis::Topology::Standalone);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Topology {
+    /// One master ([`RedisClient::open`](crate::RedisClient::open)).
+    Standalone,
+    /// A Redis Cluster ([`RedisClient::open_cluster`](crate::RedisClient::open_cluster)): each
+    /// lock lives on the shard that owns its name's hash slot.
+    Cluster,
+    /// A Sentinel-managed master
+    /// ([`RedisClient::open_sentinel`](crate::RedisClient::open_sentinel)): the client asks
+    /// the Sentinels for the master and follows failovers.
+    Sentinel,
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Topology::Standalone => "standalone",
+            Topology::Cluster => "cluster",
+            Topology::Sentinel => "sentinel",
+        })
+    }
+}
+
+/// A multiplexed connection to one server (standalone, or the master a Sentinel named), or
+/// redis-rs's cluster connection (one multiplexed connection per node, routing by slot and
+/// following `MOVED`/`ASK`). Cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Server(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Server(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Server(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Server(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The cluster hash slot of `key` (CRC16 of its hash tag, as Redis computes it).
+pub(crate) fn slot_of(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(crate::keys::hash_tag(key)) % 16384
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_the_redis_documentation() {
+        // From the Redis Cluster specification's examples.
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        // An empty tag: the whole key is hashed.
+        assert_ne!(slot_of(b"foo{}{bar}"), slot_of(b"bar"));
+        // CRC16-XMODEM of "123456789" is 0x31C3 (the check value).
+        assert_eq!(slot_of(b"123456789"), 0x31C3);
+    }
+}
