@@ -31,6 +31,7 @@ pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// | credentials | from the URL | ACL user and password; override the URL's |
 /// | pool size | 8 | connections of the pool [`RedisClient::open`] builds (commands are multiplexed, so few are needed) |
 /// | runtime | the current one | the tokio runtime that runs renewal, notifications and background releases |
+/// | synced replicas | off | replicas that must acknowledge every grant and renewal (`WAIT`) before it counts; see [`synced_replicas`](Self::synced_replicas) |
 ///
 /// TLS is chosen by the URL scheme, `rediss://`, and needs the `tls` cargo feature.
 ///
@@ -55,6 +56,7 @@ pub struct ClientOptions {
     password: Option<String>,
     pool_size: usize,
     runtime: Option<Handle>,
+    synced_replicas: Option<(usize, Duration)>,
     #[cfg(feature = "tls")]
     tls_root_certificate: Option<Vec<u8>>,
 }
@@ -68,6 +70,7 @@ impl Default for ClientOptions {
             password: None,
             pool_size: 8,
             runtime: None,
+            synced_replicas: None,
             #[cfg(feature = "tls")]
             tls_root_certificate: None,
         }
@@ -83,6 +86,7 @@ impl fmt::Debug for ClientOptions {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("pool_size", &self.pool_size)
             .field("runtime", &self.runtime.as_ref().map(|_| "<handle>"))
+            .field("synced_replicas", &self.synced_replicas)
             .finish_non_exhaustive()
     }
 }
@@ -179,6 +183,53 @@ impl ClientOptions {
         self
     }
 
+    /// Makes every grant and every renewal wait until `replicas` replicas of the lock's master
+    /// have acknowledged it (`WAIT replicas within`, on the connection that wrote it), in the
+    /// spirit of Redisson's synced-replicas check.
+    ///
+    /// Replication is asynchronous: without this, a master that fails right after a grant can
+    /// lose it when a replica that never received it is promoted, and a second holder is then
+    /// granted the same lock. With it:
+    /// - a grant not acknowledged by `replicas` replicas within `within` is **given back** and
+    ///   the attempt fails with a transient backend error naming the count (the lock call
+    ///   retries as after any transient error);
+    /// - a renewal counts (moves the lease deadline) only once acknowledged, so the holder's
+    ///   deadline never runs past what the replicas know;
+    /// - what it promises: a promoted replica that was among the acknowledging ones has every
+    ///   grant and renewal the holder relies on. Choose `replicas` so that the replica the
+    ///   failover promotes is one of them (e.g. all replicas, or a majority with Sentinel's or
+    ///   the cluster's own election preferring the most up-to-date replica). `WAIT` does not
+    ///   make Redis strongly consistent: a replica that acknowledged and then lost its data
+    ///   (restarted without persistence) still loses grants.
+    ///
+    /// `within` must be shorter than the command timeout (it is part of each call's budget).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let o = slate_redis::ClientOptions::default()
+    ///     .synced_replicas(1, Duration::from_millis(500));
+    /// assert_eq!(o.synced_replicas_value(), Some((1, Duration::from_millis(500))));
+    /// ```
+    #[must_use]
+    pub fn synced_replicas(mut self, replicas: usize, within: Duration) -> Self {
+        self.synced_replicas = (replicas > 0).then_some((replicas, within));
+        self
+    }
+
+    /// The synced-replicas setting: `None` when off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_redis::ClientOptions::default().synced_replicas_value(), None);
+    /// ```
+    #[must_use]
+    pub fn synced_replicas_value(&self) -> Option<(usize, Duration)> {
+        self.synced_replicas
+    }
+
     /// Trusts this CA certificate (PEM) for `rediss://` connections instead of the platform's
     /// root store (feature `tls`).
     ///
@@ -213,6 +264,20 @@ impl ClientOptions {
         }
         slate_core::options::check_max_duration("command timeout", self.command_timeout)?;
         slate_core::options::check_max_duration("connect timeout", self.connect_timeout)?;
+        if let Some((_, within)) = self.synced_replicas
+            && (within.is_zero() || within >= self.command_timeout)
+        {
+            return Err(Error::invalid_input(
+                "synced replicas",
+                format!(
+                    "the acknowledgement wait {within:?} must be above zero and below the \
+                     command timeout {:?}, which bounds each call",
+                    self.command_timeout
+                ),
+                "wait at most about half the command timeout for replicas (or raise the \
+                 command timeout)",
+            ));
+        }
         if self.pool_size == 0 {
             return Err(Error::invalid_input(
                 "pool size",
@@ -1030,6 +1095,11 @@ impl RedisClient {
         }
     }
 
+    /// The synced-replicas setting.
+    pub(crate) fn synced(&self) -> Option<(usize, Duration)> {
+        self.inner.options.synced_replicas
+    }
+
     /// The command timeout this client was built with.
     pub(crate) fn command_timeout(&self) -> Duration {
         self.inner.options.command_timeout
@@ -1288,6 +1358,25 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.is_invalid_input(), "{e}");
+    }
+
+    #[test]
+    fn synced_replicas_wait_must_fit_the_command_timeout() {
+        let o = ClientOptions::default().synced_replicas(1, DEFAULT_COMMAND_TIMEOUT);
+        let e = o.validate().unwrap_err();
+        assert!(e.to_string().contains("below the command timeout"), "{e}");
+        assert!(
+            ClientOptions::default()
+                .synced_replicas(1, Duration::ZERO)
+                .validate()
+                .is_err()
+        );
+        let o = ClientOptions::default().synced_replicas(2, Duration::from_millis(500));
+        assert!(o.validate().is_ok());
+        // Zero replicas is off.
+        let o = ClientOptions::default().synced_replicas(0, Duration::ZERO);
+        assert_eq!(o.synced_replicas_value(), None);
+        assert!(o.validate().is_ok());
     }
 
     #[test]

@@ -75,6 +75,31 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// `WAIT replicas within` on `conn`, for the write just made there about `key`: on a
+/// cluster it goes to the master that owns `key`'s slot (redis-rs would otherwise send it to
+/// every master). Returns the number of replicas that acknowledged.
+pub(crate) async fn wait_replicas(
+    conn: &mut Conn,
+    key: &[u8],
+    replicas: usize,
+    within: std::time::Duration,
+) -> redis::RedisResult<usize> {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(replicas)
+        .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1));
+    match conn {
+        Conn::Server(c) => cmd.query_async(c).await,
+        Conn::Cluster(c) => {
+            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                Route::with_key(key, SlotAddr::Master),
+            ));
+            let v = c.route_command(cmd, route).await?;
+            Ok(redis::from_redis_value(v)?)
+        }
+    }
+}
+
 /// The cluster hash slot of `key` (CRC16 of its hash tag, as Redis computes it).
 pub(crate) fn slot_of(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(crate::keys::hash_tag(key)) % 16384

@@ -15,6 +15,7 @@ use slate_core::{
 use tracing::Instrument;
 
 use crate::client::{LockEntry, RedisClient, lock, unexpected_reply};
+use crate::conn;
 use crate::guard::SingleLockGuard;
 use crate::keys::Keys;
 use crate::notify::ReleaseTarget;
@@ -417,7 +418,9 @@ pub(crate) async fn acquire_remote(
     let fence_expiry = acquire
         .fence_expiry
         .map(|d| scripts::lease_ms(d).to_string());
-    client
+    let synced = client.synced();
+    let lock_key: &[u8] = &keys.lock;
+    let (reply, acked): (Vec<i64>, Option<usize>) = client
         .exec("acquire script", |mut c| {
             let mut invocation = ACQUIRE.script.prepare_invoke();
             invocation
@@ -440,9 +443,47 @@ pub(crate) async fn acquire_remote(
             invocation
                 .arg(if reentry { "1" } else { "" })
                 .arg(fence_expiry.as_deref().unwrap_or(""));
-            async move { invocation.invoke_async(&mut c).await }
+            async move {
+                let reply: Vec<i64> = invocation.invoke_async(&mut c).await?;
+                // A grant counts once the replicas have it: WAIT on the connection that wrote it.
+                let acked = match (synced, reply.first()) {
+                    (Some((n, within)), Some(1 | 2)) => {
+                        Some(conn::wait_replicas(&mut c, lock_key, n, within).await?)
+                    }
+                    _ => None,
+                };
+                Ok((reply, acked))
+            }
         })
-        .await
+        .await?;
+    if let (Some((wanted, within)), Some(acked)) = (synced, acked)
+        && acked < wanted
+    {
+        // Not on enough replicas: a failover could lose it. Give the level back (undo by the
+        // request id: exactly the level this request added) and report.
+        let undo = Release {
+            holder: acquire.holder,
+            lease: acquire.lease,
+            turn: acquire.turn,
+            local_waiters: false,
+            request: request::next_id(),
+            undo: Some(request),
+        };
+        if let Err(e) = release_remote(client, keys, undo).await {
+            tracing::warn!(error = %e, "giving back a grant the replicas did not acknowledge failed; it ends with its lease");
+        }
+        return Err(Error::backend(
+            BackendKind::Unavailable,
+            Some(client.address().to_owned()),
+            format!(
+                "the grant was acknowledged by {acked} of the {wanted} replicas required \
+                 (ClientOptions::synced_replicas) within {within:?}, so a failover could lose \
+                 it; it was given back. Check the replicas' health and links"
+            ),
+            None,
+        ));
+    }
+    Ok(reply)
 }
 
 impl RedisCompetitor {

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::client::{Inner, RedisClient, lock};
-use crate::conn::{Conn, Topology, slot_of};
+use crate::conn::{self, Conn, Topology, slot_of};
 use crate::scripts;
 
 /// The clock-drift allowance taken off every lease deadline: 1% of the lease plus 2 ms.
@@ -446,13 +446,22 @@ async fn renew_pipeline(
         pipe
     };
     let all: Vec<&Due> = batch.iter().collect();
-    let pipe = build(&all);
+    let mut pipe = build(&all);
+    let synced = client.synced();
+    if let Some((n, within)) = synced {
+        // A renewal counts once the replicas have it (see ClientOptions::synced_replicas).
+        pipe.add_command(wait_cmd(n, within));
+    }
     let pipe = &pipe;
-    let first: Vec<RedisResult<i64>> = client
+    let mut first: Vec<RedisResult<i64>> = client
         .exec("renewal pipeline", |mut c| async move {
             pipe.query_async(&mut c).await
         })
         .await?;
+    if let Some((n, _)) = synced {
+        let acked = first.pop();
+        unacknowledged(&mut first, acked, n);
+    }
     let missing: Vec<usize> = first
         .iter()
         .enumerate()
@@ -518,6 +527,7 @@ async fn renew_cluster(
     let mut out: Vec<std::result::Result<i64, String>> =
         vec![Err("not sent".to_owned()); batch.len()];
     let mut again: Vec<usize> = Vec::new();
+    let synced = client.synced();
     match client.cluster_slots().await {
         Ok(map) => {
             let mut by_node: HashMap<(String, u16), Vec<usize>> = HashMap::new();
@@ -532,10 +542,13 @@ async fn renew_cluster(
                 for &i in &items {
                     pipe.add_command(renew_cmd(&batch[i]));
                 }
+                if let Some((n, within)) = synced {
+                    pipe.add_command(wait_cmd(n, within));
+                }
                 pipe.ignore_errors();
                 async move {
                     let pipe = &pipe;
-                    let n = items.len();
+                    let n = items.len() + usize::from(synced.is_some());
                     let host = &host;
                     let replies = client
                         .exec("renewal pipeline", |c| async move {
@@ -561,6 +574,22 @@ async fn renew_cluster(
             });
             let mut stale = false;
             for (items, replies) in futures::future::join_all(sends).await {
+                let replies = replies.map(|mut values| {
+                    if let Some((n, _)) = synced {
+                        let acked = values.pop().map(redis::from_redis_value::<i64>);
+                        if !acked.is_some_and(|a| {
+                            a.is_ok_and(|a| usize::try_from(a).is_ok_and(|a| a >= n))
+                        }) {
+                            // Not acknowledged: none of these renewals counts.
+                            for v in &mut values {
+                                if matches!(v, redis::Value::Int(1)) {
+                                    *v = redis::Value::SimpleString("unacknowledged".into());
+                                }
+                            }
+                        }
+                    }
+                    values
+                });
                 match replies {
                     Ok(values) if values.len() == items.len() => {
                         for (i, v) in items.into_iter().zip(values) {
@@ -602,15 +631,26 @@ async fn renew_cluster(
         let cmd = renew_cmd(&batch[i]);
         async move {
             let cmd = &cmd;
+            let key: &[u8] = &batch[i].key.0;
             let r = client
                 .exec("renewal", |mut c| async move {
-                    match cmd.query_async::<i64>(&mut c).await {
+                    let r = match cmd.query_async::<i64>(&mut c).await {
                         Err(e) if scripts::is_noscript(&e) => {
                             scripts::RENEW.load_cmd().query_async::<()>(&mut c).await?;
                             cmd.query_async::<i64>(&mut c).await
                         }
                         r => r,
+                    }?;
+                    if let (1, Some((n, within))) = (r, synced) {
+                        let acked = conn::wait_replicas(&mut c, key, n, within).await?;
+                        if acked < n {
+                            return Err(redis::RedisError::from((
+                                ErrorKind::Client,
+                                "renewal not acknowledged by enough replicas",
+                            )));
+                        }
                     }
+                    Ok(r)
                 })
                 .await;
             (i, r)
@@ -620,6 +660,36 @@ async fn renew_cluster(
         out[i] = r.map_err(|e| e.to_string());
     }
     out
+}
+
+/// `WAIT replicas within`.
+fn wait_cmd(replicas: usize, within: Duration) -> redis::Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(replicas)
+        .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1));
+    cmd
+}
+
+/// Turns the successful renewals of a pipeline into failures when its trailing `WAIT`
+/// (`acked`) counted fewer than `wanted` replicas: they do not move any deadline (they are
+/// retried until the deadline).
+fn unacknowledged(
+    replies: &mut [RedisResult<i64>],
+    acked: Option<RedisResult<i64>>,
+    wanted: usize,
+) {
+    let ok = matches!(acked, Some(Ok(a)) if usize::try_from(a).is_ok_and(|a| a >= wanted));
+    if ok {
+        return;
+    }
+    for r in replies.iter_mut() {
+        if matches!(r, Ok(1)) {
+            *r = Err(redis::RedisError::from((
+                ErrorKind::Client,
+                "renewal not acknowledged by enough replicas",
+            )));
+        }
+    }
 }
 
 /// Whether a renewal's error means "send it where the cluster says" (or load the script).

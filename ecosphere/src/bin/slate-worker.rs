@@ -170,6 +170,18 @@ struct Args {
     /// combination lock.
     #[arg(long, required = true)]
     redis_url: Vec<String>,
+    /// The `--redis-url`s are seed nodes of one Redis Cluster (a single lock on it).
+    #[arg(long, conflicts_with = "sentinel_master")]
+    cluster: bool,
+    /// The `--redis-url`s are Sentinels monitoring the master of this name (a single lock).
+    #[arg(long)]
+    sentinel_master: Option<String>,
+    /// Replicas that must acknowledge every grant and renewal (`ClientOptions::synced_replicas`).
+    #[arg(long, default_value_t = 0)]
+    synced_replicas: usize,
+    /// How long a grant or renewal waits for the replicas' acknowledgement.
+    #[arg(long, default_value_t = 500)]
+    synced_within_ms: u64,
     /// Combination lock: node operation time (library default if absent).
     #[arg(long)]
     node_op_ms: Option<u64>,
@@ -635,11 +647,22 @@ async fn run(args: Args) -> Res<()> {
     if let Some(ms) = args.command_timeout_ms {
         opts = opts.command_timeout(Duration::from_millis(ms));
     }
-    if args.redis_url.len() > 1 {
-        return combination::run(args, deadline, rec).await;
+    if args.synced_replicas > 0 {
+        opts = opts.synced_replicas(
+            args.synced_replicas,
+            Duration::from_millis(args.synced_within_ms),
+        );
     }
-    let client = RedisClient::open_with(&args.redis_url[0], opts)
-        .map_err(|e| format!("opening the lock client: {e}"))?;
+    let client = if args.cluster {
+        RedisClient::open_cluster(&args.redis_url, opts)
+    } else if let Some(master) = &args.sentinel_master {
+        RedisClient::open_sentinel(&args.redis_url, master, opts)
+    } else if args.redis_url.len() > 1 {
+        return combination::run(args, deadline, rec).await;
+    } else {
+        RedisClient::open_with(&args.redis_url[0], opts)
+    }
+    .map_err(|e| format!("opening the lock client: {e}"))?;
     let mut builder =
         SingleLock::builder(&client, &args.lock).lease(Duration::from_millis(args.lease_ms));
     if let Some(ms) = args.renewal_ms {

@@ -51,6 +51,15 @@ pub struct Worker {
     pub burn_threads: u64,
     /// Run through `ip <exec_prefix...> slate-worker ...` (a network namespace).
     pub exec_prefix: Option<Vec<String>>,
+    /// Cluster seed URLs (`--cluster`), or Sentinel URLs (with `sentinel_master`), replacing
+    /// `redis_url`.
+    pub topology_urls: Vec<String>,
+    /// `--cluster`.
+    pub cluster: bool,
+    /// `--sentinel-master`.
+    pub sentinel_master: Option<String>,
+    /// `--synced-replicas` and `--synced-within-ms`.
+    pub synced_replicas: Option<(usize, Duration)>,
 }
 
 impl Worker {
@@ -81,14 +90,37 @@ impl Worker {
             reenter_file: None,
             burn_threads: 0,
             exec_prefix: None,
+            topology_urls: Vec::new(),
+            cluster: false,
+            sentinel_master: None,
+            synced_replicas: None,
         }
     }
 
     pub fn args(&self, index: usize) -> Vec<String> {
         let ms = |d: Duration| d.as_millis().to_string();
-        let mut a: Vec<String> = vec![
-            "--redis-url".into(),
-            self.redis_url.clone(),
+        let mut a: Vec<String> = Vec::new();
+        if self.topology_urls.is_empty() {
+            a.extend(["--redis-url".to_owned(), self.redis_url.clone()]);
+        }
+        for u in &self.topology_urls {
+            a.extend(["--redis-url".to_owned(), u.clone()]);
+        }
+        if self.cluster {
+            a.push("--cluster".into());
+        }
+        if let Some(m) = &self.sentinel_master {
+            a.extend(["--sentinel-master".to_owned(), m.clone()]);
+        }
+        if let Some((n, within)) = self.synced_replicas {
+            a.extend([
+                "--synced-replicas".to_owned(),
+                n.to_string(),
+                "--synced-within-ms".to_owned(),
+                ms(within),
+            ]);
+        }
+        a.extend(vec![
             "--lock".into(),
             self.lock.clone(),
             "--proc".into(),
@@ -113,7 +145,7 @@ impl Worker {
             ms(self.budget),
             "--linger-ms".into(),
             ms(self.linger),
-        ];
+        ]);
         let mut opt = |flag: &str, v: Option<String>| {
             if let Some(v) = v {
                 a.push(flag.into());
