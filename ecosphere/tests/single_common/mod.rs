@@ -60,6 +60,8 @@ pub struct Worker {
     pub sentinel_master: Option<String>,
     /// `--synced-replicas` and `--synced-within-ms`.
     pub synced_replicas: Option<(usize, Duration)>,
+    /// `--tolerate-errors` (contend).
+    pub tolerate_errors: bool,
 }
 
 impl Worker {
@@ -94,6 +96,7 @@ impl Worker {
             cluster: false,
             sentinel_master: None,
             synced_replicas: None,
+            tolerate_errors: false,
         }
     }
 
@@ -175,6 +178,9 @@ impl Worker {
         }
         if self.late_write {
             a.push("--late-write".into());
+        }
+        if self.tolerate_errors {
+            a.push("--tolerate-errors".into());
         }
         if self.unsafe_skip_lock {
             a.push("--unsafe-skip-lock".into());
