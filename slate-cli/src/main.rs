@@ -5,6 +5,8 @@
 //! slate run --lock NAME [--redis URL]... [--lease 30s] [--wait 10s] [--on-lost kill|term|ignore] -- CMD [ARGS]...
 //! slate status NAME [--redis URL]... [--json]
 //! slate unlock --force NAME [--redis URL]...
+//!   (instead of --redis: --cluster URL... for a Redis Cluster, or --sentinel URL...
+//!    --master-name NAME for a Sentinel-managed master)
 //! slate nodes adopt [--redis URL]...
 //! slate completions bash|zsh|fish|elvish|powershell
 //! slate man
@@ -12,7 +14,8 @@
 //! ```
 //!
 //! One `--redis` makes a single lock; several make a combination lock over those masters, in
-//! that order. Without `--redis`, `SLATE_REDIS_URL` is read (comma-separated). Exit codes: see
+//! that order. `--cluster` (seed nodes) makes a single lock on a Redis Cluster; `--sentinel`
+//! with `--master-name` a single lock on the master the Sentinels name, following failovers. Without `--redis`, `SLATE_REDIS_URL` is read (comma-separated). Exit codes: see
 //! [`exit::TABLE`].
 
 #![forbid(unsafe_code)]
@@ -142,6 +145,17 @@ struct AdoptArgs {
 struct Common {
     #[arg(long = "redis", value_name = "URL", help = REDIS_HELP)]
     redis: Vec<String>,
+    /// A seed node of a Redis Cluster (repeatable, or comma-separated): the lock lives on the
+    /// shard that owns its name's slot.
+    #[arg(long = "cluster", value_name = "URL", conflicts_with_all = ["redis", "sentinel"])]
+    cluster: Vec<String>,
+    /// A Sentinel (repeatable, or comma-separated) that names the master (with --master-name);
+    /// the lock follows failovers.
+    #[arg(long = "sentinel", value_name = "URL", conflicts_with = "redis")]
+    sentinel: Vec<String>,
+    /// The master's name as the Sentinels monitor it (with --sentinel).
+    #[arg(long = "master-name", value_name = "NAME")]
+    master_name: Option<String>,
     /// Key prefix of the lock's Redis keys.
     #[arg(long, default_value = "slate:", value_name = "PREFIX")]
     prefix: String,
@@ -216,11 +230,30 @@ fn runtime() -> Result<tokio::runtime::Runtime, u8> {
         })
 }
 
-fn urls(common: &Common) -> Result<Vec<String>, u8> {
-    target::resolve_urls(&common.redis).map_err(|msg| {
+fn servers(common: &Common) -> Result<target::Servers, u8> {
+    target::Servers::resolve(
+        &common.redis,
+        &common.cluster,
+        &common.sentinel,
+        common.master_name.as_deref(),
+    )
+    .map_err(|msg| {
         eprintln!("slate: {msg}");
         exit::USAGE
     })
+}
+
+fn urls(common: &Common) -> Result<Vec<String>, u8> {
+    match servers(common)? {
+        target::Servers::Masters(urls) => Ok(urls),
+        _ => {
+            eprintln!(
+                "slate: nodes adopt is for the servers of a combination lock (--redis, once per \
+                 master); a cluster or a Sentinel group needs no adoption"
+            );
+            Err(exit::USAGE)
+        }
+    }
 }
 
 fn dispatch(cli: Cli) -> Result<u8, u8> {
@@ -284,7 +317,7 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
         }
         Cmd::Run(args) => {
             let spec = RunSpec {
-                urls: urls(&args.common)?,
+                servers: servers(&args.common)?,
                 name: args.lock,
                 prefix: args.common.prefix,
                 lease: args.lease,
@@ -306,10 +339,10 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
             Ok(code)
         }
         Cmd::Status(args) => {
-            let urls = urls(&args.common)?;
+            let servers = servers(&args.common)?;
             let rt = runtime()?;
             let code = rt.block_on(status::status(
-                &urls,
+                &servers,
                 &args.name,
                 &args.common.prefix,
                 args.json,
@@ -322,9 +355,9 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
                 eprintln!("{}", status::refuse_message(&args.name));
                 return Err(exit::USAGE);
             }
-            let urls = urls(&args.common)?;
+            let servers = servers(&args.common)?;
             let rt = runtime()?;
-            let code = rt.block_on(status::unlock(&urls, &args.name, &args.common.prefix));
+            let code = rt.block_on(status::unlock(&servers, &args.name, &args.common.prefix));
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)
         }

@@ -41,8 +41,9 @@ pub enum OnLost {
 /// Everything `slate run` needs once arguments are parsed.
 #[derive(Debug)]
 pub struct RunSpec {
-    /// Redis URLs (one: single lock; several: combination lock).
-    pub urls: Vec<String>,
+    /// The deployment: masters (one: single lock; several: combination lock), a cluster, or
+    /// a Sentinel group.
+    pub servers: crate::target::Servers,
     /// Lock name.
     pub name: String,
     /// Key prefix.
@@ -61,7 +62,7 @@ pub struct RunSpec {
 
 /// Runs `slate run` and returns the exit code.
 pub async fn run(spec: RunSpec) -> u8 {
-    let target = match Target::build(&spec.urls, &spec.name, &spec.prefix, spec.lease) {
+    let target = match Target::build(&spec.servers, &spec.name, &spec.prefix, spec.lease) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("slate: {e}");
@@ -74,6 +75,15 @@ pub async fn run(spec: RunSpec) -> u8 {
     };
     if let Target::Combination(lock) = &target
         && let Err(e) = lock.nodes().check_distinct_servers().await
+    {
+        eprintln!("slate: {e}");
+        return exit::USAGE;
+    }
+    // A cluster node or a Sentinel given as --redis is named, with the flag to use instead.
+    // (A server that does not answer is left to the acquisition, which retries within --wait.)
+    if let Target::Single(lock) = &target
+        && let Err(e) = lock.client().check_topology().await
+        && e.is_invalid_input()
     {
         eprintln!("slate: {e}");
         return exit::USAGE;

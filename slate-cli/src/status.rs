@@ -9,7 +9,7 @@ use slate_redis::node::{NodeEntries, NodeKeys};
 
 use crate::duration::human;
 use crate::exit;
-use crate::target::{Target, check_name};
+use crate::target::{Servers, Target, check_name};
 
 /// Budget of one node's inspection.
 const INSPECT_BUDGET: Duration = Duration::from_secs(3);
@@ -50,6 +50,10 @@ pub struct NodeStatus {
     pub ttl_ms: Option<u64>,
     /// The fencing counter on this node (0 when it was never used).
     pub fence: u64,
+    /// On a cluster: the lock's hash slot.
+    pub slot: Option<u16>,
+    /// On a cluster: the master serving that slot (`host:port`).
+    pub owner: Option<String>,
 }
 
 /// One holder on one node.
@@ -66,12 +70,28 @@ fn quorum(n: usize) -> usize {
     if n <= 1 { 1 } else { (n / 2 + 1).max(2) }
 }
 
-async fn inspect(url: &str, keys: &NodeKeys) -> (String, Result<NodeEntries, Error>) {
-    let client = match RedisClient::open(url) {
-        Ok(c) => c,
-        Err(e) => return (crate::target::display_address(url), Err(e)),
-    };
+/// What one node answered: its address, its entries, and (cluster) the slot and its owner.
+type Answer = (String, Result<NodeEntries, Error>, Option<(u16, String)>);
+
+async fn inspect(url: &str, keys: &NodeKeys) -> Answer {
+    match RedisClient::open(url) {
+        Ok(client) => inspect_client(&client, keys).await,
+        Err(e) => (crate::target::display_address(url), Err(e), None),
+    }
+}
+
+async fn inspect_client(client: &RedisClient, keys: &NodeKeys) -> Answer {
     let address = client.address().to_owned();
+    let location = match tokio::time::timeout(
+        INSPECT_BUDGET,
+        client.cluster_location(keys.lock_key()),
+    )
+    .await
+    {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => return (address, Err(e), None),
+        Err(_) => None,
+    };
     let result = match tokio::time::timeout(INSPECT_BUDGET, client.node_inspect(keys)).await {
         Ok(r) => r,
         Err(_) => Err(Error::backend(
@@ -81,7 +101,7 @@ async fn inspect(url: &str, keys: &NodeKeys) -> (String, Result<NodeEntries, Err
             None,
         )),
     };
-    (address, result)
+    (address, result, location)
 }
 
 /// Reads the lock's state on every node (concurrently).
@@ -89,19 +109,43 @@ async fn inspect(url: &str, keys: &NodeKeys) -> (String, Result<NodeEntries, Err
 /// # Errors
 ///
 /// [`Error::InvalidInput`] for a bad name or prefix.
-pub async fn collect(urls: &[String], name: &str, prefix: &str) -> Result<StatusReport, Error> {
+pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<StatusReport, Error> {
     let lock_name = check_name(name)?;
     slate_core::LockOptions::default()
         .with_key_prefix(prefix)
         .validate()?;
     let keys = NodeKeys::new(prefix, &lock_name);
+    let one = match servers {
+        Servers::Masters(_) => None,
+        Servers::Cluster(seeds) => Some(RedisClient::open_cluster(
+            seeds,
+            slate_redis::ClientOptions::default(),
+        )?),
+        Servers::Sentinel { sentinels, master } => Some(RedisClient::open_sentinel(
+            sentinels,
+            master,
+            slate_redis::ClientOptions::default(),
+        )?),
+    };
+    let urls: Vec<String> = match servers {
+        Servers::Masters(urls) => urls.clone(),
+        other => vec![other.describe()],
+    };
     let mut tasks = tokio::task::JoinSet::new();
-    for (i, url) in urls.iter().enumerate() {
-        let (url, keys) = (url.clone(), keys.clone());
-        tasks.spawn(async move { (i, inspect(&url, &keys).await) });
+    match one {
+        // A cluster or a Sentinel group is one node: the client finds the lock's master.
+        Some(client) => {
+            let keys = keys.clone();
+            tasks.spawn(async move { (0, inspect_client(&client, &keys).await) });
+        }
+        None => {
+            for (i, url) in urls.iter().enumerate() {
+                let (url, keys) = (url.clone(), keys.clone());
+                tasks.spawn(async move { (i, inspect(&url, &keys).await) });
+            }
+        }
     }
-    let mut answers: Vec<Option<(String, Result<NodeEntries, Error>)>> =
-        (0..urls.len()).map(|_| None).collect();
+    let mut answers: Vec<Option<Answer>> = (0..urls.len()).map(|_| None).collect();
     while let Some(joined) = tasks.join_next().await {
         if let Ok((i, answer)) = joined
             && let Some(slot) = answers.get_mut(i)
@@ -113,11 +157,13 @@ pub async fn collect(urls: &[String], name: &str, prefix: &str) -> Result<Status
         .into_iter()
         .enumerate()
         .map(|(index, answer)| match answer {
-            Some((address, Ok(e))) => NodeStatus {
+            Some((address, Ok(e), location)) => NodeStatus {
                 index,
                 address,
                 ok: true,
                 error: None,
+                slot: location.as_ref().map(|l| l.0),
+                owner: location.map(|l| l.1),
                 holders: e
                     .holders
                     .into_iter()
@@ -128,7 +174,7 @@ pub async fn collect(urls: &[String], name: &str, prefix: &str) -> Result<Status
                     .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 fence: e.fence,
             },
-            Some((address, Err(e))) => NodeStatus {
+            Some((address, Err(e), _)) => NodeStatus {
                 index,
                 address,
                 ok: false,
@@ -136,6 +182,8 @@ pub async fn collect(urls: &[String], name: &str, prefix: &str) -> Result<Status
                 holders: Vec::new(),
                 ttl_ms: None,
                 fence: 0,
+                slot: None,
+                owner: None,
             },
             None => NodeStatus {
                 index,
@@ -145,6 +193,8 @@ pub async fn collect(urls: &[String], name: &str, prefix: &str) -> Result<Status
                 holders: Vec::new(),
                 ttl_ms: None,
                 fence: 0,
+                slot: None,
+                owner: None,
             },
         })
         .collect();
@@ -202,6 +252,13 @@ pub fn render(report: &StatusReport) -> String {
         "lock {:?} ({} lock, prefix {:?}): {head}\n",
         report.lock, report.kind, report.prefix
     ));
+    for node in &report.nodes {
+        if let (Some(slot), Some(owner)) = (node.slot, &node.owner) {
+            out.push_str(&format!(
+                "cluster slot {slot}, served by the master at {owner}\n"
+            ));
+        }
+    }
     let rows: Vec<[String; 6]> = report
         .nodes
         .iter()
@@ -274,8 +331,11 @@ pub fn table<const N: usize>(header: &[String; N], rows: &[[String; N]]) -> Stri
 }
 
 /// `slate status`: prints the report; exit 0 when every node answered, 69 otherwise.
-pub async fn status(urls: &[String], name: &str, prefix: &str, json: bool) -> u8 {
-    let report = match collect(urls, name, prefix).await {
+pub async fn status(servers: &Servers, name: &str, prefix: &str, json: bool) -> u8 {
+    if let Some(code) = wrong_topology(servers).await {
+        return code;
+    }
+    let report = match collect(servers, name, prefix).await {
         Ok(r) => r,
         Err(e) => {
             eprintln!("slate: {e}");
@@ -300,6 +360,25 @@ pub async fn status(urls: &[String], name: &str, prefix: &str, json: bool) -> u8
     }
 }
 
+/// One `--redis` URL that is a cluster node or a Sentinel: says which flag to use instead and
+/// returns the usage exit code. (An unreachable server is left to the command's own report.)
+async fn wrong_topology(servers: &Servers) -> Option<u8> {
+    let Servers::Masters(urls) = servers else {
+        return None;
+    };
+    let [url] = urls.as_slice() else {
+        return None;
+    };
+    let client = RedisClient::open(url).ok()?;
+    match tokio::time::timeout(INSPECT_BUDGET, client.check_topology()).await {
+        Ok(Err(e)) if e.is_invalid_input() => {
+            eprintln!("slate: {e}");
+            Some(exit::USAGE)
+        }
+        _ => None,
+    }
+}
+
 /// What `unlock` without `--force` says.
 pub fn refuse_message(name: &str) -> String {
     format!(
@@ -312,10 +391,13 @@ pub fn refuse_message(name: &str) -> String {
 }
 
 /// `slate unlock --force`: deletes the lock on every node.
-pub async fn unlock(urls: &[String], name: &str, prefix: &str) -> u8 {
-    let before = collect(urls, name, prefix).await;
+pub async fn unlock(servers: &Servers, name: &str, prefix: &str) -> u8 {
+    if let Some(code) = wrong_topology(servers).await {
+        return code;
+    }
+    let before = collect(servers, name, prefix).await;
     let lock = match Target::build(
-        urls,
+        servers,
         name,
         prefix,
         slate_core::LockOptions::default().lease(),

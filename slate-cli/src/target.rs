@@ -1,11 +1,13 @@
-//! Which Redis servers a command talks to, and the lock built on them: one URL gives a single
-//! lock, several give a combination lock (in the order given, which is the acquisition order).
+//! Which Redis servers a command talks to, and the lock built on them: one `--redis` URL gives
+//! a single lock, several give a combination lock (in the order given, which is the
+//! acquisition order); `--cluster` seeds give a single lock on a Redis Cluster, `--sentinel`
+//! URLs with `--master-name` a single lock on a Sentinel-managed master.
 
 use std::time::Duration;
 
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{Error, LockName};
-use slate_redis::{RedisClient, SingleLock};
+use slate_redis::{ClientOptions, RedisClient, SingleLock};
 
 /// The environment variable read when no `--redis` is given (comma-separated URLs).
 pub const REDIS_ENV: &str = "SLATE_REDIS_URL";
@@ -62,6 +64,87 @@ pub fn resolve_urls(flags: &[String]) -> Result<Vec<String>, String> {
     Ok(urls)
 }
 
+/// The deployment a command talks to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Servers {
+    /// `--redis`: one master (a single lock) or several (a combination lock).
+    Masters(Vec<String>),
+    /// `--cluster`: seed nodes of one Redis Cluster.
+    Cluster(Vec<String>),
+    /// `--sentinel` and `--master-name`.
+    Sentinel {
+        /// The Sentinels' URLs.
+        sentinels: Vec<String>,
+        /// The monitored master's name.
+        master: String,
+    },
+}
+
+impl Servers {
+    /// From the command line: `--cluster` or `--sentinel` (with `--master-name`) when given,
+    /// else `--redis` / `SLATE_REDIS_URL` (see [`resolve_urls`]). Each flag may carry several
+    /// comma-separated URLs.
+    ///
+    /// # Errors
+    ///
+    /// A message for the user: no server, or `--sentinel` and `--master-name` without each
+    /// other.
+    pub fn resolve(
+        redis: &[String],
+        cluster: &[String],
+        sentinel: &[String],
+        master: Option<&str>,
+    ) -> Result<Self, String> {
+        let cluster = split_all(cluster);
+        let sentinels = split_all(sentinel);
+        match (cluster.is_empty(), sentinels.is_empty(), master) {
+            (false, _, _) => Ok(Servers::Cluster(cluster)),
+            (true, false, Some(m)) if !m.is_empty() => Ok(Servers::Sentinel {
+                sentinels,
+                master: m.to_owned(),
+            }),
+            (true, false, _) => Err(
+                "--sentinel needs --master-name NAME: the name the Sentinels monitor the master \
+                 under (sentinel monitor <name> ...)"
+                    .to_owned(),
+            ),
+            (true, true, Some(_)) => Err(
+                "--master-name goes with --sentinel URL (the Sentinels to ask for that master)"
+                    .to_owned(),
+            ),
+            (true, true, None) => resolve_urls(redis).map(Servers::Masters),
+        }
+    }
+
+    /// Every URL, for messages (without credentials).
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let list = |urls: &[String]| {
+            urls.iter()
+                .map(|u| display_address(u))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match self {
+            Servers::Masters(urls) => list(urls),
+            Servers::Cluster(urls) => format!("cluster {}", list(urls)),
+            Servers::Sentinel { sentinels, master } => {
+                format!("sentinel {master} via {}", list(sentinels))
+            }
+        }
+    }
+}
+
+fn split_all(flags: &[String]) -> Vec<String> {
+    flags
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A lock on one server or across several.
 #[derive(Clone, Debug)]
 pub enum Target {
@@ -81,7 +164,7 @@ impl Target {
     ///
     /// [`Error::InvalidInput`] for a bad URL, name, lease or prefix.
     pub fn build(
-        urls: &[String],
+        servers: &Servers,
         name: &str,
         prefix: &str,
         lease: Duration,
@@ -92,7 +175,27 @@ impl Target {
             .with_lease(lease)
             .with_key_prefix(prefix)
             .validate()?;
-        match urls {
+        let single = |client: RedisClient| -> Result<Self, Error> {
+            let lock = SingleLock::builder(&client, name)
+                .lease(lease)
+                .key_prefix(prefix)
+                .build()?;
+            Ok(Target::Single(lock))
+        };
+        let urls = match servers {
+            Servers::Masters(urls) => urls,
+            Servers::Cluster(seeds) => {
+                return single(RedisClient::open_cluster(seeds, ClientOptions::default())?);
+            }
+            Servers::Sentinel { sentinels, master } => {
+                return single(RedisClient::open_sentinel(
+                    sentinels,
+                    master,
+                    ClientOptions::default(),
+                )?);
+            }
+        };
+        match urls.as_slice() {
             [url] => {
                 let client = RedisClient::open(url)?;
                 let lock = SingleLock::builder(&client, name)
@@ -147,6 +250,27 @@ mod tests {
         assert_eq!(
             resolve_urls(&flags).expect("urls"),
             ["redis://a:1", "redis://b:2", "redis://c:3"]
+        );
+    }
+
+    #[test]
+    fn topology_flags_resolve() {
+        let none: [String; 0] = [];
+        let seeds = ["redis://a:1,redis://b:2".to_owned()];
+        assert_eq!(
+            Servers::resolve(&none, &seeds, &none, None).expect("cluster"),
+            Servers::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
+        );
+        let e = Servers::resolve(&none, &none, &seeds, None).unwrap_err();
+        assert!(e.contains("--master-name"), "{e}");
+        let e = Servers::resolve(&["redis://x:1".to_owned()], &none, &none, Some("m")).unwrap_err();
+        assert!(e.contains("--sentinel"), "{e}");
+        assert_eq!(
+            Servers::resolve(&none, &none, &seeds, Some("m")).expect("sentinel"),
+            Servers::Sentinel {
+                sentinels: vec!["redis://a:1".into(), "redis://b:2".into()],
+                master: "m".into()
+            }
         );
     }
 

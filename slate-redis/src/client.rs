@@ -833,6 +833,124 @@ impl RedisClient {
         .await
     }
 
+    /// Checks that the deployment is the one this client was opened for, and names the fix
+    /// when it is not: a standalone client pointed at a Redis Cluster node (it would only
+    /// reach the keys of that node's slots) or at a Sentinel (which holds no data).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// client.check_topology().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the topology problem; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn check_topology(&self) -> Result<()> {
+        if self.topology() != Topology::Standalone {
+            // A cluster connection fails on a non-cluster server by itself; a Sentinel client
+            // only ever talks to the master the Sentinels name.
+            return self.ping().await;
+        }
+        // On a connection of its own: the shared one loads the lock scripts first, which a
+        // Sentinel refuses.
+        let Backend::Standalone(pool) = &self.inner.backend else {
+            return Ok(());
+        };
+        let budget = self.inner.options.command_timeout;
+        let address = &self.inner.address;
+        let query = async {
+            let mut conn = pool
+                .get()
+                .await
+                .map_err(|e| error::from_pool(e, address, budget))?;
+            redis::cmd("INFO")
+                .arg("server")
+                .arg("cluster")
+                .query_async::<String>(&mut *conn)
+                .await
+                .map_err(|e| error::from_redis(e, "INFO server", address))
+        };
+        let info = tokio::time::timeout(budget, query)
+            .await
+            .map_err(|_| error::command_timeout("INFO server", address, budget))??;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        if field("cluster_enabled") == Some("1") {
+            return Err(Error::invalid_input(
+                "url",
+                format!("{} is a Redis Cluster node", self.address()),
+                "open the client with RedisClient::open_cluster (the slate command: --cluster \
+                 URL instead of --redis)",
+            ));
+        }
+        if field("redis_mode") == Some("sentinel") {
+            return Err(Error::invalid_input(
+                "url",
+                format!(
+                    "{} is a Redis Sentinel, which holds no data",
+                    self.address()
+                ),
+                "open the client with RedisClient::open_sentinel and the master's name (the \
+                 slate command: --sentinel URL --master-name NAME instead of --redis)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// On a cluster: the hash slot of `key` and the address of the master that serves it
+    /// (from `CLUSTER SLOTS`); `None` on other topologies.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open_cluster(
+    ///     ["redis://127.0.0.1:7000"],
+    ///     Default::default(),
+    /// )?;
+    /// if let Some((slot, owner)) = client.cluster_location(b"slate:{orders}").await? {
+    ///     println!("slot {slot} on {owner}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures; a slot no master serves.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn cluster_location(&self, key: &[u8]) -> Result<Option<(u16, String)>> {
+        if self.topology() != Topology::Cluster {
+            return Ok(None);
+        }
+        // A fresh map: this is for people looking at the cluster now.
+        self.forget_cluster_slots();
+        let slot = crate::conn::slot_of(key);
+        let map = self.cluster_slots().await?;
+        match map.owner(slot) {
+            Some((host, port)) => Ok(Some((slot, format!("{host}:{port}")))),
+            None => Err(Error::backend(
+                BackendKind::Unavailable,
+                Some(self.address().to_owned()),
+                format!("no master serves slot {slot} (the cluster is failing over or broken)"),
+                None,
+            )),
+        }
+    }
+
     /// What the client is doing right now: renewal registrations, subscriptions, local waiters.
     ///
     /// # Examples
