@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 /// `rslock` crate and the naive spin lock send it themselves).
 pub const SCRIPT_ONLY: &[&str] = &[
     "get", "del", "exists", "hexists", "hincrby", "hset", "hget", "hdel", "hlen", "hgetall",
-    "hmget", "pexpire", "expire", "pttl", "ttl", "incr", "incrby", "publish", "time", "zadd",
-    "zrem", "zrange",
+    "hmget", "pexpire", "expire", "pttl", "ttl", "incr", "incrby", "publish", "spublish", "time",
+    "zadd", "zrem", "zrange",
 ];
 
 /// Commands a measuring program itself sends to the nodes, and connection setup.

@@ -59,7 +59,7 @@ async fn behaviour(a: &RedisClient, b: &RedisClient, name: &str) {
     // (Another key prefix: handles of one lock in one client share its options.)
     let long = |c: &RedisClient| {
         SingleLock::builder(c, name)
-            .key_prefix("long:")
+            .key_prefix("slate:long:")
             .lease(Duration::from_secs(10))
             .spin_wait(Duration::from_secs(10))
             .build()
@@ -309,4 +309,31 @@ async fn bad_topology_input_is_refused_with_the_fix() {
     assert!(e.to_string().contains("Sentinel"), "{e}");
     let e = RedisClient::open_cluster(["not a url"], ClientOptions::default()).unwrap_err();
     assert!(e.is_invalid_input(), "{e}");
+}
+
+/// The least-privilege grants of the README (the standalone list of
+/// `ecosphere/tests/security_acl.rs`, plus what a cluster needs: sharded pub/sub and the slot
+/// map): the lock works as that user on a cluster, and no node logs a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_runs_as_a_least_privilege_user() {
+    const GRANTS: &str = "resetkeys resetchannels ~slate:* &slate:* -@all +evalsha \
+        +script|load +ping +subscribe +unsubscribe +exists +hget +pttl +info +set +hset \
+        +hexists +hincrby +hmget +hgetall +del +pexpire +get +incr +incrby +publish +time +zadd \
+        +zrem +zrange +spublish +ssubscribe +sunsubscribe +cluster|slots +wait";
+    let builder = ecosphere::server::RedisServer::builder()
+        .acl_user("slate-app", "Acl-Pw-1", GRANTS)
+        .arg("acllog-max-len", "1024");
+    let cluster = RedisCluster::start_with(3, 1, &builder).unwrap();
+    let options = || {
+        ClientOptions::default()
+            .credentials(Some("slate-app"), "Acl-Pw-1")
+            .synced_replicas(1, Duration::from_millis(500))
+    };
+    let a = RedisClient::open_cluster(cluster.urls(), options()).unwrap();
+    let b = RedisClient::open_cluster(cluster.urls(), options()).unwrap();
+    behaviour(&a, &b, "acl").await;
+    for i in 0..cluster.len() {
+        let log = cluster.node(i).command(&["ACL", "LOG"]).unwrap();
+        assert_eq!(log, redis::Value::Array(vec![]), "ACL LOG of node {i}");
+    }
 }

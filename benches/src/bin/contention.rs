@@ -27,6 +27,10 @@ struct Cli {
     /// Shapes as PROCSxTASKS.
     #[arg(long, value_delimiter = ',', default_value = "1x32,4x8,4x64")]
     shapes: Vec<Shape>,
+    /// Lock names the tasks take in turn (1: everyone on one lock; e.g. 1000: the many-locks
+    /// workload, where the server's capacity across locks is what is measured).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    locks: u64,
     /// Seconds of load per run.
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
@@ -58,6 +62,8 @@ enum Command {
         duration_ms: u64,
         #[arg(long)]
         start_at_ns: u64,
+        #[arg(long, default_value_t = 1)]
+        locks: usize,
     },
 }
 
@@ -71,6 +77,7 @@ fn main() -> ExitCode {
             tasks,
             duration_ms,
             start_at_ns,
+            locks,
         }) => {
             let args = WorkerArgs {
                 implementation,
@@ -79,8 +86,7 @@ fn main() -> ExitCode {
                 tasks,
                 duration: Duration::from_millis(duration_ms),
                 start_at_ns,
-                lock: "bench:lock".into(),
-                counter: "bench:counter".into(),
+                locks,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -128,6 +134,7 @@ fn main() -> ExitCode {
                 repeat: cli.repeat,
                 worker_exe,
                 progress: !cli.quiet,
+                locks: usize::try_from(cli.locks).unwrap_or(1),
             };
             let results = match runner::run_plan(&plan) {
                 Ok(r) => r,

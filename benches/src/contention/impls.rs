@@ -21,10 +21,10 @@ return 0";
 
 /// One worker's handle on the implementation under test.
 pub enum Locker {
-    /// Slate's single lock.
-    Slate(SingleLock),
-    /// Slate's combination lock.
-    SlateCombination(CombinationLock),
+    /// Slate's single lock, one handle per lock name.
+    Slate(Vec<SingleLock>),
+    /// Slate's combination lock, one handle per lock name.
+    SlateCombination(Vec<CombinationLock>),
     /// The `rslock` crate (Redlock), with its default retry settings.
     Rslock(rslock::LockManager),
     /// `SET NX PX`, sleeping 1 ms between failed attempts; compare-and-delete release.
@@ -54,16 +54,29 @@ impl Locker {
     /// # Errors
     ///
     /// Connection failures, as text.
-    pub async fn connect(which: Impl, nodes: &[String]) -> Result<Locker, String> {
+    pub async fn connect(
+        which: Impl,
+        nodes: &[String],
+        names: &[String],
+    ) -> Result<Locker, String> {
+        let singles = |client: RedisClient| -> Result<Locker, String> {
+            let locks = names
+                .iter()
+                .map(|name| {
+                    SingleLock::builder(&client, name.as_str())
+                        .lease(LEASE)
+                        .build()
+                        .map_err(|e| e.to_string())
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Locker::Slate(locks))
+        };
         match which {
-            Impl::Slate => {
-                let client = RedisClient::open(&nodes[0]).map_err(|e| e.to_string())?;
-                let lock = SingleLock::builder(&client, "bench:lock")
-                    .lease(LEASE)
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                Ok(Locker::Slate(lock))
-            }
+            Impl::Slate => singles(RedisClient::open(&nodes[0]).map_err(|e| e.to_string())?),
+            Impl::SlateCluster => singles(
+                RedisClient::open_cluster(nodes, slate_redis::ClientOptions::default())
+                    .map_err(|e| e.to_string())?,
+            ),
             Impl::SlateComb3 | Impl::SlateComb3Pipelined => {
                 let set = NodeSet::connect(nodes, NodeSetOptions::default())
                     .map_err(|e| e.to_string())?;
@@ -77,12 +90,17 @@ impl Locker {
                 } else {
                     Order::Pipelined
                 };
-                let lock = CombinationLock::builder(&set, "bench:lock")
-                    .lease(LEASE)
-                    .order(order)
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                Ok(Locker::SlateCombination(lock))
+                let locks = names
+                    .iter()
+                    .map(|name| {
+                        CombinationLock::builder(&set, name.as_str())
+                            .lease(LEASE)
+                            .order(order)
+                            .build()
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Locker::SlateCombination(locks))
             }
             Impl::Rslock1 | Impl::Rslock3 => {
                 Ok(Locker::Rslock(rslock::LockManager::new(nodes.to_vec())))
@@ -106,16 +124,27 @@ impl Locker {
     /// # Errors
     ///
     /// Backend failures, as text.
-    pub async fn acquire(&self, name: &str, give_up: Instant) -> Result<Option<Held>, String> {
+    pub async fn acquire(
+        &self,
+        index: usize,
+        name: &str,
+        give_up: Instant,
+    ) -> Result<Option<Held>, String> {
         let wait = Wait::Until(give_up);
         match self {
-            Locker::Slate(lock) => match lock.acquire(slate_core::HolderId::new(), wait).await {
+            Locker::Slate(locks) => match locks[index]
+                .acquire(slate_core::HolderId::new(), wait)
+                .await
+            {
                 Ok(g) => Ok(Some(Held::Slate(g))),
                 Err(e) if e.is_timeout() => Ok(None),
                 Err(e) => Err(e.to_string()),
             },
-            Locker::SlateCombination(lock) => {
-                match lock.acquire(slate_core::HolderId::new(), wait).await {
+            Locker::SlateCombination(locks) => {
+                match locks[index]
+                    .acquire(slate_core::HolderId::new(), wait)
+                    .await
+                {
                     Ok(g) => Ok(Some(Held::SlateCombination(g))),
                     Err(e) if e.is_timeout() => Ok(None),
                     Err(e) => Err(e.to_string()),

@@ -46,6 +46,8 @@ pub enum Impl {
     Rslock3,
     /// A naive `SET NX PX` spin lock with 1 ms sleeps.
     Spin,
+    /// Slate's single lock on a 3-master Redis Cluster (each lock on the shard of its slot).
+    SlateCluster,
 }
 
 impl Impl {
@@ -57,13 +59,14 @@ impl Impl {
         Impl::Rslock1,
         Impl::Rslock3,
         Impl::Spin,
+        Impl::SlateCluster,
     ];
 
     /// How many lock nodes it uses.
     #[must_use]
     pub fn nodes(self) -> usize {
         match self {
-            Impl::Rslock3 | Impl::SlateComb3 | Impl::SlateComb3Pipelined => 3,
+            Impl::Rslock3 | Impl::SlateComb3 | Impl::SlateComb3Pipelined | Impl::SlateCluster => 3,
             Impl::Slate | Impl::Rslock1 | Impl::Spin => 1,
         }
     }
@@ -78,6 +81,7 @@ impl Impl {
             Impl::Rslock1 => "rslock-1",
             Impl::Rslock3 => "rslock-3",
             Impl::Spin => "spin",
+            Impl::SlateCluster => "slate-cluster",
         }
     }
 }
@@ -194,6 +198,9 @@ pub struct RunResult {
     pub mutex_ok: bool,
     /// Per-command calls on the lock nodes during the run (client-visible and script-internal).
     pub commandstats: BTreeMap<String, u64>,
+    /// `MOVED` and `ASK` replies of the lock nodes during the run (`INFO errorstats`; a cluster
+    /// only).
+    pub redirects: u64,
 }
 
 /// Parses `INFO commandstats` into command → calls.
@@ -207,7 +214,7 @@ pub fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
 #[must_use]
 pub fn client_commands(implementation: Impl, stats: &BTreeMap<String, u64>) -> u64 {
     match implementation {
-        Impl::Slate | Impl::SlateComb3 | Impl::SlateComb3Pipelined => {
+        Impl::Slate | Impl::SlateComb3 | Impl::SlateComb3Pipelined | Impl::SlateCluster => {
             ecosphere::commandstats::slate_lock_commands(stats)
         }
         Impl::Rslock1 | Impl::Rslock3 | Impl::Spin => ecosphere::commandstats::lock_commands(stats),
@@ -225,6 +232,7 @@ pub fn summarise(
     reports: &[WorkerReport],
     commandstats: BTreeMap<String, u64>,
     counter: i64,
+    redirects: u64,
 ) -> RunResult {
     let acquisitions: u64 = reports.iter().map(|r| r.acquisitions).sum();
     let late: u64 = reports.iter().map(|r| r.late).sum();
@@ -269,6 +277,7 @@ pub fn summarise(
         counter,
         mutex_ok: u64::try_from(counter).is_ok_and(|c| c == acquisitions + late),
         commandstats,
+        redirects,
     }
 }
 
@@ -287,10 +296,19 @@ pub struct WorkerArgs {
     pub duration: Duration,
     /// Start instant on the shared monotonic clock (ns).
     pub start_at_ns: u64,
-    /// Lock name.
-    pub lock: String,
-    /// Counter key on the resource server.
-    pub counter: String,
+    /// Lock names: `bench:lock` for one lock, `bench:lock:<i>` for several; each task takes
+    /// them in turn, each protecting its own counter (`bench:counter[:<i>]`).
+    pub locks: usize,
+}
+
+/// The name of lock `i` of `n`, and the counter it protects.
+#[must_use]
+pub fn lock_and_counter(i: usize, n: usize) -> (String, String) {
+    if n <= 1 {
+        ("bench:lock".to_owned(), "bench:counter".to_owned())
+    } else {
+        (format!("bench:lock:{i}"), format!("bench:counter:{i}"))
+    }
 }
 
 /// How long after the deadline an acquire in flight may still complete.
@@ -302,8 +320,13 @@ pub const GRACE: Duration = Duration::from_secs(3);
 ///
 /// Connection failures before the load starts.
 pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
-    let locker =
-        std::sync::Arc::new(impls::Locker::connect(args.implementation, &args.nodes).await?);
+    let locks = args.locks.max(1);
+    let names: Vec<(String, String)> = (0..locks).map(|i| lock_and_counter(i, locks)).collect();
+    let lock_names: Vec<String> = names.iter().map(|n| n.0.clone()).collect();
+    let locker = std::sync::Arc::new(
+        impls::Locker::connect(args.implementation, &args.nodes, &lock_names).await?,
+    );
+    let names = std::sync::Arc::new(names);
     let resource_client = redis::Client::open(args.resource.as_str()).map_err(|e| e.to_string())?;
     let resource = resource_client
         .get_multiplexed_async_connection()
@@ -316,15 +339,23 @@ pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
     }
     let deadline = Instant::now() + args.duration;
     let mut handles = Vec::with_capacity(args.tasks);
-    for _ in 0..args.tasks {
+    // Tasks of different processes start on different locks (a process-dependent offset).
+    let offset = usize::try_from(std::process::id()).unwrap_or(0);
+    for task in 0..args.tasks {
         let locker = locker.clone();
         let mut resource = resource.clone();
-        let (lock, counter) = (args.lock.clone(), args.counter.clone());
+        let names = names.clone();
         handles.push(tokio::spawn(async move {
             let mut r = WorkerReport::default();
+            let mut next = offset
+                .wrapping_mul(31)
+                .wrapping_add(task.wrapping_mul(7919));
             while Instant::now() < deadline {
+                next = next.wrapping_add(1);
+                let index = next % names.len();
+                let (lock, counter) = (&names[index].0, &names[index].1);
                 let t0 = Instant::now();
-                let held = match locker.acquire(&lock, deadline + GRACE).await {
+                let held = match locker.acquire(index, lock, deadline + GRACE).await {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
                     Err(e) => {
@@ -342,11 +373,11 @@ pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
                 } else {
                     r.late += 1;
                 }
-                if let Err(e) = impls::critical_section(&mut resource, &counter).await {
+                if let Err(e) = impls::critical_section(&mut resource, counter).await {
                     r.errors += 1;
                     r.first_error.get_or_insert(e);
                 }
-                if let Err(e) = locker.release(&lock, held).await {
+                if let Err(e) = locker.release(lock, held).await {
                     r.errors += 1;
                     r.first_error.get_or_insert(e);
                 }
@@ -418,11 +449,11 @@ mod tests {
         ];
         let shape = Shape { procs: 2, tasks: 1 };
         let d = Duration::from_secs(1);
-        let ok = summarise(Impl::Spin, shape, 0, d, &reports, BTreeMap::new(), 9);
+        let ok = summarise(Impl::Spin, shape, 0, d, &reports, BTreeMap::new(), 9, 0);
         assert!(ok.mutex_ok);
         assert_eq!((ok.worker_min, ok.worker_max), (3, 5));
         assert_eq!(ok.wait_max_ms, 0.008);
-        let lost = summarise(Impl::Spin, shape, 0, d, &reports, BTreeMap::new(), 8);
+        let lost = summarise(Impl::Spin, shape, 0, d, &reports, BTreeMap::new(), 8, 0);
         assert!(!lost.mutex_ok);
     }
 }

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ecosphere::cluster::RedisCluster;
 use ecosphere::server::RedisServer;
 use ecosphere::workers::WorkerSet;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -28,14 +29,19 @@ pub struct Plan {
     pub worker_exe: PathBuf,
     /// Show a progress bar.
     pub progress: bool,
+    /// Lock names the tasks take in turn.
+    pub locks: usize,
 }
 
-/// The servers of a session: three lock nodes and one resource server.
+/// The servers of a session: three lock nodes, one resource server, and a 3-master Redis
+/// Cluster when a plan includes `slate-cluster`.
 pub struct Servers {
     /// Lock nodes.
     pub nodes: Vec<RedisServer>,
     /// The resource server holding the counter.
     pub resource: RedisServer,
+    /// The cluster (3 masters, no replicas).
+    pub cluster: Option<RedisCluster>,
 }
 
 impl Servers {
@@ -44,17 +50,35 @@ impl Servers {
     /// # Errors
     ///
     /// Harness failures (e.g. no `redis-server`).
-    pub fn start() -> Result<Servers, String> {
+    pub fn start(with_cluster: bool) -> Result<Servers, String> {
         let mut all = RedisServer::start_many(4).map_err(|e| e.to_string())?;
         let resource = all.pop().ok_or("no resource server")?;
+        let cluster = if with_cluster {
+            Some(RedisCluster::start(3, 0).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
         Ok(Servers {
             nodes: all,
             resource,
+            cluster,
         })
     }
 
+    /// The lock nodes of `which`: the cluster's masters for `slate-cluster`.
+    fn lock_nodes(&self, which: Impl) -> Vec<&RedisServer> {
+        match (which, &self.cluster) {
+            (Impl::SlateCluster, Some(c)) => (0..c.len()).map(|i| c.node(i)).collect(),
+            _ => self.nodes[..which.nodes()].iter().collect(),
+        }
+    }
+
     fn reset(&self) -> Result<(), String> {
-        for s in self.nodes.iter().chain([&self.resource]) {
+        let cluster = self
+            .cluster
+            .iter()
+            .flat_map(|c| (0..c.len()).map(|i| c.node(i)));
+        for s in self.nodes.iter().chain(cluster).chain([&self.resource]) {
             s.command(&["FLUSHALL"]).map_err(|e| e.to_string())?;
             s.command(&["CONFIG", "RESETSTAT"])
                 .map_err(|e| e.to_string())?;
@@ -62,9 +86,9 @@ impl Servers {
         Ok(())
     }
 
-    fn commandstats(&self, n: usize) -> Result<BTreeMap<String, u64>, String> {
+    fn commandstats(&self, which: Impl) -> Result<BTreeMap<String, u64>, String> {
         let mut total = BTreeMap::new();
-        for s in &self.nodes[..n] {
+        for s in self.lock_nodes(which) {
             let v = s
                 .command(&["INFO", "commandstats"])
                 .map_err(|e| e.to_string())?;
@@ -76,13 +100,41 @@ impl Servers {
         Ok(total)
     }
 
-    fn counter(&self) -> Result<i64, String> {
-        let v = self
-            .resource
-            .command(&["GET", "bench:counter"])
-            .map_err(|e| e.to_string())?;
-        let n: Option<i64> = redis::from_redis_value(v).map_err(|e| e.to_string())?;
-        Ok(n.unwrap_or(0))
+    /// `MOVED` + `ASK` errors the lock nodes answered (`INFO errorstats`).
+    fn redirects(&self, which: Impl) -> Result<u64, String> {
+        let mut total = 0;
+        for s in self.lock_nodes(which) {
+            let v = s
+                .command(&["INFO", "errorstats"])
+                .map_err(|e| e.to_string())?;
+            let text: String = redis::from_redis_value(v).map_err(|e| e.to_string())?;
+            for line in text.lines() {
+                if let Some(rest) = line
+                    .strip_prefix("errorstat_MOVED:count=")
+                    .or_else(|| line.strip_prefix("errorstat_ASK:count="))
+                {
+                    total += rest.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// The sum of every counter (`bench:counter`, `bench:counter:<i>`).
+    fn counter(&self, locks: usize) -> Result<i64, String> {
+        let mut con = self.resource.connection().map_err(|e| e.to_string())?;
+        let keys: Vec<String> = (0..locks.max(1))
+            .map(|i| super::lock_and_counter(i, locks).1)
+            .collect();
+        let mut sum = 0;
+        for chunk in keys.chunks(500) {
+            let values: Vec<Option<i64>> = redis::cmd("MGET")
+                .arg(chunk)
+                .query(&mut con)
+                .map_err(|e| e.to_string())?;
+            sum += values.into_iter().flatten().sum::<i64>();
+        }
+        Ok(sum)
     }
 }
 
@@ -99,10 +151,8 @@ pub fn run_once(
     repeat: usize,
 ) -> Result<RunResult, String> {
     servers.reset()?;
-    let nodes: Vec<String> = servers.nodes[..which.nodes()]
-        .iter()
-        .map(|s| s.url())
-        .collect();
+    let nodes: Vec<String> = servers.lock_nodes(which).iter().map(|s| s.url()).collect();
+    let locks = plan.locks;
     let resource = servers.resource.url();
     // Everyone starts together, after every worker had time to connect.
     let start_at = ecosphere::clock::now_ns() + 1_500_000_000;
@@ -125,6 +175,8 @@ pub fn run_once(
                 duration.as_millis().to_string(),
                 "--start-at-ns".into(),
                 start_at.to_string(),
+                "--locks".into(),
+                locks.to_string(),
             ]
         })
         .spawn()
@@ -145,10 +197,11 @@ pub fn run_once(
         let r: WorkerReport = serde_json::from_str(line).map_err(|e| e.to_string())?;
         reports.push(r);
     }
-    let stats = servers.commandstats(which.nodes())?;
-    let counter = servers.counter()?;
+    let stats = servers.commandstats(which)?;
+    let counter = servers.counter(plan.locks)?;
+    let redirects = servers.redirects(which)?;
     Ok(summarise(
-        which, shape, repeat, duration, &reports, stats, counter,
+        which, shape, repeat, duration, &reports, stats, counter, redirects,
     ))
 }
 
@@ -158,7 +211,7 @@ pub fn run_once(
 ///
 /// The first failing run.
 pub fn run_plan(plan: &Plan) -> Result<Vec<RunResult>, String> {
-    let servers = Servers::start()?;
+    let servers = Servers::start(plan.impls.contains(&Impl::SlateCluster))?;
     let total = (plan.repeat * plan.shapes.len() * plan.impls.len()) as u64;
     let bar = if plan.progress {
         ProgressBar::new(total)
@@ -177,10 +230,12 @@ pub fn run_plan(plan: &Plan) -> Result<Vec<RunResult>, String> {
                 bar.set_message(format!("{which} {shape} run {}", repeat + 1));
                 let r = run_once(&servers, plan, which, shape, repeat)?;
                 bar.println(format!(
-                    "{which:>14} {shape:>5} run {}: {:>7.0} acq/s, {:.2} lock cmds/acq, p99 wait {:.1} ms, mutex {}",
+                    "{which:>14} {shape:>5} run {}: {:>7.0} acq/s, {:.2} lock cmds/acq, {:.2} server cmds/acq, {} redirects, p99 wait {:.1} ms, mutex {}",
                     repeat + 1,
                     r.acq_per_s,
                     r.lock_cmds_per_acq,
+                    r.server_cmds_per_acq,
+                    r.redirects,
                     r.wait_p99_ms,
                     if r.mutex_ok { "ok" } else { "VIOLATED" }
                 ));
@@ -206,6 +261,10 @@ pub struct SummaryRow {
     pub acq_per_s: Option<Spread>,
     /// Lock commands per acquisition.
     pub lock_cmds_per_acq: Option<Spread>,
+    /// All server commands (scripts' inside included) per acquisition.
+    pub server_cmds_per_acq: Option<Spread>,
+    /// Total `MOVED`/`ASK` redirects.
+    pub redirects: u64,
     /// Client CPU µs per acquisition.
     pub cpu_us_per_acq: Option<Spread>,
     /// Wait p50 (ms).
@@ -250,6 +309,8 @@ pub fn summary(results: &[RunResult]) -> Vec<SummaryRow> {
                 runs: runs.len(),
                 acq_per_s: spread(|r| r.acq_per_s),
                 lock_cmds_per_acq: spread(|r| r.lock_cmds_per_acq),
+                server_cmds_per_acq: spread(|r| r.server_cmds_per_acq),
+                redirects: runs.iter().map(|r| r.redirects).sum(),
                 cpu_us_per_acq: spread(|r| r.cpu_us_per_acq),
                 wait_p50_ms: spread(|r| r.wait_p50_ms),
                 wait_p99_ms: spread(|r| r.wait_p99_ms),
@@ -266,7 +327,7 @@ pub fn summary(results: &[RunResult]) -> Vec<SummaryRow> {
 #[must_use]
 pub fn markdown(rows: &[SummaryRow]) -> String {
     let mut out = String::from(
-        "| impl | procs x tasks | runs | acq/s | lock cmds/acq | client CPU µs/acq | wait p50 ms | wait p99 ms | wait max ms | per-worker min..max (median run) | mutex ok | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| impl | procs x tasks | runs | acq/s | lock cmds/acq | server cmds/acq | redirects | client CPU µs/acq | wait p50 ms | wait p99 ms | wait max ms | per-worker min..max (median run) | mutex ok | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let cell = |s: &Option<Spread>, digits: usize| match s {
         Some(s) => format!(
@@ -281,12 +342,14 @@ pub fn markdown(rows: &[SummaryRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}..{} | {}/{} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}..{} | {}/{} | {} |",
             r.implementation,
             r.shape,
             r.runs,
             cell(&r.acq_per_s, 0),
             cell(&r.lock_cmds_per_acq, 2),
+            cell(&r.server_cmds_per_acq, 1),
+            r.redirects,
             cell(&r.cpu_us_per_acq, 0),
             cell(&r.wait_p50_ms, 2),
             cell(&r.wait_p99_ms, 1),
