@@ -264,8 +264,8 @@ impl SentinelGroup {
         Err(last.unwrap_or_else(|| HarnessError::Config("no live Sentinel".into())))
     }
 
-    /// Kills the current master and waits until every live Sentinel names a new one and that
-    /// server reports `role:master`; returns its index.
+    /// Kills the current master and waits until every live Sentinel names the same new one,
+    /// with no failover in progress, and that server reports `role:master`; returns its index.
     ///
     /// # Errors
     ///
@@ -288,6 +288,29 @@ impl SentinelGroup {
         self.wait_new_master(old)
     }
 
+    /// Whether every live Sentinel names the master on `port` with its flags plain `master`
+    /// (no failover in progress, not down): what a client asking any of them then sees.
+    fn all_agree(&mut self, port: u16) -> bool {
+        let port = port.to_string();
+        self.sentinels.iter_mut().all(|s| {
+            if !s.is_running() {
+                return true;
+            }
+            let Ok(redis::Value::Array(fields)) = s.command(&["SENTINEL", "MASTER", MASTER_NAME])
+            else {
+                return false;
+            };
+            let get = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|p| text(&p[0]).is_ok_and(|t| t == name))
+                    .and_then(|p| text(&p[1]).ok())
+            };
+            get("port").as_deref() == Some(port.as_str())
+                && get("flags").as_deref() == Some("master")
+        })
+    }
+
     fn wait_new_master(&mut self, old: usize) -> Result<usize, HarnessError> {
         let deadline = Instant::now() + SETTLE;
         loop {
@@ -297,6 +320,7 @@ impl SentinelGroup {
                     .command(&["INFO", "replication"])
                     .and_then(|v| text(&v))
                     .is_ok_and(|i| i.contains("role:master"))
+                && self.all_agree(self.servers[new].port())
             {
                 return Ok(new);
             }

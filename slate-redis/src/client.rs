@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -352,6 +353,9 @@ pub(crate) struct Inner {
     fill: tokio::sync::Mutex<()>,
     /// (Cluster) the slot map as last read, for grouping renewals by node.
     slots: Mutex<Option<Arc<SlotMap>>>,
+    /// (Cluster) set when the servers lack sharded pub/sub (Redis < 7): releases then
+    /// `PUBLISH` and waiters use the spin wait. Shared with the notifier.
+    no_sharded_pubsub: Arc<AtomicBool>,
     pub(crate) renewal: Renewal,
     pub(crate) notifier: Notifier,
     pub(crate) locks: Mutex<Registry>,
@@ -789,9 +793,16 @@ impl RedisClient {
                 )
             })?,
         };
+        let no_sharded_pubsub = Arc::new(AtomicBool::new(false));
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
             renewal: Renewal::new(weak.clone()),
-            notifier: Notifier::new(pubsub, options.command_timeout, options.connect_timeout),
+            notifier: Notifier::new(
+                pubsub,
+                options.command_timeout,
+                options.connect_timeout,
+                no_sharded_pubsub.clone(),
+            ),
+            no_sharded_pubsub,
             backend,
             address,
             runtime,
@@ -1087,6 +1098,25 @@ impl RedisClient {
                         error::command_timeout("connecting to the cluster", address, budget)
                     })?
                     .map_err(|e| error::from_redis(e, "connecting to the cluster", address))?;
+                // Sharded pub/sub needs Redis 7: asked once per connection (the answer names
+                // no command on older servers, or where SPUBLISH is renamed away).
+                let mut probe = conn.clone();
+                let spublish: redis::Value = redis::cmd("COMMAND")
+                    .arg("INFO")
+                    .arg("SPUBLISH")
+                    .query_async(&mut probe)
+                    .await
+                    .map_err(|e| error::from_redis(e, "COMMAND INFO SPUBLISH", address))?;
+                let missing = match &spublish {
+                    redis::Value::Array(v) => v.iter().all(|x| matches!(x, redis::Value::Nil)),
+                    _ => false,
+                };
+                if missing && !self.inner.no_sharded_pubsub.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(cluster = %address,
+                        "the cluster has no sharded pub/sub (SPUBLISH/SSUBSCRIBE, Redis 7): \
+                         releases are published with PUBLISH and waiters wait on the spin-wait \
+                         timer instead of being woken by releases");
+                }
                 Held::Owned(Conn::Cluster(conn))
             }
             Backend::Sentinel { sentinel, config } => {
@@ -1208,7 +1238,9 @@ impl RedisClient {
     /// pub/sub), `''` (`PUBLISH`) elsewhere.
     pub(crate) fn publish_arg(&self) -> &'static str {
         match self.inner.backend {
-            Backend::Cluster(_) => "SPUBLISH",
+            Backend::Cluster(_) if !self.inner.no_sharded_pubsub.load(Ordering::Relaxed) => {
+                "SPUBLISH"
+            }
             _ => "",
         }
     }

@@ -70,7 +70,7 @@ fn hint(kind: BackendKind) -> &'static str {
              PTTL, INFO, SET, HSET, HEXISTS, HINCRBY, HMGET, HGETALL, DEL, PEXPIRE, GET, INCR, \
              INCRBY, PUBLISH, TIME, ZADD, ZREM, ZRANGE on the lock keys and channels (for the \
              default prefix: ~slate:* &slate:*); the scripts run most of them (README: ACL); \
-             on a cluster also SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE, CLUSTER SLOTS; with \
+             on a cluster also SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE, CLUSTER SLOTS, COMMAND INFO; with \
              ClientOptions::synced_replicas also WAIT"
         }
         BackendKind::Io => {

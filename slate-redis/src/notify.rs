@@ -205,6 +205,8 @@ pub(crate) struct Notifier {
     connect_timeout: Duration,
     state: Arc<Mutex<State>>,
     tx: Mutex<Option<mpsc::UnboundedSender<Command>>>,
+    /// (Cluster) the servers lack sharded pub/sub: notifications are off.
+    unsupported: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Notifier {
@@ -212,8 +214,10 @@ impl Notifier {
         client: Option<PubSubSource>,
         command_timeout: Duration,
         connect_timeout: Duration,
+        unsupported: Arc<std::sync::atomic::AtomicBool>,
     ) -> Self {
         Notifier {
+            unsupported,
             client,
             command_timeout,
             connect_timeout,
@@ -238,7 +242,7 @@ impl Notifier {
         target: Weak<dyn ReleaseTarget>,
         attempt_sent: Option<Instant>,
     ) -> Notifications {
-        if self.client.is_none() {
+        if self.client.is_none() || self.unsupported.load(std::sync::atomic::Ordering::Relaxed) {
             return Notifications::Off;
         }
         let rx = {

@@ -95,6 +95,25 @@ async fn behaviour(a: &RedisClient, b: &RedisClient, name: &str) {
     assert_eq!(reason, LossReason::EntryGone);
     assert!(g2.unlock().await.unwrap_err().is_not_held());
 
+    // The blocking twins, from a plain thread outside the runtime.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn({
+        let lb = lb.clone();
+        move || {
+            let g = lb.blocking_lock().unwrap();
+            let inner = lb.blocking_lock_as(g.holder()).unwrap();
+            assert_eq!(inner.blocking_unlock().unwrap(), 1);
+            let t = g.fencing_token();
+            assert_eq!(g.blocking_unlock().unwrap(), 0);
+            let _ = tx.send(t);
+        }
+    });
+    let t = within(Duration::from_secs(5), "the blocking twins", rx).await;
+    assert!(
+        t.expect("the blocking thread panicked") > t1,
+        "{name}: blocking twins"
+    );
+
     // A dropped guard is released in the background.
     let g3 = la.lock().await.unwrap();
     assert!(g3.fencing_token() > t1);
@@ -319,7 +338,7 @@ async fn cluster_runs_as_a_least_privilege_user() {
     const GRANTS: &str = "resetkeys resetchannels ~slate:* &slate:* -@all +evalsha \
         +script|load +ping +subscribe +unsubscribe +exists +hget +pttl +info +set +hset \
         +hexists +hincrby +hmget +hgetall +del +pexpire +get +incr +incrby +publish +time +zadd \
-        +zrem +zrange +spublish +ssubscribe +sunsubscribe +cluster|slots +wait";
+        +zrem +zrange +spublish +ssubscribe +sunsubscribe +cluster|slots +command|info +wait";
     let builder = ecosphere::server::RedisServer::builder()
         .acl_user("slate-app", "Acl-Pw-1", GRANTS)
         .arg("acllog-max-len", "1024");
@@ -336,4 +355,78 @@ async fn cluster_runs_as_a_least_privilege_user() {
         let log = cluster.node(i).command(&["ACL", "LOG"]).unwrap();
         assert_eq!(log, redis::Value::Array(vec![]), "ACL LOG of node {i}");
     }
+}
+
+/// A cluster without sharded pub/sub (Redis < 7; here SPUBLISH and SSUBSCRIBE are renamed
+/// away): the lock works, releases PUBLISH, waiters use the spin wait, nothing subscribes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_without_sharded_pubsub_falls_back_to_the_spin_wait() {
+    let builder = ecosphere::server::RedisServer::builder()
+        .arg("rename-command", "SPUBLISH \"\"")
+        .arg("rename-command", "SSUBSCRIBE \"\"");
+    let cluster = RedisCluster::start_with(3, 0, &builder).unwrap();
+    let (a, b) = (cluster_client(&cluster), cluster_client(&cluster));
+    let build = |c: &RedisClient, spin: Duration| {
+        SingleLock::builder(c, "old-server")
+            .lease(Duration::from_secs(10))
+            .spin_wait(spin)
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (
+        build(&a, Duration::from_secs(10)),
+        build(&b, Duration::from_millis(200)),
+    );
+    let g = la.lock().await.unwrap();
+    let waiter = tokio::spawn(async move { lb.lock().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(b.stats().subscriptions, 0, "nothing subscribes");
+    assert_eq!(
+        g.unlock().await.unwrap(),
+        0,
+        "the release publishes with PUBLISH"
+    );
+    // Woken by its 200 ms spin timer.
+    let g2 = within(Duration::from_secs(2), "the spinning waiter", waiter)
+        .await
+        .unwrap();
+    g2.unlock().await.unwrap();
+}
+
+/// A replica cut off (its process stopped: it acknowledges nothing) with `synced_replicas`:
+/// grants are given back and reported, nothing is left held; once it is back, grants work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_with_synced_replicas_refuses_grants_while_the_replica_is_cut_off() {
+    let mut group = SentinelGroup::start(1, 1).unwrap();
+    let client = RedisClient::open_sentinel(
+        group.sentinel_urls(),
+        group.master_name(),
+        ClientOptions::default().synced_replicas(1, Duration::from_millis(300)),
+    )
+    .unwrap();
+    let lock = SingleLock::builder(&client, "partitioned")
+        .lease(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    group.server_mut(1).pause().unwrap();
+    let e = lock.try_lock().await.unwrap_err();
+    assert!(e.to_string().contains("0 of the 1 replicas"), "{e}");
+    assert!(e.backend_kind().is_some_and(|k| k.is_transient()), "{e}");
+    assert!(!lock.is_locked().await.unwrap(), "the grant was given back");
+    group.server_mut(1).resume().unwrap();
+    eventually_async(
+        Duration::from_secs(5),
+        "a grant once the replica is back",
+        || {
+            let lock = lock.clone();
+            async move {
+                match lock.try_lock().await {
+                    Ok(Some(g)) => g.unlock().await.is_ok(),
+                    _ => false,
+                }
+            }
+        },
+    )
+    .await;
 }
