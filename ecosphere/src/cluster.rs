@@ -222,6 +222,7 @@ impl RedisCluster {
         }
         let cluster = RedisCluster { nodes };
         cluster.wait_healthy(SETTLE)?;
+        cluster.wait_replicas_known(replicas)?;
         Ok(cluster)
     }
 
@@ -387,6 +388,37 @@ impl RedisCluster {
                 }
                 Some(_) => std::thread::sleep(POLL),
             }
+        }
+    }
+
+    /// Waits until every node's view lists `replicas` replicas for every master (the views
+    /// learn replica links by gossip, after the slot map).
+    fn wait_replicas_known(&self, replicas: usize) -> Result<(), HarnessError> {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let known = self.nodes.iter().all(|n| {
+                let Ok(view) = n.command(&["CLUSTER", "NODES"]).and_then(|v| text(&v)) else {
+                    return false;
+                };
+                let view = parse_nodes(&view);
+                view.iter().filter(|m| m.master).all(|m| {
+                    view.iter()
+                        .filter(|r| r.master_id.as_deref() == Some(&m.id))
+                        .count()
+                        == replicas
+                })
+            });
+            if known {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(HarnessError::StartFailed {
+                    port: self.nodes[0].port(),
+                    reason: format!("the nodes did not all learn {replicas} replica(s) per master"),
+                    log_tail: String::new(),
+                });
+            }
+            std::thread::sleep(POLL);
         }
     }
 
