@@ -747,9 +747,12 @@ impl RedisClient {
             }
         }
         let node_info = SentinelNodeConnectionInfo::default().set_redis_connection_info(node);
+        // An owned name: redis-rs takes a `String` without TLS support and `impl AsRef<str>`
+        // with it (both are built: the `tls` feature, and crates built alone).
+        #[allow(clippy::unnecessary_to_owned)]
         let sentinel = SentinelClient::build(
             infos.clone(),
-            master_name,
+            master_name.to_owned(),
             Some(node_info),
             SentinelServerType::Master,
         )
