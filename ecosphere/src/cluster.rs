@@ -285,15 +285,12 @@ impl RedisCluster {
             .ok_or_else(|| HarnessError::Config(format!("no node on port {port}")))
     }
 
-    /// `CLUSTER NODES` as seen by the first live node (skipping `except`).
-    fn view(&mut self, except: Option<usize>) -> Result<Vec<NodeView>, HarnessError> {
+    /// `CLUSTER NODES` as seen by the first node that answers.
+    fn view(&self) -> Result<Vec<NodeView>, HarnessError> {
         let mut last = None;
-        for i in 0..self.nodes.len() {
-            if Some(i) == except || !self.nodes[i].is_running() {
-                continue;
-            }
-            match self.nodes[i].command(&["CLUSTER", "NODES"]) {
-                Ok(v) => return Ok(parse_nodes(&text(&v)?)),
+        for n in &self.nodes {
+            match n.command(&["CLUSTER", "NODES"]).and_then(|v| text(&v)) {
+                Ok(t) => return Ok(parse_nodes(&t)),
                 Err(e) => last = Some(e),
             }
         }
@@ -305,13 +302,10 @@ impl RedisCluster {
     /// # Errors
     ///
     /// No live node answers.
-    pub fn slot_of(&mut self, key: &[u8]) -> Result<u16, HarnessError> {
+    pub fn slot_of(&self, key: &[u8]) -> Result<u16, HarnessError> {
         let key = String::from_utf8_lossy(key).into_owned();
-        for i in 0..self.nodes.len() {
-            if !self.nodes[i].is_running() {
-                continue;
-            }
-            if let Ok(redis::Value::Int(n)) = self.nodes[i].command(&["CLUSTER", "KEYSLOT", &key]) {
+        for n in &self.nodes {
+            if let Ok(redis::Value::Int(n)) = n.command(&["CLUSTER", "KEYSLOT", &key]) {
                 return u16::try_from(n).map_err(|_| HarnessError::Config("bad slot".into()));
             }
         }
@@ -325,8 +319,8 @@ impl RedisCluster {
     /// # Errors
     ///
     /// No live node answers, or no master serves the slot.
-    pub fn master_of(&mut self, slot: u16) -> Result<usize, HarnessError> {
-        let view = self.view(None)?;
+    pub fn master_of(&self, slot: u16) -> Result<usize, HarnessError> {
+        let view = self.view()?;
         let port = view
             .iter()
             .find(|n| n.master && !n.failed && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b))
@@ -340,8 +334,8 @@ impl RedisCluster {
     /// # Errors
     ///
     /// No live node answers.
-    pub fn masters(&mut self) -> Result<Vec<usize>, HarnessError> {
-        let view = self.view(None)?;
+    pub fn masters(&self) -> Result<Vec<usize>, HarnessError> {
+        let view = self.view()?;
         view.iter()
             .filter(|n| n.master && !n.failed && !n.slots.is_empty())
             .map(|n| self.index_of_port(n.port))
@@ -353,8 +347,8 @@ impl RedisCluster {
     /// # Errors
     ///
     /// No live node answers.
-    pub fn replicas_of(&mut self, i: usize) -> Result<Vec<usize>, HarnessError> {
-        let view = self.view(None)?;
+    pub fn replicas_of(&self, i: usize) -> Result<Vec<usize>, HarnessError> {
+        let view = self.view()?;
         let port = self.nodes[i].port();
         let id = view
             .iter()
@@ -496,7 +490,7 @@ impl RedisCluster {
     ///
     /// The command is refused; the handover does not finish within 20 s.
     pub fn manual_failover(&mut self, replica: usize) -> Result<(), HarnessError> {
-        let view = self.view(None)?;
+        let view = self.view()?;
         let port = self.nodes[replica].port();
         let me = view
             .iter()
@@ -520,16 +514,16 @@ impl RedisCluster {
         Ok(())
     }
 
-    fn first_slot_of(&mut self, i: usize) -> Result<u16, HarnessError> {
+    fn first_slot_of(&self, i: usize) -> Result<u16, HarnessError> {
         let port = self.nodes[i].port();
-        self.view(None)?
+        self.view()?
             .into_iter()
             .find(|n| n.port == port && n.master)
             .and_then(|n| n.slots.first().map(|&(a, _)| a))
             .ok_or_else(|| HarnessError::Config(format!("node {i} is not a master with slots")))
     }
 
-    fn wait_owner_change(&mut self, slot: u16, old: usize) -> Result<usize, HarnessError> {
+    fn wait_owner_change(&self, slot: u16, old: usize) -> Result<usize, HarnessError> {
         let deadline = Instant::now() + SETTLE;
         loop {
             if let Ok(owner) = self.master_of(slot)
@@ -565,7 +559,7 @@ impl RedisCluster {
         if from == to {
             return Ok(());
         }
-        let view = self.view(None)?;
+        let view = self.view()?;
         let id_of = |port: u16| {
             view.iter()
                 .find(|n| n.port == port)

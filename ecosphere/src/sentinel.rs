@@ -240,13 +240,10 @@ impl SentinelGroup {
     /// # Errors
     ///
     /// No Sentinel answers, or it names an unknown server.
-    pub fn master(&mut self) -> Result<usize, HarnessError> {
+    pub fn master(&self) -> Result<usize, HarnessError> {
         let mut last = None;
-        for i in 0..self.sentinels.len() {
-            if !self.sentinels[i].is_running() {
-                continue;
-            }
-            match self.sentinels[i].command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME]) {
+        for sentinel in &self.sentinels {
+            match sentinel.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME]) {
                 Ok(redis::Value::Array(a)) if a.len() == 2 => {
                     let port: u16 = text(&a[1])?
                         .parse()

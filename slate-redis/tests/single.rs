@@ -1,5 +1,8 @@
 //! Single-process behaviour of `SingleLock` against a real Redis: basics, reentrancy, tokens,
-//! ownership, bad input, and the `Send`/`Sync` promises.
+//! ownership, bad input, and the `Send`/`Sync` promises. The behaviour tests run on each
+//! deployment (`<test>::standalone`, `<test>::cluster`, `<test>::sentinel`, see
+//! `common::Deployment`); the ones about one server's setup (passwords, ACL users, bad input)
+//! run on a standalone server.
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,10 +20,8 @@ use slate_redis::{
 
 const LEASE: Duration = Duration::from_secs(5);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_and_release() {
-    let server = server();
-    let client = client(&server);
+async fn acquire_and_release(server: Deployment) {
+    let client = server.client();
     let lock = lock(&client, "basics", LEASE);
     assert_eq!(lock.key(), b"slate:{basics}");
 
@@ -53,11 +54,10 @@ async fn acquire_and_release() {
     );
     assert_eq!(int(&server, &["TTL", "slate:{basics}:fence"]), -1);
 }
+crate::per_topology!(acquire_and_release);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn try_lock_on_a_busy_lock_is_none() {
-    let server = server();
-    let (a, b) = (client(&server), client(&server));
+async fn try_lock_on_a_busy_lock_is_none(server: Deployment) {
+    let (a, b) = (server.client(), server.client());
     let lock_a = lock(&a, "busy", LEASE);
     let lock_b = lock(&b, "busy", LEASE);
     let guard = lock_a.lock().await.unwrap();
@@ -69,11 +69,10 @@ async fn try_lock_on_a_busy_lock_is_none() {
     let g = lock_b.try_lock().await.unwrap().expect("free now");
     g.unlock().await.unwrap();
 }
+crate::per_topology!(try_lock_on_a_busy_lock_is_none);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn try_lock_for_times_out_in_the_queue() {
-    let server = server();
-    let client = client(&server);
+async fn try_lock_for_times_out_in_the_queue(server: Deployment) {
+    let client = server.client();
     let lock = lock(&client, "timeout", LEASE);
     let guard = lock.lock().await.unwrap();
     let start = Instant::now();
@@ -86,11 +85,10 @@ async fn try_lock_for_times_out_in_the_queue() {
     assert_eq!(client.stats().local_waiters, 0);
     guard.unlock().await.unwrap();
 }
+crate::per_topology!(try_lock_for_times_out_in_the_queue);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reentrancy_depth_three_with_renewal_and_a_waiter() {
-    let server = server();
-    let client = client(&server);
+async fn reentrancy_depth_three_with_renewal_and_a_waiter(server: Deployment) {
+    let client = server.client();
     let lease = Duration::from_millis(300);
     let lock = lock(&client, "reentrant", lease);
 
@@ -160,11 +158,10 @@ async fn reentrancy_depth_three_with_renewal_and_a_waiter() {
     assert_eq!(server.command(&["HGETALL", key]).unwrap(), before);
     g.unlock().await.unwrap();
 }
+crate::per_topology!(reentrancy_depth_three_with_renewal_and_a_waiter);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_increase_across_holders_and_stay_on_reentry() {
-    let server = server();
-    let (a, b) = (client(&server), client(&server));
+async fn tokens_increase_across_holders_and_stay_on_reentry(server: Deployment) {
+    let (a, b) = (server.client(), server.client());
     let locks = [lock(&a, "tokens", LEASE), lock(&b, "tokens", LEASE)];
     let mut last = 0;
     for i in 0..20 {
@@ -179,11 +176,10 @@ async fn tokens_increase_across_holders_and_stay_on_reentry() {
         last = t;
     }
 }
+crate::per_topology!(tokens_increase_across_holders_and_stay_on_reentry);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reentry_in_a_holder_scope_follows_the_task_across_threads() {
-    let server = server();
-    let client = client(&server);
+async fn reentry_in_a_holder_scope_follows_the_task_across_threads(server: Deployment) {
+    let client = server.client();
     let lock = lock(&client, "scope", LEASE);
     let holder = HolderId::new();
     let task = tokio::spawn({
@@ -215,11 +211,10 @@ async fn reentry_in_a_holder_scope_follows_the_task_across_threads() {
     println!("the scoped task ran on {threads} thread(s)");
     assert!(!lock.is_locked().await.unwrap());
 }
+crate::per_topology!(reentry_in_a_holder_scope_follows_the_task_across_threads);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_owner_cannot_release_or_renew() {
-    let server = server();
-    let client = client(&server);
+async fn wrong_owner_cannot_release_or_renew(server: Deployment) {
+    let client = server.client();
     let lock = lock(&client, "owner", LEASE);
     let key = "slate:{owner}";
     let channel = "slate:{owner}:released";
@@ -256,11 +251,10 @@ async fn wrong_owner_cannot_release_or_renew() {
     );
     assert_eq!(guard.unlock().await.unwrap(), 0);
 }
+crate::per_topology!(wrong_owner_cannot_release_or_renew);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_unlock_wakes_waiters_and_the_holder_learns() {
-    let server = server();
-    let (a, b) = (client(&server), client(&server));
+async fn force_unlock_wakes_waiters_and_the_holder_learns(server: Deployment) {
+    let (a, b) = (server.client(), server.client());
     let lease = Duration::from_millis(600);
     let holder_lock = lock(&a, "force", lease);
     let other = SingleLock::builder(&b, "force")
@@ -290,11 +284,10 @@ async fn force_unlock_wakes_waiters_and_the_holder_learns() {
     assert_eq!(g.unlock().await.unwrap(), 0);
     assert!(!other.force_unlock().await.unwrap());
 }
+crate::per_topology!(force_unlock_wakes_waiters_and_the_holder_learns);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_guard_is_released_in_the_background() {
-    let server = server();
-    let client = client(&server);
+async fn dropped_guard_is_released_in_the_background(server: Deployment) {
+    let client = server.client();
     let lock = lock(&client, "drop", LEASE);
     let guard = lock.lock().await.unwrap();
     drop(guard);
@@ -309,6 +302,7 @@ async fn dropped_guard_is_released_in_the_background() {
     .await;
     assert!(lock.local_owner().is_none());
 }
+crate::per_topology!(dropped_guard_is_released_in_the_background);
 
 #[test]
 fn blocking_twins_work_on_threads() {
@@ -463,10 +457,8 @@ fn send_sync_and_static() {
 /// A re-entry after the entry was force-unlocked fails with `LeaseLost` and creates nothing
 /// (issue 19, defect 4: it used to start a fresh hold counted as a second local level); the
 /// old guard's loss signal fires, and its release finds nothing to release.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reentry_after_the_entry_was_lost_fails() {
-    let server = server();
-    let client = client(&server);
+async fn reentry_after_the_entry_was_lost_fails(server: Deployment) {
+    let client = server.client();
     let lock = lock(&client, "lost-reentry", LEASE);
     let outer = lock.lock().await.unwrap();
     assert!(lock.force_unlock().await.unwrap());
@@ -482,6 +474,7 @@ async fn reentry_after_the_entry_was_lost_fails() {
     // The lock is usable again.
     lock.lock().await.unwrap().unlock().await.unwrap();
 }
+crate::per_topology!(reentry_after_the_entry_was_lost_fails);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_users_log_in_and_missing_permissions_are_named() {

@@ -6,6 +6,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use ecosphere::cluster::RedisCluster;
+use ecosphere::sentinel::SentinelGroup;
 use ecosphere::server::RedisServer;
 #[allow(unused_imports)]
 pub use slate_redis::DEFAULT_COMMAND_TIMEOUT;
@@ -34,10 +36,124 @@ pub fn lock(client: &RedisClient, name: &str, lease: Duration) -> SingleLock {
         .expect("build lock")
 }
 
-/// Every key on the server.
-pub fn keys(server: &RedisServer) -> Vec<String> {
-    let v = server.command(&["KEYS", "*"]).expect("KEYS");
-    let mut keys: Vec<String> = redis::from_redis_value(v).expect("KEYS reply");
+/// Where a test looks at the data: a server, or a whole deployment.
+pub trait Inspect {
+    /// The server that holds `key` (a cluster: its slot's master; Sentinel: the master).
+    fn owner(&self, key: &str) -> &RedisServer;
+    /// Every master (where keys live).
+    fn masters(&self) -> Vec<&RedisServer>;
+}
+
+impl Inspect for RedisServer {
+    fn owner(&self, _key: &str) -> &RedisServer {
+        self
+    }
+    fn masters(&self) -> Vec<&RedisServer> {
+        vec![self]
+    }
+}
+
+/// One of the three deployments a behaviour test runs on.
+pub enum Deployment {
+    /// One master.
+    Standalone(RedisServer),
+    /// A 3-master cluster without replicas.
+    Cluster(RedisCluster),
+    /// A master, one replica, one Sentinel.
+    Sentinel(SentinelGroup),
+}
+
+impl Deployment {
+    pub fn standalone() -> Self {
+        Deployment::Standalone(server())
+    }
+
+    pub fn cluster() -> Self {
+        Deployment::Cluster(RedisCluster::start(3, 0).expect("start a cluster"))
+    }
+
+    pub fn sentinel() -> Self {
+        Deployment::Sentinel(SentinelGroup::start(1, 1).expect("start a Sentinel group"))
+    }
+
+    /// A client for this deployment (call inside a runtime).
+    pub fn client(&self) -> RedisClient {
+        self.client_with(ClientOptions::default())
+    }
+
+    /// A client with options.
+    pub fn client_with(&self, options: ClientOptions) -> RedisClient {
+        match self {
+            Deployment::Standalone(s) => RedisClient::open_with(s.url(), options),
+            Deployment::Cluster(c) => RedisClient::open_cluster(c.urls(), options),
+            Deployment::Sentinel(g) => {
+                RedisClient::open_sentinel(g.sentinel_urls(), g.master_name(), options)
+            }
+        }
+        .expect("client")
+    }
+
+    /// One command on the server that holds its key (`args[1]`).
+    pub fn command(&self, args: &[&str]) -> Result<redis::Value, ecosphere::server::HarnessError> {
+        self.owner(args.get(1).copied().unwrap_or("")).command(args)
+    }
+}
+
+impl Inspect for Deployment {
+    fn owner(&self, key: &str) -> &RedisServer {
+        match self {
+            Deployment::Standalone(s) => s,
+            Deployment::Cluster(c) => {
+                let slot = c.slot_of(key.as_bytes()).expect("CLUSTER KEYSLOT");
+                c.node(c.master_of(slot).expect("the slot's master"))
+            }
+            Deployment::Sentinel(g) => g.server(g.master().expect("the master")),
+        }
+    }
+    fn masters(&self) -> Vec<&RedisServer> {
+        match self {
+            Deployment::Standalone(s) => vec![s],
+            Deployment::Cluster(c) => c
+                .masters()
+                .expect("the masters")
+                .into_iter()
+                .map(|i| c.node(i))
+                .collect(),
+            Deployment::Sentinel(g) => vec![g.server(g.master().expect("the master"))],
+        }
+    }
+}
+
+/// Runs an async behaviour test on each deployment: `name::standalone`, `name::cluster`,
+/// `name::sentinel`.
+#[macro_export]
+macro_rules! per_topology {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn standalone() {
+                super::$name(super::common::Deployment::standalone()).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cluster() {
+                super::$name(super::common::Deployment::cluster()).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sentinel() {
+                super::$name(super::common::Deployment::sentinel()).await;
+            }
+        }
+    };
+}
+
+/// Every key, on every master.
+pub fn keys(at: &impl Inspect) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for server in at.masters() {
+        let v = server.command(&["KEYS", "*"]).expect("KEYS");
+        let some: Vec<String> = redis::from_redis_value(v).expect("KEYS reply");
+        keys.extend(some);
+    }
     keys.sort();
     keys
 }
@@ -45,7 +161,7 @@ pub fn keys(server: &RedisServer) -> Vec<String> {
 /// The keys left after a release: request records (`…:req:<holder>`, kept for the retry
 /// window of two command timeouts so that a retried request is not applied twice) are checked
 /// to expire within `window` and left out; the rest is returned, sorted.
-pub fn keys_but_records(server: &RedisServer, window: std::time::Duration) -> Vec<String> {
+pub fn keys_but_records(server: &impl Inspect, window: std::time::Duration) -> Vec<String> {
     let window_ms = i64::try_from(window.as_millis()).expect("window");
     keys(server)
         .into_iter()
@@ -63,13 +179,15 @@ pub fn keys_but_records(server: &RedisServer, window: std::time::Duration) -> Ve
         .collect()
 }
 
-/// One integer command.
-pub fn int(server: &RedisServer, args: &[&str]) -> i64 {
+/// One integer command, on the server that holds its key (`args[1]`).
+pub fn int(at: &impl Inspect, args: &[&str]) -> i64 {
+    let server = at.owner(args.get(1).copied().unwrap_or(""));
     redis::from_redis_value(server.command(args).expect("command")).expect("integer reply")
 }
 
 /// Runs one of the lock's scripts directly (for wrong-owner tests): `script` is the file name.
-pub fn run_script(server: &RedisServer, code: &str, keys: &[&str], args: &[&str]) -> i64 {
+pub fn run_script(at: &impl Inspect, code: &str, keys: &[&str], args: &[&str]) -> i64 {
+    let server = at.owner(keys.first().copied().unwrap_or(""));
     let mut con = server.connection().expect("connection");
     let script = redis::Script::new(code);
     let mut inv = script.prepare_invoke();
