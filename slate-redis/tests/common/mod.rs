@@ -54,6 +54,7 @@ impl Inspect for RedisServer {
 }
 
 /// One of the three deployments a behaviour test runs on.
+#[allow(clippy::large_enum_variant)] // one per test
 pub enum Deployment {
     /// One master.
     Standalone(RedisServer),
