@@ -65,7 +65,7 @@ fn run_status_and_unlock_on_a_cluster() {
     let node = &json["nodes"][0];
     let slot = node["slot"].as_u64().expect("slot") as u16;
     let owner = node["owner"].as_str().expect("owner").to_owned();
-    let mut c = cluster;
+    let c = cluster;
     let master = c.master_of(slot).unwrap();
     assert_eq!(owner, format!("127.0.0.1:{}", c.node(master).port()));
     assert_eq!(json["held"], false);

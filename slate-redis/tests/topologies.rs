@@ -133,7 +133,7 @@ const CLUSTER_NAMES: [&str; 8] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_runs_the_single_lock_on_every_shard() {
-    let mut cluster = RedisCluster::start(3, 1).unwrap();
+    let cluster = RedisCluster::start(3, 1).unwrap();
     let (a, b) = (cluster_client(&cluster), cluster_client(&cluster));
     assert_eq!(a.topology(), Topology::Cluster);
     a.ping().await.unwrap();
