@@ -23,7 +23,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::server::{HarnessError, RedisServer, ServerBuilder, free_port};
+use crate::server::{HarnessError, RedisServer, ServerBuilder, free_port, value_text as text};
 
 /// How long joining and healing may take before a call gives up.
 const SETTLE: Duration = Duration::from_secs(20);
@@ -109,17 +109,6 @@ pub fn parse_nodes(text: &str) -> Vec<NodeView> {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
-}
-
-fn text(v: &redis::Value) -> Result<String, HarnessError> {
-    match v {
-        redis::Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
-        redis::Value::SimpleString(s) => Ok(s.clone()),
-        redis::Value::VerbatimString { text, .. } => Ok(text.clone()),
-        other => Err(HarnessError::Config(format!(
-            "expected text, got {other:?}"
-        ))),
-    }
 }
 
 fn redis_cli() -> Result<std::path::PathBuf, HarnessError> {

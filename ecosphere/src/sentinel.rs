@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::server::{HarnessError, RedisServer, ServerBuilder};
+use crate::server::{HarnessError, RedisServer, ServerBuilder, value_text as text};
 
 /// The master name the group's Sentinels monitor.
 pub const MASTER_NAME: &str = "slate-master";
@@ -39,17 +39,6 @@ const POLL: Duration = Duration::from_millis(50);
 pub struct SentinelGroup {
     servers: Vec<RedisServer>,
     sentinels: Vec<RedisServer>,
-}
-
-fn text(v: &redis::Value) -> Result<String, HarnessError> {
-    match v {
-        redis::Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
-        redis::Value::SimpleString(s) => Ok(s.clone()),
-        redis::Value::VerbatimString { text, .. } => Ok(text.clone()),
-        other => Err(HarnessError::Config(format!(
-            "expected text, got {other:?}"
-        ))),
-    }
 }
 
 impl SentinelGroup {

@@ -1330,6 +1330,18 @@ fn existing(path: &Path, source: &str) -> Result<PathBuf, HarnessError> {
 }
 
 /// A port that was free a moment ago on 127.0.0.1.
+/// The text of a reply (bulk, simple or verbatim string), for parsing `INFO`-style answers.
+pub(crate) fn value_text(v: &redis::Value) -> Result<String, HarnessError> {
+    match v {
+        redis::Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => Ok(s.clone()),
+        redis::Value::VerbatimString { text, .. } => Ok(text.clone()),
+        other => Err(HarnessError::Config(format!(
+            "expected text, got {other:?}"
+        ))),
+    }
+}
+
 pub(crate) fn free_port() -> Result<u16, HarnessError> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|listener| listener.local_addr())

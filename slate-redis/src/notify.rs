@@ -68,31 +68,35 @@ fn by_slot(channels: &[Arc<[u8]>]) -> Vec<Vec<&[u8]>> {
 
 impl Sink {
     async fn subscribe(&mut self, channels: &[Arc<[u8]>]) -> RedisResult<()> {
-        match self {
-            Sink::Server(s) => {
-                let args: Vec<&[u8]> = channels.iter().map(|c| &**c).collect();
-                s.subscribe(args).await
-            }
-            Sink::Cluster(c) => {
-                let calls = by_slot(channels).into_iter().map(|group| {
-                    let mut c = c.clone();
-                    async move { c.ssubscribe(group).await }
-                });
-                futures::future::try_join_all(calls).await.map(drop)
-            }
-        }
+        self.change(channels, true).await
     }
 
     async fn unsubscribe(&mut self, channels: &[Arc<[u8]>]) -> RedisResult<()> {
+        self.change(channels, false).await
+    }
+
+    /// (Un)subscribes `channels`: one command on a server; on a cluster one sharded command
+    /// per slot (each to the slot's node), all at once.
+    async fn change(&mut self, channels: &[Arc<[u8]>], on: bool) -> RedisResult<()> {
         match self {
             Sink::Server(s) => {
                 let args: Vec<&[u8]> = channels.iter().map(|c| &**c).collect();
-                s.unsubscribe(args).await
+                if on {
+                    s.subscribe(args).await
+                } else {
+                    s.unsubscribe(args).await
+                }
             }
             Sink::Cluster(c) => {
                 let calls = by_slot(channels).into_iter().map(|group| {
                     let mut c = c.clone();
-                    async move { c.sunsubscribe(group).await }
+                    async move {
+                        if on {
+                            c.ssubscribe(group).await
+                        } else {
+                            c.sunsubscribe(group).await
+                        }
+                    }
                 });
                 futures::future::try_join_all(calls).await.map(drop)
             }

@@ -141,7 +141,25 @@ async fn single_paths(servers: &mut [RedisServer]) {
 
     // A restart under a subscribed waiter: pub/sub lost and reconnected, scripts reloaded.
     let g = la.lock().await.expect("lock");
-    let waiter = tokio::spawn(async move { lb.try_lock_for(Duration::from_secs(10)).await });
+    // An attempt that meets the server between its kill and its start fails (connection
+    // refused, a transient error): the waiter tries again within its 10 s.
+    let waiter = tokio::spawn(async move {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match lb
+                .try_lock_for(until.saturating_duration_since(Instant::now()))
+                .await
+            {
+                Err(e)
+                    if e.backend_kind().is_some_and(|k| k.is_transient())
+                        && Instant::now() < until =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => break other,
+            }
+        }
+    });
     let until = Instant::now() + Duration::from_secs(3);
     while !(b.stats().local_waiters == 1 && b.stats().subscriptions == 1 && b.stats().pubsub_up) {
         assert!(Instant::now() < until, "the waiter never parked subscribed");
