@@ -104,6 +104,7 @@ impl Inner {
     async fn acquire_on(&self, i: usize, holder: HolderId, reentry: bool) -> Result<NodeAcquire> {
         let client = &self.nodes.node(i).client;
         let lease = self.options.lease();
+        let failovers = client.failovers();
         let call = async {
             if reentry {
                 client.node_reenter(&self.keys, holder, lease).await
@@ -111,10 +112,24 @@ impl Inner {
                 client.node_acquire(&self.keys, holder, lease).await
             }
         };
-        match tokio::time::timeout(self.op_time(), call).await {
+        let reply = match tokio::time::timeout(self.op_time(), call).await {
             Ok(r) => r,
             Err(_) => Err(self.node_timeout(i, "acquire")),
+        };
+        // The node's Sentinel group failed over under this call: the answer came from a
+        // promoted replica, which may lack grants its old master never replicated. It does not
+        // count: the node is verified (and quarantined) before its next use, and what the call
+        // may have taken is released with the other failed nodes.
+        if client.failovers() != failovers {
+            return Err(Error::backend(
+                BackendKind::Unavailable,
+                Some(self.nodes.node(i).address().to_owned()),
+                "the node's Sentinel group failed over during the acquisition; the node is \
+                 verified again (and quarantined) before it counts",
+                None,
+            ));
         }
+        reply
     }
 
     fn node_timeout(&self, i: usize, what: &str) -> Error {

@@ -13,8 +13,13 @@
 //! A verification is `INFO server` plus the node marker check (see `slate_redis::node`): a
 //! server whose run id changed since this process last saw it, or whose marker is gone, is
 //! quarantined until it has been up for the quarantine period, so that no entry it lost is
-//! still believed held anywhere when it is used again. Verifications run at the start of an
-//! attempt, before the attempt fixes its usable nodes; a node never joins an attempt under way.
+//! still believed held anywhere when it is used again. A run id that changed on a server up
+//! for longer than that is another server behind the same node (a Sentinel group that failed
+//! over to a replica, which may lack grants its old master never replicated): it is
+//! quarantined for a full period. A node whose Sentinel client saw a failover
+//! ([`RedisClient::failovers`]) is verified again before its next use, even when usable.
+//! Verifications run at the start of an attempt, before the attempt fixes its usable nodes; a
+//! node never joins an attempt under way.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -175,6 +180,10 @@ enum Health {
 struct NodeHealth {
     health: Health,
     run_id: Option<String>,
+    /// The client's failover count at the last verification (see
+    /// [`RedisClient::failovers`]): a Sentinel group that has switched masters since is
+    /// verified again before its next use.
+    failovers: u64,
 }
 
 /// One node: its client and health.
@@ -301,6 +310,7 @@ impl NodeSet {
                 health: Mutex::new(NodeHealth {
                     health: Health::Unverified,
                     run_id: None,
+                    failovers: 0,
                 }),
             })
             .collect();
@@ -438,11 +448,14 @@ impl NodeSet {
             .inner
             .nodes
             .iter()
-            .filter(|n| match n.health().health {
-                Health::Unverified => true,
-                Health::Usable => false,
-                Health::Unavailable { next_probe, .. } => now >= next_probe,
-                Health::Quarantined { until } => now >= until,
+            .filter(|n| {
+                let h = n.health();
+                match h.health {
+                    Health::Unverified => true,
+                    Health::Usable => n.client.failovers() != h.failovers,
+                    Health::Unavailable { next_probe, .. } => now >= next_probe,
+                    Health::Quarantined { until } => now >= until,
+                }
             })
             .collect();
         if !due.is_empty() {
@@ -459,6 +472,7 @@ impl NodeSet {
     /// Verifies one node: reachable, same server as before (run id), data not lost (marker).
     async fn verify(&self, node: &Node, keys: &NodeKeys) {
         let opts = &self.inner.options;
+        let failovers = node.client.failovers();
         let info = match node.client.server_info().await {
             Ok(i) => i,
             Err(e) => return self.mark_failed(node.index, &e),
@@ -472,17 +486,29 @@ impl NodeSet {
             h.run_id.as_ref().is_some_and(|r| *r != info.run_id)
         };
         let young = info.uptime < opts.quarantine;
-        if opts.quarantine_enabled && (restarted || !marked) && young {
-            let until = Instant::now() + (opts.quarantine - info.uptime);
+        // A different run id on a server that has been up for a while is another server
+        // behind the same address: a Sentinel group that failed over to a replica. Replication
+        // is asynchronous, so the promoted replica may lack grants its old master made; they
+        // have all expired once a full quarantine (at least the longest lease) has passed.
+        let replaced = restarted && !young;
+        if opts.quarantine_enabled && (((restarted || !marked) && young) || replaced) {
+            let wait = if replaced {
+                opts.quarantine
+            } else {
+                opts.quarantine - info.uptime
+            };
+            let until = Instant::now() + wait;
             tracing::warn!(
                 node = node.address(),
                 restarted,
+                replaced,
                 marked,
-                "node quarantined after a restart"
+                "node quarantined after a restart or a failover"
             );
             let mut h = node.health();
             h.health = Health::Quarantined { until };
             h.run_id = Some(info.run_id);
+            h.failovers = failovers;
             return;
         }
         if !marked && let Err(e) = node.client.node_mark(keys).await {
@@ -494,6 +520,7 @@ impl NodeSet {
         }
         h.health = Health::Usable;
         h.run_id = Some(info.run_id);
+        h.failovers = failovers;
     }
 
     /// Marks node `i` unavailable after a failed command, or after a failed re-check (which

@@ -57,3 +57,63 @@ async fn a_cluster_is_not_a_combination_node() {
     assert!(e.is_invalid_input(), "{e}");
     assert!(e.to_string().contains("Redis Cluster"), "{e}");
 }
+
+/// A node's Sentinel group fails over while the lock is held: the holder keeps its quorum,
+/// and the node is verified again before its next use. The promoted replica has been up
+/// longer than the quarantine, so only its new run id tells that another server answers now;
+/// it is quarantined (a grant its old master made and never replicated has expired by the
+/// end of the quarantine), and the next acquisition is held on the other two nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_group_failed_over_is_quarantined() {
+    let quarantine = Duration::from_secs(2);
+    let mut groups: Vec<SentinelGroup> = (0..3)
+        .map(|_| SentinelGroup::start(1, 1).unwrap())
+        .collect();
+    let op = Duration::from_millis(500);
+    let client_opts = ClientOptions::default()
+        .command_timeout(op)
+        .connect_timeout(op);
+    let clients: Vec<RedisClient> = groups
+        .iter()
+        .map(|g| {
+            RedisClient::open_sentinel(g.sentinel_urls(), g.master_name(), client_opts.clone())
+                .unwrap()
+        })
+        .collect();
+    let observer = clients[1].clone();
+    assert_eq!(observer.failovers(), 0);
+    let nodes = NodeSet::from_clients(
+        clients,
+        opts(op)
+            .quarantine(quarantine)
+            .reprobe_interval(Duration::from_millis(200)),
+    )
+    .unwrap();
+    adopt(&nodes).await;
+    let lock = CombinationLock::builder(&nodes, "failover")
+        .lease(quarantine)
+        .build()
+        .unwrap();
+    let g = lock.lock().await.unwrap();
+    assert_eq!(g.nodes(), &[0, 1, 2]);
+    // The replica has been up for more than the quarantine when it is promoted.
+    tokio::time::sleep(quarantine + Duration::from_millis(500)).await;
+    groups[1].kill_master().unwrap();
+    assert!(!g.is_lost(), "the holder keeps its quorum on nodes 0 and 2");
+    g.unlock().await.unwrap();
+    // The next acquisition is the first command on node 1 since the failover (its renewal
+    // stopped when its entry expired there): the client finds the new master then, and the
+    // node does not count.
+    let g = lock.lock().await.unwrap();
+    assert_eq!(observer.failovers(), 1);
+    assert_eq!(g.nodes(), &[0, 2], "the failed-over node does not count");
+    g.unlock().await.unwrap();
+    let g = lock.lock().await.unwrap();
+    assert_eq!(g.nodes(), &[0, 2], "the failed-over node is quarantined");
+    g.unlock().await.unwrap();
+    // After the quarantine it is used again.
+    tokio::time::sleep(quarantine + Duration::from_millis(300)).await;
+    let g = lock.lock().await.unwrap();
+    assert_eq!(g.nodes(), &[0, 1, 2]);
+    g.unlock().await.unwrap();
+}

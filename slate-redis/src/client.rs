@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -356,6 +356,9 @@ pub(crate) struct Inner {
     /// (Cluster) set when the servers lack sharded pub/sub (Redis < 7): releases then
     /// `PUBLISH` and waiters use the spin wait. Shared with the notifier.
     no_sharded_pubsub: Arc<AtomicBool>,
+    /// (Sentinel) the master's address at the last connection, and how many times it changed.
+    master: Mutex<Option<String>>,
+    failovers: AtomicU64,
     pub(crate) renewal: Renewal,
     pub(crate) notifier: Notifier,
     pub(crate) locks: Mutex<Registry>,
@@ -806,6 +809,8 @@ impl RedisClient {
                 no_sharded_pubsub.clone(),
             ),
             no_sharded_pubsub,
+            master: Mutex::new(None),
+            failovers: AtomicU64::new(0),
             backend,
             address,
             runtime,
@@ -1040,6 +1045,25 @@ impl RedisClient {
         }
     }
 
+    /// How many times the Sentinels named a different master than this client's previous
+    /// connection went to (failovers seen); always 0 on other topologies.
+    ///
+    /// A multi-node lock uses it to verify a node again after its group failed over (the
+    /// promoted replica may lack the newest grants).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// assert_eq!(client.failovers(), 0);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn failovers(&self) -> u64 {
+        self.inner.failovers.load(Ordering::Relaxed)
+    }
+
     /// The deployment this client talks to.
     ///
     /// # Examples
@@ -1125,6 +1149,13 @@ impl RedisClient {
             Backend::Sentinel { sentinel, config } => {
                 let connect = async {
                     let master = sentinel.lock().await.async_get_client().await?;
+                    let now = master.get_connection_info().addr().to_string();
+                    let before = lock(&self.inner.master).replace(now.clone());
+                    if before.as_ref().is_some_and(|b| *b != now) {
+                        self.inner.failovers.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(sentinel = %address, master = %now,
+                            "the Sentinels name a new master (a failover)");
+                    }
                     master
                         .get_multiplexed_async_connection_with_config(config)
                         .await
