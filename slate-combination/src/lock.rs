@@ -317,6 +317,141 @@ impl CombinationLock {
         Ok(answers)
     }
 
+    fn blocking_acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+        what: &str,
+    ) -> Result<CombinationGuard> {
+        assert_not_in_runtime("CombinationLock", what);
+        // The competitor runs each attempt's I/O on the lock's runtime when polled from a
+        // plain thread.
+        let grant = self.shared.sync.blocking_acquire(holder, wait)?;
+        Ok(self.guard(holder, &grant))
+    }
+
+    /// Blocks this thread until the lock is acquired for the current holder (the thread twin
+    /// of `lock()`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rt = tokio::runtime::Runtime::new()?;
+    /// let lock = rt.block_on(async {
+    ///     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"], NodeSetOptions::default())?;
+    ///     CombinationLock::builder(&nodes, "orders").build()
+    /// })?;
+    /// let guard = lock.blocking_lock()?;
+    /// guard.blocking_unlock()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As `lock()`: too few nodes, backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime (use `lock().await` there).
+    pub fn blocking_lock(&self) -> Result<CombinationGuard> {
+        self.blocking_acquire(HolderId::current(), Wait::Forever, "blocking_lock")
+    }
+
+    /// Blocks this thread until the lock is acquired for `holder` (re-enters if it holds it).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # use slate_core::LockGuard;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let lock = rt.block_on(async {
+    /// #     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], NodeSetOptions::default())?;
+    /// #     CombinationLock::builder(&nodes, "orders").build()
+    /// # })?;
+    /// let outer = lock.blocking_lock()?;
+    /// let inner = lock.blocking_lock_as(outer.holder())?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`blocking_lock`](Self::blocking_lock).
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_lock_as(&self, holder: HolderId) -> Result<CombinationGuard> {
+        self.blocking_acquire(holder, Wait::Forever, "blocking_lock_as")
+    }
+
+    /// One attempt from this thread, without waiting: `None` when another holder has it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let lock = rt.block_on(async {
+    /// #     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], NodeSetOptions::default())?;
+    /// #     CombinationLock::builder(&nodes, "orders").build()
+    /// # })?;
+    /// if let Some(guard) = lock.blocking_try_lock()? {
+    ///     guard.blocking_unlock()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Too few nodes, backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_try_lock(&self) -> Result<Option<CombinationGuard>> {
+        match self.blocking_acquire(HolderId::current(), Wait::Immediate, "blocking_try_lock") {
+            Ok(guard) => Ok(Some(guard)),
+            Err(e) if e.is_busy() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Blocks this thread at most `d` waiting for the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let lock = rt.block_on(async {
+    /// #     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], NodeSetOptions::default())?;
+    /// #     CombinationLock::builder(&nodes, "orders").build()
+    /// # })?;
+    /// let guard = lock.blocking_try_lock_for(std::time::Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `d` passes first; too few nodes, backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_try_lock_for(&self, d: Duration) -> Result<CombinationGuard> {
+        self.blocking_acquire(
+            HolderId::current(),
+            Wait::for_duration(d),
+            "blocking_try_lock_for",
+        )
+    }
+
     fn guard(&self, holder: HolderId, grant: &Grant) -> CombinationGuard {
         let watch = grant
             .watch
@@ -521,6 +656,60 @@ impl LockGuard for CombinationGuard {
             ),
             runtime,
         )
+    }
+}
+
+impl CombinationGuard {
+    /// Releases this level from a plain thread (the thread twin of `unlock()`), blocking until
+    /// the release finished; returns the remaining depth.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let lock = rt.block_on(async {
+    /// #     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], NodeSetOptions::default())?;
+    /// #     CombinationLock::builder(&nodes, "orders").build()
+    /// # })?;
+    /// let guard = lock.blocking_lock()?;
+    /// assert_eq!(guard.blocking_unlock()?, 0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As `unlock()`.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime (use `unlock().await` there).
+    pub fn blocking_unlock(mut self) -> Result<u32> {
+        assert_not_in_runtime("CombinationGuard", "blocking_unlock");
+        self.released = true;
+        let fut = release(
+            self.lock.clone(),
+            self.holder,
+            std::mem::take(&mut self.nodes),
+            self.depth,
+        );
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        drop(self.lock.inner().runtime.spawn(async move {
+            let _ = tx.send(fut.await);
+        }));
+        rx.recv().unwrap_or(Err(Error::Closed {
+            what: "the lock's tokio runtime",
+        }))
+    }
+}
+
+fn assert_not_in_runtime(ty: &str, what: &str) {
+    if Handle::try_current().is_ok() {
+        panic!(
+            "{ty}::{what} was called inside a tokio runtime, where blocking would stall the \
+             runtime's threads; use the async method instead"
+        );
     }
 }
 

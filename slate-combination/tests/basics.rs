@@ -198,3 +198,55 @@ async fn a_node_restarted_empty_is_quarantined() {
 async fn without_quarantine_the_restart_breaks_exclusion() {
     assert_eq!(restarted_nodes_scenario(false).await, Some(vec![0, 2]));
 }
+
+/// The thread twins (issue 20, item 4): lock, re-entry, try, timeout and unlock from plain
+/// threads, with the lock's I/O on its runtime.
+#[test]
+fn blocking_twins_work_on_threads() {
+    let s = servers(3);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let l = rt.block_on(async {
+        let nodes = node_set(&s).await;
+        lock(&nodes, "blocking")
+    });
+    let g = l.blocking_lock().unwrap();
+    assert_eq!(g.nodes(), &[0, 1, 2]);
+    let inner = l.blocking_lock_as(g.holder()).unwrap();
+    assert_eq!(inner.fencing_token(), g.fencing_token());
+    let (busy, timed_out) = std::thread::spawn({
+        let l = l.clone();
+        move || {
+            let busy = l.blocking_try_lock().unwrap().is_none();
+            let e = l
+                .blocking_try_lock_for(Duration::from_millis(200))
+                .unwrap_err();
+            (busy, e.is_timeout())
+        }
+    })
+    .join()
+    .unwrap();
+    assert!(busy && timed_out);
+    assert_eq!(inner.blocking_unlock().unwrap(), 1);
+    assert_eq!(g.blocking_unlock().unwrap(), 0);
+    let g = l.blocking_try_lock().unwrap().expect("free now");
+    assert_eq!(g.blocking_unlock().unwrap(), 0);
+    // Released on every node.
+    for server in &s {
+        let exists: i64 =
+            redis::from_redis_value(server.command(&["EXISTS", "slate:{blocking}"]).unwrap())
+                .unwrap();
+        assert_eq!(exists, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "inside a tokio runtime")]
+async fn blocking_lock_panics_inside_a_runtime() {
+    let s = servers(3);
+    let nodes = node_set(&s).await;
+    let _ = lock(&nodes, "in-runtime").blocking_lock();
+}

@@ -1121,6 +1121,37 @@ impl SingleLock {
         self.blocking_acquire(holder, Wait::Forever, "blocking_lock_as")
     }
 
+    /// One attempt from this thread, without waiting: `None` when another holder has it (the
+    /// thread twin of `try_lock()`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
+    /// if let Some(guard) = lock.blocking_try_lock()? {
+    ///     guard.blocking_unlock()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_try_lock(&self) -> Result<Option<SingleLockGuard>> {
+        match self.blocking_acquire(HolderId::current(), Wait::Immediate, "blocking_try_lock") {
+            Ok(guard) => Ok(Some(guard)),
+            Err(e) if e.is_busy() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Blocks this thread at most `d` waiting for the lock.
     ///
     /// # Examples

@@ -327,7 +327,17 @@ fn blocking_twins_work_on_threads() {
     .join()
     .unwrap();
     assert!(other.is_timeout(), "{other}");
+    // Another thread's try: busy, no wait.
+    let busy = std::thread::spawn({
+        let lock = lock.clone();
+        move || lock.blocking_try_lock().unwrap().is_none()
+    })
+    .join()
+    .unwrap();
+    assert!(busy, "blocking_try_lock of a held lock is None");
     assert_eq!(inner.blocking_unlock().unwrap(), 1);
+    assert_eq!(g.blocking_unlock().unwrap(), 0);
+    let g = lock.blocking_try_lock().unwrap().expect("free now");
     assert_eq!(g.blocking_unlock().unwrap(), 0);
 }
 
