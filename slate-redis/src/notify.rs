@@ -547,16 +547,26 @@ impl Listener {
         if to_subscribe.is_empty() {
             return None;
         }
+        self.subscribe_outstanding(to_subscribe, replies)
+    }
+
+    /// One (sharded) subscription of `channels`, already marked in flight, as an outstanding
+    /// future; `replies` learn its outcome.
+    fn subscribe_outstanding(
+        &mut self,
+        channels: Vec<Arc<[u8]>>,
+        replies: Vec<oneshot::Sender<bool>>,
+    ) -> Option<Pending> {
         let Some(mut sink) = self.sink.clone() else {
             // Not reached: requests are applied on a live connection only.
-            for c in &to_subscribe {
+            for c in &channels {
                 self.inflight.remove(c);
             }
             return None;
         };
         let (generation, budget) = (self.generation, self.command_timeout);
         Some(Box::pin(async move {
-            let result = match tokio::time::timeout(budget, sink.subscribe(&to_subscribe)).await {
+            let result = match tokio::time::timeout(budget, sink.subscribe(&channels)).await {
                 Ok(r) => r,
                 Err(_) => Err(redis::RedisError::from((
                     redis::ErrorKind::Io,
@@ -566,7 +576,7 @@ impl Listener {
             (
                 generation,
                 Outcome::Subscribed {
-                    channels: to_subscribe,
+                    channels,
                     replies,
                     result,
                 },
@@ -806,26 +816,7 @@ impl Listener {
             return None;
         }
         self.inflight.insert(channel.clone(), Vec::new());
-        let mut sink = self.sink.clone()?;
-        let (generation, budget) = (self.generation, self.command_timeout);
-        Some(Box::pin(async move {
-            let channels = vec![channel];
-            let result = match tokio::time::timeout(budget, sink.subscribe(&channels)).await {
-                Ok(r) => r,
-                Err(_) => Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "SSUBSCRIBE timed out",
-                ))),
-            };
-            (
-                generation,
-                Outcome::Subscribed {
-                    channels,
-                    replies: Vec::new(),
-                    result,
-                },
-            )
-        }))
+        self.subscribe_outstanding(vec![channel], Vec::new())
     }
 
     fn dispatch(&self, channel: &[u8], to: &[u8]) {
