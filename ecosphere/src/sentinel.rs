@@ -4,8 +4,9 @@
 //! and `sentinels` Sentinels (`redis-server --sentinel`, quorum = majority), waits until the
 //! replicas are in sync and every Sentinel knows every replica and the other Sentinels.
 //!
-//! Settings chosen for tests: `down-after-milliseconds` 1 s, `failover-timeout` 5 s: a killed
-//! master is replaced in about 2-3 s.
+//! Settings chosen for tests: `down-after-milliseconds` 1 s, `failover-timeout` 2 s: a killed
+//! master is replaced in about 2-3 s, and a failover that found no eligible replica (all of
+//! them unresponsive for a moment) is tried again about 4 s later, not 10 s.
 //!
 //! Faults: [`SentinelGroup::kill_master`] (and wait until the Sentinels name a new master),
 //! [`SentinelGroup::failover`] (`SENTINEL FAILOVER`), and everything [`RedisServer`] offers on
@@ -113,7 +114,7 @@ impl SentinelGroup {
                         "sentinel",
                         format!("down-after-milliseconds {MASTER_NAME} 1000"),
                     )
-                    .arg("sentinel", format!("failover-timeout {MASTER_NAME} 5000"))
+                    .arg("sentinel", format!("failover-timeout {MASTER_NAME} 2000"))
                     .arg("sentinel", format!("parallel-syncs {MASTER_NAME} 2"))
                     .start()?,
             );
@@ -251,7 +252,8 @@ impl SentinelGroup {
     }
 
     /// Kills the current master and waits until every live Sentinel names the same new one,
-    /// with no failover in progress, and that server reports `role:master`; returns its index.
+    /// with no failover in progress, that server reports `role:master`, and every other live
+    /// server replicates it, in sync; returns its index.
     ///
     /// # Errors
     ///
@@ -300,12 +302,28 @@ impl SentinelGroup {
     fn wait_new_master(&mut self, old: usize) -> Result<usize, HarnessError> {
         let deadline = Instant::now() + SETTLE;
         loop {
+            // Every live server other than the new master must replicate it, in sync: the
+            // Sentinels reconfigure the other replicas as part of the failover.
+            let live = self
+                .servers
+                .iter_mut()
+                .map(RedisServer::is_running)
+                .filter(|up| *up)
+                .count();
             if let Ok(new) = self.master()
                 && new != old
                 && self.servers[new]
                     .command(&["INFO", "replication"])
                     .and_then(|v| text(&v))
-                    .is_ok_and(|i| i.contains("role:master"))
+                    .is_ok_and(|i| {
+                        i.contains("role:master")
+                            && i.contains(&format!("connected_slaves:{}", live.saturating_sub(1)))
+                            && !i.lines().any(|l| {
+                                l.starts_with("slave")
+                                    && l.contains("state=")
+                                    && !l.contains("state=online")
+                            })
+                    })
                 && self.all_agree(self.servers[new].port())
             {
                 return Ok(new);

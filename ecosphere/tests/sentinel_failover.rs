@@ -22,9 +22,15 @@ use ecosphere::sentinel::SentinelGroup;
 use single_common::*;
 
 /// The first holder's lease and renewal period: long, so that it still believes it holds when
-/// the second process is granted the lock on the promoted master.
-const LEASE: Duration = Duration::from_secs(30);
-const RENEWAL: Duration = Duration::from_secs(15);
+/// the second process is granted the lock on the promoted master (its first renewal, 30 s in,
+/// would find the entry gone).
+const LEASE: Duration = Duration::from_secs(60);
+const RENEWAL: Duration = Duration::from_secs(30);
+/// How long the first process holds before it unlocks. The failover (about 2-6 s here: the
+/// Sentinels first find the replicas asleep and try again after twice the 2 s failover
+/// timeout) and the second acquisition must fit in it for the overlap to exist; a CI run once
+/// took 15 s with a 5 s failover timeout, so the margin is generous.
+const FIRST_HOLD: Duration = Duration::from_secs(20);
 /// How long the replicas are kept from resyncing: past the master's kill.
 const REPLICA_SLEEP: Duration = Duration::from_secs(4);
 /// Stated bound: after the Sentinels name the new master, a new process acquires within this.
@@ -57,12 +63,13 @@ fn worker(group: &SentinelGroup, mode: &'static str, history: &Path, proc: u32) 
     w.lease = LEASE;
     w.renewal = Some(RENEWAL);
     w.command_timeout = Some(Duration::from_secs(1));
-    w.max_duration = Duration::from_secs(40);
+    w.max_duration = Duration::from_secs(60);
     w
 }
 
-/// Runs the scenario; returns (the first process's output, the second's, the check report).
-fn run(synced: bool) -> (String, String, ecosphere::history::Report) {
+/// Runs the scenario; returns the first process's output, the second's, the check report, and
+/// how long after the kill the second process was done.
+fn run(synced: bool) -> (String, String, ecosphere::history::Report, Duration) {
     let mut group = SentinelGroup::start(2, 3).expect("sentinel group");
     let dir = tempfile::tempdir().expect("tempdir");
     let history = dir.path();
@@ -71,7 +78,7 @@ fn run(synced: bool) -> (String, String, ecosphere::history::Report) {
     let sleepers = [isolate_replica(&group, 1), isolate_replica(&group, 2)];
     let isolated = Instant::now();
     let mut a = worker(&group, "hold", history, 0);
-    a.hold = Duration::from_secs(25);
+    a.hold = FIRST_HOLD;
     a.synced_replicas = sync;
     let mut first = a.spawn(1);
     let outcome = first
@@ -102,15 +109,21 @@ fn run(synced: bool) -> (String, String, ecosphere::history::Report) {
     let mut second = b.spawn(1);
     let b_out = finish_ok(&mut second, Duration::from_secs(30)).remove(0);
     let b_took = promoted.elapsed();
-    let a_out = finish_ok(&mut first, Duration::from_secs(40)).remove(0);
+    let b_done = killed.elapsed();
+    let a_out = finish_ok(&mut first, Duration::from_secs(60)).remove(0);
     println!("first: {outcome}; failover {failover:?}; second done {b_took:?} after the promotion");
     let (_, report) = check(history, &CheckConfig::new(LEASE));
-    (a_out.stdout, b_out.stdout, report)
+    (a_out.stdout, b_out.stdout, report, b_done)
 }
 
 #[test]
 fn without_replica_acks_a_failover_regrants_and_the_checker_catches_it() {
-    let (a, b, report) = run(false);
+    let (a, b, report, b_done) = run(false);
+    assert!(
+        b_done < FIRST_HOLD,
+        "the failover and the second acquisition took {b_done:?}, longer than the first \
+         hold: no overlap could be provoked (see FIRST_HOLD)"
+    );
     assert!(a.contains("HOLDING"), "the first process held: {a}");
     assert!(
         b.contains("DONE acquired=1"),
@@ -125,7 +138,7 @@ fn without_replica_acks_a_failover_regrants_and_the_checker_catches_it() {
 
 #[test]
 fn with_replica_acks_the_unreplicated_grant_is_given_back_and_nothing_overlaps() {
-    let (a, b, report) = run(true);
+    let (a, b, report, _) = run(true);
     assert!(
         a.contains("ACQUIRE error") && a.contains("0 of the 1 replicas"),
         "the unacknowledged grant was given back and reported: {a}"
