@@ -631,14 +631,7 @@ impl RedisClient {
             .iter()
             .map(|u| parse_url(u).map(|i| apply_credentials(i, &options)))
             .collect::<Result<Vec<_>>>()?;
-        let address = format!(
-            "cluster {}",
-            infos
-                .iter()
-                .map(|i| i.addr().to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        let address = format!("cluster {}", addresses(&infos));
         let build = {
             let infos = infos.clone();
             let options = options.clone();
@@ -760,14 +753,7 @@ impl RedisClient {
             SentinelServerType::Master,
         )
         .map_err(|e| bad_url(&urls[0], &e))?;
-        let address = format!(
-            "sentinel {master_name} via {}",
-            infos
-                .iter()
-                .map(|i| i.addr().to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        let address = format!("sentinel {master_name} via {}", addresses(&infos));
         let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
@@ -1474,6 +1460,15 @@ fn bad_url(url: &str, e: &redis::RedisError) -> Error {
         format!("{shown} is not a usable Redis URL ({})", e.category()),
         "use redis://[user:password@]host:port[/db] (or rediss:// with the `tls` feature)",
     )
+}
+
+/// The servers' addresses (without credentials), comma-separated, for messages.
+fn addresses(infos: &[redis::ConnectionInfo]) -> String {
+    infos
+        .iter()
+        .map(|i| i.addr().to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The URL with any password replaced, for messages.

@@ -75,6 +75,14 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// `WAIT replicas within` (milliseconds, at least 1).
+pub(crate) fn wait_cmd(replicas: usize, within: std::time::Duration) -> redis::Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(replicas)
+        .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1));
+    cmd
+}
+
 /// `WAIT replicas within` on `conn`, for the write just made there about `key`: on a
 /// cluster it goes to the master that owns `key`'s slot (redis-rs would otherwise send it to
 /// every master). Returns the number of replicas that acknowledged.
@@ -84,9 +92,7 @@ pub(crate) async fn wait_replicas(
     replicas: usize,
     within: std::time::Duration,
 ) -> redis::RedisResult<usize> {
-    let mut cmd = redis::cmd("WAIT");
-    cmd.arg(replicas)
-        .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1));
+    let cmd = wait_cmd(replicas, within);
     match conn {
         Conn::Server(c) => cmd.query_async(c).await,
         Conn::Cluster(c) => {

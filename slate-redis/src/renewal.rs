@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::client::{Inner, RedisClient, lock};
-use crate::conn::{self, Conn, Topology, slot_of};
+use crate::conn::{self, Conn, Topology, slot_of, wait_cmd};
 use crate::scripts;
 
 /// The clock-drift allowance taken off every lease deadline: 1% of the lease plus 2 ms.
@@ -660,14 +660,6 @@ async fn renew_cluster(
         out[i] = r.map_err(|e| e.to_string());
     }
     out
-}
-
-/// `WAIT replicas within`.
-fn wait_cmd(replicas: usize, within: Duration) -> redis::Cmd {
-    let mut cmd = redis::cmd("WAIT");
-    cmd.arg(replicas)
-        .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1));
-    cmd
 }
 
 /// Turns the successful renewals of a pipeline into failures when its trailing `WAIT`
