@@ -110,7 +110,7 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// # }
 /// ```
 pub struct Synchronizer<C: Competitor> {
-    label: String,
+    label: Arc<str>,
     competitor: Arc<C>,
     spin_wait: Duration,
     /// The runtime current at `new()`, if any: where abandoned attempts run when the
@@ -208,7 +208,7 @@ impl<C: Competitor> Synchronizer<C> {
     /// let sync = Synchronizer::new("orders", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
     /// assert_eq!(sync.label(), "orders");
     /// ```
-    pub fn new(label: impl Into<String>, competitor: C, spin_wait: Duration) -> Self {
+    pub fn new(label: impl Into<Arc<str>>, competitor: C, spin_wait: Duration) -> Self {
         Synchronizer {
             label: label.into(),
             competitor: Arc::new(competitor),
@@ -522,10 +522,7 @@ impl<C: Competitor> Synchronizer<C> {
     }
 
     fn busy(&self, retry_after: Option<Duration>) -> Error {
-        Error::Busy {
-            lock: self.label.clone(),
-            retry_after,
-        }
+        Error::busy(Arc::clone(&self.label), retry_after)
     }
 
     /// The driver shared by `acquire` and `blocking_acquire`: one loop that decides under the
@@ -818,21 +815,12 @@ impl<C: Competitor> Synchronizer<C> {
             (Some(t), Some(start)) => t.saturating_duration_since(start),
             _ => Duration::ZERO,
         };
-        Error::Timeout {
-            lock: self.label.clone(),
-            kind: TimeoutKind::Wait,
-            budget: since(deadline),
-            elapsed: since(now),
-        }
+        Error::timeout(self.label.clone(), TimeoutKind::Wait, since(deadline), since(now))
     }
 
     fn lease_lost(&self, holder: HolderId) -> Error {
         tracing::debug!(lock = %self.label, %holder, "re-entrant attempt found the lock held by another holder");
-        Error::LeaseLost {
-            lock: self.label.clone(),
-            holder,
-            reason: LossReason::EntryGone,
-        }
+        Error::lease_lost(self.label.clone(), holder, LossReason::EntryGone)
     }
 
     /// Unlinks a waiter that leaves without a grant and passes its turn on.

@@ -205,10 +205,7 @@ impl MemoryRemote {
                 }
                 Ok(remaining)
             }
-            _ => Err(Error::NotHeld {
-                lock: "memory".to_owned(),
-                holder,
-            }),
+            _ => Err(Error::not_held("memory".to_owned(), holder)),
         }
     }
 
@@ -539,11 +536,7 @@ impl MemoryCompetitor {
                         bump(&counters.acquired);
                         Ok(Attempt::Acquired(MemoryGrant { holder, count }))
                     }
-                    None => Err(Error::LeaseLost {
-                        lock: "memory".to_owned(),
-                        holder,
-                        reason: LossReason::EntryGone,
-                    }),
+                    None => Err(Error::lease_lost("memory".to_owned(), holder, LossReason::EntryGone)),
                 },
                 Behavior::Remote => match remote.try_acquire(holder) {
                     Some(count) => {

@@ -129,8 +129,12 @@ fn immediate_is_locally_busy_without_a_remote_call() {
         within(sync.acquire(a, Wait::Forever)).await.unwrap();
         let err = within(sync.acquire(b, Wait::Immediate)).await.unwrap_err();
         match err {
-            Error::Busy { lock, retry_after } => {
-                assert_eq!(lock, "test-lock");
+            Error::Busy {
+                lock, retry_after, ..
+            } => {
+                assert_eq!(&*lock, "test-lock");
+                // The busy path shares the synchronizer's name instead of copying it.
+                assert_eq!(lock.as_ptr(), sync.label().as_ptr(), "Busy copied the name");
                 assert_eq!(retry_after, None);
             }
             other => panic!("expected Busy, got {other}"),
@@ -226,8 +230,9 @@ fn a_timed_out_waiter_leaves_the_queue_intact() {
                 kind,
                 budget,
                 elapsed,
+                ..
             } => {
-                assert_eq!(lock, "test-lock");
+                assert_eq!(&*lock, "test-lock");
                 assert_eq!(kind, TimeoutKind::Wait);
                 assert_eq!(budget, ms(50));
                 assert!(elapsed >= ms(50), "{elapsed:?}");

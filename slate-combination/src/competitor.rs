@@ -263,12 +263,7 @@ impl Inner {
                 }
                 Next::BudgetExceeded { release } => {
                     self.release_attempt(&release, holder, start).await;
-                    return Err(Error::Timeout {
-                        lock: self.label.to_string(),
-                        kind: TimeoutKind::AcquireBudget,
-                        budget: self.budget,
-                        elapsed: start.elapsed(),
-                    });
+                    return Err(Error::timeout(self.label.to_string(), TimeoutKind::AcquireBudget, self.budget, start.elapsed()));
                 }
             }
         }
@@ -337,12 +332,7 @@ impl Inner {
             {
                 return Err(e);
             }
-            return Err(Error::InsufficientNodes {
-                lock: self.label.to_string(),
-                required: need,
-                usable: fenced,
-                nodes: self.nodes.report(),
-            });
+            return Err(Error::insufficient_nodes(self.label.to_string(), need, fenced, self.nodes.report()));
         }
         match deadline {
             Some(deadline) if deadline > Instant::now() => {
@@ -357,12 +347,7 @@ impl Inner {
             }
             _ => {
                 self.release_attempt(&release, holder, start).await;
-                Err(Error::Timeout {
-                    lock: self.label.to_string(),
-                    kind: TimeoutKind::AcquireBudget,
-                    budget: self.budget,
-                    elapsed: start.elapsed(),
-                })
+                Err(Error::timeout(self.label.to_string(), TimeoutKind::AcquireBudget, self.budget, start.elapsed()))
             }
         }
     }
@@ -461,10 +446,7 @@ impl Inner {
         undo.reverse();
         self.release_nodes(&undo, holder).await;
         if hold.is_none() {
-            return Err(Error::NotHeld {
-                lock: self.label.to_string(),
-                holder,
-            });
+            return Err(Error::not_held(self.label.to_string(), holder));
         }
         let gone = replies
             .iter()
@@ -472,11 +454,7 @@ impl Inner {
             .count();
         if nodes.len() - gone < self.required {
             // Fewer than a quorum of the held nodes still have the entry: the hold is lost.
-            return Err(Error::LeaseLost {
-                lock: self.label.to_string(),
-                holder,
-                reason: slate_core::LossReason::EntryGone,
-            });
+            return Err(Error::lease_lost(self.label.to_string(), holder, slate_core::LossReason::EntryGone));
         }
         let reports = replies
             .into_iter()
@@ -494,12 +472,7 @@ impl Inner {
                 },
             })
             .collect();
-        Err(Error::InsufficientNodes {
-            lock: self.label.to_string(),
-            required: self.required,
-            usable: 0,
-            nodes: reports,
-        })
+        Err(Error::insufficient_nodes(self.label.to_string(), self.required, 0, reports))
     }
 
     fn insufficient(
@@ -519,12 +492,7 @@ impl Inner {
                 };
             }
         }
-        Error::InsufficientNodes {
-            lock: self.label.to_string(),
-            required: self.required,
-            usable,
-            nodes,
-        }
+        Error::insufficient_nodes(self.label.to_string(), self.required, usable, nodes)
     }
 
     /// Starts renewal of a new hold and returns its lease.
@@ -600,9 +568,7 @@ impl Competitor for CombinationCompetitor {
                 run.await
             } else {
                 runtime.spawn(run).await.unwrap_or_else(|_| {
-                    Err(Error::Closed {
-                        what: "the lock's tokio runtime",
-                    })
+                    Err(Error::closed("the lock's tokio runtime"))
                 })
             }
         }

@@ -307,12 +307,7 @@ impl CombinationLock {
             .collect();
         let required = self.required_nodes();
         if answers.len() < required {
-            return Err(Error::InsufficientNodes {
-                lock: self.shared.name.to_string(),
-                required,
-                usable: answers.len(),
-                nodes: self.nodes().report(),
-            });
+            return Err(Error::insufficient_nodes(self.shared.name.to_string(), required, answers.len(), self.nodes().report()));
         }
         Ok(answers)
     }
@@ -614,16 +609,10 @@ async fn release(
         .filter(|r| r.state == slate_core::NodeState::Released)
         .count();
     if failed {
-        return Err(Error::ReleaseIncomplete {
-            lock: lock.shared.name.to_string(),
-            nodes: reports,
-        });
+        return Err(Error::release_incomplete(lock.shared.name.to_string(), reports));
     }
     if released < inner.required {
-        return Err(Error::NotHeld {
-            lock: lock.shared.name.to_string(),
-            holder,
-        });
+        return Err(Error::not_held(lock.shared.name.to_string(), holder));
     }
     Ok(depth.saturating_sub(1))
 }
@@ -698,9 +687,7 @@ impl CombinationGuard {
         drop(self.lock.inner().runtime.spawn(async move {
             let _ = tx.send(fut.await);
         }));
-        rx.recv().unwrap_or(Err(Error::Closed {
-            what: "the lock's tokio runtime",
-        }))
+        rx.recv().unwrap_or(Err(Error::closed("the lock's tokio runtime")))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The one error type of every Slate lock.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::holder::HolderId;
@@ -37,9 +38,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A wait or an attempt ran out of time.
     #[error("{kind} for lock {lock} timed out after {elapsed:?} (budget {budget:?})")]
+    #[non_exhaustive]
     Timeout {
-        /// The lock's printable name.
-        lock: String,
+        /// The lock's printable name (shared, cloning it does not allocate).
+        lock: Arc<str>,
         /// What timed out.
         kind: TimeoutKind,
         /// The time that was allowed.
@@ -49,26 +51,29 @@ pub enum Error {
     },
     /// The lock is held by another holder and the caller asked for a single attempt.
     #[error("lock {lock} is held by another holder{}", retry_hint(*retry_after))]
+    #[non_exhaustive]
     Busy {
-        /// The lock's printable name.
-        lock: String,
+        /// The lock's printable name (shared, cloning it does not allocate).
+        lock: Arc<str>,
         /// The holder's remaining lease, when the backend reported it.
         retry_after: Option<Duration>,
     },
     /// A release or renewal found no entry for this holder: the lease ran out, the lock was
     /// force-unlocked, or it was never held.
     #[error("lock {lock} is not held by {holder}")]
+    #[non_exhaustive]
     NotHeld {
-        /// The lock's printable name.
-        lock: String,
+        /// The lock's printable name (shared, cloning it does not allocate).
+        lock: Arc<str>,
         /// The holder that asked.
         holder: HolderId,
     },
     /// The lease was lost while the lock was held.
     #[error("lease on lock {lock} held by {holder} was lost: {reason}")]
+    #[non_exhaustive]
     LeaseLost {
-        /// The lock's printable name.
-        lock: String,
+        /// The lock's printable name (shared, cloning it does not allocate).
+        lock: Arc<str>,
         /// The holder that lost it.
         holder: HolderId,
         /// Why.
@@ -79,9 +84,10 @@ pub enum Error {
         "lock {lock} needs {required} nodes but only {usable} could be used: {}",
         NodeList(nodes)
     )]
+    #[non_exhaustive]
     InsufficientNodes {
-        /// The lock's printable name.
-        lock: String,
+        /// The lock's printable name (shared, cloning it does not allocate).
+        lock: Arc<str>,
         /// The quorum.
         required: usize,
         /// How many nodes were usable.
@@ -96,14 +102,16 @@ pub enum Error {
         failed(nodes),
         NodeList(nodes)
     )]
+    #[non_exhaustive]
     ReleaseIncomplete {
-        /// The lock's printable name.
-        lock: String,
+        /// The lock's printable name (shared, cloning it does not allocate).
+        lock: Arc<str>,
         /// Every node the release was sent to, with its outcome.
         nodes: Vec<NodeReport>,
     },
     /// The backend (Redis, the network) failed.
     #[error("{kind} error{}: {message}", node_hint(node.as_deref()))]
+    #[non_exhaustive]
     Backend {
         /// The kind of failure, classified from the backend's error kind (never its text).
         kind: BackendKind,
@@ -117,6 +125,7 @@ pub enum Error {
     },
     /// An argument or option is invalid.
     #[error("invalid {what}: {problem}; {fix}")]
+    #[non_exhaustive]
     InvalidInput {
         /// What was invalid (an option or argument name).
         what: &'static str,
@@ -127,6 +136,7 @@ pub enum Error {
     },
     /// The client or runtime that serves this lock was shut down.
     #[error("{what} was shut down")]
+    #[non_exhaustive]
     Closed {
         /// What was shut down.
         what: &'static str,
@@ -359,6 +369,168 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::Timeout`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_core::{Error, TimeoutKind};
+    /// use std::time::Duration;
+    ///
+    /// let e = Error::timeout("orders", TimeoutKind::Wait, Duration::from_secs(1), Duration::from_secs(1));
+    /// assert!(e.is_timeout());
+    /// assert_eq!(e.lock(), Some("orders"));
+    /// ```
+    pub fn timeout(
+        lock: impl Into<Arc<str>>,
+        kind: TimeoutKind,
+        budget: Duration,
+        elapsed: Duration,
+    ) -> Self {
+        Error::Timeout {
+            lock: lock.into(),
+            kind,
+            budget,
+            elapsed,
+        }
+    }
+
+    /// Builds an [`Error::Busy`]. With an `Arc<str>` name it does not allocate (the busy path
+    /// of `try_lock` builds one per attempt and throws it away).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let e = slate_core::Error::busy("orders", Some(Duration::from_secs(3)));
+    /// assert!(e.is_busy());
+    /// assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+    /// ```
+    pub fn busy(lock: impl Into<Arc<str>>, retry_after: Option<Duration>) -> Self {
+        Error::Busy {
+            lock: lock.into(),
+            retry_after,
+        }
+    }
+
+    /// Builds an [`Error::NotHeld`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = slate_core::Error::not_held("orders", slate_core::HolderId::new());
+    /// assert!(e.is_not_held());
+    /// ```
+    pub fn not_held(lock: impl Into<Arc<str>>, holder: HolderId) -> Self {
+        Error::NotHeld {
+            lock: lock.into(),
+            holder,
+        }
+    }
+
+    /// Builds an [`Error::LeaseLost`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_core::{Error, HolderId, LossReason};
+    ///
+    /// let e = Error::lease_lost("orders", HolderId::new(), LossReason::EntryGone);
+    /// assert!(e.is_lease_lost());
+    /// ```
+    pub fn lease_lost(lock: impl Into<Arc<str>>, holder: HolderId, reason: LossReason) -> Self {
+        Error::LeaseLost {
+            lock: lock.into(),
+            holder,
+            reason,
+        }
+    }
+
+    /// Builds an [`Error::InsufficientNodes`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = slate_core::Error::insufficient_nodes("orders", 2, 1, vec![]);
+    /// assert!(e.is_insufficient_nodes());
+    /// ```
+    pub fn insufficient_nodes(
+        lock: impl Into<Arc<str>>,
+        required: usize,
+        usable: usize,
+        nodes: Vec<NodeReport>,
+    ) -> Self {
+        Error::InsufficientNodes {
+            lock: lock.into(),
+            required,
+            usable,
+            nodes,
+        }
+    }
+
+    /// Builds an [`Error::ReleaseIncomplete`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = slate_core::Error::release_incomplete("orders", vec![]);
+    /// assert!(e.is_release_incomplete());
+    /// ```
+    pub fn release_incomplete(lock: impl Into<Arc<str>>, nodes: Vec<NodeReport>) -> Self {
+        Error::ReleaseIncomplete {
+            lock: lock.into(),
+            nodes,
+        }
+    }
+
+    /// Builds an [`Error::Closed`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(slate_core::Error::closed("the client").is_closed());
+    /// ```
+    pub const fn closed(what: &'static str) -> Self {
+        Error::Closed { what }
+    }
+
+    /// The printable name of the lock the error is about, when it is about one lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_core::Error::busy("orders", None).lock(), Some("orders"));
+    /// assert_eq!(slate_core::Error::closed("the client").lock(), None);
+    /// ```
+    #[must_use]
+    pub fn lock(&self) -> Option<&str> {
+        match self {
+            Error::Timeout { lock, .. }
+            | Error::Busy { lock, .. }
+            | Error::NotHeld { lock, .. }
+            | Error::LeaseLost { lock, .. }
+            | Error::InsufficientNodes { lock, .. }
+            | Error::ReleaseIncomplete { lock, .. } => Some(lock),
+            _ => None,
+        }
+    }
+
+    /// The holder's remaining lease reported with an [`Error::Busy`], when the backend gave it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_core::Error::busy("orders", None).retry_after(), None);
+    /// ```
+    #[must_use]
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Busy { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
     /// Whether this is a [`Error::Timeout`] of any kind.
     ///
     /// # Examples
@@ -367,12 +539,7 @@ impl Error {
     /// use slate_core::{Error, TimeoutKind};
     /// use std::time::Duration;
     ///
-    /// let e = Error::Timeout {
-    ///     lock: "a".into(),
-    ///     kind: TimeoutKind::Wait,
-    ///     budget: Duration::ZERO,
-    ///     elapsed: Duration::ZERO,
-    /// };
+    /// let e = Error::timeout("a", TimeoutKind::Wait, Duration::ZERO, Duration::ZERO);
     /// assert!(e.is_timeout());
     /// ```
     #[must_use]
@@ -385,7 +552,7 @@ impl Error {
     /// # Examples
     ///
     /// ```
-    /// let e = slate_core::Error::Busy { lock: "a".into(), retry_after: None };
+    /// let e = slate_core::Error::busy("a", None);
     /// assert!(e.is_busy());
     /// ```
     #[must_use]
@@ -398,7 +565,7 @@ impl Error {
     /// # Examples
     ///
     /// ```
-    /// let e = slate_core::Error::NotHeld { lock: "a".into(), holder: slate_core::HolderId::new() };
+    /// let e = slate_core::Error::not_held("a", slate_core::HolderId::new());
     /// assert!(e.is_not_held());
     /// ```
     #[must_use]
@@ -413,11 +580,7 @@ impl Error {
     /// ```
     /// use slate_core::{Error, HolderId, LossReason};
     ///
-    /// let e = Error::LeaseLost {
-    ///     lock: "a".into(),
-    ///     holder: HolderId::new(),
-    ///     reason: LossReason::EntryGone,
-    /// };
+    /// let e = Error::lease_lost("a", HolderId::new(), LossReason::EntryGone);
     /// assert!(e.is_lease_lost());
     /// ```
     #[must_use]
@@ -430,12 +593,7 @@ impl Error {
     /// # Examples
     ///
     /// ```
-    /// let e = slate_core::Error::InsufficientNodes {
-    ///     lock: "a".into(),
-    ///     required: 2,
-    ///     usable: 1,
-    ///     nodes: vec![],
-    /// };
+    /// let e = slate_core::Error::insufficient_nodes("a", 2, 1, vec![]);
     /// assert!(e.is_insufficient_nodes());
     /// ```
     #[must_use]
@@ -448,7 +606,7 @@ impl Error {
     /// # Examples
     ///
     /// ```
-    /// let e = slate_core::Error::ReleaseIncomplete { lock: "a".into(), nodes: vec![] };
+    /// let e = slate_core::Error::release_incomplete("a", vec![]);
     /// assert!(e.is_release_incomplete());
     /// ```
     #[must_use]
@@ -462,7 +620,7 @@ impl Error {
     /// # Examples
     ///
     /// ```
-    /// let e = slate_core::Error::ReleaseIncomplete { lock: "a".into(), nodes: vec![] };
+    /// let e = slate_core::Error::release_incomplete("a", vec![]);
     /// assert_eq!(e.nodes().map(<[_]>::len), Some(0));
     /// ```
     #[must_use]
@@ -522,7 +680,7 @@ impl Error {
     /// # Examples
     ///
     /// ```
-    /// assert!(slate_core::Error::Closed { what: "client" }.is_closed());
+    /// assert!(slate_core::Error::closed("client").is_closed());
     /// ```
     #[must_use]
     pub fn is_closed(&self) -> bool {

@@ -1358,9 +1358,7 @@ impl RedisClient {
             } else {
                 match handle.spawn(fut).await {
                     Ok(r) => r,
-                    Err(_) => Err(Error::Closed {
-                        what: "the client's tokio runtime",
-                    }),
+                    Err(_) => Err(Error::closed("the client's tokio runtime")),
                 }
             }
         }

@@ -122,9 +122,7 @@ pub(crate) fn from_pool(e: PoolError, node: &str, budget: Duration) -> Error {
     match e {
         PoolError::Backend(e) => from_redis(e, "connecting", node),
         PoolError::Timeout(_) => command_timeout("taking a connection from the pool", node, budget),
-        PoolError::Closed => Error::Closed {
-            what: "the connection pool",
-        },
+        PoolError::Closed => Error::closed("the connection pool"),
         PoolError::NoRuntimeSpecified => Error::backend(
             BackendKind::Other,
             Some(node.to_owned()),

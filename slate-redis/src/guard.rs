@@ -158,9 +158,7 @@ impl SingleLockGuard {
         self.lock.client().spawn(async move {
             let _ = tx.send(release.await);
         });
-        rx.recv().unwrap_or(Err(Error::Closed {
-            what: "the client's tokio runtime",
-        }))
+        rx.recv().unwrap_or(Err(Error::closed("the client's tokio runtime")))
     }
 }
 
@@ -180,10 +178,7 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
         match result {
             Ok(-1) => {
                 tracing::debug!("not held");
-                Err(Error::NotHeld {
-                    lock: c.label.to_string(),
-                    holder,
-                })
+                Err(Error::not_held(c.label.to_string(), holder))
             }
             Ok(n) => {
                 tracing::debug!(remaining = n, "released");

@@ -587,11 +587,7 @@ impl RedisCompetitor {
                     // The guards of the hold learn it now, not at the next renewal.
                     let renewal = &client.inner.renewal;
                     renewal.lose(&keys.lock, holder, LossReason::EntryGone);
-                    Err(Error::LeaseLost {
-                        lock: label.to_string(),
-                        holder,
-                        reason: LossReason::EntryGone,
-                    })
+                    Err(Error::lease_lost(label.to_string(), holder, LossReason::EntryGone))
                 }
                 _ => Err(unexpected_reply("acquire script", client.address(), &reply)),
             }

@@ -355,7 +355,7 @@ async fn bad_input_is_refused_with_the_fix() {
     let server = server();
     let client = client(&server);
     let invalid = |r: slate_core::Result<SingleLock>| match r {
-        Err(slate_core::Error::InvalidInput { what, problem, fix }) => (what, problem, fix),
+        Err(slate_core::Error::InvalidInput { what, problem, fix, .. }) => (what, problem, fix),
         other => panic!("expected invalid input, got {other:?}"),
     };
 

@@ -120,9 +120,7 @@ return {1, seq}
 ";
 
 /// The error a lock call gets when the worker's max duration cuts it (recorded as `acq_info`).
-const MAX_DURATION: slate_core::Error = slate_core::Error::Closed {
-    what: "the worker's max duration (cancelled)",
-};
+const MAX_DURATION: slate_core::Error = slate_core::Error::closed("the worker's max duration (cancelled)");
 
 /// A history write failed.
 fn recording(e: ecosphere::history::HistoryError) -> String {
