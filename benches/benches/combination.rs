@@ -22,7 +22,6 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
-use slate_core::{DistributedLock, LockGuard};
 
 const ACQUIRE: &str = include_str!("../../slate-redis/src/scripts/acquire.lua");
 const RELEASE: &str = include_str!("../../slate-redis/src/scripts/release.lua");

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ecosphere::server::RedisServer;
-use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+use slate_redis::{RedisClient, SingleLock};
 
 const ACQUIRE: &str = include_str!("../../slate-redis/src/scripts/acquire.lua");
 const RELEASE: &str = include_str!("../../slate-redis/src/scripts/release.lua");

@@ -14,7 +14,6 @@ use ecosphere::clock::to_mono_ns;
 use ecosphere::history::{CheckConfig, CheckId, EventKind, History, Recorder, Report, Status};
 use ecosphere::server::{Data, RedisServer};
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-use slate_core::{DistributedLock, LockGuard};
 
 const LEASE: Duration = Duration::from_secs(2);
 

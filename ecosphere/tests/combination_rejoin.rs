@@ -30,7 +30,7 @@ use combination_common::*;
 use ecosphere::history::{CheckConfig, CheckId, Recorder};
 use ecosphere::proxy::Mode;
 use slate_combination::{CombinationLock, NodeSet};
-use slate_core::{DistributedLock, HolderId, LockGuard, NodeState, Wait};
+use slate_core::{HolderId, NodeState, Wait};
 
 const LEASE: Duration = Duration::from_secs(1);
 /// Node operation time: generous for a loaded machine; the default budget (3 × OP + 100 ms)

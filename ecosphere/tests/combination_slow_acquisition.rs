@@ -37,7 +37,7 @@ use ecosphere::history::{CheckConfig, CheckId, Status};
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
-use slate_core::{DistributedLock, Error, HolderId, LockGuard, TimeoutKind, Wait};
+use slate_core::{Error, HolderId, TimeoutKind, Wait};
 
 const LEASE: Duration = Duration::from_secs(2);
 /// Node operation time: longer than every delay, so slow nodes answer.

@@ -41,7 +41,7 @@ use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation}
 use ecosphere::server::{Data, RedisServer, ServerBuilder};
 use single_common::{Worker, check, finish_ok, get_u64, go, lock_keys, wait_line_all};
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-use slate_core::{BackendKind, DistributedLock, Error, LockGuard, LossReason};
+use slate_core::{BackendKind, Error, LockGuard, LossReason};
 use slate_redis::{ClientOptions, RedisClient, SingleLock};
 
 /// The library's acquire script (to ask the server whether its cache holds it).

@@ -41,7 +41,7 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use single_common::{WORKER, Worker, check, finish_ok, go, server, wait_line_all};
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-use slate_core::{DistributedLock, LockGuard, LossReason, MAX_NAME_LEN};
+use slate_core::{LossReason, MAX_NAME_LEN};
 use slate_redis::{ClientOptions, RedisClient, SingleLock, SingleLockGuard};
 
 /// The lock key of `name` under the default prefix: the name's exact bytes in braces, with one

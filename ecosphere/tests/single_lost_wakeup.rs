@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ecosphere::seed::Seed;
 use ecosphere::server::RedisServer;
-use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+use slate_redis::{RedisClient, SingleLock};
 
 /// A wait above this would be the spin wait, not a notification.
 const BOUND: Duration = Duration::from_secs(2);

@@ -364,7 +364,8 @@ impl<C: Competitor> Synchronizer<C> {
         crate::blocking::block_on(run, &timer)
     }
 
-    /// Releases one local level of `holder`'s hold.
+    /// Releases one local level of `holder`'s hold and returns the levels `holder` still holds
+    /// locally (0 once released, and for a holder that is not the local owner).
     ///
     /// The backend calls this **after** its remote release, whatever that release's outcome.
     /// At depth 0 the owner is cleared, [`Competitor::after_release`] runs and the head of the
@@ -381,13 +382,13 @@ impl<C: Competitor> Synchronizer<C> {
     /// let me = HolderId::new();
     /// sync.blocking_acquire(me, Wait::Forever)?;
     /// sync.blocking_acquire(me, Wait::Forever)?;
-    /// sync.release(me);
+    /// assert_eq!(sync.release(me), 1);
     /// assert_eq!(sync.owner(), Some((me, 1)));
-    /// sync.release(me);
+    /// assert_eq!(sync.release(me), 0);
     /// assert_eq!(sync.owner(), None);
     /// # Ok::<(), slate_core::Error>(())
     /// ```
-    pub fn release(&self, holder: HolderId) {
+    pub fn release(&self, holder: HolderId) -> u32 {
         let waker = {
             let mut st = self.lock();
             match &mut st.owner {
@@ -396,7 +397,7 @@ impl<C: Competitor> Synchronizer<C> {
                     if *depth > 1 {
                         *depth -= 1;
                         tracing::trace!(lock = %self.label, %holder, depth = *depth, "released one level");
-                        return;
+                        return *depth;
                     }
                     st.owner = None;
                     st.bump_epoch();
@@ -405,7 +406,7 @@ impl<C: Competitor> Synchronizer<C> {
                 }
                 _ => {
                     tracing::debug!(lock = %self.label, %holder, "release by a holder that is not the local owner; ignored");
-                    return;
+                    return 0;
                 }
             }
         };
@@ -415,6 +416,7 @@ impl<C: Competitor> Synchronizer<C> {
             tracing::trace!(lock = %self.label, "waking the head after a local release");
             waker.wake();
         }
+        0
     }
 
     /// Reports that the remote lock was released (e.g. a pub/sub unlock message): the head
@@ -815,7 +817,12 @@ impl<C: Competitor> Synchronizer<C> {
             (Some(t), Some(start)) => t.saturating_duration_since(start),
             _ => Duration::ZERO,
         };
-        Error::timeout(self.label.clone(), TimeoutKind::Wait, since(deadline), since(now))
+        Error::timeout(
+            self.label.clone(),
+            TimeoutKind::Wait,
+            since(deadline),
+            since(now),
+        )
     }
 
     fn lease_lost(&self, holder: HolderId) -> Error {

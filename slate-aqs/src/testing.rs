@@ -536,7 +536,11 @@ impl MemoryCompetitor {
                         bump(&counters.acquired);
                         Ok(Attempt::Acquired(MemoryGrant { holder, count }))
                     }
-                    None => Err(Error::lease_lost("memory".to_owned(), holder, LossReason::EntryGone)),
+                    None => Err(Error::lease_lost(
+                        "memory".to_owned(),
+                        holder,
+                        LossReason::EntryGone,
+                    )),
                 },
                 Behavior::Remote => match remote.try_acquire(holder) {
                     Some(count) => {

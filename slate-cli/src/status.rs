@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use slate_core::{DistributedLock, Error};
+use slate_core::Error;
 use slate_redis::RedisClient;
 use slate_redis::node::{NodeEntries, NodeKeys};
 

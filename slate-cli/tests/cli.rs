@@ -12,7 +12,6 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use slate_cli::local::LocalServer;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-use slate_core::{DistributedLock, LockGuard};
 use slate_redis::{RedisClient, SingleLock};
 
 const SLATE: &str = env!("CARGO_BIN_EXE_slate");

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-use slate_core::{DistributedLock, LockGuard};
 
 async fn rebalance(urls: &[&str]) -> slate_core::Result<()> {
     // The order of the URLs is the acquisition order; 2 of 3 nodes must be held.

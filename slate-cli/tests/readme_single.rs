@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 // README:BEGIN
 use std::time::Duration;
 
-use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+use slate_redis::{RedisClient, SingleLock};
 
 async fn nightly_report(redis_url: &str) -> slate_core::Result<()> {
     let client = RedisClient::open(redis_url)?; // one client per server and process

@@ -263,7 +263,12 @@ impl Inner {
                 }
                 Next::BudgetExceeded { release } => {
                     self.release_attempt(&release, holder, start).await;
-                    return Err(Error::timeout(self.label.to_string(), TimeoutKind::AcquireBudget, self.budget, start.elapsed()));
+                    return Err(Error::timeout(
+                        self.label.to_string(),
+                        TimeoutKind::AcquireBudget,
+                        self.budget,
+                        start.elapsed(),
+                    ));
                 }
             }
         }
@@ -332,7 +337,12 @@ impl Inner {
             {
                 return Err(e);
             }
-            return Err(Error::insufficient_nodes(self.label.to_string(), need, fenced, self.nodes.report()));
+            return Err(Error::insufficient_nodes(
+                self.label.to_string(),
+                need,
+                fenced,
+                self.nodes.report(),
+            ));
         }
         match deadline {
             Some(deadline) if deadline > Instant::now() => {
@@ -347,7 +357,12 @@ impl Inner {
             }
             _ => {
                 self.release_attempt(&release, holder, start).await;
-                Err(Error::timeout(self.label.to_string(), TimeoutKind::AcquireBudget, self.budget, start.elapsed()))
+                Err(Error::timeout(
+                    self.label.to_string(),
+                    TimeoutKind::AcquireBudget,
+                    self.budget,
+                    start.elapsed(),
+                ))
             }
         }
     }
@@ -454,7 +469,11 @@ impl Inner {
             .count();
         if nodes.len() - gone < self.required {
             // Fewer than a quorum of the held nodes still have the entry: the hold is lost.
-            return Err(Error::lease_lost(self.label.to_string(), holder, slate_core::LossReason::EntryGone));
+            return Err(Error::lease_lost(
+                self.label.to_string(),
+                holder,
+                slate_core::LossReason::EntryGone,
+            ));
         }
         let reports = replies
             .into_iter()
@@ -472,7 +491,12 @@ impl Inner {
                 },
             })
             .collect();
-        Err(Error::insufficient_nodes(self.label.to_string(), self.required, 0, reports))
+        Err(Error::insufficient_nodes(
+            self.label.to_string(),
+            self.required,
+            0,
+            reports,
+        ))
     }
 
     fn insufficient(
@@ -567,9 +591,10 @@ impl Competitor for CombinationCompetitor {
             if Handle::try_current().is_ok() {
                 run.await
             } else {
-                runtime.spawn(run).await.unwrap_or_else(|_| {
-                    Err(Error::closed("the lock's tokio runtime"))
-                })
+                runtime
+                    .spawn(run)
+                    .await
+                    .unwrap_or_else(|_| Err(Error::closed("the lock's tokio runtime")))
             }
         }
     }
@@ -601,7 +626,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use ecosphere::server::RedisServer;
-    use slate_core::{DistributedLock, LockGuard};
 
     use crate::{CombinationLock, NodeSet, NodeSetOptions};
 

@@ -307,7 +307,12 @@ impl CombinationLock {
             .collect();
         let required = self.required_nodes();
         if answers.len() < required {
-            return Err(Error::insufficient_nodes(self.shared.name.to_string(), required, answers.len(), self.nodes().report()));
+            return Err(Error::insufficient_nodes(
+                self.shared.name.to_string(),
+                required,
+                answers.len(),
+                self.nodes().report(),
+            ));
         }
         Ok(answers)
     }
@@ -469,24 +474,231 @@ impl CombinationLock {
     }
 }
 
-impl DistributedLock for CombinationLock {
-    type Guard = CombinationGuard;
-
-    fn name(&self) -> &LockName {
+/// The operations (also available through [`DistributedLock`] for generic code; no import is
+/// needed to call them on a `CombinationLock`).
+impl CombinationLock {
+    /// The lock's name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// assert_eq!(lock.name().as_bytes(), b"orders");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn name(&self) -> &LockName {
         &self.shared.name
     }
 
-    async fn acquire(&self, holder: HolderId, wait: Wait) -> Result<CombinationGuard> {
+    /// Acquires the lock for `holder`, waiting as `wait` allows (the one call the others are
+    /// made of).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// use slate_combination::{HolderId, Wait};
+    /// let guard = lock.acquire(HolderId::new(), Wait::Immediate).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] for a busy lock under [`Wait::Immediate`]; [`Error::Timeout`] when the
+    /// deadline of [`Wait::Until`] passes; [`Error::InsufficientNodes`] when fewer than the
+    /// quorum of nodes can be used; backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future removes the caller from the local queue and passes on
+    /// any wake-up it had; nodes taken for a dropped future are released, never leaked.
+    pub async fn acquire(&self, holder: HolderId, wait: Wait) -> Result<CombinationGuard> {
         let grant = self.shared.sync.acquire(holder, wait).await?;
         Ok(self.guard(holder, &grant))
     }
 
-    async fn is_locked(&self) -> Result<bool> {
+    /// Waits until the lock is acquired for the current holder ([`HolderId::current`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// guard.unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Failures that make waiting pointless (authentication, permissions, a closed runtime).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn lock(&self) -> Result<CombinationGuard> {
+        self.acquire(HolderId::current(), Wait::Forever).await
+    }
+
+    /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let outer = lock.lock().await?;
+    /// let inner = lock.lock_as(outer.holder()).await?;
+    /// assert_eq!(inner.fencing_token(), outer.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn lock_as(&self, holder: HolderId) -> Result<CombinationGuard> {
+        self.acquire(holder, Wait::Forever).await
+    }
+
+    /// One attempt, never waiting: `Ok(None)` if another holder has the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// if let Some(guard) = lock.try_lock().await? {
+    ///     guard.unlock().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Too few nodes; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn try_lock(&self) -> Result<Option<CombinationGuard>> {
+        slate_core::lock::busy_to_none(self.acquire(HolderId::current(), Wait::Immediate).await)
+    }
+
+    /// Waits at most `d`, in the queue like everyone else.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.try_lock_for(std::time::Duration::from_secs(2)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `d` passes first; too few nodes; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn try_lock_for(&self, d: Duration) -> Result<CombinationGuard> {
+        self.acquire(HolderId::current(), Wait::for_duration(d))
+            .await
+    }
+
+    /// Waits at most until `deadline`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    /// let guard = lock.try_lock_until(deadline).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the deadline passes first; too few nodes; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn try_lock_until(&self, deadline: Instant) -> Result<CombinationGuard> {
+        self.acquire(HolderId::current(), Wait::Until(deadline))
+            .await
+    }
+
+    /// Whether some holder holds the lock on at least a quorum of nodes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// println!("locked: {}", lock.is_locked().await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InsufficientNodes`] when fewer than a quorum of nodes answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (reads).
+    pub async fn is_locked(&self) -> Result<bool> {
         let entries = self.quorum_entries().await?;
         Ok(entries.iter().filter(|e| !e.holders.is_empty()).count() >= self.required_nodes())
     }
 
-    async fn hold_count(&self, holder: HolderId) -> Result<u32> {
+    /// How many times `holder` holds the lock on a quorum of nodes (0 if not at all).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert_eq!(lock.hold_count(guard.holder()).await?, 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InsufficientNodes`] when fewer than a quorum of nodes answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (reads).
+    pub async fn hold_count(&self, holder: HolderId) -> Result<u32> {
         let id = holder.to_string();
         let counts: Vec<u32> = self
             .quorum_entries()
@@ -501,7 +713,55 @@ impl DistributedLock for CombinationLock {
         })
     }
 
-    async fn remaining_lease(&self) -> Result<Option<Duration>> {
+    /// Whether `holder` holds the lock on a quorum of nodes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(lock.is_held_by(guard.holder()).await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InsufficientNodes`] when fewer than a quorum of nodes answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (reads).
+    pub async fn is_held_by(&self, holder: HolderId) -> Result<bool> {
+        Ok(self.hold_count(holder).await? > 0)
+    }
+
+    /// The remaining lease of whoever holds the lock (the quorum-th latest node deadline), or
+    /// `None` when it is free.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// if let Some(left) = lock.remaining_lease().await? {
+    ///     println!("held for another {left:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InsufficientNodes`] when fewer than a quorum of nodes answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (reads).
+    pub async fn remaining_lease(&self) -> Result<Option<Duration>> {
         let now = Instant::now();
         let ends: Vec<Instant> = self
             .quorum_entries()
@@ -514,7 +774,29 @@ impl DistributedLock for CombinationLock {
             .map(|d| d.saturating_duration_since(now)))
     }
 
-    async fn force_unlock(&self) -> Result<bool> {
+    /// Deletes the lock on every node whoever holds it; returns whether any node had an entry.
+    /// **Unsafe for correctness**: the holder keeps running its critical section. Meant for
+    /// operators clearing a stuck lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let deleted = lock.force_unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first node's error, when no node deleted anything.
+    ///
+    /// # Cancel safety
+    ///
+    /// The deletions may or may not have happened when the future is dropped.
+    pub async fn force_unlock(&self) -> Result<bool> {
         let inner = self.inner();
         let results = join_all(
             (0..inner.nodes.len())
@@ -538,9 +820,41 @@ impl DistributedLock for CombinationLock {
     }
 }
 
+impl DistributedLock for CombinationLock {
+    type Guard = CombinationGuard;
+
+    fn name(&self) -> &LockName {
+        CombinationLock::name(self)
+    }
+
+    fn acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<CombinationGuard>> + Send {
+        CombinationLock::acquire(self, holder, wait)
+    }
+
+    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
+        CombinationLock::is_locked(self)
+    }
+
+    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
+        CombinationLock::hold_count(self, holder)
+    }
+
+    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
+        CombinationLock::remaining_lease(self)
+    }
+
+    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
+        CombinationLock::force_unlock(self)
+    }
+}
+
 /// One level of a [`CombinationLock`] hold: holder, fencing token, the nodes held, the lease.
 ///
-/// Dropping it without [`unlock`](LockGuard::unlock) releases in the background.
+/// Dropping it without [`unlock`](Self::unlock) releases in the background.
 #[must_use = "dropping the guard releases the lock in the background; call unlock().await to see the outcome"]
 pub struct CombinationGuard {
     lock: CombinationLock,
@@ -564,6 +878,157 @@ impl fmt::Debug for CombinationGuard {
 }
 
 impl CombinationGuard {
+    /// The holder this guard holds the lock for.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(lock.is_held_by(guard.holder()).await?);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn holder(&self) -> HolderId {
+        self.holder
+    }
+
+    /// The fencing token of this hold (the same for every re-entry of one holder).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// println!("writing with token {}", guard.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The lease of this hold: deadline and loss signal.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// let watch = guard.lease().clone();
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn lease(&self) -> &LeaseWatch {
+        &self.watch
+    }
+
+    /// The lease deadline on the monotonic clock (it moves with every renewal).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(guard.lease_deadline() > std::time::Instant::now());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn lease_deadline(&self) -> Instant {
+        self.watch.deadline()
+    }
+
+    /// Whether the lease is lost (fewer than a quorum renewed, or the deadline passed).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(!guard.is_lost());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.watch.is_lost()
+    }
+
+    /// Completes when the lease is lost.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// let reason = guard.lost().await;
+    /// eprintln!("lost the lock: {reason}");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub async fn lost(&self) -> slate_core::LossReason {
+        self.watch.lost().await
+    }
+
+    /// Releases one level on every node held and returns the holder's remaining hold count
+    /// (0: this holder no longer holds the lock; the one meaning of [`LockGuard::unlock`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let outer = lock.lock().await?;
+    /// let inner = outer.reenter().await?;
+    /// assert_eq!(outer.unlock().await?, 1); // any order: the inner level still holds it
+    /// assert_eq!(inner.unlock().await?, 0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ReleaseIncomplete`] when some node failed (its entry ends with its lease);
+    /// [`Error::NotHeld`] when fewer than a quorum still had the entry.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped `unlock` future still completes its release in the background, exactly once:
+    /// the local owner is cleared and every node released, whoever stops waiting.
+    pub fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
+        self.released = true;
+        let runtime = self.lock.inner().runtime.clone();
+        Detached::new(
+            release(
+                self.lock.clone(),
+                self.holder,
+                std::mem::take(&mut self.nodes),
+            ),
+            runtime,
+        )
+    }
+
     /// The nodes held, ascending.
     #[must_use]
     pub fn nodes(&self) -> &[usize] {
@@ -590,17 +1055,12 @@ impl CombinationGuard {
     }
 }
 
-async fn release(
-    lock: CombinationLock,
-    holder: HolderId,
-    nodes: Vec<usize>,
-    depth: u32,
-) -> Result<u32> {
+async fn release(lock: CombinationLock, holder: HolderId, nodes: Vec<usize>) -> Result<u32> {
     let mut order = nodes;
     order.reverse();
     let inner = lock.inner();
     let reports = inner.release_nodes(&order, holder).await;
-    lock.shared.sync.release(holder);
+    let remaining = lock.shared.sync.release(holder);
     let failed = reports
         .iter()
         .any(|r| matches!(r.state, slate_core::NodeState::Failed { .. }));
@@ -609,12 +1069,15 @@ async fn release(
         .filter(|r| r.state == slate_core::NodeState::Released)
         .count();
     if failed {
-        return Err(Error::release_incomplete(lock.shared.name.to_string(), reports));
+        return Err(Error::release_incomplete(
+            lock.shared.name.to_string(),
+            reports,
+        ));
     }
     if released < inner.required {
         return Err(Error::not_held(lock.shared.name.to_string(), holder));
     }
-    Ok(depth.saturating_sub(1))
+    Ok(remaining)
 }
 
 impl LockGuard for CombinationGuard {
@@ -630,21 +1093,8 @@ impl LockGuard for CombinationGuard {
         &self.watch
     }
 
-    /// Releases one level; see the trait. A dropped `unlock` future still completes its
-    /// release in the background (exactly once): the local owner is cleared and every node
-    /// released, whoever stops waiting.
-    fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
-        self.released = true;
-        let runtime = self.lock.inner().runtime.clone();
-        Detached::new(
-            release(
-                self.lock.clone(),
-                self.holder,
-                std::mem::take(&mut self.nodes),
-                self.depth,
-            ),
-            runtime,
-        )
+    fn unlock(self) -> impl Future<Output = Result<u32>> + Send {
+        CombinationGuard::unlock(self)
     }
 }
 
@@ -681,13 +1131,13 @@ impl CombinationGuard {
             self.lock.clone(),
             self.holder,
             std::mem::take(&mut self.nodes),
-            self.depth,
         );
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         drop(self.lock.inner().runtime.spawn(async move {
             let _ = tx.send(fut.await);
         }));
-        rx.recv().unwrap_or(Err(Error::closed("the lock's tokio runtime")))
+        rx.recv()
+            .unwrap_or(Err(Error::closed("the lock's tokio runtime")))
     }
 }
 
@@ -707,7 +1157,6 @@ impl Drop for CombinationGuard {
                 self.lock.clone(),
                 self.holder,
                 std::mem::take(&mut self.nodes),
-                self.depth,
             );
             let label = self.lock.shared.name.to_string();
             drop(self.lock.inner().runtime.spawn(async move {

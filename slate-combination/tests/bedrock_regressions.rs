@@ -33,7 +33,7 @@ use common::*;
 use ecosphere::proxy::Mode;
 use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
-use slate_core::{DistributedLock, Error, HolderId, LockGuard, LossReason, NodeState, TimeoutKind};
+use slate_core::{Error, HolderId, LossReason, NodeState, TimeoutKind};
 
 const OP: Duration = Duration::from_millis(300);
 const LEASE: Duration = Duration::from_secs(3);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use slate_combination::Order;
-use slate_core::{DistributedLock, HolderId, LockGuard};
+use slate_core::HolderId;
 
 const OP: Duration = Duration::from_millis(500);
 

@@ -14,7 +14,7 @@ use common::*;
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::{Data, RedisServer};
 use slate_combination::{CombinationLock, NodeSet, Order};
-use slate_core::{DistributedLock, HolderId, LockGuard, NodeState};
+use slate_core::{HolderId, NodeState};
 
 const OP: Duration = Duration::from_millis(300);
 const LEASE: Duration = Duration::from_secs(3);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, Order};
-use slate_core::{DistributedLock, Error, HolderId, LockGuard, NodeState};
+use slate_core::{Error, HolderId, NodeState};
 
 const OP: Duration = Duration::from_millis(500);
 const LEASE: Duration = Duration::from_secs(3);

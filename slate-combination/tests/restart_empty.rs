@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use ecosphere::server::{Data, RedisServer};
 use slate_combination::{CombinationGuard, CombinationLock, NodeSet, Order};
-use slate_core::{DistributedLock, LockGuard, LossReason, NodeState};
+use slate_core::{LossReason, NodeState};
 
 const OP: Duration = Duration::from_millis(200);
 const LEASE: Duration = Duration::from_secs(2);

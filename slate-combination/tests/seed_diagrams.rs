@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use ecosphere::proxy::{FaultProxy, Mode};
 use slate_combination::{CombinationLock, NodeSet, Order};
-use slate_core::{DistributedLock, HolderId, LockGuard, LossReason, NodeState};
+use slate_core::{HolderId, LossReason, NodeState};
 
 /// A thread's view through its own proxies (so its traffic per node can be counted).
 struct Thread {

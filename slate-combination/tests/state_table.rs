@@ -19,7 +19,7 @@ use common::*;
 use ecosphere::proxy::Mode;
 use slate_combination::decision::{AttemptState, Next, NodeAnswer, Order};
 use slate_combination::{CombinationLock, NodeSetOptions};
-use slate_core::{DistributedLock, HolderId, LockGuard};
+use slate_core::HolderId;
 
 const OP: Duration = Duration::from_millis(160);
 const SLOW: Duration = Duration::from_millis(80);

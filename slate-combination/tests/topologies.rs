@@ -10,7 +10,6 @@ use common::*;
 use ecosphere::cluster::RedisCluster;
 use ecosphere::sentinel::SentinelGroup;
 use slate_combination::{CombinationLock, NodeSet};
-use slate_core::{DistributedLock, LockGuard};
 use slate_redis::{ClientOptions, RedisClient};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,12 +6,15 @@
 //! - [`lease`]: deadline and loss signal shared by renewal and guard.
 //! - [`LockOptions`], [`LockName`]: validated configuration.
 //! - [`Error`]: the one error type, with `is_*` helpers.
+//! - [`AnyLock`], [`AnyGuard`] ([`DynLock`], [`DynGuard`]): the object-safe layer, for locks of
+//!   several backends kept side by side.
 //!
 //! This crate has no Redis in it; see `slate-redis` (single node) and `slate-combination`
 //! (N independent nodes) for the locks themselves.
 
 #![forbid(unsafe_code)]
 
+pub mod any;
 pub mod detach;
 pub mod error;
 pub mod fencing;
@@ -21,6 +24,7 @@ pub mod lock;
 pub mod name;
 pub mod options;
 
+pub use any::{AnyGuard, AnyLock, BoxFuture, DynGuard, DynLock};
 pub use error::{BackendKind, Error, NodeReport, NodeState, Result, TimeoutKind};
 pub use fencing::FencingToken;
 pub use holder::HolderId;

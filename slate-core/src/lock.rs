@@ -107,8 +107,10 @@ pub trait LockGuard: Send + Sync + 'static {
         self.lease().lost()
     }
 
-    /// Releases one level of this hold and returns the holder's remaining hold count
-    /// (0: the lock is free).
+    /// Releases one level of this hold and returns the holder's remaining hold count: how many
+    /// levels the same holder still holds through its other guards (0: the holder no longer
+    /// holds the lock). Every backend gives it the same meaning, whatever order re-entrant
+    /// guards are released in.
     ///
     /// # Errors
     ///
@@ -199,13 +201,7 @@ pub trait DistributedLock: Clone + Send + Sync + 'static {
     /// Cancel safe, as [`acquire`](DistributedLock::acquire).
     fn try_lock(&self) -> impl Future<Output = Result<Option<Self::Guard>>> + Send {
         let attempt = self.acquire(HolderId::current(), Wait::Immediate);
-        async move {
-            match attempt.await {
-                Ok(guard) => Ok(Some(guard)),
-                Err(e) if e.is_busy() => Ok(None),
-                Err(e) => Err(e),
-            }
-        }
+        async move { busy_to_none(attempt.await) }
     }
 
     /// Waits at most `d` (in the queue, like everyone else).
@@ -296,4 +292,30 @@ pub trait DistributedLock: Clone + Send + Sync + 'static {
     ///
     /// The deletion may or may not have happened when the future is dropped.
     fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send;
+}
+
+/// The answer of a `try_lock`: a busy lock ([`Error::Busy`]) becomes `Ok(None)`, every other
+/// outcome passes through. Shared by every backend's `try_lock`.
+///
+/// # Examples
+///
+/// ```
+/// use slate_core::{lock::busy_to_none, Error};
+///
+/// assert!(matches!(busy_to_none::<u8>(Err(Error::busy("a", None))), Ok(None)));
+/// assert!(matches!(busy_to_none(Ok(1)), Ok(Some(1))));
+/// assert!(busy_to_none::<u8>(Err(Error::closed("x"))).is_err());
+/// ```
+///
+/// # Errors
+///
+/// Every error but [`Error::Busy`].
+///
+/// [`Error::Busy`]: crate::Error::Busy
+pub fn busy_to_none<G>(result: Result<G>) -> Result<Option<G>> {
+    match result {
+        Ok(guard) => Ok(Some(guard)),
+        Err(e) if e.is_busy() => Ok(None),
+        Err(e) => Err(e),
+    }
 }

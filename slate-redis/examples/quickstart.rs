@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+use slate_redis::{RedisClient, SingleLock};
 
 const TASKS: usize = 4;
 const ROUNDS: usize = 5;

@@ -4,14 +4,16 @@ use std::fmt;
 use std::future::Future;
 
 use slate_core::detach::Detached;
-use slate_core::{DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockGuard, Result};
+use std::time::Instant;
+
+use slate_core::{Error, FencingToken, HolderId, LeaseWatch, LockGuard, LossReason, Result};
 use tracing::Instrument;
 
 use crate::lock::SingleLock;
 
 /// One level of a [`SingleLock`] hold: holder, fencing token, lease.
 ///
-/// Release it with [`unlock`](LockGuard::unlock) (async, reports the outcome) or
+/// Release it with [`unlock`](Self::unlock) (async, reports the outcome) or
 /// [`blocking_unlock`](Self::blocking_unlock) (threads). Dropping it without either hands the
 /// release to a task on the client's runtime: nothing blocks, and the entry is released one
 /// round trip later (or ends with its lease if Redis cannot be reached).
@@ -45,6 +47,145 @@ pub struct SingleLockGuard {
 }
 
 impl SingleLockGuard {
+    /// The holder this guard holds the lock for.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(lock.is_held_by(guard.holder()).await?);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn holder(&self) -> HolderId {
+        self.holder
+    }
+
+    /// The fencing token of this hold (the same for every re-entry of one holder): pass it to
+    /// every store the critical section writes to.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
+    /// let guard = lock.lock().await?;
+    /// println!("writing with token {}", guard.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The lease of this hold: deadline and loss signal.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
+    /// let guard = lock.lock().await?;
+    /// let watch = guard.lease().clone(); // hand it to the code that must stop on a loss
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn lease(&self) -> &LeaseWatch {
+        &self.watch
+    }
+
+    /// The lease deadline on the monotonic clock (it moves with every renewal).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(guard.lease_deadline() > std::time::Instant::now());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn lease_deadline(&self) -> Instant {
+        self.watch.deadline()
+    }
+
+    /// Whether the lease is lost (loss signalled, or the deadline passed).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(!guard.is_lost());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.watch.is_lost()
+    }
+
+    /// Completes when the lease is lost: race it against the critical section.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
+    /// # async fn work() {}
+    /// let guard = lock.lock().await?;
+    /// tokio::select! {
+    ///     () = work() => guard.unlock().await.map(drop)?,
+    ///     reason = guard.lost() => eprintln!("lost the lock: {reason}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub async fn lost(&self) -> LossReason {
+        self.watch.lost().await
+    }
+
+    /// Releases one level and returns the holder's remaining hold count (0: this holder no
+    /// longer holds the lock; see [`LockGuard::unlock`] for the one meaning every lock gives
+    /// it).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
+    /// let outer = lock.lock().await?;
+    /// let inner = outer.reenter().await?;
+    /// assert_eq!(outer.unlock().await?, 1); // any order: the inner level still holds it
+    /// assert_eq!(inner.unlock().await?, 0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the entry is gone (lease expired, force-unlocked);
+    /// [`Error::Backend`] when Redis failed: the entry then ends with its lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped `unlock` future still completes its release in the background, exactly once.
+    pub fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
+        self.released = true;
+        let handle = self.lock.client().runtime().clone();
+        Detached::new(
+            self.lock
+                .client()
+                .on_runtime(release(self.lock.clone(), self.holder)),
+            handle,
+        )
+    }
+
     pub(crate) fn new(
         lock: SingleLock,
         holder: HolderId,
@@ -118,12 +259,12 @@ impl SingleLockGuard {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe, as [`DistributedLock::acquire`].
+    /// Cancel safe, as [`SingleLock::acquire`].
     pub fn reenter(&self) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
         self.lock.lock_as(self.holder)
     }
 
-    /// Releases one level from a thread (the thread twin of [`unlock`](LockGuard::unlock)).
+    /// Releases one level from a thread (the thread twin of [`unlock`](Self::unlock)).
     ///
     /// # Examples
     ///
@@ -140,7 +281,7 @@ impl SingleLockGuard {
     ///
     /// # Errors
     ///
-    /// As [`unlock`](LockGuard::unlock).
+    /// As [`unlock`](Self::unlock).
     ///
     /// # Panics
     ///
@@ -158,7 +299,8 @@ impl SingleLockGuard {
         self.lock.client().spawn(async move {
             let _ = tx.send(release.await);
         });
-        rx.recv().unwrap_or(Err(Error::closed("the client's tokio runtime")))
+        rx.recv()
+            .unwrap_or(Err(Error::closed("the client's tokio runtime")))
     }
 }
 
@@ -174,18 +316,26 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
             .release_remote(holder, lock.shared.sync.waiters() > 0)
             .await;
         renewal.end_release(&c.keys.lock, holder);
-        lock.shared.sync.release(holder);
+        let remaining = lock.shared.sync.release(holder);
         match result {
             Ok(-1) => {
                 tracing::debug!("not held");
                 Err(Error::not_held(c.label.to_string(), holder))
             }
-            Ok(n) => {
-                tracing::debug!(remaining = n, "released");
-                u32::try_from(n).map_err(|_| {
-                    crate::client::unexpected_reply("release script", c.client.address(), n)
-                })
+            Ok(n) if n >= 0 => {
+                // The local count and Redis's agree by construction (a re-entry after a lost
+                // lease is refused, defect 4); the local one is what every backend returns.
+                if i64::from(remaining) != n {
+                    tracing::warn!(remaining, server = n, "local and server hold counts differ");
+                }
+                tracing::debug!(remaining, "released");
+                Ok(remaining)
             }
+            Ok(n) => Err(crate::client::unexpected_reply(
+                "release script",
+                c.client.address(),
+                n,
+            )),
             Err(e) => {
                 tracing::warn!(error = %e, "release failed; the entry ends with its lease");
                 Err(e)
@@ -209,17 +359,8 @@ impl LockGuard for SingleLockGuard {
         &self.watch
     }
 
-    /// Releases one level; see the trait. A dropped `unlock` future still completes its
-    /// release in the background (exactly once).
-    fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
-        self.released = true;
-        let handle = self.lock.client().runtime().clone();
-        Detached::new(
-            self.lock
-                .client()
-                .on_runtime(release(self.lock.clone(), self.holder)),
-            handle,
-        )
+    fn unlock(self) -> impl Future<Output = Result<u32>> + Send {
+        SingleLockGuard::unlock(self)
     }
 }
 

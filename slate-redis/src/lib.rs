@@ -55,7 +55,9 @@ pub use client::{ClientOptions, ClientStats, DEFAULT_COMMAND_TIMEOUT, RedisClien
 pub use conn::Topology;
 pub use guard::SingleLockGuard;
 pub use lock::{ClientSource, SingleLock, SingleLockBuilder};
+// Everything the examples and a typical caller need, so that depending on `slate-redis` alone
+// is enough (the traits are only needed for generic code).
 pub use slate_core::{
-    DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockGuard, LockOptions, LossReason,
-    Result, Wait,
+    AnyGuard, AnyLock, BackendKind, DistributedLock, Error, FencingToken, HolderId, LeaseWatch,
+    LockGuard, LockName, LockOptions, LossReason, Result, TimeoutKind, Wait,
 };

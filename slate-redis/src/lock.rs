@@ -30,8 +30,9 @@ use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
 /// [`RedisClient`] shares one local queue: inside a process, waiters queue up in FIFO order and
 /// only the head talks to Redis.
 ///
-/// The operations come from [`DistributedLock`] (`lock`, `try_lock`, `try_lock_for`,
-/// `lock_as`, queries); the blocking twins are inherent methods.
+/// The operations are inherent methods (`lock`, `try_lock`, `try_lock_for`, `lock_as`, the
+/// queries, and the blocking twins for threads); [`DistributedLock`] offers the same for
+/// generic code, and [`AnyLock`](slate_core::AnyLock) for locks of several backends side by side.
 ///
 /// ## Behaviour
 ///
@@ -587,7 +588,11 @@ impl RedisCompetitor {
                     // The guards of the hold learn it now, not at the next renewal.
                     let renewal = &client.inner.renewal;
                     renewal.lose(&keys.lock, holder, LossReason::EntryGone);
-                    Err(Error::lease_lost(label.to_string(), holder, LossReason::EntryGone))
+                    Err(Error::lease_lost(
+                        label.to_string(),
+                        holder,
+                        LossReason::EntryGone,
+                    ))
                 }
                 _ => Err(unexpected_reply("acquire script", client.address(), &reply)),
             }
@@ -1189,18 +1194,53 @@ impl fmt::Debug for SingleLock {
     }
 }
 
-impl DistributedLock for SingleLock {
-    type Guard = SingleLockGuard;
-
-    fn name(&self) -> &LockName {
+/// The operations (also available through [`DistributedLock`] for generic code; no import is
+/// needed to call them on a `SingleLock`).
+impl SingleLock {
+    /// The lock's name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// assert_eq!(lock.name().as_bytes(), b"orders");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn name(&self) -> &LockName {
         &self.shared.competitor().name
     }
 
-    fn acquire(
+    /// Acquires the lock for `holder`, waiting as `wait` allows (the one call the others are
+    /// made of).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// use slate_redis::{HolderId, Wait};
+    /// let guard = lock.acquire(HolderId::new(), Wait::Immediate).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] for a busy lock under [`Wait::Immediate`]; [`Error::Timeout`] when the
+    /// deadline of [`Wait::Until`] passes; backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future removes the caller from the local queue and passes on
+    /// any wake-up it had; a grant obtained for a dropped future is released, never leaked.
+    pub fn acquire(
         &self,
         holder: HolderId,
         wait: Wait,
-    ) -> impl Future<Output = Result<SingleLockGuard>> + Send {
+    ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
         let span = tracing::debug_span!("acquire", lock = %self.shared.competitor().label, %holder);
         async move {
             let grant = self.shared.sync.acquire(holder, wait).await?;
@@ -1209,7 +1249,157 @@ impl DistributedLock for SingleLock {
         .instrument(span)
     }
 
-    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
+    /// Waits until the lock is acquired for the current holder ([`HolderId::current`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// guard.unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures that make waiting pointless (authentication, permissions, a closed
+    /// client).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub fn lock(&self) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
+        self.acquire(HolderId::current(), Wait::Forever)
+    }
+
+    /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// let outer = lock.lock().await?;
+    /// let inner = lock.lock_as(outer.holder()).await?;
+    /// assert_eq!(inner.fencing_token(), outer.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub fn lock_as(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
+        self.acquire(holder, Wait::Forever)
+    }
+
+    /// One remote attempt, never waiting: `Ok(None)` if another holder has the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// if let Some(guard) = lock.try_lock().await? {
+    ///     guard.unlock().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn try_lock(&self) -> Result<Option<SingleLockGuard>> {
+        slate_core::lock::busy_to_none(self.acquire(HolderId::current(), Wait::Immediate).await)
+    }
+
+    /// Waits at most `d`, in the queue like everyone else.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// let guard = lock.try_lock_for(std::time::Duration::from_secs(2)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `d` passes first; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub fn try_lock_for(
+        &self,
+        d: Duration,
+    ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
+        self.acquire(HolderId::current(), Wait::for_duration(d))
+    }
+
+    /// Waits at most until `deadline`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    /// let guard = lock.try_lock_until(deadline).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the deadline passes first; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub fn try_lock_until(
+        &self,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
+        self.acquire(HolderId::current(), Wait::Until(deadline))
+    }
+
+    /// Whether any holder holds the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// println!("locked: {}", lock.is_locked().await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send + '_ {
         let c = self.shared.competitor();
         async move {
             let key: &[u8] = &c.keys.lock;
@@ -1221,7 +1411,27 @@ impl DistributedLock for SingleLock {
         }
     }
 
-    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
+    /// How many times `holder` holds the lock (0 if not at all), as Redis counts it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert_eq!(lock.hold_count(guard.holder()).await?, 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send + '_ {
         let c = self.shared.competitor();
         async move {
             let key: &[u8] = &c.keys.lock;
@@ -1239,7 +1449,52 @@ impl DistributedLock for SingleLock {
         }
     }
 
-    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
+    /// Whether `holder` holds the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(lock.is_held_by(guard.holder()).await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn is_held_by(&self, holder: HolderId) -> Result<bool> {
+        Ok(self.hold_count(holder).await? > 0)
+    }
+
+    /// The remaining lease of whoever holds the lock, or `None` when it is free.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// if let Some(left) = lock.remaining_lease().await? {
+    ///     println!("held for another {left:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send + '_ {
         let c = self.shared.competitor();
         async move {
             let key: &[u8] = &c.keys.lock;
@@ -1258,8 +1513,19 @@ impl DistributedLock for SingleLock {
     }
 
     /// Deletes the lock whoever holds it and publishes on its channel so that waiters retry at
-    /// once. **Unsafe for correctness**: the holder keeps running its critical section (its
-    /// renewal then finds the entry gone and signals `EntryGone`). The fencing counter is kept.
+    /// once; returns whether there was an entry. **Unsafe for correctness**: the holder keeps
+    /// running its critical section (its renewal then finds the entry gone and signals
+    /// `EntryGone`). The fencing counter is kept. Meant for operators clearing a stuck lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// let deleted = lock.force_unlock().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -1268,7 +1534,7 @@ impl DistributedLock for SingleLock {
     /// # Cancel safety
     ///
     /// The deletion may or may not have happened when the future is dropped.
-    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
+    pub fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send + '_ {
         let c = self.shared.competitor();
         let (key, channel) = (c.keys.lock.clone(), c.keys.channel.clone());
         async move {
@@ -1289,5 +1555,37 @@ impl DistributedLock for SingleLock {
             tracing::warn!(lock = %c.label, deleted, "force unlock");
             Ok(deleted == 1)
         }
+    }
+}
+
+impl DistributedLock for SingleLock {
+    type Guard = SingleLockGuard;
+
+    fn name(&self) -> &LockName {
+        SingleLock::name(self)
+    }
+
+    fn acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<SingleLockGuard>> + Send {
+        SingleLock::acquire(self, holder, wait)
+    }
+
+    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
+        SingleLock::is_locked(self)
+    }
+
+    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
+        SingleLock::hold_count(self, holder)
+    }
+
+    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
+        SingleLock::remaining_lease(self)
+    }
+
+    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
+        SingleLock::force_unlock(self)
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
-use slate_redis::{DistributedLock, LockGuard, LossReason, SingleLock};
+use slate_redis::{LossReason, SingleLock};
 
 /// Defect 3: the turn key got its TTL only at acquisition. A hold longer than the lease let
 /// it expire; the release then read a tenure of 0 and kept the turn, so a process with two

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use ecosphere::server::Data;
 use slate_core::BackendKind;
-use slate_redis::{ClientOptions, DistributedLock, LockGuard, LossReason, SingleLock};
+use slate_redis::{ClientOptions, LossReason, SingleLock};
 
 fn script_loaded(server: &ecosphere::server::RedisServer, code: &str) -> bool {
     let sha = redis::Script::new(code).get_hash().to_owned();

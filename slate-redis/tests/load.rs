@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+use slate_redis::{RedisClient, SingleLock};
 
 /// A small deterministic generator (no `rand` needed).
 struct Lcg(u64);

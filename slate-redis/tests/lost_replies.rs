@@ -19,7 +19,7 @@ use common::*;
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
 use slate_core::BackendKind;
-use slate_redis::{ClientOptions, DistributedLock, HolderId, LockGuard, RedisClient, SingleLock};
+use slate_redis::{ClientOptions, HolderId, RedisClient, SingleLock};
 
 const LEASE: Duration = Duration::from_secs(10);
 const ACQUIRE_LUA: &str = include_str!("../src/scripts/acquire.lua");

@@ -13,10 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use ecosphere::server::RedisServer;
 use slate_core::BackendKind;
-use slate_redis::{
-    ClientOptions, DistributedLock, HolderId, LockGuard, LossReason, RedisClient, SingleLock,
-    SingleLockGuard,
-};
+use slate_redis::{ClientOptions, HolderId, LossReason, RedisClient, SingleLock, SingleLockGuard};
 
 const LEASE: Duration = Duration::from_secs(5);
 
@@ -55,6 +52,22 @@ async fn acquire_and_release(server: Deployment) {
     assert_eq!(int(&server, &["TTL", "slate:{basics}:fence"]), -1);
 }
 crate::per_topology!(acquire_and_release);
+
+/// `unlock()` answers the holder's remaining hold count, whatever order its re-entrant guards
+/// are released in (issue 20: one meaning on every lock).
+async fn unlock_returns_the_remaining_count_in_any_order(server: Deployment) {
+    let client = server.client();
+    let lock = lock(&client, "unlock-order", LEASE);
+    let outer = lock.lock().await.unwrap();
+    let inner = outer.reenter().await.unwrap();
+    let innermost = inner.reenter().await.unwrap();
+    assert_eq!(outer.unlock().await.unwrap(), 2);
+    assert_eq!(innermost.unlock().await.unwrap(), 1);
+    assert!(lock.is_locked().await.unwrap());
+    assert_eq!(inner.unlock().await.unwrap(), 0);
+    assert!(!lock.is_locked().await.unwrap());
+}
+crate::per_topology!(unlock_returns_the_remaining_count_in_any_order);
 
 async fn try_lock_on_a_busy_lock_is_none(server: Deployment) {
     let (a, b) = (server.client(), server.client());
@@ -355,7 +368,9 @@ async fn bad_input_is_refused_with_the_fix() {
     let server = server();
     let client = client(&server);
     let invalid = |r: slate_core::Result<SingleLock>| match r {
-        Err(slate_core::Error::InvalidInput { what, problem, fix, .. }) => (what, problem, fix),
+        Err(slate_core::Error::InvalidInput {
+            what, problem, fix, ..
+        }) => (what, problem, fix),
         other => panic!("expected invalid input, got {other:?}"),
     };
 

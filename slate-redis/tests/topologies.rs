@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use common::{eventually, eventually_async, within};
 use ecosphere::cluster::RedisCluster;
 use ecosphere::sentinel::SentinelGroup;
-use slate_redis::{
-    ClientOptions, DistributedLock, LockGuard, LossReason, RedisClient, SingleLock, Topology,
-};
+use slate_redis::{ClientOptions, LossReason, RedisClient, SingleLock, Topology};
 
 fn cluster_client(cluster: &RedisCluster) -> RedisClient {
     RedisClient::open_cluster(cluster.urls(), ClientOptions::default()).unwrap()

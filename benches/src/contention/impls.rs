@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
-use slate_core::{DistributedLock, LockGuard, Wait};
+use slate_core::Wait;
 use slate_redis::{RedisClient, SingleLock, SingleLockGuard};
 
 use super::Impl;

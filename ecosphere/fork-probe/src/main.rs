@@ -33,7 +33,7 @@ use std::time::Duration;
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 use slate_core::HolderId;
-use slate_redis::{ClientOptions, DistributedLock, LockGuard, RedisClient, SingleLock};
+use slate_redis::{ClientOptions, RedisClient, SingleLock};
 
 /// Command line.
 struct Args {

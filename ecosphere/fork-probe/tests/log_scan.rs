@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use ecosphere::server::{Data, RedisServer};
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-use slate_core::{DistributedLock, LockGuard};
 use slate_redis::{ClientOptions, RedisClient, SingleLock};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::FmtSpan;

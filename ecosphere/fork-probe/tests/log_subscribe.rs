@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ecosphere::server::RedisServer;
-use slate_core::{DistributedLock, LockGuard};
 use slate_redis::{RedisClient, SingleLock};
 use tracing_subscriber::fmt::MakeWriter;
 

@@ -95,9 +95,7 @@ use ecosphere::history::{
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use slate_history::logged::{Held, Log, Released as Logged};
-use slate_redis::{
-    ClientOptions, DistributedLock, LockGuard, LossReason, RedisClient, SingleLock, SingleLockGuard,
-};
+use slate_redis::{ClientOptions, LossReason, RedisClient, SingleLock, SingleLockGuard};
 
 /// The library's release script, for the one release no guard can express (past depth 0).
 const RELEASE_LUA: &str = include_str!("../../../slate-redis/src/scripts/release.lua");
@@ -120,7 +118,8 @@ return {1, seq}
 ";
 
 /// The error a lock call gets when the worker's max duration cuts it (recorded as `acq_info`).
-const MAX_DURATION: slate_core::Error = slate_core::Error::closed("the worker's max duration (cancelled)");
+const MAX_DURATION: slate_core::Error =
+    slate_core::Error::closed("the worker's max duration (cancelled)");
 
 /// A history write failed.
 fn recording(e: ecosphere::history::HistoryError) -> String {
@@ -1216,7 +1215,6 @@ mod combination {
     use ecosphere::history::{EventKind, OP_INCR, Recorder};
     use redis::aio::MultiplexedConnection;
     use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
-    use slate_redis::{DistributedLock, LockGuard};
 
     use super::{
         Args, CombOrder, Fenced, Held, Log, Logged, Mode, Res, connect, late_word, reason_code, say,

@@ -21,7 +21,7 @@ use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
 use ecosphere::workers::{WorkerOutput, WorkerSet};
 use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions};
-use slate_core::{DistributedLock, Error, HolderId, LockGuard, Wait};
+use slate_core::{Error, HolderId, Wait};
 
 /// The worker binary built with this package.
 pub const WORKER: &str = env!("CARGO_BIN_EXE_slate-worker");

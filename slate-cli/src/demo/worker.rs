@@ -266,7 +266,9 @@ where
         let call = async {
             tokio::time::timeout(remaining, lock.acquire(HolderId::new(), Wait::Forever))
                 .await
-                .unwrap_or(Err(slate_core::Error::closed("the demo's run (cancelled at its end)")))
+                .unwrap_or(Err(slate_core::Error::closed(
+                    "the demo's run (cancelled at its end)",
+                )))
         };
         let (guard, mut held) = match log.acquire(attempt, call).await.map_err(history)? {
             Ok(acquired) => acquired,

@@ -146,7 +146,6 @@ pub async fn try_as(
     lock: &CombinationLock,
     holder: HolderId,
 ) -> slate_core::Result<Option<slate_combination::CombinationGuard>> {
-    use slate_core::DistributedLock;
     match lock.acquire(holder, slate_core::Wait::Immediate).await {
         Ok(g) => Ok(Some(g)),
         Err(e) if e.is_busy() => Ok(None),

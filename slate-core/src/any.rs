@@ -1,0 +1,555 @@
+//! The object-safe layer: locks of different backends behind one type.
+//!
+//! [`DistributedLock`] and [`LockGuard`] return `impl Future`, which keeps calls free of boxing
+//! but makes the traits unusable as `dyn`. [`DynLock`] and [`DynGuard`] are their object-safe
+//! twins (boxed futures), implemented for every lock and guard; [`AnyLock`] and [`AnyGuard`]
+//! wrap them with the same inherent methods as the concrete locks, for users who keep
+//! heterogeneous locks in one collection:
+//!
+//! ```
+//! use slate_core::{AnyLock, DistributedLock};
+//!
+//! fn registry<A: DistributedLock, B: DistributedLock>(a: A, b: B) -> Vec<AnyLock> {
+//!     vec![AnyLock::new(a), AnyLock::new(b)]
+//! }
+//! ```
+//!
+//! Each call through this layer costs one allocation for its future (and one for the guard);
+//! use the concrete types where the lock's type is known.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::fencing::FencingToken;
+use crate::holder::HolderId;
+use crate::lease::{LeaseWatch, LossReason};
+use crate::lock::{DistributedLock, LockGuard, Wait};
+use crate::name::LockName;
+
+/// A boxed, `Send` future: what the object-safe traits return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe twin of [`DistributedLock`], implemented for every lock.
+///
+/// Prefer [`AnyLock`], which wraps it with the usual method names.
+///
+/// # Examples
+///
+/// ```
+/// use slate_core::{DistributedLock, DynLock};
+/// use std::sync::Arc;
+///
+/// fn erase<L: DistributedLock>(lock: L) -> Arc<dyn DynLock> {
+///     Arc::new(lock)
+/// }
+/// ```
+pub trait DynLock: Send + Sync + 'static {
+    /// The lock's name.
+    fn dyn_name(&self) -> &LockName;
+
+    /// [`DistributedLock::acquire`], boxed.
+    ///
+    /// # Errors
+    ///
+    /// As [`DistributedLock::acquire`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`DistributedLock::acquire`].
+    fn dyn_acquire(&self, holder: HolderId, wait: Wait) -> BoxFuture<'_, Result<AnyGuard>>;
+
+    /// [`DistributedLock::is_locked`], boxed.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    fn dyn_is_locked(&self) -> BoxFuture<'_, Result<bool>>;
+
+    /// [`DistributedLock::hold_count`], boxed.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    fn dyn_hold_count(&self, holder: HolderId) -> BoxFuture<'_, Result<u32>>;
+
+    /// [`DistributedLock::remaining_lease`], boxed.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    fn dyn_remaining_lease(&self) -> BoxFuture<'_, Result<Option<Duration>>>;
+
+    /// [`DistributedLock::force_unlock`], boxed.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// The deletion may or may not have happened when the future is dropped.
+    fn dyn_force_unlock(&self) -> BoxFuture<'_, Result<bool>>;
+}
+
+impl<L: DistributedLock> DynLock for L {
+    fn dyn_name(&self) -> &LockName {
+        self.name()
+    }
+
+    fn dyn_acquire(&self, holder: HolderId, wait: Wait) -> BoxFuture<'_, Result<AnyGuard>> {
+        let acquire = self.acquire(holder, wait);
+        Box::pin(async move { acquire.await.map(AnyGuard::new) })
+    }
+
+    fn dyn_is_locked(&self) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(self.is_locked())
+    }
+
+    fn dyn_hold_count(&self, holder: HolderId) -> BoxFuture<'_, Result<u32>> {
+        Box::pin(self.hold_count(holder))
+    }
+
+    fn dyn_remaining_lease(&self) -> BoxFuture<'_, Result<Option<Duration>>> {
+        Box::pin(self.remaining_lease())
+    }
+
+    fn dyn_force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(self.force_unlock())
+    }
+}
+
+/// The object-safe twin of [`LockGuard`], implemented for every guard.
+///
+/// Prefer [`AnyGuard`], which wraps it with the usual method names.
+///
+/// # Examples
+///
+/// ```
+/// use slate_core::{DynGuard, LockGuard};
+///
+/// fn erase<G: LockGuard>(guard: G) -> Box<dyn DynGuard> {
+///     Box::new(guard)
+/// }
+/// ```
+pub trait DynGuard: Send + Sync + 'static {
+    /// [`LockGuard::holder`].
+    fn dyn_holder(&self) -> HolderId;
+
+    /// [`LockGuard::fencing_token`].
+    fn dyn_fencing_token(&self) -> FencingToken;
+
+    /// [`LockGuard::lease`].
+    fn dyn_lease(&self) -> &LeaseWatch;
+
+    /// [`LockGuard::unlock`], boxed.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::unlock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockGuard::unlock`]: a dropped future still completes its release in the
+    /// background.
+    fn dyn_unlock(self: Box<Self>) -> BoxFuture<'static, Result<u32>>;
+}
+
+impl<G: LockGuard> DynGuard for G {
+    fn dyn_holder(&self) -> HolderId {
+        self.holder()
+    }
+
+    fn dyn_fencing_token(&self) -> FencingToken {
+        self.fencing_token()
+    }
+
+    fn dyn_lease(&self) -> &LeaseWatch {
+        self.lease()
+    }
+
+    fn dyn_unlock(self: Box<Self>) -> BoxFuture<'static, Result<u32>> {
+        Box::pin((*self).unlock())
+    }
+}
+
+/// A lock of any backend: a cheap, cloneable handle with the inherent methods of the concrete
+/// locks, for collections of locks of different types.
+///
+/// It implements [`DistributedLock`] itself, so generic code takes it too.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(locks: Vec<slate_core::AnyLock>) -> slate_core::Result<()> {
+/// for lock in &locks {
+///     if let Some(guard) = lock.try_lock().await? {
+///         println!("{} is mine, token {}", lock.name(), guard.fencing_token());
+///         guard.unlock().await?;
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct AnyLock(Arc<dyn DynLock>);
+
+impl AnyLock {
+    /// Erases a lock's type.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn erase<L: slate_core::DistributedLock>(lock: L) -> slate_core::AnyLock {
+    ///     slate_core::AnyLock::new(lock)
+    /// }
+    /// ```
+    pub fn new<L: DistributedLock>(lock: L) -> Self {
+        AnyLock(Arc::new(lock))
+    }
+
+    /// The lock's name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn name(lock: &slate_core::AnyLock) -> String {
+    ///     lock.name().to_string()
+    /// }
+    /// ```
+    #[must_use]
+    pub fn name(&self) -> &LockName {
+        self.0.dyn_name()
+    }
+
+    /// Acquires the lock for `holder`, waiting as `wait` allows ([`DistributedLock::acquire`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// use slate_core::{HolderId, Wait};
+    /// let guard = lock.acquire(HolderId::new(), Wait::Forever).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`DistributedLock::acquire`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`DistributedLock::acquire`].
+    pub async fn acquire(&self, holder: HolderId, wait: Wait) -> Result<AnyGuard> {
+        self.0.dyn_acquire(holder, wait).await
+    }
+
+    /// Waits until the lock is acquired for the current holder.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// let guard = lock.lock().await?;
+    /// guard.unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`DistributedLock::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`DistributedLock::acquire`].
+    pub async fn lock(&self) -> Result<AnyGuard> {
+        self.acquire(HolderId::current(), Wait::Forever).await
+    }
+
+    /// One remote attempt, never waiting: `Ok(None)` if another holder has the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// if let Some(guard) = lock.try_lock().await? {
+    ///     guard.unlock().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`DistributedLock::acquire`].
+    pub async fn try_lock(&self) -> Result<Option<AnyGuard>> {
+        crate::lock::busy_to_none(self.acquire(HolderId::current(), Wait::Immediate).await)
+    }
+
+    /// Waits at most `d` (in the queue, like everyone else).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// let guard = lock.try_lock_for(std::time::Duration::from_secs(1)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `Timeout` when `d` passes first; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`DistributedLock::acquire`].
+    pub async fn try_lock_for(&self, d: Duration) -> Result<AnyGuard> {
+        self.acquire(HolderId::current(), Wait::for_duration(d))
+            .await
+    }
+
+    /// Whether any holder holds the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// println!("locked: {}", lock.is_locked().await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn is_locked(&self) -> Result<bool> {
+        self.0.dyn_is_locked().await
+    }
+}
+
+impl fmt::Debug for AnyLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AnyLock").field(self.name()).finish()
+    }
+}
+
+impl DistributedLock for AnyLock {
+    type Guard = AnyGuard;
+
+    fn name(&self) -> &LockName {
+        self.0.dyn_name()
+    }
+
+    fn acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<AnyGuard>> + Send {
+        self.0.dyn_acquire(holder, wait)
+    }
+
+    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
+        self.0.dyn_is_locked()
+    }
+
+    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
+        self.0.dyn_hold_count(holder)
+    }
+
+    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
+        self.0.dyn_remaining_lease()
+    }
+
+    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
+        self.0.dyn_force_unlock()
+    }
+}
+
+/// A held level of an [`AnyLock`] (or any guard whose type was erased).
+///
+/// Dropping it releases in the background, as the concrete guard does.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+/// let guard = lock.lock().await?;
+/// let token = guard.fencing_token();
+/// # let _ = token;
+/// assert_eq!(guard.unlock().await?, 0);
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping the guard releases the lock in the background; call unlock().await to see the outcome"]
+pub struct AnyGuard(Box<dyn DynGuard>);
+
+impl AnyGuard {
+    /// Erases a guard's type.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn erase<G: slate_core::LockGuard>(guard: G) -> slate_core::AnyGuard {
+    ///     slate_core::AnyGuard::new(guard)
+    /// }
+    /// ```
+    pub fn new<G: LockGuard>(guard: G) -> Self {
+        AnyGuard(Box::new(guard))
+    }
+
+    /// The holder this guard holds the lock for.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn who(guard: &slate_core::AnyGuard) -> slate_core::HolderId {
+    ///     guard.holder()
+    /// }
+    /// ```
+    #[must_use]
+    pub fn holder(&self) -> HolderId {
+        self.0.dyn_holder()
+    }
+
+    /// The fencing token of this hold.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn token(guard: &slate_core::AnyGuard) -> u64 {
+    ///     guard.fencing_token().get()
+    /// }
+    /// ```
+    #[must_use]
+    pub fn fencing_token(&self) -> FencingToken {
+        self.0.dyn_fencing_token()
+    }
+
+    /// The lease of this hold: deadline and loss signal.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn deadline(guard: &slate_core::AnyGuard) -> std::time::Instant {
+    ///     guard.lease().deadline()
+    /// }
+    /// ```
+    #[must_use]
+    pub fn lease(&self) -> &LeaseWatch {
+        self.0.dyn_lease()
+    }
+
+    /// The lease deadline on the monotonic clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn deadline(guard: &slate_core::AnyGuard) -> std::time::Instant {
+    ///     guard.lease_deadline()
+    /// }
+    /// ```
+    #[must_use]
+    pub fn lease_deadline(&self) -> Instant {
+        self.lease().deadline()
+    }
+
+    /// Whether the lease is lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// fn usable(guard: &slate_core::AnyGuard) -> bool {
+    ///     !guard.is_lost()
+    /// }
+    /// ```
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.lease().is_lost()
+    }
+
+    /// Completes when the lease is lost.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(guard: slate_core::AnyGuard) {
+    /// let reason = guard.lost().await;
+    /// eprintln!("lost the lock: {reason}");
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub async fn lost(&self) -> LossReason {
+        self.lease().lost().await
+    }
+
+    /// Releases one level and returns the holder's remaining hold count
+    /// ([`LockGuard::unlock`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(guard: slate_core::AnyGuard) -> slate_core::Result<()> {
+    /// assert_eq!(guard.unlock().await?, 0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::unlock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockGuard::unlock`]: a dropped future still completes its release.
+    pub async fn unlock(self) -> Result<u32> {
+        self.0.dyn_unlock().await
+    }
+}
+
+impl fmt::Debug for AnyGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnyGuard")
+            .field("holder", &self.holder())
+            .field("token", &self.fencing_token())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockGuard for AnyGuard {
+    fn holder(&self) -> HolderId {
+        self.0.dyn_holder()
+    }
+
+    fn fencing_token(&self) -> FencingToken {
+        self.0.dyn_fencing_token()
+    }
+
+    fn lease(&self) -> &LeaseWatch {
+        self.0.dyn_lease()
+    }
+
+    fn unlock(self) -> impl Future<Output = Result<u32>> + Send {
+        self.0.dyn_unlock()
+    }
+}
