@@ -18,10 +18,12 @@ use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 const LEASE: Duration = Duration::from_secs(2);
 
 fn options() -> NodeSetOptions {
-    NodeSetOptions::default()
+    NodeSetOptions::builder()
         .node_operation_time(Duration::from_millis(200))
         .reprobe_interval(Duration::from_millis(300))
         .quarantine(LEASE)
+        .build()
+        .unwrap()
 }
 
 fn lock(nodes: &NodeSet) -> CombinationLock {
@@ -134,11 +136,11 @@ async fn run(quarantine: bool) -> (Report, bool) {
     s[0].restart(Data::Wipe).unwrap();
     s[2].restart(Data::Wipe).unwrap();
     s[1].pause().unwrap();
-    let mut opts = options();
+    let mut opts = slate_combination::NodeSetOptionsBuilder::from(options());
     if !quarantine {
         opts = opts.disable_quarantine_unsafe();
     }
-    let b_nodes = NodeSet::connect(s.iter().map(RedisServer::url), opts).unwrap();
+    let b_nodes = NodeSet::connect(s.iter().map(RedisServer::url), opts.build().unwrap()).unwrap();
     let gb = try_recorded(&b, 0, &lock(&b_nodes)).await;
     let b_won = gb.is_some();
     // A is still inside its lease: nothing told it (it cannot know before its next renewal).

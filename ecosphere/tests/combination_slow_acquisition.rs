@@ -327,7 +327,10 @@ async fn c8_a_slow_node_within_the_operation_time_is_used_after_idle_seconds() {
     let p = proxies(&s);
     let nodes = view(
         proxy_urls(&p),
-        NodeSetOptions::default().node_operation_time(Duration::from_millis(500)),
+        NodeSetOptions::builder()
+            .node_operation_time(Duration::from_millis(500))
+            .build()
+            .unwrap(),
     );
     warm(&nodes).await;
     let lock = CombinationLock::builder(&nodes, "c8-idle")

@@ -232,7 +232,10 @@ async fn hold_for(step: &'static str, guard: &impl LockGuard, span: Duration) ->
 /// Two clients stand for two processes (separate local queues, so the waiter depends on the
 /// Redis-side turn and the release notification).
 async fn single_run(url: &str, prefix: &str, name: &str) -> Step<SingleRun> {
-    let opts = ClientOptions::default().command_timeout(Duration::from_secs(2));
+    let opts = ClientOptions::builder()
+        .command_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     let a = at("open client", RedisClient::open_with(url, opts.clone()))?;
     let b = at("open client", RedisClient::open_with(url, opts))?;
     bounded("PING", Duration::from_secs(3), a.ping()).await?;
@@ -350,10 +353,12 @@ async fn single_run(url: &str, prefix: &str, name: &str) -> Step<SingleRun> {
 
 /// Node-set options for the tests (adoption instead of quarantine; loaded machine margins).
 fn node_opts() -> NodeSetOptions {
-    NodeSetOptions::default()
+    NodeSetOptions::builder()
         .node_operation_time(Duration::from_millis(300))
         .reprobe_interval(Duration::from_millis(500))
         .quarantine(Duration::from_secs(5))
+        .build()
+        .unwrap()
 }
 
 /// The whole combination-lock path as the users of `urls`.
@@ -511,7 +516,10 @@ async fn x1_least_privilege_user_runs_both_locks_with_an_empty_acl_log() {
     // broke; the next call reconnects, loads the scripts and works.
     let client = RedisClient::open_with(
         &urls[0],
-        ClientOptions::default().command_timeout(Duration::from_secs(2)),
+        ClientOptions::builder()
+            .command_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap(),
     )
     .expect("client");
     let lease = Duration::from_millis(900);
@@ -904,9 +912,14 @@ async fn x1_wrong_password_is_an_auth_error_at_once_for_both_locks() {
         .map(|s| s.url_for_user(USER, wrong))
         .collect();
     let timeout = Duration::from_secs(2);
-    let client =
-        RedisClient::open_with(&urls[0], ClientOptions::default().command_timeout(timeout))
-            .expect("client");
+    let client = RedisClient::open_with(
+        &urls[0],
+        ClientOptions::builder()
+            .command_timeout(timeout)
+            .build()
+            .unwrap(),
+    )
+    .expect("client");
     let lock = SingleLock::builder(&client, "x1-auth")
         .build()
         .expect("lock");
@@ -1068,7 +1081,11 @@ async fn x1_credentials_never_appear_in_debug_or_display() {
     let mut texts: Vec<(String, String)> = Vec::new();
 
     // Options and clients built from a URL and from options.
-    let opts = ClientOptions::default().credentials(Some(USER), PASSWORD);
+    let opts = ClientOptions::builder()
+        .username(USER)
+        .password(PASSWORD)
+        .build()
+        .unwrap();
     texts.push(("ClientOptions".into(), format!("{opts:?} {opts:#?}")));
     let from_url = RedisClient::open(server.url_for_user(USER, PASSWORD)).expect("client");
     let from_opts =
@@ -1096,7 +1113,10 @@ async fn x1_credentials_never_appear_in_debug_or_display() {
         server.url_for_user(USER, PASSWORD),
         second.url_for_user("odd", &odd),
     ];
-    let node_opts = node_opts().client_options(opts.clone());
+    let node_opts = slate_combination::NodeSetOptionsBuilder::from(node_opts())
+        .client_options(opts.clone())
+        .build()
+        .unwrap();
     texts.push(("NodeSetOptions".into(), format!("{node_opts:?}")));
     let nodes = NodeSet::connect(urls, node_opts).expect("node set");
     let comb_builder = CombinationLock::builder(&nodes, "x1-render")
@@ -1137,7 +1157,10 @@ async fn x1_credentials_never_appear_in_debug_or_display() {
     drop(closed);
     let unreachable = RedisClient::open_with(
         format!("redis://{USER}:{PASSWORD}@127.0.0.1:{port}"),
-        ClientOptions::default().connect_timeout(Duration::from_millis(500)),
+        ClientOptions::builder()
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap(),
     )
     .expect("client");
     let e = unreachable.ping().await.expect_err("nothing listens");

@@ -161,7 +161,10 @@ async fn x3_names_are_refused_clearly_or_used_verbatim_as_keys() {
     let client = RedisClient::open(server.url()).expect("client");
     let nodes = NodeSet::connect(
         [server.url(), second.url()],
-        NodeSetOptions::default().quarantine(Duration::from_secs(30)),
+        NodeSetOptions::builder()
+            .quarantine(Duration::from_secs(30))
+            .build()
+            .unwrap(),
     )
     .expect("node set");
 
@@ -503,7 +506,10 @@ async fn x3_release_and_force_unlock_never_touch_a_look_alike() {
     let a = RedisClient::open(server.url()).expect("client");
     let b = RedisClient::open_with(
         server.url(),
-        ClientOptions::default().command_timeout(Duration::from_secs(2)),
+        ClientOptions::builder()
+            .command_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap(),
     )
     .expect("client");
     let lease = Duration::from_millis(1000);

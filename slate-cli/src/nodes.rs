@@ -26,8 +26,11 @@ pub async fn adopt(urls: &[String], prefix: &str) -> u8 {
         );
         return exit::USAGE;
     }
-    let options = NodeSetOptions::default().node_operation_time(NODE_TIME);
-    let nodes = match NodeSet::connect(urls, options) {
+    let nodes = match NodeSetOptions::builder()
+        .node_operation_time(NODE_TIME)
+        .build()
+        .and_then(|options| NodeSet::connect(urls, options))
+    {
         Ok(n) => n,
         Err(e) => {
             eprintln!("slate: {e}");

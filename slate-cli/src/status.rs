@@ -111,9 +111,9 @@ async fn inspect_client(client: &RedisClient, keys: &NodeKeys) -> Answer {
 /// [`Error::InvalidInput`] for a bad name or prefix.
 pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<StatusReport, Error> {
     let lock_name = check_name(name)?;
-    slate_core::LockOptions::default()
-        .with_key_prefix(prefix)
-        .validate()?;
+    slate_core::LockOptions::builder()
+        .key_prefix(prefix)
+        .build()?;
     let keys = NodeKeys::new(prefix, &lock_name);
     let one = match servers {
         Servers::Masters(_) => None,

@@ -171,10 +171,10 @@ impl Target {
     ) -> Result<Self, Error> {
         // The lease and prefix first, so that a bad one is reported as itself and not as the
         // node-set setting derived from it (the quarantine follows the lease).
-        slate_core::LockOptions::default()
-            .with_lease(lease)
-            .with_key_prefix(prefix)
-            .validate()?;
+        slate_core::LockOptions::builder()
+            .lease(lease)
+            .key_prefix(prefix)
+            .build()?;
         let single = |client: RedisClient| -> Result<Self, Error> {
             let lock = SingleLock::builder(&client, name)
                 .lease(lease)
@@ -205,10 +205,11 @@ impl Target {
                 Ok(Target::Single(lock))
             }
             _ => {
-                let options = NodeSetOptions::default()
+                let options = NodeSetOptions::builder()
                     .quarantine(DEFAULT_QUARANTINE.max(lease))
                     .node_operation_time(node_operation_time(lease, urls.len()))
-                    .reprobe_interval(REPROBE);
+                    .reprobe_interval(REPROBE)
+                    .build()?;
                 let nodes = NodeSet::connect(urls, options)?;
                 let lock = CombinationLock::builder(&nodes, name)
                     .lease(lease)

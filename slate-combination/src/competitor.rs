@@ -92,7 +92,7 @@ impl CombinationCompetitor {
 
 impl Inner {
     fn op_time(&self) -> Duration {
-        self.nodes.options().node_operation_time_value()
+        self.nodes.options().node_operation_time()
     }
 
     /// The nodes `holder` holds in this process, if any.

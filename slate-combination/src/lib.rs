@@ -36,11 +36,12 @@ mod node_set;
 
 pub use decision::Order;
 pub use lock::{CombinationGuard, CombinationLock, CombinationLockBuilder};
-pub use node_set::{NodeSet, NodeSetOptions};
+pub use node_set::{NodeSet, NodeSetOptions, NodeSetOptionsBuilder};
 // Everything the examples and a typical caller need, so that depending on `slate-combination`
 // alone is enough (the traits are only needed for generic code).
 pub use slate_core::{
     AnyGuard, AnyLock, BackendKind, DistributedLock, Error, FencingToken, HolderId, LeaseWatch,
-    LockGuard, LockName, LockOptions, LossReason, NodeReport, NodeState, Result, TimeoutKind, Wait,
+    LockGuard, LockName, LockOptions, LockOptionsBuilder, LossReason, NodeReport, NodeState,
+    Result, TimeoutKind, Wait,
 };
-pub use slate_redis::{ClientOptions, RedisClient};
+pub use slate_redis::{ClientOptions, ClientOptionsBuilder, RedisClient};

@@ -10,7 +10,8 @@ use slate_aqs::Synchronizer;
 use slate_core::detach::Detached;
 use slate_core::lease::{self, LeaseWatch};
 use slate_core::{
-    DistributedLock, Error, FencingToken, HolderId, LockGuard, LockName, LockOptions, Result, Wait,
+    DistributedLock, Error, FencingToken, HolderId, LockGuard, LockName, LockOptions,
+    LockOptionsBuilder, Result, Wait,
 };
 use slate_redis::node::{NodeEntries, NodeKeys};
 use tokio::runtime::Handle;
@@ -82,7 +83,7 @@ impl fmt::Debug for CombinationLock {
 pub struct CombinationLockBuilder {
     nodes: NodeSet,
     name: Vec<u8>,
-    options: LockOptions,
+    options: LockOptionsBuilder,
     required: Option<usize>,
     budget: Option<Duration>,
     order: Order,
@@ -91,37 +92,37 @@ pub struct CombinationLockBuilder {
 impl CombinationLockBuilder {
     /// Sets the lease (default 30 s).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.options = self.options.with_lease(lease);
+        self.options = self.options.lease(lease);
         self
     }
 
     /// Sets the renewal period (default half the lease).
     pub fn renewal_period(mut self, period: Duration) -> Self {
-        self.options = self.options.with_renewal_period(period);
+        self.options = self.options.renewal_period(period);
         self
     }
 
     /// Sets the spin wait (default 50 ms).
     pub fn spin_wait(mut self, spin_wait: Duration) -> Self {
-        self.options = self.options.with_spin_wait(spin_wait);
+        self.options = self.options.spin_wait(spin_wait);
         self
     }
 
     /// Caps how long the lock is renewed.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.options = self.options.with_max_hold(max_hold);
+        self.options = self.options.max_hold(max_hold);
         self
     }
 
     /// Sets the key prefix (default `slate:`).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.options = self.options.with_key_prefix(prefix);
+        self.options = self.options.key_prefix(prefix);
         self
     }
 
     /// Replaces all common options at once.
     pub fn options(mut self, options: LockOptions) -> Self {
-        self.options = options;
+        self.options = options.into();
         self
     }
 
@@ -143,16 +144,17 @@ impl CombinationLockBuilder {
         self
     }
 
-    /// Validates everything and builds the lock. Call it inside a tokio runtime.
+    /// Validates everything and builds the lock. Its background work runs on the current
+    /// tokio runtime, or outside any on the node clients' own.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidInput`] naming the bad option: invalid common options or name, a quorum
     /// below the majority or above N, an acquire budget of zero or not shorter than the lease,
-    /// a node-set quarantine shorter than the lease, no tokio runtime.
+    /// a node-set quarantine shorter than the lease.
     pub fn build(self) -> Result<CombinationLock> {
-        self.options.validate()?;
-        if self.options.fence_expiry().is_some() {
+        let options = self.options.build()?;
+        if options.fence_expiry().is_some() {
             return Err(Error::invalid_input(
                 "fence expiry",
                 "the combination lock keeps a persistent fencing counter on each node",
@@ -163,13 +165,13 @@ impl CombinationLockBuilder {
         let n = self.nodes.len();
         let required = quorum(n, self.required)?;
         let set_opts = self.nodes.options();
-        let op = set_opts.node_operation_time_value();
+        let op = set_opts.node_operation_time();
         let budget = self.budget.unwrap_or_else(|| {
             op.checked_mul(u32::try_from(n).unwrap_or(u32::MAX))
                 .and_then(|d| d.checked_add(Duration::from_millis(100)))
                 .unwrap_or(Duration::MAX)
         });
-        let lease = self.options.lease();
+        let lease = options.lease();
         if budget.is_zero() || budget >= lease {
             return Err(Error::invalid_input(
                 "acquire budget",
@@ -177,31 +179,27 @@ impl CombinationLockBuilder {
                 "use a longer lease or a shorter budget (the default is node operation time x N + 100ms)",
             ));
         }
-        if set_opts.quarantine_enabled() && set_opts.quarantine_value() < lease {
+        if set_opts.quarantine_enabled() && set_opts.quarantine() < lease {
             return Err(Error::invalid_input(
                 "quarantine",
                 format!(
                     "the node set's quarantine {:?} is shorter than this lock's {lease:?} lease",
-                    set_opts.quarantine_value()
+                    set_opts.quarantine()
                 ),
                 "give the node set a quarantine of at least the longest lease of its locks",
             ));
         }
-        let runtime = Handle::try_current().map_err(|_| {
-            Error::invalid_input(
-                "runtime",
-                "no tokio runtime is running",
-                "build the lock inside a tokio runtime (its background work runs there)",
-            )
-        })?;
+        // The current runtime, or (built from a plain thread) the one the node clients run
+        // their services on.
+        let runtime = Handle::try_current().unwrap_or_else(|_| self.nodes.runtime().clone());
         let label: Arc<str> = Arc::from(name.to_string());
-        let keys = NodeKeys::new(self.options.key_prefix(), &name);
-        let spin = self.options.spin_wait();
+        let keys = NodeKeys::new(options.key_prefix(), &name);
+        let spin = options.spin_wait();
         let competitor = CombinationCompetitor::new(
             self.nodes,
             keys,
             label.clone(),
-            self.options,
+            options,
             required,
             budget,
             self.order,
@@ -232,7 +230,7 @@ impl CombinationLock {
         CombinationLockBuilder {
             nodes: nodes.clone(),
             name: name.as_ref().to_vec(),
-            options: LockOptions::default(),
+            options: LockOptionsBuilder::default(),
             required: None,
             budget: None,
             order: Order::Sequential,
@@ -280,7 +278,7 @@ impl CombinationLock {
     /// Cancel safe (reads).
     pub async fn inspect(&self) -> Vec<Result<NodeEntries>> {
         let inner = self.inner();
-        let op = inner.nodes.options().node_operation_time_value();
+        let op = inner.nodes.options().node_operation_time();
         join_all((0..inner.nodes.len()).map(|i| async move {
             let client = &inner.nodes.node(i).client;
             tokio::time::timeout(op, client.node_inspect(&inner.keys))

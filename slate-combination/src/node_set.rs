@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use slate_core::{Error, NodeReport, NodeState, Result};
 use slate_redis::node::NodeKeys;
-use slate_redis::{ClientOptions, RedisClient};
+use slate_redis::{ClientOptions, ClientOptionsBuilder, RedisClient};
 
-/// Options of a [`NodeSet`].
+/// Options of a [`NodeSet`], built with [`NodeSetOptions::builder`] and read back with getters
+/// named as the options.
 ///
 /// | option | default | meaning |
 /// | --- | --- | --- |
@@ -43,8 +44,9 @@ use slate_redis::{ClientOptions, RedisClient};
 /// use slate_combination::NodeSetOptions;
 /// use std::time::Duration;
 ///
-/// let o = NodeSetOptions::default().node_operation_time(Duration::from_millis(100));
-/// assert_eq!(o.node_operation_time_value(), Duration::from_millis(100));
+/// let o = NodeSetOptions::builder().node_operation_time(Duration::from_millis(100)).build()?;
+/// assert_eq!(o.node_operation_time(), Duration::from_millis(100));
+/// # Ok::<(), slate_combination::Error>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct NodeSetOptions {
@@ -67,61 +69,205 @@ impl Default for NodeSetOptions {
     }
 }
 
-impl NodeSetOptions {
+/// Builds [`NodeSetOptions`]: one setter per option, named as the option (tokio's and
+/// redis-rs's builder style); [`build`](Self::build) checks every rule.
+///
+/// # Examples
+///
+/// ```
+/// use slate_combination::NodeSetOptions;
+/// use std::time::Duration;
+///
+/// let o = NodeSetOptions::builder()
+///     .node_operation_time(Duration::from_millis(100))
+///     .quarantine(Duration::from_secs(60))
+///     .build()?;
+/// assert_eq!(o.node_operation_time(), Duration::from_millis(100));
+/// # Ok::<(), slate_combination::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct NodeSetOptionsBuilder(NodeSetOptions);
+
+impl From<NodeSetOptions> for NodeSetOptionsBuilder {
+    /// Starts from existing options (to change a few of them).
+    fn from(options: NodeSetOptions) -> Self {
+        NodeSetOptionsBuilder(options)
+    }
+}
+
+impl NodeSetOptionsBuilder {
     /// Sets the budget of one command on one node (also each node client's command and
-    /// connect timeout).
-    #[must_use]
+    /// connect timeout; default 50 ms).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_combination::NodeSetOptions::builder().node_operation_time(Duration::from_millis(80)).build()?;
+    /// assert_eq!(o.node_operation_time(), Duration::from_millis(80));
+    /// # Ok::<(), slate_combination::Error>(())
+    /// ```
     pub fn node_operation_time(mut self, d: Duration) -> Self {
-        self.node_op_time = d;
+        self.0.node_op_time = d;
         self
     }
 
-    /// The node operation time.
-    #[must_use]
-    pub fn node_operation_time_value(&self) -> Duration {
-        self.node_op_time
-    }
-
-    /// Sets the re-probe interval.
-    #[must_use]
+    /// Sets how long an unavailable node is skipped before a probe may bring it back
+    /// (default 15 min).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_combination::NodeSetOptions::builder().reprobe_interval(Duration::from_secs(60)).build()?;
+    /// assert_eq!(o.reprobe_interval(), Duration::from_secs(60));
+    /// # Ok::<(), slate_combination::Error>(())
+    /// ```
     pub fn reprobe_interval(mut self, d: Duration) -> Self {
-        self.reprobe = d;
+        self.0.reprobe = d;
         self
     }
 
-    /// Sets the quarantine of a restarted server.
-    #[must_use]
+    /// Sets the quarantine of a restarted server (default 30 s; at least every lock's lease).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_combination::NodeSetOptions::builder().quarantine(Duration::from_secs(60)).build()?;
+    /// assert_eq!(o.quarantine(), Duration::from_secs(60));
+    /// # Ok::<(), slate_combination::Error>(())
+    /// ```
     pub fn quarantine(mut self, d: Duration) -> Self {
-        self.quarantine = d;
+        self.0.quarantine = d;
         self
-    }
-
-    /// The quarantine of a restarted server.
-    #[must_use]
-    pub fn quarantine_value(&self) -> Duration {
-        self.quarantine
-    }
-
-    /// Whether quarantine is on (it is unless disabled for a test).
-    #[must_use]
-    pub fn quarantine_enabled(&self) -> bool {
-        self.quarantine_enabled
     }
 
     /// **Unsafe for correctness; for tests that show why quarantine exists.** Uses restarted
     /// servers at once, even when they lost the entries of a lock still held.
-    #[must_use]
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let o = slate_combination::NodeSetOptions::builder().disable_quarantine_unsafe().build()?;
+    /// assert!(!o.quarantine_enabled());
+    /// # Ok::<(), slate_combination::Error>(())
+    /// ```
     pub fn disable_quarantine_unsafe(mut self) -> Self {
-        self.quarantine_enabled = false;
+        self.0.quarantine_enabled = false;
         self
     }
 
     /// Client options for every node (credentials, TLS, pool size). Their command and connect
     /// timeouts are replaced by the node operation time.
-    #[must_use]
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_combination::{ClientOptions, NodeSetOptions};
+    /// let client = ClientOptions::builder().password("s3cret").build()?;
+    /// let o = NodeSetOptions::builder().client_options(client).build()?;
+    /// # Ok::<(), slate_combination::Error>(())
+    /// ```
     pub fn client_options(mut self, options: ClientOptions) -> Self {
-        self.client = options;
+        self.0.client = options;
         self
+    }
+
+    /// Checks every option against its rule and returns the options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the first invalid option and the fix.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let e = slate_combination::NodeSetOptions::builder().node_operation_time(Duration::ZERO).build();
+    /// assert!(e.unwrap_err().is_invalid_input());
+    /// ```
+    pub fn build(self) -> Result<NodeSetOptions> {
+        self.0.validate()?;
+        Ok(self.0)
+    }
+}
+
+impl NodeSetOptions {
+    /// Starts building options from the defaults.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let o = slate_combination::NodeSetOptions::builder().build()?;
+    /// # Ok::<(), slate_combination::Error>(())
+    /// ```
+    pub fn builder() -> NodeSetOptionsBuilder {
+        NodeSetOptionsBuilder::default()
+    }
+
+    /// The budget of one command on one node.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(slate_combination::NodeSetOptions::default().node_operation_time(), Duration::from_millis(50));
+    /// ```
+    #[must_use]
+    pub fn node_operation_time(&self) -> Duration {
+        self.node_op_time
+    }
+
+    /// The re-probe interval.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(slate_combination::NodeSetOptions::default().reprobe_interval(), Duration::from_secs(900));
+    /// ```
+    #[must_use]
+    pub fn reprobe_interval(&self) -> Duration {
+        self.reprobe
+    }
+
+    /// The quarantine of a restarted server.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(slate_combination::NodeSetOptions::default().quarantine(), Duration::from_secs(30));
+    /// ```
+    #[must_use]
+    pub fn quarantine(&self) -> Duration {
+        self.quarantine
+    }
+
+    /// Whether quarantine is on (it is unless disabled for a test).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(slate_combination::NodeSetOptions::default().quarantine_enabled());
+    /// ```
+    #[must_use]
+    pub fn quarantine_enabled(&self) -> bool {
+        self.quarantine_enabled
+    }
+
+    /// The client options of every node.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_combination::NodeSetOptions::default().client_options().pool_size(), 8);
+    /// ```
+    #[must_use]
+    pub fn client_options(&self) -> &ClientOptions {
+        &self.client
     }
 
     fn validate(&self) -> Result<()> {
@@ -252,11 +398,10 @@ impl NodeSet {
         S: AsRef<str>,
     {
         options.validate()?;
-        let client_opts = options
-            .client
-            .clone()
+        let client_opts = ClientOptionsBuilder::from(options.client.clone())
             .command_timeout(options.node_op_time)
-            .connect_timeout(options.node_op_time);
+            .connect_timeout(options.node_op_time)
+            .build()?;
         let clients = urls
             .into_iter()
             .map(|u| RedisClient::open_with(u, client_opts.clone()))
@@ -343,6 +488,12 @@ impl NodeSet {
         self.inner.nodes.get(i).map(|n| &n.client)
     }
 
+    /// The tokio runtime of the first node client's services (a set built outside any runtime
+    /// uses it for its locks' background work).
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        self.node(0).client.node_runtime()
+    }
+
     /// What this process knows of every node, as reported in errors.
     #[must_use]
     pub fn report(&self) -> Vec<NodeReport> {
@@ -417,9 +568,9 @@ impl NodeSet {
     ///
     /// Idempotent.
     pub async fn adopt_fresh_servers(&self, prefix: &str) -> Result<usize> {
-        slate_core::LockOptions::default()
-            .with_key_prefix(prefix)
-            .validate()?;
+        slate_core::LockOptions::builder()
+            .key_prefix(prefix)
+            .build()?;
         let keys = NodeKeys::new(prefix, &slate_core::LockName::new("-")?);
         let op = self.inner.options.node_op_time;
         let marked = futures::future::join_all(self.inner.nodes.iter().map(|n| {
@@ -598,7 +749,7 @@ mod tests {
     /// budget was computed from it; every duration of the node set is bounded.
     #[test]
     fn large_durations_are_refused() {
-        let d = NodeSetOptions::default;
+        let d = NodeSetOptions::builder;
         for (opts, what) in [
             (
                 d().node_operation_time(Duration::MAX),
@@ -607,13 +758,13 @@ mod tests {
             (d().reprobe_interval(Duration::MAX), "re-probe interval"),
             (d().quarantine(Duration::MAX), "quarantine"),
         ] {
-            match opts.validate() {
+            match opts.build() {
                 Err(Error::InvalidInput { what: w, .. }) => assert_eq!(w, what),
                 other => panic!("{what}: expected invalid input, got {other:?}"),
             }
         }
         d().node_operation_time(slate_core::MAX_DURATION)
-            .validate()
+            .build()
             .unwrap();
     }
 }

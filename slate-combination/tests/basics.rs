@@ -24,10 +24,12 @@ async fn node_set(servers: &[RedisServer]) -> NodeSet {
 
 /// Another process's view of the same servers (no adoption).
 fn view(servers: &[RedisServer]) -> NodeSet {
-    let opts = NodeSetOptions::default()
+    let opts = NodeSetOptions::builder()
         .node_operation_time(Duration::from_millis(200))
         .reprobe_interval(Duration::from_millis(300))
-        .quarantine(Duration::from_secs(2));
+        .quarantine(Duration::from_secs(2))
+        .build()
+        .unwrap();
     NodeSet::connect(servers.iter().map(RedisServer::url), opts).expect("node set")
 }
 
@@ -156,13 +158,14 @@ async fn restarted_nodes_scenario(quarantine: bool) -> Option<Vec<usize>> {
     s[0].restart(ecosphere::server::Data::Wipe).unwrap();
     s[2].restart(ecosphere::server::Data::Wipe).unwrap();
     s[1].pause().unwrap();
-    let mut opts = NodeSetOptions::default()
+    let mut opts = NodeSetOptions::builder()
         .node_operation_time(Duration::from_millis(200))
         .quarantine(Duration::from_secs(2));
     if !quarantine {
         opts = opts.disable_quarantine_unsafe();
     }
-    let other_nodes = NodeSet::connect(s.iter().map(RedisServer::url), opts).unwrap();
+    let other_nodes =
+        NodeSet::connect(s.iter().map(RedisServer::url), opts.build().unwrap()).unwrap();
     let other = CombinationLock::builder(&other_nodes, "quarantine")
         .lease(Duration::from_secs(2))
         .build()
@@ -201,6 +204,33 @@ async fn without_quarantine_the_restart_breaks_exclusion() {
 
 /// The thread twins (issue 20, item 4): lock, re-entry, try, timeout and unlock from plain
 /// threads, with the lock's I/O on its runtime.
+/// Issue 20, item 3: a node set and lock built from a plain thread (no runtime anywhere) work
+/// through the blocking twins, on the node clients' own runtimes.
+#[test]
+fn built_outside_a_runtime_serves_threads() {
+    let s = servers(3);
+    // Adopt the fresh servers once, from a short-lived runtime (the markers stay on them).
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async { drop(node_set(&s).await) });
+    let nodes = view(&s);
+    let l = lock(&nodes, "no-runtime");
+    let g = l.blocking_lock().unwrap();
+    assert_eq!(g.nodes(), &[0, 1, 2]);
+    let busy = std::thread::spawn({
+        let l = l.clone();
+        move || l.blocking_try_lock().unwrap().is_none()
+    })
+    .join()
+    .unwrap();
+    assert!(busy, "held by the first thread");
+    assert_eq!(g.blocking_unlock().unwrap(), 0);
+    drop(l);
+    drop(nodes);
+}
+
 #[test]
 fn blocking_twins_work_on_threads() {
     let s = servers(3);
@@ -300,7 +330,10 @@ async fn any_lock_keeps_both_backends_side_by_side() {
 
     async fn hold_count_of<L: slate_combination::DistributedLock>(l: &L) -> u32 {
         let g = l.lock().await.unwrap();
-        let n = l.hold_count(slate_combination::LockGuard::holder(&g)).await.unwrap();
+        let n = l
+            .hold_count(slate_combination::LockGuard::holder(&g))
+            .await
+            .unwrap();
         slate_combination::LockGuard::unlock(g).await.unwrap();
         n
     }

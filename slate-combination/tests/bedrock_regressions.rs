@@ -178,10 +178,12 @@ async fn c6_unavailable_node_is_not_contacted_before_reprobe() {
     let reprobe = Duration::from_millis(1500);
     let nodes = view_of(
         proxy_urls(&p),
-        NodeSetOptions::default()
+        NodeSetOptions::builder()
             .node_operation_time(OP)
             .reprobe_interval(reprobe)
-            .quarantine(Duration::from_secs(5)),
+            .quarantine(Duration::from_secs(5))
+            .build()
+            .unwrap(),
     );
     let name = "c6";
     let l = lock(&nodes, name);
@@ -238,10 +240,12 @@ async fn c7_one_dead_node_does_not_fail_every_later_acquisition() {
     s[1].kill().unwrap();
     let reprobing = view_of(
         urls(&s),
-        NodeSetOptions::default()
+        NodeSetOptions::builder()
             .node_operation_time(OP)
             .reprobe_interval(Duration::from_millis(1))
-            .quarantine(Duration::from_secs(5)),
+            .quarantine(Duration::from_secs(5))
+            .build()
+            .unwrap(),
     );
     for view in [&nodes, &reprobing] {
         let l = lock(view, "c7");

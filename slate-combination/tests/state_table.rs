@@ -102,10 +102,12 @@ async fn all_125_cases_match_the_decision_function() {
     // Re-probe at once: the warm-up of each case brings back the nodes the last case failed.
     let nodes = view_of(
         proxy_urls(&p),
-        NodeSetOptions::default()
+        NodeSetOptions::builder()
             .node_operation_time(OP)
             .reprobe_interval(Duration::from_millis(1))
-            .quarantine(Duration::from_secs(5)),
+            .quarantine(Duration::from_secs(5))
+            .build()
+            .unwrap(),
     );
     let build = |name: &str| {
         CombinationLock::builder(&nodes, name)

@@ -18,9 +18,11 @@ async fn sentinel_groups_are_combination_nodes() {
     let g2 = SentinelGroup::start(1, 1).unwrap();
     let standalone = servers(1);
     let op = Duration::from_millis(500);
-    let client_opts = ClientOptions::default()
+    let client_opts = ClientOptions::builder()
         .command_timeout(op)
-        .connect_timeout(op);
+        .connect_timeout(op)
+        .build()
+        .unwrap();
     let sentinel = |g: &SentinelGroup| {
         RedisClient::open_sentinel(g.sentinel_urls(), g.master_name(), client_opts.clone()).unwrap()
     };
@@ -69,9 +71,11 @@ async fn a_node_whose_group_failed_over_is_quarantined() {
         .map(|_| SentinelGroup::start(1, 1).unwrap())
         .collect();
     let op = Duration::from_millis(500);
-    let client_opts = ClientOptions::default()
+    let client_opts = ClientOptions::builder()
         .command_timeout(op)
-        .connect_timeout(op);
+        .connect_timeout(op)
+        .build()
+        .unwrap();
     let clients: Vec<RedisClient> = groups
         .iter()
         .map(|g| {
@@ -83,9 +87,11 @@ async fn a_node_whose_group_failed_over_is_quarantined() {
     assert_eq!(observer.failovers(), 0);
     let nodes = NodeSet::from_clients(
         clients,
-        opts(op)
+        slate_combination::NodeSetOptionsBuilder::from(opts(op))
             .quarantine(quarantine)
-            .reprobe_interval(Duration::from_millis(200)),
+            .reprobe_interval(Duration::from_millis(200))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     adopt(&nodes).await;

@@ -31,4 +31,4 @@ pub use holder::HolderId;
 pub use lease::{LeaseKeeper, LeaseWatch, LossReason};
 pub use lock::{DistributedLock, LockGuard, Wait};
 pub use name::{LockName, MAX_NAME_LEN};
-pub use options::{LockOptions, MAX_DURATION};
+pub use options::{LockOptions, LockOptionsBuilder, MAX_DURATION};

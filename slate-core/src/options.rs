@@ -56,7 +56,8 @@ pub fn check_max_duration(what: &'static str, d: Duration) -> Result<()> {
 /// | key prefix | `slate:` | at most 256 bytes, no `{` or `}` |
 /// | fence expiry | none (persistent counter) | when set, at least the lease and 1 s, at most [`MAX_DURATION`] |
 ///
-/// Setters never fail; [`LockOptions::validate`] (called by every lock builder) reports the
+/// Built with [`LockOptions::builder`] (or the lock builders' setters of the same names);
+/// read back with getters named as the options. Setters never fail; `build()` reports the
 /// first problem with a message naming the option and the fix. Nothing is silently corrected.
 ///
 /// # Examples
@@ -65,12 +66,9 @@ pub fn check_max_duration(what: &'static str, d: Duration) -> Result<()> {
 /// use slate_core::LockOptions;
 /// use std::time::Duration;
 ///
-/// let opts = LockOptions::default().with_lease(Duration::from_secs(10));
+/// let opts = LockOptions::builder().lease(Duration::from_secs(10)).build()?;
+/// assert_eq!(opts.lease(), Duration::from_secs(10));
 /// assert_eq!(opts.renewal_period(), Duration::from_secs(5));
-/// opts.validate()?;
-///
-/// let bad = LockOptions::default().with_lease(Duration::ZERO);
-/// assert!(bad.validate().unwrap_err().is_invalid_input());
 /// # Ok::<(), slate_core::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,79 +95,18 @@ impl Default for LockOptions {
 }
 
 impl LockOptions {
-    /// Sets the lease: the time-to-live of the lock entry, renewed while held.
+    /// Starts building options from the defaults.
     ///
     /// # Examples
     ///
     /// ```
     /// # use std::time::Duration;
-    /// let o = slate_core::LockOptions::default().with_lease(Duration::from_secs(5));
-    /// assert_eq!(o.lease(), Duration::from_secs(5));
-    /// ```
-    #[must_use]
-    pub fn with_lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// Sets the renewal period explicitly (default: half the lease).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = slate_core::LockOptions::default().with_renewal_period(Duration::from_secs(5));
-    /// assert_eq!(o.renewal_period(), Duration::from_secs(5));
-    /// ```
-    #[must_use]
-    pub fn with_renewal_period(mut self, period: Duration) -> Self {
-        self.renewal_period = Some(period);
-        self
-    }
-
-    /// Sets the spin wait: the longest a parked waiter waits without an unlock notification
-    /// before it retries.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = slate_core::LockOptions::default().with_spin_wait(Duration::from_millis(20));
+    /// let o = slate_core::LockOptions::builder().spin_wait(Duration::from_millis(20)).build()?;
     /// assert_eq!(o.spin_wait(), Duration::from_millis(20));
+    /// # Ok::<(), slate_core::Error>(())
     /// ```
-    #[must_use]
-    pub fn with_spin_wait(mut self, spin_wait: Duration) -> Self {
-        self.spin_wait = spin_wait;
-        self
-    }
-
-    /// Caps how long a lock is renewed; after that the lease runs out (stops zombie holders).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = slate_core::LockOptions::default().with_max_hold(Duration::from_secs(600));
-    /// assert_eq!(o.max_hold(), Some(Duration::from_secs(600)));
-    /// ```
-    #[must_use]
-    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
-        self
-    }
-
-    /// Sets the namespace of every key and channel the lock uses.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let o = slate_core::LockOptions::default().with_key_prefix("billing:");
-    /// assert_eq!(o.key_prefix(), "billing:");
-    /// ```
-    #[must_use]
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
+    pub fn builder() -> LockOptionsBuilder {
+        LockOptionsBuilder::default()
     }
 
     /// The lease.
@@ -223,37 +160,8 @@ impl LockOptions {
         self.max_hold
     }
 
-    /// Lets a lock's fencing counter expire after `idle` without acquisitions or holds, and
-    /// seeds a fresh counter from the server's clock (single lock).
-    ///
-    /// By default the counter (`<prefix>{<name>}:fence`) is persistent: it costs Redis memory
-    /// for every lock name ever used (about 60 bytes plus the key's length), which grows
-    /// without bound with per-entity names (`order:<id>`). With a fence expiry the counter
-    /// lives while the lock is used (every acquisition and renewal resets its TTL to `idle`)
-    /// and a first acquisition takes `max(counter + 1, server time in µs)`. Tokens then stay
-    /// strictly increasing across holders as long as the server's clock never steps back by
-    /// more than `idle` (an NTP step of hours, not a drift), and they even survive a server
-    /// that loses its data, which resets a persistent counter. Tokens are then large numbers
-    /// (about 1.7 × 10¹⁵). Every process using one lock must use the same setting: a
-    /// persistent counter that meets an expired one restarts at 1.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = slate_core::LockOptions::default().with_fence_expiry(Duration::from_secs(3600));
-    /// assert_eq!(o.fence_expiry(), Some(Duration::from_secs(3600)));
-    /// o.validate()?;
-    /// # Ok::<(), slate_core::Error>(())
-    /// ```
-    #[must_use]
-    pub fn with_fence_expiry(mut self, idle: Duration) -> Self {
-        self.fence_expiry = Some(idle);
-        self
-    }
-
     /// The fence expiry, if the fencing counter expires (see
-    /// [`with_fence_expiry`](Self::with_fence_expiry)).
+    /// [`LockOptionsBuilder::fence_expiry`]).
     ///
     /// # Examples
     ///
@@ -289,12 +197,15 @@ impl LockOptions {
     /// # use std::time::Duration;
     /// use slate_core::LockOptions;
     ///
-    /// let err = LockOptions::default()
-    ///     .with_lease(Duration::from_secs(10))
-    ///     .with_renewal_period(Duration::from_secs(10))
-    ///     .validate()
+    /// let opts = LockOptions::builder().lease(Duration::from_secs(10)).build()?;
+    /// opts.validate()?; // built options always pass
+    /// let err = LockOptions::builder()
+    ///     .lease(Duration::from_secs(10))
+    ///     .renewal_period(Duration::from_secs(10))
+    ///     .build()
     ///     .unwrap_err();
     /// assert!(err.to_string().contains("renewal period"));
+    /// # Ok::<(), slate_core::Error>(())
     /// ```
     pub fn validate(&self) -> Result<()> {
         if self.lease < MIN_LEASE {
@@ -383,12 +294,169 @@ impl LockOptions {
     }
 }
 
+/// Builds [`LockOptions`]: one setter per option, named as the option (tokio's and redis-rs's
+/// builder style); [`build`](Self::build) checks every rule.
+///
+/// # Examples
+///
+/// ```
+/// use slate_core::LockOptions;
+/// use std::time::Duration;
+///
+/// let opts = LockOptions::builder().lease(Duration::from_secs(10)).build()?;
+/// assert_eq!(opts.renewal_period(), Duration::from_secs(5));
+///
+/// let bad = LockOptions::builder().lease(Duration::ZERO).build();
+/// assert!(bad.unwrap_err().is_invalid_input());
+/// # Ok::<(), slate_core::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct LockOptionsBuilder {
+    options: LockOptions,
+}
+
+impl LockOptionsBuilder {
+    /// Sets the lease: the time-to-live of the lock entry, renewed while held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::builder().lease(Duration::from_secs(5)).build()?;
+    /// assert_eq!(o.lease(), Duration::from_secs(5));
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.options.lease = lease;
+        self
+    }
+
+    /// Sets the renewal period explicitly (default: half the lease).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::builder().renewal_period(Duration::from_secs(5)).build()?;
+    /// assert_eq!(o.renewal_period(), Duration::from_secs(5));
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    pub fn renewal_period(mut self, period: Duration) -> Self {
+        self.options.renewal_period = Some(period);
+        self
+    }
+
+    /// Sets the spin wait: the longest a parked waiter waits without an unlock notification
+    /// before it retries.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::builder().spin_wait(Duration::from_millis(20)).build()?;
+    /// assert_eq!(o.spin_wait(), Duration::from_millis(20));
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    pub fn spin_wait(mut self, spin_wait: Duration) -> Self {
+        self.options.spin_wait = spin_wait;
+        self
+    }
+
+    /// Caps how long a lock is renewed; after that the lease runs out (stops zombie holders).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::builder().max_hold(Duration::from_secs(600)).build()?;
+    /// assert_eq!(o.max_hold(), Some(Duration::from_secs(600)));
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.options.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Sets the namespace of every key and channel the lock uses.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let o = slate_core::LockOptions::builder().key_prefix("billing:").build()?;
+    /// assert_eq!(o.key_prefix(), "billing:");
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.options.key_prefix = prefix.into();
+        self
+    }
+
+    /// Lets a lock's fencing counter expire after `idle` without acquisitions or holds, and
+    /// seeds a fresh counter from the server's clock (single lock).
+    ///
+    /// By default the counter (`<prefix>{<name>}:fence`) is persistent: it costs Redis memory
+    /// for every lock name ever used (about 60 bytes plus the key's length), which grows
+    /// without bound with per-entity names (`order:<id>`). With a fence expiry the counter
+    /// lives while the lock is used (every acquisition and renewal resets its TTL to `idle`)
+    /// and a first acquisition takes `max(counter + 1, server time in µs)`. Tokens then stay
+    /// strictly increasing across holders as long as the server's clock never steps back by
+    /// more than `idle` (an NTP step of hours, not a drift), and they even survive a server
+    /// that loses its data, which resets a persistent counter. Tokens are then large numbers
+    /// (about 1.7 × 10¹⁵). Every process using one lock must use the same setting: a
+    /// persistent counter that meets an expired one restarts at 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = slate_core::LockOptions::builder().fence_expiry(Duration::from_secs(3600)).build()?;
+    /// assert_eq!(o.fence_expiry(), Some(Duration::from_secs(3600)));
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    pub fn fence_expiry(mut self, idle: Duration) -> Self {
+        self.options.fence_expiry = Some(idle);
+        self
+    }
+
+    /// Checks every option against its rule and returns the options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the first invalid option, what is wrong and how to fix it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use slate_core::LockOptions;
+    ///
+    /// let err = LockOptions::builder()
+    ///     .lease(Duration::from_secs(10))
+    ///     .renewal_period(Duration::from_secs(10))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("renewal period"));
+    /// ```
+    pub fn build(self) -> Result<LockOptions> {
+        self.options.validate()?;
+        Ok(self.options)
+    }
+}
+
+impl From<LockOptions> for LockOptionsBuilder {
+    /// Starts from existing options (to change a few of them).
+    fn from(options: LockOptions) -> Self {
+        LockOptionsBuilder { options }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn what(o: LockOptions) -> &'static str {
-        match o.validate() {
+    fn what(o: LockOptionsBuilder) -> &'static str {
+        match o.build() {
             Err(Error::InvalidInput { what, .. }) => what,
             other => panic!("expected invalid input, got {other:?}"),
         }
@@ -397,55 +465,48 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         LockOptions::default().validate().unwrap();
-        let o = LockOptions::default().with_lease(MIN_LEASE);
-        o.validate().unwrap();
+        LockOptions::builder().lease(MIN_LEASE).build().unwrap();
     }
 
     #[test]
     fn every_rule_has_an_error() {
-        let d = LockOptions::default;
-        assert_eq!(what(d().with_lease(Duration::from_millis(29))), "lease");
+        let d = LockOptions::builder;
+        assert_eq!(what(d().lease(Duration::from_millis(29))), "lease");
         assert_eq!(
-            what(d().with_renewal_period(Duration::from_secs(30))),
+            what(d().renewal_period(Duration::from_secs(30))),
             "renewal period"
         );
         assert_eq!(
-            what(d().with_renewal_period(Duration::from_secs(16))),
+            what(d().renewal_period(Duration::from_secs(16))),
             "renewal period"
         );
         assert_eq!(
-            what(d().with_renewal_period(Duration::from_millis(2999))),
+            what(d().renewal_period(Duration::from_millis(2999))),
             "renewal period"
         );
-        assert_eq!(what(d().with_spin_wait(Duration::ZERO)), "spin wait");
-        assert_eq!(what(d().with_max_hold(Duration::ZERO)), "max hold");
+        assert_eq!(what(d().spin_wait(Duration::ZERO)), "spin wait");
+        assert_eq!(what(d().max_hold(Duration::ZERO)), "max hold");
         // large_durations_are_refused (issue 19, defect 2): these panicked later, in the
         // renewal service or on the clock, or reached Redis as an out-of-range TTL.
-        assert_eq!(what(d().with_lease(Duration::MAX)), "lease");
+        assert_eq!(what(d().lease(Duration::MAX)), "lease");
         assert_eq!(
-            what(d().with_lease(MAX_DURATION + Duration::from_millis(1))),
+            what(d().lease(MAX_DURATION + Duration::from_millis(1))),
             "lease"
         );
-        assert_eq!(what(d().with_spin_wait(Duration::MAX)), "spin wait");
-        assert_eq!(what(d().with_max_hold(Duration::MAX)), "max hold");
-        d().with_lease(MAX_DURATION).validate().unwrap();
-        d().with_max_hold(MAX_DURATION).validate().unwrap();
+        assert_eq!(what(d().spin_wait(Duration::MAX)), "spin wait");
+        assert_eq!(what(d().max_hold(Duration::MAX)), "max hold");
+        d().lease(MAX_DURATION).build().unwrap();
+        d().max_hold(MAX_DURATION).build().unwrap();
         assert_eq!(
-            what(d().with_fence_expiry(Duration::from_secs(29))),
+            what(d().fence_expiry(Duration::from_secs(29))),
             "fence expiry"
         );
-        assert_eq!(what(d().with_fence_expiry(Duration::MAX)), "fence expiry");
-        d().with_fence_expiry(Duration::from_secs(30))
-            .validate()
-            .unwrap();
-        assert_eq!(what(d().with_key_prefix("a{b")), "key prefix");
-        assert_eq!(what(d().with_key_prefix("p".repeat(257))), "key prefix");
-        d().with_renewal_period(Duration::from_secs(3))
-            .validate()
-            .unwrap();
-        d().with_renewal_period(Duration::from_secs(15))
-            .validate()
-            .unwrap();
-        d().with_key_prefix("").validate().unwrap();
+        assert_eq!(what(d().fence_expiry(Duration::MAX)), "fence expiry");
+        d().fence_expiry(Duration::from_secs(30)).build().unwrap();
+        assert_eq!(what(d().key_prefix("a{b")), "key prefix");
+        assert_eq!(what(d().key_prefix("p".repeat(257))), "key prefix");
+        d().renewal_period(Duration::from_secs(3)).build().unwrap();
+        d().renewal_period(Duration::from_secs(15)).build().unwrap();
+        d().key_prefix("").build().unwrap();
     }
 }

@@ -23,7 +23,8 @@ use crate::scripts;
 /// The default command timeout.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Options of a [`RedisClient`].
+/// Options of a [`RedisClient`], built with [`ClientOptions::builder`] and read back with
+/// getters named as the options.
 ///
 /// | option | default | meaning |
 /// | --- | --- | --- |
@@ -44,10 +45,13 @@ pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// use slate_redis::ClientOptions;
 /// use std::time::Duration;
 ///
-/// let opts = ClientOptions::default()
+/// let opts = ClientOptions::builder()
 ///     .command_timeout(Duration::from_millis(500))
-///     .credentials(Some("app"), "s3cret");
+///     .username("app")
+///     .password("s3cret")
+///     .build()?;
 /// assert!(!format!("{opts:?}").contains("s3cret"));
+/// # Ok::<(), slate_redis::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct ClientOptions {
@@ -92,34 +96,48 @@ impl fmt::Debug for ClientOptions {
     }
 }
 
-impl ClientOptions {
+/// Builds [`ClientOptions`]: one setter per option, named as the option (tokio's and
+/// redis-rs's builder style); [`build`](Self::build) checks every rule.
+///
+/// # Examples
+///
+/// ```
+/// use slate_redis::ClientOptions;
+/// use std::time::Duration;
+///
+/// let opts = ClientOptions::builder()
+///     .command_timeout(Duration::from_millis(500))
+///     .username("app")
+///     .password("s3cret")
+///     .build()?;
+/// assert_eq!(opts.command_timeout(), Duration::from_millis(500));
+/// # Ok::<(), slate_redis::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct ClientOptionsBuilder(ClientOptions);
+
+impl From<ClientOptions> for ClientOptionsBuilder {
+    /// Starts from existing options (to change a few of them).
+    fn from(options: ClientOptions) -> Self {
+        ClientOptionsBuilder(options)
+    }
+}
+
+impl ClientOptionsBuilder {
     /// Sets the budget of every command (default 2 s).
     ///
     /// # Examples
     ///
     /// ```
     /// # use std::time::Duration;
-    /// let o = slate_redis::ClientOptions::default().command_timeout(Duration::from_secs(1));
-    /// assert_eq!(o.command_timeout_value(), Duration::from_secs(1));
+    /// let o = slate_redis::ClientOptions::builder().command_timeout(Duration::from_secs(1)).build()?;
+    /// assert_eq!(o.command_timeout(), Duration::from_secs(1));
+    /// # Ok::<(), slate_redis::Error>(())
     /// ```
-    #[must_use]
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
+        self.0.command_timeout = timeout;
         self
-    }
-
-    /// The command timeout.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = slate_redis::ClientOptions::default();
-    /// assert_eq!(o.command_timeout_value(), Duration::from_secs(2));
-    /// ```
-    #[must_use]
-    pub fn command_timeout_value(&self) -> Duration {
-        self.command_timeout
     }
 
     /// Sets the budget for opening a connection (default 2 s).
@@ -128,30 +146,38 @@ impl ClientOptions {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// let _ = slate_redis::ClientOptions::default().connect_timeout(Duration::from_secs(1));
+    /// let _ = slate_redis::ClientOptions::builder().connect_timeout(Duration::from_secs(1));
     /// ```
-    #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.0.connect_timeout = timeout;
         self
     }
 
-    /// Sets the ACL user (or `None` for the default user) and the password, overriding the
-    /// URL's.
+    /// Sets the ACL user, overriding the URL's (default: the URL's, or Redis's `default` user).
     ///
     /// # Examples
     ///
     /// ```
-    /// let _ = slate_redis::ClientOptions::default().credentials(None::<&str>, "s3cret");
+    /// let o = slate_redis::ClientOptions::builder().username("app").password("s3cret").build()?;
+    /// assert_eq!(o.username(), Some("app"));
+    /// # Ok::<(), slate_redis::Error>(())
     /// ```
-    #[must_use]
-    pub fn credentials(
-        mut self,
-        username: Option<impl Into<String>>,
-        password: impl Into<String>,
-    ) -> Self {
-        self.username = username.map(Into::into);
-        self.password = Some(password.into());
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.0.username = Some(username.into());
+        self
+    }
+
+    /// Sets the password, overriding the URL's (never shown by `Debug`, errors or logs).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let o = slate_redis::ClientOptions::builder().password("s3cret").build()?;
+    /// assert!(!format!("{o:?}").contains("s3cret"));
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.0.password = Some(password.into());
         self
     }
 
@@ -160,27 +186,26 @@ impl ClientOptions {
     /// # Examples
     ///
     /// ```
-    /// let _ = slate_redis::ClientOptions::default().pool_size(4);
+    /// let _ = slate_redis::ClientOptions::builder().pool_size(4);
     /// ```
-    #[must_use]
     pub fn pool_size(mut self, size: usize) -> Self {
-        self.pool_size = size;
+        self.0.pool_size = size;
         self
     }
 
     /// Sets the tokio runtime that runs renewal, notifications and background releases
-    /// (default: the runtime current when the client is built).
+    /// (default: the runtime current when the client is built; outside any runtime, a small
+    /// one the client starts for itself).
     ///
     /// # Examples
     ///
     /// ```
     /// let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    /// let _ = slate_redis::ClientOptions::default().runtime(rt.handle().clone());
+    /// let _ = slate_redis::ClientOptions::builder().runtime(rt.handle().clone());
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    #[must_use]
     pub fn runtime(mut self, handle: Handle) -> Self {
-        self.runtime = Some(handle);
+        self.0.runtime = Some(handle);
         self
     }
 
@@ -209,26 +234,15 @@ impl ClientOptions {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let o = slate_redis::ClientOptions::default()
-    ///     .synced_replicas(1, Duration::from_millis(500));
-    /// assert_eq!(o.synced_replicas_value(), Some((1, Duration::from_millis(500))));
+    /// let o = slate_redis::ClientOptions::builder()
+    ///     .synced_replicas(1, Duration::from_millis(500))
+    ///     .build()?;
+    /// assert_eq!(o.synced_replicas(), Some((1, Duration::from_millis(500))));
+    /// # Ok::<(), slate_redis::Error>(())
     /// ```
-    #[must_use]
     pub fn synced_replicas(mut self, replicas: usize, within: Duration) -> Self {
-        self.synced_replicas = (replicas > 0).then_some((replicas, within));
+        self.0.synced_replicas = (replicas > 0).then_some((replicas, within));
         self
-    }
-
-    /// The synced-replicas setting: `None` when off.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(slate_redis::ClientOptions::default().synced_replicas_value(), None);
-    /// ```
-    #[must_use]
-    pub fn synced_replicas_value(&self) -> Option<(usize, Duration)> {
-        self.synced_replicas
     }
 
     /// Trusts this CA certificate (PEM) for `rediss://` connections instead of the platform's
@@ -238,14 +252,108 @@ impl ClientOptions {
     ///
     /// ```no_run
     /// let pem = std::fs::read("ca.crt")?;
-    /// let _ = slate_redis::ClientOptions::default().tls_root_certificate(pem);
+    /// let _ = slate_redis::ClientOptions::builder().tls_root_certificate(pem);
     /// # Ok::<(), std::io::Error>(())
     /// ```
     #[cfg(feature = "tls")]
-    #[must_use]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_certificate = Some(pem.into());
+        self.0.tls_root_certificate = Some(pem.into());
         self
+    }
+
+    /// Checks every option against its rule and returns the options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the first invalid option (a zero or over-long timeout, a
+    /// pool of 0, a replica wait not below the command timeout) and the fix.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = slate_redis::ClientOptions::builder().pool_size(0).build().unwrap_err();
+    /// assert!(e.to_string().contains("pool size"));
+    /// ```
+    pub fn build(self) -> Result<ClientOptions> {
+        self.0.validate()?;
+        Ok(self.0)
+    }
+}
+
+impl ClientOptions {
+    /// Starts building options from the defaults.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let o = slate_redis::ClientOptions::builder().pool_size(4).build()?;
+    /// assert_eq!(o.pool_size(), 4);
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    pub fn builder() -> ClientOptionsBuilder {
+        ClientOptionsBuilder::default()
+    }
+
+    /// The budget of every command.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(slate_redis::ClientOptions::default().command_timeout(), Duration::from_secs(2));
+    /// ```
+    #[must_use]
+    pub fn command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
+    /// The budget for opening a connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(slate_redis::ClientOptions::default().connect_timeout(), Duration::from_secs(2));
+    /// ```
+    #[must_use]
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The ACL user set in the options (`None`: the URL's).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_redis::ClientOptions::default().username(), None);
+    /// ```
+    #[must_use]
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+
+    /// The size of the pool [`RedisClient::open`] builds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_redis::ClientOptions::default().pool_size(), 8);
+    /// ```
+    #[must_use]
+    pub fn pool_size(&self) -> usize {
+        self.pool_size
+    }
+
+    /// The synced-replicas setting: replicas and their wait, `None` when off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(slate_redis::ClientOptions::default().synced_replicas(), None);
+    /// ```
+    #[must_use]
+    pub fn synced_replicas(&self) -> Option<(usize, Duration)> {
+        self.synced_replicas
     }
 
     fn validate(&self) -> Result<()> {
@@ -349,6 +457,9 @@ pub(crate) struct Inner {
     address: String,
     options: ClientOptions,
     runtime: Handle,
+    /// The runtime the client started for itself when it was built outside any (dropped after
+    /// the renewal and notification services were closed by `Drop for Inner`).
+    _own_runtime: Option<OwnRuntime>,
     conn: Mutex<ConnSlot>,
     fill: tokio::sync::Mutex<()>,
     /// (Cluster) the slot map as last read, for grouping renewals by node.
@@ -362,6 +473,50 @@ pub(crate) struct Inner {
     pub(crate) renewal: Renewal,
     pub(crate) notifier: Notifier,
     pub(crate) locks: Mutex<Registry>,
+}
+
+/// A small tokio runtime (one worker thread, `slate-client`) owned by a client built outside
+/// any runtime, so that `RedisClient::open` works from plain `main` and threads (with the
+/// `blocking_*` methods). Shut down in the background with the client: dropping it never
+/// blocks, even from inside another runtime.
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl OwnRuntime {
+    fn start() -> Result<Self> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("slate-client")
+            .enable_all()
+            .build()
+            .map(|rt| OwnRuntime(Some(rt)))
+            .map_err(|e| {
+                Error::backend(
+                    BackendKind::Other,
+                    None,
+                    format!(
+                        "the client was built outside a tokio runtime and could not start one \
+                         of its own ({e}); build it inside a runtime or pass \
+                         ClientOptionsBuilder::runtime(handle)"
+                    ),
+                    Some(Box::new(e)),
+                )
+            })
+    }
+
+    fn handle(&self) -> Handle {
+        self.0
+            .as_ref()
+            .map(|rt| rt.handle().clone())
+            .expect("an OwnRuntime holds its runtime until dropped")
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// Where the client's connection comes from.
@@ -452,7 +607,10 @@ impl RedisClient {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a malformed URL, a `rediss://` URL without the `tls`
-    /// feature, or when called outside a tokio runtime without [`ClientOptions::runtime`].
+    /// feature. Outside a tokio runtime (and without
+    /// [`ClientOptionsBuilder::runtime`]) the client starts a small runtime of its own (one
+    /// worker thread, shut down with the client), so it serves the `blocking_*` methods from
+    /// plain threads.
     pub fn open(url: impl AsRef<str>) -> Result<Self> {
         Self::open_with(url, ClientOptions::default())
     }
@@ -466,7 +624,7 @@ impl RedisClient {
     /// use std::time::Duration;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
-    /// let opts = ClientOptions::default().command_timeout(Duration::from_millis(500));
+    /// let opts = ClientOptions::builder().command_timeout(Duration::from_millis(500)).build()?;
     /// let client = RedisClient::open_with("redis://127.0.0.1:6379", opts)?;
     /// # Ok(()) }
     /// ```
@@ -539,7 +697,8 @@ impl RedisClient {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] outside a tokio runtime.
+    /// None today (the signature leaves room for checks); outside a tokio runtime the client
+    /// starts one of its own, as [`open`](Self::open) does.
     pub fn from_pool(pool: Pool, pubsub: redis::Client) -> Result<Self> {
         Self::from_pool_with(pool, Some(pubsub), ClientOptions::default())
     }
@@ -560,7 +719,8 @@ impl RedisClient {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for invalid options or outside a tokio runtime.
+    /// None today beyond a malformed pub/sub client; outside a tokio runtime the client starts
+    /// one of its own, as [`open`](Self::open) does.
     pub fn from_pool_with(
         pool: Pool,
         pubsub: Option<redis::Client>,
@@ -611,8 +771,8 @@ impl RedisClient {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for no seed, a malformed URL, seeds that differ in TLS or
-    /// credentials, invalid options, or outside a tokio runtime without
-    /// [`ClientOptions::runtime`].
+    /// credentials. Outside a tokio runtime the client starts one of its own, as
+    /// [`open`](Self::open) does.
     pub fn open_cluster<I, S>(seeds: I, options: ClientOptions) -> Result<Self>
     where
         I: IntoIterator<Item = S>,
@@ -668,10 +828,10 @@ impl RedisClient {
     /// `READONLY` after being demoted), the client asks the Sentinels again.
     ///
     /// The Sentinels' URLs carry the Sentinels' own credentials, if any;
-    /// [`ClientOptions::credentials`] are those of the data servers.
+    /// [`ClientOptionsBuilder::username`] and [`ClientOptionsBuilder::password`] are those of the data servers.
     ///
     /// Replication is asynchronous: a grant the master acknowledged but had not yet sent to a
-    /// replica is lost if that replica is promoted. [`ClientOptions::synced_replicas`] makes
+    /// replica is lost if that replica is promoted. [`ClientOptionsBuilder::synced_replicas`] makes
     /// every grant (and renewal) wait for replicas first.
     ///
     /// # Examples
@@ -692,7 +852,8 @@ impl RedisClient {
     ///
     /// [`Error::InvalidInput`] for no Sentinel, an empty master name, a malformed URL, a
     /// `rediss://` Sentinel URL (TLS to Sentinels is not supported yet), invalid options, or
-    /// outside a tokio runtime without [`ClientOptions::runtime`].
+    /// (outside a tokio runtime the client starts one of its own, as [`open`](Self::open)
+    /// does).
     pub fn open_sentinel<I, S>(
         sentinels: I,
         master_name: &str,
@@ -775,15 +936,15 @@ impl RedisClient {
         address: String,
         options: ClientOptions,
     ) -> Result<Self> {
-        let runtime = match options.runtime.clone() {
-            Some(h) => h,
-            None => Handle::try_current().map_err(|_| {
-                Error::invalid_input(
-                    "runtime",
-                    "the client was built outside a tokio runtime",
-                    "build it inside a tokio runtime, or pass ClientOptions::runtime(handle)",
-                )
-            })?,
+        let (runtime, own_runtime) = match options.runtime.clone() {
+            Some(h) => (h, None),
+            None => match Handle::try_current() {
+                Ok(h) => (h, None),
+                Err(_) => {
+                    let own = OwnRuntime::start()?;
+                    (own.handle(), Some(own))
+                }
+            },
         };
         let no_sharded_pubsub = Arc::new(AtomicBool::new(false));
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
@@ -800,6 +961,7 @@ impl RedisClient {
             backend,
             address,
             runtime,
+            _own_runtime: own_runtime,
             options,
             conn: Mutex::new(ConnSlot {
                 generation: 0,
@@ -1004,31 +1166,12 @@ impl RedisClient {
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// assert_eq!(client.options().command_timeout_value(), slate_redis::DEFAULT_COMMAND_TIMEOUT);
+    /// assert_eq!(client.options().command_timeout(), slate_redis::DEFAULT_COMMAND_TIMEOUT);
     /// # Ok(()) }
     /// ```
     #[must_use]
     pub fn options(&self) -> &ClientOptions {
         &self.inner.options
-    }
-
-    /// The pool this client borrows its connection from (a standalone client's; a cluster or
-    /// Sentinel client has none: see [`topology`](Self::topology)).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
-    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let _status = client.pool().map(|p| p.status());
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn pool(&self) -> Option<&Pool> {
-        match &self.inner.backend {
-            Backend::Standalone(pool) => Some(pool),
-            _ => None,
-        }
     }
 
     /// How many times the Sentinels named a different master than this client's previous
@@ -1377,15 +1520,6 @@ impl RedisClient {
     }
 }
 
-impl TryFrom<Pool> for RedisClient {
-    type Error = Error;
-
-    /// Wraps a pool without a pub/sub client: waiters are woken by the spin-wait timer only.
-    fn try_from(pool: Pool) -> Result<Self> {
-        Self::from_pool_with(pool, None, ClientOptions::default())
-    }
-}
-
 /// Which master serves which slots, from `CLUSTER SLOTS`.
 pub(crate) struct SlotMap {
     /// (first slot, last slot, host, port), sorted.
@@ -1501,12 +1635,12 @@ mod tests {
 
     #[test]
     fn options_reject_zero() {
-        let e = ClientOptions::default()
+        let e = ClientOptions::builder()
             .command_timeout(Duration::ZERO)
-            .validate()
+            .build()
             .unwrap_err();
         assert!(e.is_invalid_input());
-        assert!(ClientOptions::default().pool_size(0).validate().is_err());
+        assert!(ClientOptions::builder().pool_size(0).build().is_err());
     }
 
     /// Issue 19, defect 2: `command_timeout(Duration::MAX)` panicked on the clock in every
@@ -1514,10 +1648,10 @@ mod tests {
     #[test]
     fn large_durations_are_refused() {
         for opts in [
-            ClientOptions::default().command_timeout(Duration::MAX),
-            ClientOptions::default().connect_timeout(Duration::MAX),
+            ClientOptions::builder().command_timeout(Duration::MAX),
+            ClientOptions::builder().connect_timeout(Duration::MAX),
         ] {
-            let e = opts.validate().unwrap_err();
+            let e = opts.build().unwrap_err();
             assert!(
                 e.is_invalid_input() && e.to_string().contains("365 days"),
                 "{e}"
@@ -1527,39 +1661,53 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let e = RedisClient::open_with(
-            "redis://127.0.0.1:1",
-            ClientOptions::default()
-                .command_timeout(Duration::MAX)
-                .runtime(rt.handle().clone()),
-        )
-        .unwrap_err();
+        // Options that skipped the builder's check (the default's fields set in place) are
+        // checked again when the client is opened.
+        let unchecked = ClientOptions {
+            command_timeout: Duration::MAX,
+            runtime: Some(rt.handle().clone()),
+            ..ClientOptions::default()
+        };
+        let e = RedisClient::open_with("redis://127.0.0.1:1", unchecked).unwrap_err();
         assert!(e.is_invalid_input(), "{e}");
     }
 
     #[test]
     fn synced_replicas_wait_must_fit_the_command_timeout() {
-        let o = ClientOptions::default().synced_replicas(1, DEFAULT_COMMAND_TIMEOUT);
-        let e = o.validate().unwrap_err();
+        let e = ClientOptions::builder()
+            .synced_replicas(1, DEFAULT_COMMAND_TIMEOUT)
+            .build()
+            .unwrap_err();
         assert!(e.to_string().contains("below the command timeout"), "{e}");
         assert!(
-            ClientOptions::default()
+            ClientOptions::builder()
                 .synced_replicas(1, Duration::ZERO)
-                .validate()
+                .build()
                 .is_err()
         );
-        let o = ClientOptions::default().synced_replicas(2, Duration::from_millis(500));
+        let o = ClientOptions::builder()
+            .synced_replicas(2, Duration::from_millis(500))
+            .build()
+            .unwrap();
         assert!(o.validate().is_ok());
         // Zero replicas is off.
-        let o = ClientOptions::default().synced_replicas(0, Duration::ZERO);
-        assert_eq!(o.synced_replicas_value(), None);
+        let o = ClientOptions::builder()
+            .synced_replicas(0, Duration::ZERO)
+            .build()
+            .unwrap();
+        assert_eq!(o.synced_replicas(), None);
         assert!(o.validate().is_ok());
     }
 
     #[test]
-    fn open_outside_a_runtime_names_the_fix() {
-        let e = RedisClient::open("redis://127.0.0.1:1").unwrap_err();
-        assert!(e.to_string().contains("ClientOptions::runtime"), "{e}");
+    fn open_outside_a_runtime_starts_a_runtime_of_its_own() {
+        let client = RedisClient::open("redis://127.0.0.1:1").unwrap();
+        let worker = client
+            .runtime()
+            .spawn(async { std::thread::current().name().map(str::to_owned) });
+        let name = futures::executor::block_on(worker).unwrap();
+        assert_eq!(name.as_deref(), Some("slate-client"));
+        drop(client);
     }
 
     #[test]
@@ -1572,7 +1720,10 @@ mod tests {
             .unwrap();
         let e = RedisClient::open_with(
             "rediss://127.0.0.1:1",
-            ClientOptions::default().runtime(rt.handle().clone()),
+            ClientOptions::builder()
+                .runtime(rt.handle().clone())
+                .build()
+                .unwrap(),
         )
         .unwrap_err();
         assert!(e.to_string().contains("`tls` feature"), "{e}");

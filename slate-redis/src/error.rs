@@ -63,7 +63,7 @@ pub(crate) fn breaks_connection(e: &RedisError) -> bool {
 fn hint(kind: BackendKind) -> &'static str {
     match kind {
         BackendKind::Auth => {
-            "; check the password (and ACL user) in the URL or ClientOptions::credentials"
+            "; check the password (and ACL user) in the URL or ClientOptionsBuilder::username/password"
         }
         BackendKind::Permission => {
             "; grant the ACL user EVALSHA, SCRIPT LOAD, PING, SUBSCRIBE, UNSUBSCRIBE, EXISTS, HGET, \
@@ -71,7 +71,7 @@ fn hint(kind: BackendKind) -> &'static str {
              INCRBY, PUBLISH, TIME, ZADD, ZREM, ZRANGE on the lock keys and channels (for the \
              default prefix: ~slate:* &slate:*); the scripts run most of them (README: ACL); \
              on a cluster also SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE, CLUSTER SLOTS, COMMAND INFO; with \
-             ClientOptions::synced_replicas also WAIT"
+             ClientOptionsBuilder::synced_replicas also WAIT"
         }
         BackendKind::Io => {
             "; check that Redis runs at this address and is reachable (for a rediss:// URL, \
@@ -111,7 +111,7 @@ pub(crate) fn command_timeout(what: &str, node: &str, budget: Duration) -> Error
         Some(node.to_owned()),
         format!(
             "{what} got no reply within the command timeout of {budget:?}; the server may be \
-             hung or unreachable (raise ClientOptions::command_timeout if it is only slow)"
+             hung or unreachable (raise ClientOptionsBuilder::command_timeout if it is only slow)"
         ),
         None,
     )

@@ -51,7 +51,9 @@ mod renewal;
 mod request;
 mod scripts;
 
-pub use client::{ClientOptions, ClientStats, DEFAULT_COMMAND_TIMEOUT, RedisClient};
+pub use client::{
+    ClientOptions, ClientOptionsBuilder, ClientStats, DEFAULT_COMMAND_TIMEOUT, RedisClient,
+};
 pub use conn::Topology;
 pub use guard::SingleLockGuard;
 pub use lock::{ClientSource, SingleLock, SingleLockBuilder};
@@ -59,5 +61,5 @@ pub use lock::{ClientSource, SingleLock, SingleLockBuilder};
 // is enough (the traits are only needed for generic code).
 pub use slate_core::{
     AnyGuard, AnyLock, BackendKind, DistributedLock, Error, FencingToken, HolderId, LeaseWatch,
-    LockGuard, LockName, LockOptions, LossReason, Result, TimeoutKind, Wait,
+    LockGuard, LockName, LockOptions, LockOptionsBuilder, LossReason, Result, TimeoutKind, Wait,
 };

@@ -6,11 +6,10 @@ use std::future::Future;
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use deadpool_redis::Pool;
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::{
     BackendKind, DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions,
-    LossReason, Result, Wait,
+    LockOptionsBuilder, LossReason, Result, Wait,
 };
 use tracing::Instrument;
 
@@ -478,7 +477,7 @@ pub(crate) async fn acquire_remote(
             Some(client.address().to_owned()),
             format!(
                 "the grant was acknowledged by {acked} of the {wanted} replicas required \
-                 (ClientOptions::synced_replicas) within {within:?}, so a failover could lose \
+                 (ClientOptionsBuilder::synced_replicas) within {within:?}, so a failover could lose \
                  it; it was given back. Check the replicas' health and links"
             ),
             None,
@@ -676,8 +675,10 @@ impl Competitor for RedisCompetitor {
     }
 }
 
-/// Where a lock gets its client from: a [`RedisClient`] (shared queues, renewal and
-/// notifications with every other lock of that client) or a bare pool.
+/// What [`SingleLock::builder`] accepts as its client: a [`RedisClient`] or `&RedisClient`
+/// (every lock of a client shares its queues, renewal and notifications). To start from an
+/// existing `deadpool_redis` pool, build the client once with [`RedisClient::from_pool`] and
+/// pass that: a lock never builds a private client of its own.
 ///
 /// # Examples
 ///
@@ -687,30 +688,17 @@ impl Competitor for RedisCompetitor {
 /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
 /// # Ok(()) }
 /// ```
-pub struct ClientSource(Source);
-
-enum Source {
-    Client(RedisClient),
-    Pool(Pool),
-}
+pub struct ClientSource(RedisClient);
 
 impl From<RedisClient> for ClientSource {
     fn from(c: RedisClient) -> Self {
-        ClientSource(Source::Client(c))
+        ClientSource(c)
     }
 }
 
 impl From<&RedisClient> for ClientSource {
     fn from(c: &RedisClient) -> Self {
-        ClientSource(Source::Client(c.clone()))
-    }
-}
-
-/// A bare pool gets a client of its own, without pub/sub (waiters are woken by the spin-wait
-/// timer) and without sharing queues with other locks: prefer building one [`RedisClient`].
-impl From<Pool> for ClientSource {
-    fn from(p: Pool) -> Self {
-        ClientSource(Source::Pool(p))
+        ClientSource(c.clone())
     }
 }
 
@@ -736,7 +724,7 @@ impl From<Pool> for ClientSource {
 pub struct SingleLockBuilder {
     source: ClientSource,
     name: Result<LockName>,
-    options: LockOptions,
+    options: LockOptionsBuilder,
 }
 
 impl fmt::Debug for SingleLockBuilder {
@@ -762,7 +750,7 @@ impl SingleLockBuilder {
     /// # Ok(()) }
     /// ```
     pub fn lease(mut self, lease: std::time::Duration) -> Self {
-        self.options = self.options.with_lease(lease);
+        self.options = self.options.lease(lease);
         self
     }
 
@@ -779,7 +767,7 @@ impl SingleLockBuilder {
     /// # Ok(()) }
     /// ```
     pub fn renewal_period(mut self, period: std::time::Duration) -> Self {
-        self.options = self.options.with_renewal_period(period);
+        self.options = self.options.renewal_period(period);
         self
     }
 
@@ -797,7 +785,7 @@ impl SingleLockBuilder {
     /// # Ok(()) }
     /// ```
     pub fn spin_wait(mut self, spin_wait: std::time::Duration) -> Self {
-        self.options = self.options.with_spin_wait(spin_wait);
+        self.options = self.options.spin_wait(spin_wait);
         self
     }
 
@@ -814,13 +802,13 @@ impl SingleLockBuilder {
     /// # Ok(()) }
     /// ```
     pub fn max_hold(mut self, max_hold: std::time::Duration) -> Self {
-        self.options = self.options.with_max_hold(max_hold);
+        self.options = self.options.max_hold(max_hold);
         self
     }
 
     /// Lets the lock's fencing counter expire after `idle` without use, so that lock names
     /// used once do not keep Redis memory for ever (see
-    /// [`LockOptions::with_fence_expiry`] for the guarantee and its condition).
+    /// [`LockOptionsBuilder::fence_expiry`](slate_core::LockOptionsBuilder::fence_expiry) for the guarantee and its condition).
     ///
     /// # Examples
     ///
@@ -833,7 +821,7 @@ impl SingleLockBuilder {
     /// # Ok(()) }
     /// ```
     pub fn fence_expiry(mut self, idle: std::time::Duration) -> Self {
-        self.options = self.options.with_fence_expiry(idle);
+        self.options = self.options.fence_expiry(idle);
         self
     }
 
@@ -848,7 +836,7 @@ impl SingleLockBuilder {
     /// # Ok(()) }
     /// ```
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.options = self.options.with_key_prefix(prefix);
+        self.options = self.options.key_prefix(prefix);
         self
     }
 
@@ -859,12 +847,12 @@ impl SingleLockBuilder {
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let opts = slate_core::LockOptions::default().with_lease(std::time::Duration::from_secs(3));
+    /// let opts = slate_redis::LockOptions::builder().lease(std::time::Duration::from_secs(3)).build()?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a").options(opts).build()?;
     /// # Ok(()) }
     /// ```
     pub fn options(mut self, options: LockOptions) -> Self {
-        self.options = options;
+        self.options = options.into();
         self
     }
 
@@ -888,12 +876,9 @@ impl SingleLockBuilder {
     /// with other options, or a pool used outside a tokio runtime.
     pub fn build(self) -> Result<SingleLock> {
         let name = self.name?;
-        self.options.validate()?;
-        let client = match self.source.0 {
-            Source::Client(c) => c,
-            Source::Pool(p) => RedisClient::try_from(p)?,
-        };
-        let keys = Keys::new(self.options.key_prefix(), &name);
+        let options = self.options.build()?;
+        let client = self.source.0;
+        let keys = Keys::new(options.key_prefix(), &name);
         let mut registry = lock(&client.inner.locks);
         if let Some(existing) = registry.get(&keys.lock).and_then(Weak::upgrade) {
             let Ok(shared) = existing.into_any().downcast::<LockShared>() else {
@@ -903,7 +888,7 @@ impl SingleLockBuilder {
                     "use another name or key prefix",
                 ));
             };
-            if shared.competitor().options != self.options {
+            if shared.competitor().options != options {
                 return Err(Error::invalid_input(
                     "options",
                     format!(
@@ -917,8 +902,8 @@ impl SingleLockBuilder {
             return Ok(SingleLock { shared });
         }
         let label: Arc<str> = Arc::from(name.to_string());
-        let spin_wait = self.options.spin_wait();
-        let turn = Turn::for_queue(&self.options);
+        let spin_wait = options.spin_wait();
+        let turn = Turn::for_queue(&options);
         let shared = Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
             sync: Synchronizer::new(
                 label.to_string(),
@@ -927,7 +912,7 @@ impl SingleLockBuilder {
                     keys: keys.clone(),
                     name: name.clone(),
                     label,
-                    options: self.options,
+                    options,
                     me: me.clone(),
                     last_attempt: Arc::new(Mutex::new(None)),
                     turn,
@@ -954,8 +939,7 @@ fn assert_not_in_runtime(what: &str) {
 }
 
 impl SingleLock {
-    /// Starts building a lock named `name` on `client` (a [`RedisClient`], `&RedisClient` or a
-    /// `deadpool_redis::Pool`).
+    /// Starts building a lock named `name` on `client` (a [`RedisClient`] or `&RedisClient`).
     ///
     /// # Examples
     ///
@@ -969,7 +953,7 @@ impl SingleLock {
         SingleLockBuilder {
             source: client.into(),
             name: LockName::new(name),
-            options: LockOptions::default(),
+            options: LockOptionsBuilder::default(),
         }
     }
 

@@ -143,6 +143,13 @@ pub struct NodeHold {
 }
 
 impl RedisClient {
+    /// The tokio runtime this client runs its services on (the one current when it was built,
+    /// or its own when built outside any).
+    #[must_use]
+    pub fn node_runtime(&self) -> &tokio::runtime::Handle {
+        self.runtime()
+    }
+
     /// Acquires (or re-enters) `holder`'s entry on this server, checking the node marker.
     ///
     /// Unlike [`SingleLock`](crate::SingleLock), a timed-out call is not compensated here: the

@@ -449,7 +449,7 @@ async fn renew_pipeline(
     let mut pipe = build(&all);
     let synced = client.synced();
     if let Some((n, within)) = synced {
-        // A renewal counts once the replicas have it (see ClientOptions::synced_replicas).
+        // A renewal counts once the replicas have it (see ClientOptionsBuilder::synced_replicas).
         pipe.add_command(wait_cmd(n, within));
     }
     let pipe = &pipe;

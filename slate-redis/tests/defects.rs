@@ -208,7 +208,10 @@ async fn undo_of_an_acquire_held_past_the_record_window_leaves_no_entry() {
     let mut server = server();
     let client = client_with(
         &server,
-        slate_redis::ClientOptions::default().command_timeout(TIMEOUT),
+        slate_redis::ClientOptions::builder()
+            .command_timeout(TIMEOUT)
+            .build()
+            .unwrap(),
     );
     let lock = lock(&client, "held-up", Duration::from_secs(10));
     // Connection and scripts ready before the freeze.
@@ -367,9 +370,11 @@ async fn an_expiring_fence_goes_away_and_tokens_still_increase() {
         SingleLock::builder(c, "expiring")
             .lease(LEASE)
             .options(
-                slate_core::LockOptions::default()
-                    .with_lease(LEASE)
-                    .with_fence_expiry(IDLE),
+                slate_core::LockOptions::builder()
+                    .lease(LEASE)
+                    .fence_expiry(IDLE)
+                    .build()
+                    .unwrap(),
             )
             .build()
             .unwrap()

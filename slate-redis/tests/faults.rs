@@ -73,7 +73,10 @@ async fn restart_while_idle_reloads_scripts_for_acquire_and_pipelined_renewal() 
 async fn hung_server_calls_time_out_loss_fires_by_the_deadline_nothing_resurrects() {
     let mut server = server();
     let timeout = Duration::from_millis(300);
-    let opts = ClientOptions::default().command_timeout(timeout);
+    let opts = ClientOptions::builder()
+        .command_timeout(timeout)
+        .build()
+        .unwrap();
     let (a, b) = (
         client_with(&server, opts.clone()),
         client_with(&server, opts),
@@ -185,7 +188,10 @@ async fn a_grant_that_arrives_after_its_lease_is_refused_and_given_back() {
     let proxy = FaultProxy::start(server.addr()).expect("proxy");
     let client = slate_redis::RedisClient::open_with(
         proxy.url(),
-        ClientOptions::default().command_timeout(Duration::from_secs(3)),
+        ClientOptions::builder()
+            .command_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     client.ping().await.unwrap();

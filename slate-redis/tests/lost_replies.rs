@@ -36,7 +36,10 @@ async fn rig(name: &str, command_timeout: Duration) -> Rig {
     let proxy = FaultProxy::start(server.addr()).expect("proxy");
     let client = RedisClient::open_with(
         proxy.url(),
-        ClientOptions::default().command_timeout(command_timeout),
+        ClientOptions::builder()
+            .command_timeout(command_timeout)
+            .build()
+            .unwrap(),
     )
     .expect("client");
     client.ping().await.expect("ping through the proxy");

@@ -318,6 +318,27 @@ async fn dropped_guard_is_released_in_the_background(server: Deployment) {
 crate::per_topology!(dropped_guard_is_released_in_the_background);
 
 #[test]
+fn client_built_outside_a_runtime_serves_threads() {
+    // Issue 20, item 3: no runtime anywhere in this test; the client starts a small one of
+    // its own and the blocking twins use it.
+    let server = server();
+    let client = RedisClient::open(server.url()).unwrap();
+    let lock = SingleLock::builder(&client, "no-runtime").build().unwrap();
+    let g = lock.blocking_lock().unwrap();
+    let other = std::thread::spawn({
+        let lock = lock.clone();
+        move || lock.blocking_try_lock().unwrap().is_none()
+    })
+    .join()
+    .unwrap();
+    assert!(other, "held by the first thread");
+    assert_eq!(g.blocking_unlock().unwrap(), 0);
+    // Dropped from a plain thread: the client's runtime shuts down without blocking or panic.
+    drop(lock);
+    drop(client);
+}
+
+#[test]
 fn blocking_twins_work_on_threads() {
     let server = server();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -406,7 +427,10 @@ async fn bad_input_is_refused_with_the_fix() {
     };
     let nowhere = RedisClient::open_with(
         format!("redis://127.0.0.1:{port}"),
-        ClientOptions::default().command_timeout(Duration::from_secs(1)),
+        ClientOptions::builder()
+            .command_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     let start = Instant::now();
@@ -453,7 +477,10 @@ async fn wrong_password_is_an_auth_error_without_the_password() {
     // The right password through the options works.
     let good = RedisClient::open_with(
         format!("redis://127.0.0.1:{}", server.port()),
-        ClientOptions::default().credentials(None::<String>, "right-horse"),
+        ClientOptions::builder()
+            .password("right-horse")
+            .build()
+            .unwrap(),
     )
     .unwrap();
     good.ping().await.unwrap();
@@ -516,7 +543,11 @@ async fn acl_users_log_in_and_missing_permissions_are_named() {
     // Credentials through the options, for a user who may not run scripts.
     let reader = RedisClient::open_with(
         format!("redis://127.0.0.1:{}", server.port()),
-        ClientOptions::default().credentials(Some("reader"), "r3ader"),
+        ClientOptions::builder()
+            .username("reader")
+            .password("r3ader")
+            .build()
+            .unwrap(),
     )
     .unwrap();
     let err = SingleLock::builder(&reader, "acl")

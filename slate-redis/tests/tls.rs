@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use ecosphere::server::RedisServer;
-use slate_redis::{ClientOptions, DistributedLock, LockGuard, RedisClient, SingleLock};
+use slate_redis::{ClientOptions, RedisClient, SingleLock};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_over_tls() {
@@ -18,7 +18,10 @@ async fn lock_over_tls() {
     let pem = std::fs::read(server.ca_cert_path().unwrap()).unwrap();
     let client = RedisClient::open_with(
         server.url(),
-        ClientOptions::default().tls_root_certificate(pem),
+        ClientOptions::builder()
+            .tls_root_certificate(pem)
+            .build()
+            .unwrap(),
     )
     .unwrap();
     client.ping().await.unwrap();

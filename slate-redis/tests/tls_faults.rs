@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ecosphere::server::{Data, RedisServer};
-use slate_redis::{ClientOptions, DistributedLock, LockGuard, LossReason, RedisClient, SingleLock};
+use slate_redis::{ClientOptions, LossReason, RedisClient, SingleLock};
 
 /// Command timeout of the clients of these tests.
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -50,10 +50,12 @@ fn ca_of(server: &RedisServer) -> Vec<u8> {
 }
 
 fn opts(ca: Vec<u8>) -> ClientOptions {
-    ClientOptions::default()
+    ClientOptions::builder()
         .command_timeout(TIMEOUT)
         .connect_timeout(TIMEOUT)
         .tls_root_certificate(ca)
+        .build()
+        .unwrap()
 }
 
 /// Commands the server executed, from `INFO commandstats` (the harness's own `PING` and
@@ -148,7 +150,10 @@ async fn x2_wrong_ca_fails_the_handshake_with_no_plaintext_fallback() {
     // The platform roots do not know the test CA either.
     let platform = RedisClient::open_with(
         server.url(),
-        ClientOptions::default().command_timeout(TIMEOUT),
+        ClientOptions::builder()
+            .command_timeout(TIMEOUT)
+            .build()
+            .unwrap(),
     )
     .expect("client");
     fails_within("PING with the platform roots", TIMEOUT, platform.ping()).await;
@@ -185,9 +190,11 @@ async fn x2_redis_url_to_the_tls_port_fails_within_the_timeout() {
     assert!(err.is_invalid_input(), "{err}");
     let client = RedisClient::open_with(
         &url,
-        ClientOptions::default()
+        ClientOptions::builder()
             .command_timeout(TIMEOUT)
-            .connect_timeout(TIMEOUT),
+            .connect_timeout(TIMEOUT)
+            .build()
+            .unwrap(),
     )
     .expect("client");
     fails_within("PING in plaintext to the TLS port", TIMEOUT, client.ping()).await;

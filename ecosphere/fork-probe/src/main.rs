@@ -124,7 +124,10 @@ fn run(args: &Args) -> Result<usize, String> {
     let (client, lock) = rt.block_on(async {
         let client = RedisClient::open_with(
             &args.redis_url,
-            ClientOptions::default().command_timeout(Duration::from_secs(5)),
+            ClientOptions::builder()
+                .command_timeout(Duration::from_secs(5))
+                .build()
+                .map_err(|e| format!("client options: {e}"))?,
         )
         .map_err(|e| format!("client: {e}"))?;
         let lock = SingleLock::builder(&client, "fork-probe")

@@ -77,16 +77,20 @@ fn forms(secret: &str) -> Vec<String> {
 }
 
 fn opts() -> ClientOptions {
-    ClientOptions::default()
+    ClientOptions::builder()
         .command_timeout(Duration::from_millis(800))
         .connect_timeout(Duration::from_millis(800))
+        .build()
+        .unwrap()
 }
 
 fn node_opts() -> NodeSetOptions {
-    NodeSetOptions::default()
+    NodeSetOptions::builder()
         .node_operation_time(Duration::from_millis(300))
         .reprobe_interval(Duration::from_millis(300))
         .quarantine(Duration::from_secs(5))
+        .build()
+        .unwrap()
 }
 
 fn builder() -> ecosphere::server::ServerBuilder {
@@ -103,7 +107,11 @@ async fn single_paths(servers: &mut [RedisServer]) {
     let a = RedisClient::open_with(&url, opts()).expect("client");
     let b = RedisClient::open_with(
         format!("redis://127.0.0.1:{}", servers[0].port()),
-        opts().credentials(Some("odd"), ODD),
+        slate_redis::ClientOptionsBuilder::from(opts())
+            .username("odd")
+            .password(ODD)
+            .build()
+            .unwrap(),
     )
     .expect("client");
     let build = |c: &RedisClient, name: &str| {
@@ -203,7 +211,14 @@ async fn combination_paths(servers: &mut [RedisServer]) {
         .iter()
         .map(|s| s.url_for_user("slate", PASSWORD))
         .collect();
-    let nodes = NodeSet::connect(urls, node_opts().client_options(opts())).expect("node set");
+    let nodes = NodeSet::connect(
+        urls,
+        slate_combination::NodeSetOptionsBuilder::from(node_opts())
+            .client_options(opts())
+            .build()
+            .unwrap(),
+    )
+    .expect("node set");
     assert_eq!(nodes.adopt_fresh_servers("slate:").await.expect("adopt"), 3);
     let lock = CombinationLock::builder(&nodes, "logs-comb")
         .lease(Duration::from_millis(1200))

@@ -178,7 +178,7 @@ struct Args {
     /// slot migrations, where a command may time out or meet a master that is going away.
     #[arg(long)]
     tolerate_errors: bool,
-    /// Replicas that must acknowledge every grant and renewal (`ClientOptions::synced_replicas`).
+    /// Replicas that must acknowledge every grant and renewal (`ClientOptionsBuilder::synced_replicas`).
     #[arg(long, default_value_t = 0)]
     synced_replicas: usize,
     /// How long a grant or renewal waits for the replicas' acknowledgement.
@@ -645,7 +645,7 @@ async fn run(args: Args) -> Res<()> {
     let deadline = Instant::now() + Duration::from_millis(args.max_duration_ms);
     let rec = Recorder::create(&args.history_dir, args.proc)
         .map_err(|e| format!("opening the history: {e}"))?;
-    let mut opts = ClientOptions::default();
+    let mut opts = ClientOptions::builder();
     if let Some(ms) = args.command_timeout_ms {
         opts = opts.command_timeout(Duration::from_millis(ms));
     }
@@ -655,6 +655,7 @@ async fn run(args: Args) -> Res<()> {
             Duration::from_millis(args.synced_within_ms),
         );
     }
+    let opts = opts.build().map_err(|e| format!("client options: {e}"))?;
     let client = if args.cluster {
         RedisClient::open_cluster(&args.redis_url, opts)
     } else if let Some(master) = &args.sentinel_master {
@@ -1257,14 +1258,16 @@ mod combination {
                     .to_owned(),
             );
         }
-        let mut opts = NodeSetOptions::default();
+        let mut opts = NodeSetOptions::builder();
         if let Some(ms) = args.node_op_ms {
             opts = opts.node_operation_time(Duration::from_millis(ms));
         }
         if let Some(ms) = args.reprobe_ms {
             opts = opts.reprobe_interval(Duration::from_millis(ms));
         }
-        let nodes = NodeSet::connect(&args.redis_url, opts)
+        let nodes = opts
+            .build()
+            .and_then(|opts| NodeSet::connect(&args.redis_url, opts))
             .map_err(|e| format!("opening the node set: {e}"))?;
         let mut builder = CombinationLock::builder(&nodes, &args.lock)
             .lease(Duration::from_millis(args.lease_ms))

@@ -67,9 +67,11 @@ pub fn delay(d: Duration) -> Mode {
 
 /// Node-set options of a client view: node operation time `op`, re-probe interval `reprobe`.
 pub fn opts(op: Duration, reprobe: Duration) -> NodeSetOptions {
-    NodeSetOptions::default()
+    NodeSetOptions::builder()
         .node_operation_time(op)
         .reprobe_interval(reprobe)
+        .build()
+        .unwrap()
 }
 
 /// A client's view of `urls` (its own clients and node health).
@@ -91,7 +93,10 @@ pub async fn adopt(urls: &[String]) {
     // A generous node operation time: the machine may be loaded (parallel tests, builds).
     let nodes = view(
         urls.to_vec(),
-        NodeSetOptions::default().node_operation_time(Duration::from_secs(1)),
+        NodeSetOptions::builder()
+            .node_operation_time(Duration::from_secs(1))
+            .build()
+            .unwrap(),
     );
     assert_eq!(
         nodes.adopt_fresh_servers(PREFIX).await.expect("adopt"),

@@ -173,10 +173,12 @@ async fn run(args: WorkerArgs) -> Res<()> {
         Kind::Combination => {
             // The demo's parent adopted the fresh servers before starting any worker, so the
             // nodes carry their marker; a node that restarts empty later is quarantined.
-            let options = NodeSetOptions::default()
+            let options = NodeSetOptions::builder()
                 .quarantine(Duration::from_millis(args.quarantine_ms))
                 .reprobe_interval(Duration::from_millis(args.reprobe_ms))
-                .node_operation_time(Duration::from_millis(args.node_op_ms));
+                .node_operation_time(Duration::from_millis(args.node_op_ms))
+                .build()
+                .map_err(|e| e.to_string())?;
             let nodes = NodeSet::connect(&args.redis, options).map_err(|e| e.to_string())?;
             for i in 0..nodes.len() {
                 if let Some(c) = nodes.client(i) {

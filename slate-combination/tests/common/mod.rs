@@ -26,10 +26,12 @@ pub fn proxies(servers: &[RedisServer]) -> Vec<FaultProxy> {
 
 /// Node-set options of a test view.
 pub fn opts(op: Duration) -> NodeSetOptions {
-    NodeSetOptions::default()
+    NodeSetOptions::builder()
         .node_operation_time(op)
         .reprobe_interval(Duration::from_secs(60))
         .quarantine(Duration::from_secs(5))
+        .build()
+        .unwrap()
 }
 
 /// A process view of `urls` (no adoption: a second process, or one that starts later).
