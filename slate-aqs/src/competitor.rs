@@ -85,7 +85,7 @@ pub trait Competitor: Send + Sync + 'static {
     /// The default calls [`attempt`](Competitor::attempt), which is right only for backends
     /// whose attempt never creates a hold for a holder that already had one.
     ///
-    /// [`Error::LeaseLost`]: slate_core::Error::LeaseLost
+    /// [`Error::LeaseLost`]: slate_aqs::Error::LeaseLost
     ///
     /// # Errors
     ///

@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use slate_aqs::{Attempt, Competitor, Synchronizer};
-//! use slate_core::{HolderId, Result, Wait};
+//! use slate_aqs::{HolderId, Result, Wait};
 //! use std::sync::{Arc, Mutex};
 //! use std::time::Duration;
 //!
@@ -76,3 +76,6 @@ mod timer;
 
 pub use competitor::{Attempt, Competitor, Notifications};
 pub use synchronizer::{MIN_RETRY_DELAY, Synchronizer};
+// The contract types every competitor and caller of the synchronizer uses, so that depending on
+// `slate-aqs` alone is enough for its examples.
+pub use slate_core::{BackendKind, Error, HolderId, LossReason, Result, TimeoutKind, Wait};

@@ -92,11 +92,11 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// ```
 /// use slate_aqs::Synchronizer;
 /// use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
-/// use slate_core::{HolderId, Wait};
+/// use slate_aqs::{HolderId, Wait};
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> slate_core::Result<()> {
+/// # async fn main() -> slate_aqs::Result<()> {
 /// let remote = MemoryRemote::new();
 /// let sync = Synchronizer::new("orders", MemoryCompetitor::new(remote.clone()), Duration::from_millis(50));
 /// let me = HolderId::new();
@@ -268,10 +268,10 @@ impl<C: Competitor> Synchronizer<C> {
     ///
     /// ```
     /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
-    /// # use slate_core::{HolderId, Wait};
+    /// # use slate_aqs::{HolderId, Wait};
     /// # use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> slate_core::Result<()> {
+    /// # async fn main() -> slate_aqs::Result<()> {
     /// let remote = MemoryRemote::new();
     /// let sync = Synchronizer::new("a", MemoryCompetitor::new(remote.clone()), Duration::from_millis(50));
     /// let (a, b) = (HolderId::new(), HolderId::new());
@@ -331,13 +331,13 @@ impl<C: Competitor> Synchronizer<C> {
     ///
     /// ```
     /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
-    /// # use slate_core::{HolderId, Wait};
+    /// # use slate_aqs::{HolderId, Wait};
     /// # use std::time::Duration;
     /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
     /// let me = HolderId::new();
     /// sync.blocking_acquire(me, Wait::Forever)?;
     /// assert_eq!(sync.owner(), Some((me, 1)));
-    /// # Ok::<(), slate_core::Error>(())
+    /// # Ok::<(), slate_aqs::Error>(())
     /// ```
     ///
     /// # Errors
@@ -376,7 +376,7 @@ impl<C: Competitor> Synchronizer<C> {
     ///
     /// ```
     /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
-    /// # use slate_core::{HolderId, Wait};
+    /// # use slate_aqs::{HolderId, Wait};
     /// # use std::time::Duration;
     /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
     /// let me = HolderId::new();
@@ -386,7 +386,7 @@ impl<C: Competitor> Synchronizer<C> {
     /// assert_eq!(sync.owner(), Some((me, 1)));
     /// assert_eq!(sync.release(me), 0);
     /// assert_eq!(sync.owner(), None);
-    /// # Ok::<(), slate_core::Error>(())
+    /// # Ok::<(), slate_aqs::Error>(())
     /// ```
     pub fn release(&self, holder: HolderId) -> u32 {
         let waker = {

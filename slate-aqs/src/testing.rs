@@ -15,7 +15,7 @@
 //! ```
 //! use slate_aqs::Synchronizer;
 //! use slate_aqs::testing::{self, Behavior, MemoryCompetitor, MemoryRemote};
-//! use slate_core::{HolderId, Wait};
+//! use slate_aqs::{HolderId, Wait};
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //!
@@ -31,7 +31,7 @@
 //! assert_eq!(remote.holder(), None);
 //! let stats = sync.competitor().stats();
 //! assert_eq!((stats.attempts, stats.acquired, stats.after_release), (2, 1, 1));
-//! # Ok::<(), slate_core::Error>(())
+//! # Ok::<(), slate_aqs::Error>(())
 //! ```
 
 use std::collections::VecDeque;
@@ -52,7 +52,7 @@ type Listener = Arc<dyn Fn() + Send + Sync>;
 ///
 /// ```
 /// use slate_aqs::testing::MemoryRemote;
-/// use slate_core::HolderId;
+/// use slate_aqs::HolderId;
 ///
 /// let remote = MemoryRemote::new();
 /// let (a, b) = (HolderId::new(), HolderId::new());
@@ -93,7 +93,7 @@ impl MemoryRemote {
     ///
     /// ```
     /// let remote = slate_aqs::testing::MemoryRemote::new();
-    /// let me = slate_core::HolderId::new();
+    /// let me = slate_aqs::HolderId::new();
     /// remote.try_acquire(me);
     /// assert_eq!(remote.holder(), Some((me, 1)));
     /// ```
@@ -107,7 +107,7 @@ impl MemoryRemote {
     ///
     /// ```
     /// let remote = slate_aqs::testing::MemoryRemote::new();
-    /// assert_eq!(remote.try_acquire(slate_core::HolderId::new()), Some(1));
+    /// assert_eq!(remote.try_acquire(slate_aqs::HolderId::new()), Some(1));
     /// ```
     pub fn try_acquire(&self, holder: HolderId) -> Option<u32> {
         let mut held = self.holder.lock().unwrap_or_else(PoisonError::into_inner);
@@ -131,7 +131,7 @@ impl MemoryRemote {
     ///
     /// ```
     /// let remote = slate_aqs::testing::MemoryRemote::new();
-    /// let me = slate_core::HolderId::new();
+    /// let me = slate_aqs::HolderId::new();
     /// assert_eq!(remote.try_reenter(me), None);
     /// remote.try_acquire(me);
     /// assert_eq!(remote.try_reenter(me), Some(2));
@@ -154,10 +154,10 @@ impl MemoryRemote {
     ///
     /// ```
     /// let remote = slate_aqs::testing::MemoryRemote::new();
-    /// let me = slate_core::HolderId::new();
+    /// let me = slate_aqs::HolderId::new();
     /// remote.try_acquire(me);
     /// assert_eq!(remote.release(me)?, 0);
-    /// # Ok::<(), slate_core::Error>(())
+    /// # Ok::<(), slate_aqs::Error>(())
     /// ```
     ///
     /// # Errors
@@ -185,10 +185,10 @@ impl MemoryRemote {
     ///
     /// ```
     /// let remote = slate_aqs::testing::MemoryRemote::new();
-    /// let me = slate_core::HolderId::new();
+    /// let me = slate_aqs::HolderId::new();
     /// remote.try_acquire(me);
     /// assert_eq!(remote.release_silently(me)?, 0);
-    /// # Ok::<(), slate_core::Error>(())
+    /// # Ok::<(), slate_aqs::Error>(())
     /// ```
     ///
     /// # Errors
@@ -221,11 +221,11 @@ impl MemoryRemote {
     /// let heard = Arc::new(AtomicBool::new(false));
     /// let h = heard.clone();
     /// remote.on_release(move || h.store(true, Ordering::SeqCst));
-    /// let me = slate_core::HolderId::new();
+    /// let me = slate_aqs::HolderId::new();
     /// remote.try_acquire(me);
     /// remote.release(me)?;
     /// assert!(heard.load(Ordering::SeqCst));
-    /// # Ok::<(), slate_core::Error>(())
+    /// # Ok::<(), slate_aqs::Error>(())
     /// ```
     pub fn on_release(&self, listener: impl Fn() + Send + Sync + 'static) {
         self.listeners
@@ -266,7 +266,7 @@ pub enum Behavior {
 /// # Examples
 ///
 /// ```
-/// let g = slate_aqs::testing::MemoryGrant { holder: slate_core::HolderId::new(), count: 1 };
+/// let g = slate_aqs::testing::MemoryGrant { holder: slate_aqs::HolderId::new(), count: 1 };
 /// assert_eq!(g.count, 1);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -622,13 +622,13 @@ impl Competitor for MemoryCompetitor {
 ///
 /// ```
 /// # use slate_aqs::{Synchronizer, testing::{self, MemoryCompetitor, MemoryRemote}};
-/// # use slate_core::{HolderId, Wait};
+/// # use slate_aqs::{HolderId, Wait};
 /// # use std::time::Duration;
 /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
 /// let me = HolderId::new();
 /// sync.blocking_acquire(me, Wait::Forever)?;
 /// assert_eq!(testing::release(&sync, me)?, 0);
-/// # Ok::<(), slate_core::Error>(())
+/// # Ok::<(), slate_aqs::Error>(())
 /// ```
 ///
 /// # Errors

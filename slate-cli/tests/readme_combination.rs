@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 
-async fn rebalance(urls: &[&str]) -> slate_core::Result<()> {
+async fn rebalance(urls: &[&str]) -> slate_combination::Result<()> {
     // The order of the URLs is the acquisition order; 2 of 3 nodes must be held.
     let nodes = NodeSet::connect(urls.iter().copied(), NodeSetOptions::default())?;
     let lock = CombinationLock::builder(&nodes, "rebalance").build()?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use slate_redis::{RedisClient, SingleLock};
 
-async fn nightly_report(redis_url: &str) -> slate_core::Result<()> {
+async fn nightly_report(redis_url: &str) -> slate_redis::Result<()> {
     let client = RedisClient::open(redis_url)?; // one client per server and process
     let lock = SingleLock::builder(&client, "nightly-report")
         .lease(Duration::from_secs(30)) // renewed every 15 s while held

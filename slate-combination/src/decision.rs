@@ -137,7 +137,7 @@ pub fn default_quorum(n: usize) -> usize {
 /// assert_eq!(quorum(5, Some(4))?, 4);
 /// assert!(quorum(4, Some(2)).is_err()); // Bedrock's fixed 2: disjoint pairs possible
 /// assert!(quorum(1, None).is_err());
-/// # Ok::<(), slate_core::Error>(())
+/// # Ok::<(), slate_combination::Error>(())
 /// ```
 pub fn quorum(n: usize, requested: Option<usize>) -> Result<usize> {
     if n < 2 {

@@ -51,9 +51,8 @@ pub(crate) struct Shared {
 ///
 /// ```no_run
 /// use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-/// use slate_core::{DistributedLock, LockGuard};
 ///
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_combination::Result<()> {
 /// let nodes = NodeSet::connect(
 ///     ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"],
 ///     NodeSetOptions::default(),
@@ -219,7 +218,7 @@ impl CombinationLock {
     ///
     /// ```no_run
     /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_combination::Result<()> {
     /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"], NodeSetOptions::default())?;
     /// let lock = CombinationLock::builder(&nodes, "orders")
     ///     .lease(std::time::Duration::from_secs(10))
@@ -363,7 +362,6 @@ impl CombinationLock {
     ///
     /// ```no_run
     /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # use slate_core::LockGuard;
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let rt = tokio::runtime::Runtime::new()?;
     /// # let lock = rt.block_on(async {

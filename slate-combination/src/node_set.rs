@@ -10,7 +10,7 @@
 //! | unavailable (since, last error) | no | the re-probe interval passed and a verification succeeds |
 //! | quarantined (until) | no | the time passes and a verification succeeds |
 //!
-//! A verification is `INFO server` plus the node marker check (see `slate_redis::node`): a
+//! A verification is `INFO server` plus the node marker check (see `slate_combination::node`): a
 //! server whose run id changed since this process last saw it, or whose marker is gone, is
 //! quarantined until it has been up for the quarantine period, so that no entry it lost is
 //! still believed held anywhere when it is used again. A run id that changed on a server up
@@ -363,7 +363,7 @@ pub(crate) struct SetInner {
 /// ```no_run
 /// use slate_combination::{NodeSet, NodeSetOptions};
 ///
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_combination::Result<()> {
 /// let nodes = NodeSet::connect(
 ///     ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"],
 ///     NodeSetOptions::default(),
@@ -518,7 +518,7 @@ impl NodeSet {
     ///
     /// ```no_run
     /// # use slate_combination::{NodeSet, NodeSetOptions};
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_combination::Result<()> {
     /// let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"], NodeSetOptions::default())?;
     /// nodes.check_distinct_servers().await?;
     /// # Ok(()) }

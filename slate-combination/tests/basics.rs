@@ -316,6 +316,8 @@ async fn any_lock_keeps_both_backends_side_by_side() {
         let g = l.try_lock().await.unwrap().expect("free");
         assert!(!g.is_lost());
         assert!(l.is_locked().await.unwrap());
+        assert!(l.is_held_by(g.holder()).await.unwrap());
+        assert!(l.remaining_lease().await.unwrap().is_some());
         // Held: another holder's attempt through the erased type is refused.
         let other = l
             .acquire(HolderId::new(), slate_combination::Wait::Immediate)
@@ -343,5 +345,8 @@ async fn any_lock_keeps_both_backends_side_by_side() {
     // The dyn layer keeps the fencing guarantee: a second hold gets a larger token.
     let again = locks[1].lock().await.unwrap();
     assert!(again.fencing_token() > tokens[1]);
+    // The operator's call through the erased type.
+    assert!(locks[1].force_unlock().await.unwrap());
+    assert!(!locks[1].is_locked().await.unwrap());
     drop(again);
 }

@@ -280,6 +280,28 @@ impl AnyLock {
         self.acquire(HolderId::current(), Wait::Forever).await
     }
 
+    /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// let outer = lock.lock().await?;
+    /// let inner = lock.lock_as(outer.holder()).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`DistributedLock::lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`DistributedLock::acquire`].
+    pub async fn lock_as(&self, holder: HolderId) -> Result<AnyGuard> {
+        self.acquire(holder, Wait::Forever).await
+    }
+
     /// One remote attempt, never waiting: `Ok(None)` if another holder has the lock.
     ///
     /// # Examples
@@ -325,6 +347,29 @@ impl AnyLock {
             .await
     }
 
+    /// Waits at most until `deadline`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    /// let guard = lock.try_lock_until(deadline).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `Timeout` when the deadline passes first; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`DistributedLock::acquire`].
+    pub async fn try_lock_until(&self, deadline: Instant) -> Result<AnyGuard> {
+        self.acquire(HolderId::current(), Wait::Until(deadline))
+            .await
+    }
+
     /// Whether any holder holds the lock.
     ///
     /// # Examples
@@ -344,6 +389,97 @@ impl AnyLock {
     /// Cancel safe (a read).
     pub async fn is_locked(&self) -> Result<bool> {
         self.0.dyn_is_locked().await
+    }
+}
+
+impl AnyLock {
+    /// How many times `holder` holds the lock (0 if not at all).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// let guard = lock.lock().await?;
+    /// assert_eq!(lock.hold_count(guard.holder()).await?, 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn hold_count(&self, holder: HolderId) -> Result<u32> {
+        self.0.dyn_hold_count(holder).await
+    }
+
+    /// Whether `holder` holds the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// let guard = lock.lock().await?;
+    /// assert!(lock.is_held_by(guard.holder()).await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn is_held_by(&self, holder: HolderId) -> Result<bool> {
+        Ok(self.hold_count(holder).await? > 0)
+    }
+
+    /// The remaining lease of whoever holds the lock, or `None` when it is free.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// if let Some(left) = lock.remaining_lease().await? {
+    ///     println!("held for another {left:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn remaining_lease(&self) -> Result<Option<Duration>> {
+        self.0.dyn_remaining_lease().await
+    }
+
+    /// Deletes the lock whoever holds it ([`DistributedLock::force_unlock`]; **unsafe for
+    /// correctness**, for operators clearing a stuck lock).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
+    /// let deleted = lock.force_unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// The deletion may or may not have happened when the future is dropped.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        self.0.dyn_force_unlock().await
     }
 }
 

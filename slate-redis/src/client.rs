@@ -442,7 +442,7 @@ pub struct ClientStats {
 /// ```no_run
 /// use slate_redis::RedisClient;
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
 /// let client = RedisClient::open("redis://127.0.0.1:6379")?;
 /// client.ping().await?;
 /// # Ok(()) }
@@ -599,7 +599,7 @@ impl RedisClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// # Ok(()) }
     /// ```
@@ -623,7 +623,7 @@ impl RedisClient {
     /// use slate_redis::{ClientOptions, RedisClient};
     /// use std::time::Duration;
     ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let opts = ClientOptions::builder().command_timeout(Duration::from_millis(500)).build()?;
     /// let client = RedisClient::open_with("redis://127.0.0.1:6379", opts)?;
     /// # Ok(()) }
@@ -760,7 +760,7 @@ impl RedisClient {
     /// ```no_run
     /// use slate_redis::{ClientOptions, RedisClient};
     ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = RedisClient::open_cluster(
     ///     ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"],
     ///     ClientOptions::default(),
@@ -839,7 +839,7 @@ impl RedisClient {
     /// ```no_run
     /// use slate_redis::{ClientOptions, RedisClient};
     ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = RedisClient::open_sentinel(
     ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
     ///     "mymaster",
@@ -980,7 +980,7 @@ impl RedisClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// slate_redis::RedisClient::open("redis://127.0.0.1:6379")?.ping().await?;
     /// # Ok(()) }
     /// ```
@@ -1007,7 +1007,7 @@ impl RedisClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// client.check_topology().await?;
     /// # Ok(()) }
@@ -1081,7 +1081,7 @@ impl RedisClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = slate_redis::RedisClient::open_cluster(
     ///     ["redis://127.0.0.1:7000"],
     ///     Default::default(),
@@ -1123,7 +1123,7 @@ impl RedisClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// assert_eq!(client.stats().renewals, 0);
     /// # Ok(()) }
@@ -1149,7 +1149,7 @@ impl RedisClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://:pw@127.0.0.1:6379")?;
     /// assert_eq!(client.address(), "127.0.0.1:6379");
     /// # Ok(()) }
@@ -1164,7 +1164,7 @@ impl RedisClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// assert_eq!(client.options().command_timeout(), slate_redis::DEFAULT_COMMAND_TIMEOUT);
     /// # Ok(()) }
@@ -1183,7 +1183,7 @@ impl RedisClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// assert_eq!(client.failovers(), 0);
     /// # Ok(()) }
@@ -1198,7 +1198,7 @@ impl RedisClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// assert_eq!(client.topology(), slate_redis::Topology::Standalone);
     /// # Ok(()) }

@@ -9,7 +9,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 /// # Examples
 ///
 /// ```no_run
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
 /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
 /// assert_eq!(client.topology(), slate_redis::Topology::Standalone);
 /// # Ok(()) }

@@ -24,9 +24,9 @@ use crate::lock::SingleLock;
 /// # Examples
 ///
 /// ```no_run
-/// use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+/// use slate_redis::{RedisClient, SingleLock};
 ///
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_redis::Result<()> {
 /// let client = RedisClient::open("redis://127.0.0.1:6379")?;
 /// let lock = SingleLock::builder(&client, "orders").build()?;
 /// let outer = lock.lock().await?;
@@ -208,8 +208,8 @@ impl SingleLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # use slate_redis::{DistributedLock, RedisClient, SingleLock};
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # use slate_redis::{RedisClient, SingleLock};
+    /// # #[tokio::main] async fn main() -> slate_redis::Result<()> {
     /// # let lock = SingleLock::builder(RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
     /// let guard = lock.lock().await?;
     /// assert_eq!(guard.depth(), 1);
@@ -225,8 +225,8 @@ impl SingleLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # use slate_redis::{DistributedLock, RedisClient, SingleLock};
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # use slate_redis::{RedisClient, SingleLock};
+    /// # #[tokio::main] async fn main() -> slate_redis::Result<()> {
     /// # let lock = SingleLock::builder(RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
     /// let guard = lock.lock().await?;
     /// assert_eq!(guard.lock().name(), lock.name());
@@ -243,8 +243,8 @@ impl SingleLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # use slate_redis::{DistributedLock, RedisClient, SingleLock};
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # use slate_redis::{RedisClient, SingleLock};
+    /// # #[tokio::main] async fn main() -> slate_redis::Result<()> {
     /// # let lock = SingleLock::builder(RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
     /// let outer = lock.lock().await?;
     /// let inner = outer.reenter().await?;
@@ -270,7 +270,6 @@ impl SingleLockGuard {
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # use slate_redis::LockGuard;
     /// # let rt = tokio::runtime::Runtime::new()?;
     /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
     /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;

@@ -2,10 +2,10 @@
 //! master, with automatic renewal and unlock notification.
 //!
 //! ```no_run
-//! use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+//! use slate_redis::{RedisClient, SingleLock};
 //! use std::time::Duration;
 //!
-//! # #[tokio::main] async fn main() -> slate_core::Result<()> {
+//! # #[tokio::main] async fn main() -> slate_redis::Result<()> {
 //! let client = RedisClient::open("redis://127.0.0.1:6379")?;
 //! let lock = SingleLock::builder(&client, "orders")
 //!     .lease(Duration::from_secs(10))
@@ -45,6 +45,7 @@ mod error;
 mod guard;
 mod keys;
 mod lock;
+#[doc(hidden)] // slate-combination's per-node calls: not part of the public API (docs/API.md)
 pub mod node;
 mod notify;
 mod renewal;

@@ -31,7 +31,7 @@ use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
 ///
 /// The operations are inherent methods (`lock`, `try_lock`, `try_lock_for`, `lock_as`, the
 /// queries, and the blocking twins for threads); [`DistributedLock`] offers the same for
-/// generic code, and [`AnyLock`](slate_core::AnyLock) for locks of several backends side by side.
+/// generic code, and [`AnyLock`](slate_redis::AnyLock) for locks of several backends side by side.
 ///
 /// ## Behaviour
 ///
@@ -63,10 +63,10 @@ use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
 /// # Examples
 ///
 /// ```no_run
-/// use slate_redis::{DistributedLock, LockGuard, RedisClient, SingleLock};
+/// use slate_redis::{RedisClient, SingleLock};
 /// use std::time::Duration;
 ///
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_redis::Result<()> {
 /// let client = RedisClient::open("redis://127.0.0.1:6379")?;
 /// let lock = SingleLock::builder(&client, "orders")
 ///     .lease(Duration::from_secs(10))
@@ -683,7 +683,7 @@ impl Competitor for RedisCompetitor {
 /// # Examples
 ///
 /// ```no_run
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
 /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
 /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
 /// # Ok(()) }
@@ -709,7 +709,7 @@ impl From<&RedisClient> for ClientSource {
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
 /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
 /// let lock = slate_redis::SingleLock::builder(&client, "reports")
 ///     .lease(Duration::from_secs(5))
@@ -742,7 +742,7 @@ impl SingleLockBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a")
     ///     .lease(std::time::Duration::from_secs(5))
@@ -759,7 +759,7 @@ impl SingleLockBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a")
     ///     .renewal_period(std::time::Duration::from_secs(5))
@@ -777,7 +777,7 @@ impl SingleLockBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a")
     ///     .spin_wait(std::time::Duration::from_millis(200))
@@ -794,7 +794,7 @@ impl SingleLockBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a")
     ///     .max_hold(std::time::Duration::from_secs(600))
@@ -808,12 +808,12 @@ impl SingleLockBuilder {
 
     /// Lets the lock's fencing counter expire after `idle` without use, so that lock names
     /// used once do not keep Redis memory for ever (see
-    /// [`LockOptionsBuilder::fence_expiry`](slate_core::LockOptionsBuilder::fence_expiry) for the guarantee and its condition).
+    /// [`LockOptionsBuilder::fence_expiry`](slate_redis::LockOptionsBuilder::fence_expiry) for the guarantee and its condition).
     ///
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "order:4711")
     ///     .fence_expiry(std::time::Duration::from_secs(24 * 3600))
@@ -830,7 +830,7 @@ impl SingleLockBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a").key_prefix("app:").build()?;
     /// # Ok(()) }
@@ -845,7 +845,7 @@ impl SingleLockBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let opts = slate_redis::LockOptions::builder().lease(std::time::Duration::from_secs(3)).build()?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a").options(opts).build()?;
@@ -862,7 +862,7 @@ impl SingleLockBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let a = slate_redis::SingleLock::builder(&client, "a").build()?;
     /// let b = slate_redis::SingleLock::builder(&client, "a").build()?;
@@ -944,7 +944,7 @@ impl SingleLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
     /// # Ok(()) }
@@ -962,7 +962,7 @@ impl SingleLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
     /// assert_eq!(lock.options().key_prefix(), "slate:");
@@ -978,7 +978,7 @@ impl SingleLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
     /// let _stats = lock.client().stats();
@@ -995,7 +995,7 @@ impl SingleLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
     /// assert_eq!(lock.key(), b"slate:{a}");
@@ -1011,7 +1011,7 @@ impl SingleLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
     /// assert!(lock.local_owner().is_none());
@@ -1027,7 +1027,7 @@ impl SingleLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
     /// assert_eq!(lock.local_waiters(), 0);
@@ -1086,7 +1086,6 @@ impl SingleLock {
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # use slate_redis::LockGuard;
     /// # let rt = tokio::runtime::Runtime::new()?;
     /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
     /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
@@ -1143,7 +1142,6 @@ impl SingleLock {
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # use slate_redis::LockGuard;
     /// # let rt = tokio::runtime::Runtime::new()?;
     /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
     /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;

@@ -41,10 +41,10 @@ static INSPECT: LazyLock<Script> =
 /// ```
 /// use slate_redis::node::NodeKeys;
 ///
-/// let keys = NodeKeys::new("slate:", &slate_core::LockName::new("orders")?);
+/// let keys = NodeKeys::new("slate:", &slate_redis::LockName::new("orders")?);
 /// assert_eq!(keys.lock_key(), b"slate:{orders}");
 /// assert_eq!(keys.marker_key(), b"slate:node-marker");
-/// # Ok::<(), slate_core::Error>(())
+/// # Ok::<(), slate_redis::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct NodeKeys {
@@ -359,7 +359,7 @@ impl RedisClient {
     }
 
     /// Deletes the lock on this server whoever holds it, and wakes its waiters. **Unsafe for
-    /// correctness** (see [`DistributedLock::force_unlock`](slate_core::DistributedLock::force_unlock)).
+    /// correctness** (see [`DistributedLock::force_unlock`](slate_redis::DistributedLock::force_unlock)).
     /// Returns whether there was an entry.
     ///
     /// # Errors
