@@ -87,12 +87,37 @@ pub enum Next {
 
 impl Next {
     /// Whether the attempt is over (anything but [`Next::Send`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_combination::decision::{AttemptState, NodeAnswer, Next};
+    /// use slate_combination::Order;
+    /// use std::time::Duration;
+    ///
+    /// let mut a = AttemptState::new(vec![true; 3], 2, Duration::from_secs(1), Order::Sequential);
+    /// assert!(!a.start().is_final()); // the first command goes out
+    /// ```
     #[must_use]
     pub fn is_final(&self) -> bool {
         !matches!(self, Next::Send(_))
     }
 
     /// The nodes to release, descending (empty for `Send` and `Acquired`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_combination::decision::{AttemptState, NodeAnswer, Next};
+    /// use slate_combination::Order;
+    /// use std::time::Duration;
+    ///
+    /// let mut a = AttemptState::new(vec![true; 3], 2, Duration::from_secs(1), Order::Sequential);
+    /// a.start();
+    /// let next = a.on_answers(&[(0, NodeAnswer::HeldByOther)], Duration::ZERO);
+    /// assert!(next.is_final());
+    /// assert!(next.release().is_empty()); // nothing was held
+    /// ```
     #[must_use]
     pub fn release(&self) -> &[usize] {
         match self {
@@ -203,6 +228,17 @@ pub struct AttemptState {
 impl AttemptState {
     /// A new attempt over nodes `usable[i]` (false: unavailable or quarantined, skipped),
     /// needing `required` nodes within `budget`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_combination::decision::{AttemptState, NodeAnswer, Next};
+    /// use slate_combination::Order;
+    /// use std::time::Duration;
+    ///
+    /// // Node 1 is quarantined; 2 of 3 are needed.
+    /// let a = AttemptState::new(vec![true, false, true], 2, Duration::from_secs(1), Order::Sequential);
+    /// ```
     #[must_use]
     pub fn new(usable: Vec<bool>, required: usize, budget: Duration, order: Order) -> Self {
         AttemptState {
@@ -219,6 +255,17 @@ impl AttemptState {
     }
 
     /// The first step.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_combination::decision::{AttemptState, NodeAnswer, Next};
+    /// use slate_combination::Order;
+    /// use std::time::Duration;
+    ///
+    /// let mut a = AttemptState::new(vec![true; 3], 2, Duration::from_secs(1), Order::Sequential);
+    /// assert_eq!(a.start(), Next::Send(vec![0])); // leftmost first
+    /// ```
     #[must_use]
     pub fn start(&mut self) -> Next {
         let usable = self.usable.iter().filter(|u| **u).count();
@@ -234,6 +281,18 @@ impl AttemptState {
     /// # Panics
     ///
     /// Debug builds assert that the answers match the nodes last sent to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_combination::decision::{AttemptState, NodeAnswer, Next};
+    /// use slate_combination::Order;
+    /// use std::time::Duration;
+    ///
+    /// let mut a = AttemptState::new(vec![true; 3], 2, Duration::from_secs(1), Order::Sequential);
+    /// a.start();
+    /// assert_eq!(a.on_answers(&[(0, NodeAnswer::Acquired)], Duration::ZERO), Next::Send(vec![1]));
+    /// ```
     pub fn on_answers(&mut self, answers: &[(usize, NodeAnswer)], elapsed: Duration) -> Next {
         debug_assert!(!self.done, "answers after the attempt ended");
         let mut answers = answers.to_vec();
@@ -270,12 +329,38 @@ impl AttemptState {
     }
 
     /// Nodes held so far, ascending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_combination::decision::{AttemptState, NodeAnswer, Next};
+    /// use slate_combination::Order;
+    /// use std::time::Duration;
+    ///
+    /// let mut a = AttemptState::new(vec![true; 3], 2, Duration::from_secs(1), Order::Sequential);
+    /// a.start();
+    /// a.on_answers(&[(0, NodeAnswer::Acquired)], Duration::ZERO);
+    /// assert_eq!(a.held(), &[0]);
+    /// ```
     #[must_use]
     pub fn held(&self) -> &[usize] {
         &self.held
     }
 
     /// Nodes whose command failed in this attempt, ascending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_combination::decision::{AttemptState, NodeAnswer, Next};
+    /// use slate_combination::Order;
+    /// use std::time::Duration;
+    ///
+    /// let mut a = AttemptState::new(vec![true; 3], 2, Duration::from_secs(1), Order::Sequential);
+    /// a.start();
+    /// a.on_answers(&[(0, NodeAnswer::Failed)], Duration::ZERO);
+    /// assert_eq!(a.failed(), &[0]);
+    /// ```
     #[must_use]
     pub fn failed(&self) -> &[usize] {
         &self.failed

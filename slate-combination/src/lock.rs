@@ -90,54 +90,146 @@ pub struct CombinationLockBuilder {
 
 impl CombinationLockBuilder {
     /// Sets the lease (default 30 s).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let lock = CombinationLock::builder(&nodes, "orders").lease(std::time::Duration::from_secs(10)).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
         self.options = self.options.lease(lease);
         self
     }
 
     /// Sets the renewal period (default half the lease).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let lock = CombinationLock::builder(&nodes, "orders").renewal_period(std::time::Duration::from_secs(5)).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn renewal_period(mut self, period: Duration) -> Self {
         self.options = self.options.renewal_period(period);
         self
     }
 
     /// Sets the spin wait (default 50 ms).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let lock = CombinationLock::builder(&nodes, "orders").spin_wait(std::time::Duration::from_millis(20)).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn spin_wait(mut self, spin_wait: Duration) -> Self {
         self.options = self.options.spin_wait(spin_wait);
         self
     }
 
     /// Caps how long the lock is renewed.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let lock = CombinationLock::builder(&nodes, "orders").max_hold(std::time::Duration::from_secs(600)).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.options = self.options.max_hold(max_hold);
         self
     }
 
     /// Sets the key prefix (default `slate:`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let lock = CombinationLock::builder(&nodes, "orders").key_prefix("billing:").build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.options = self.options.key_prefix(prefix);
         self
     }
 
     /// Replaces all common options at once.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let opts = slate_combination::LockOptions::builder().lease(std::time::Duration::from_secs(10)).build()?;
+    /// let lock = CombinationLock::builder(&nodes, "orders").options(opts).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn options(mut self, options: LockOptions) -> Self {
         self.options = options.into();
         self
     }
 
     /// Sets the quorum (default `max(2, ⌊N/2⌋ + 1)`; lower values are refused).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let lock = CombinationLock::builder(&nodes, "orders").required_nodes(3).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn required_nodes(mut self, n: usize) -> Self {
         self.required = Some(n);
         self
     }
 
     /// Sets the acquire budget (default node operation time × N + 100 ms).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let lock = CombinationLock::builder(&nodes, "orders").acquire_budget(std::time::Duration::from_millis(300)).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn acquire_budget(mut self, budget: Duration) -> Self {
         self.budget = Some(budget);
         self
     }
 
     /// Sets the acquisition order (default [`Order::Sequential`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// use slate_combination::Order;
+    /// let lock = CombinationLock::builder(&nodes, "orders").order(Order::Pipelined).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn order(mut self, order: Order) -> Self {
         self.order = order;
         self
@@ -151,6 +243,16 @@ impl CombinationLockBuilder {
     /// [`Error::InvalidInput`] naming the bad option: invalid common options or name, a quorum
     /// below the majority or above N, an acquire budget of zero or not shorter than the lease,
     /// a node-set quarantine shorter than the lease.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn build(self) -> Result<CombinationLock> {
         let options = self.options.build()?;
         if options.fence_expiry().is_some() {
@@ -241,30 +343,85 @@ impl CombinationLock {
     }
 
     /// The quorum.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// assert_eq!(lock.required_nodes(), 2); // of 3
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn required_nodes(&self) -> usize {
         self.inner().required
     }
 
     /// The node set.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// assert_eq!(lock.nodes().len(), 3);
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn nodes(&self) -> &NodeSet {
         &self.inner().nodes
     }
 
     /// The options.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// assert_eq!(lock.options().key_prefix(), "slate:");
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn options(&self) -> &LockOptions {
         &self.inner().options
     }
 
     /// The local owner and its depth (this process only).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// assert!(lock.local_owner().is_none());
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn local_owner(&self) -> Option<(HolderId, u32)> {
         self.shared.sync.owner()
     }
 
     /// Tasks of this process waiting for the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// assert_eq!(lock.local_waiters(), 0);
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn local_waiters(&self) -> usize {
         self.shared.sync.waiters()
@@ -275,6 +432,19 @@ impl CombinationLock {
     /// # Cancel safety
     ///
     /// Cancel safe (reads).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// for (i, node) in lock.inspect().await.into_iter().enumerate() {
+    ///     println!("node {i}: {node:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn inspect(&self) -> Vec<Result<NodeEntries>> {
         let inner = self.inner();
         let op = inner.nodes.options().node_operation_time();
@@ -1026,12 +1196,36 @@ impl CombinationGuard {
     }
 
     /// The nodes held, ascending.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// println!("holding nodes {:?}", guard.nodes());
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn nodes(&self) -> &[usize] {
         &self.nodes
     }
 
     /// This guard's level (1 for the first acquisition).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert_eq!(guard.depth(), 1);
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn depth(&self) -> u32 {
         self.depth
@@ -1046,6 +1240,19 @@ impl CombinationGuard {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`DistributedLock::acquire`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let outer = lock.lock().await?;
+    /// let inner = outer.reenter().await?;
+    /// assert_eq!(inner.depth(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn reenter(&self) -> impl Future<Output = Result<CombinationGuard>> + Send + '_ {
         self.lock.lock_as(self.holder)
     }

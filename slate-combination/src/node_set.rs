@@ -392,6 +392,18 @@ impl NodeSet {
     ///
     /// [`Error::InvalidInput`] for fewer than 2 URLs, a malformed URL, bad options, or when
     /// called outside a tokio runtime.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// let nodes = NodeSet::connect(
+    ///     ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"],
+    ///     NodeSetOptions::default(),
+    /// )?;
+    /// # Ok(()) }
+    /// ```
     pub fn connect<I, S>(urls: I, options: NodeSetOptions) -> Result<Self>
     where
         I: IntoIterator<Item = S>,
@@ -416,6 +428,20 @@ impl NodeSet {
     ///
     /// [`Error::InvalidInput`] for fewer than 2 clients, a cluster client (a node is one
     /// master: standalone or Sentinel-managed), or bad options.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// use slate_combination::RedisClient;
+    /// let clients = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"]
+    ///     .into_iter()
+    ///     .map(RedisClient::open)
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let nodes = NodeSet::from_clients(clients, NodeSetOptions::default())?;
+    /// # Ok(()) }
+    /// ```
     pub fn from_clients(clients: Vec<RedisClient>, options: NodeSetOptions) -> Result<Self> {
         options.validate()?;
         crate::decision::quorum(clients.len(), None)?;
@@ -465,24 +491,65 @@ impl NodeSet {
     }
 
     /// The number of nodes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// assert_eq!(nodes.len(), 3);
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn len(&self) -> usize {
         self.inner.nodes.len()
     }
 
     /// Always false (a node set has at least 2 nodes).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// assert!(!nodes.is_empty());
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.inner.nodes.is_empty()
     }
 
     /// The options.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// println!("{:?}", nodes.options().quarantine());
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn options(&self) -> &NodeSetOptions {
         &self.inner.options
     }
 
     /// The client of node `i`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// let first = nodes.client(0).expect("three nodes");
+    /// println!("{}", first.address());
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn client(&self, i: usize) -> Option<&RedisClient> {
         self.inner.nodes.get(i).map(|n| &n.client)
@@ -495,6 +562,18 @@ impl NodeSet {
     }
 
     /// What this process knows of every node, as reported in errors.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// for node in nodes.report() {
+    ///     println!("{node}");
+    /// }
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn report(&self) -> Vec<NodeReport> {
         let now = Instant::now();
@@ -567,6 +646,17 @@ impl NodeSet {
     /// # Cancel safety
     ///
     /// Idempotent.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// // A brand-new deployment, before any lock is taken:
+    /// let marked = nodes.adopt_fresh_servers("slate:").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn adopt_fresh_servers(&self, prefix: &str) -> Result<usize> {
         slate_core::LockOptions::builder()
             .key_prefix(prefix)

@@ -53,6 +53,15 @@ pub struct Detached<T: Send + 'static> {
 impl<T: Send + 'static> Detached<T> {
     /// Wraps `fut`; if the wrapper is dropped before `fut` completes, `fut` is finished by a
     /// task spawned on `handle`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let release = slate_core::detach::Detached::new(async { 0_u32 }, tokio::runtime::Handle::current());
+    /// assert_eq!(release.await, 0);
+    /// # }
+    /// ```
     pub fn new(
         fut: impl Future<Output = T> + Send + 'static,
         handle: tokio::runtime::Handle,
