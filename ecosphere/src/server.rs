@@ -6,9 +6,12 @@
 //!
 //! ## Behaviour
 //!
-//! - The binary is, in order: [`ServerBuilder::binary`], the `SLATE_REDIS_SERVER` environment
-//!   variable, `redis-server` on `PATH`. When none exists, starting fails with an install hint;
-//!   tests never skip.
+//! - The server is Redis or Valkey, chosen by `SLATE_SERVER` ([`ServerKind::from_env`]). The
+//!   binary is, in order: [`ServerBuilder::binary`], the `SLATE_REDIS_SERVER` environment
+//!   variable, the kind's binary (`redis-server` or `valkey-server`) on `PATH`. When none
+//!   exists, starting fails with an install hint; tests never skip. A binary that is not the
+//!   chosen kind (`SLATE_SERVER=valkey` with a Redis binary) is refused: the pass must test
+//!   what it says. [`RedisServer::version`] tells a scenario which server and version it runs.
 //! - The port is found by binding `127.0.0.1:0`; if another process takes it before
 //!   `redis-server` binds, the start is retried on a new port (bounded).
 //! - The harness talks to the server for its own needs (readiness, [`RedisServer::command`],
@@ -24,9 +27,11 @@
 //!   lines of the server log to stderr.
 
 mod error;
+mod kind;
 mod tls;
 
 pub use error::HarnessError;
+pub use kind::{KIND_ENV, ServerKind, ServerVersion};
 
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
@@ -423,6 +428,7 @@ impl From<HarnessError> for LaunchError {
 pub struct RedisServer {
     config: ServerBuilder,
     binary: PathBuf,
+    version: ServerVersion,
     port: u16,
     conf_path: PathBuf,
     log_path: PathBuf,
@@ -524,6 +530,10 @@ impl RedisServer {
     fn launch(config: ServerBuilder) -> Result<Self, HarnessError> {
         config.validate()?;
         let binary = resolve_binary(config.binary.as_deref())?;
+        let version = match config.binary {
+            Some(_) => kind::probe(&binary)?,
+            None => chosen_version()?,
+        };
         let dir = tempfile::Builder::new()
             .prefix("slate-redis-")
             .tempdir()
@@ -537,6 +547,7 @@ impl RedisServer {
         };
         let mut server = Self {
             binary,
+            version,
             port: 0,
             conf_path: dir.path().join("redis.conf"),
             log_path: dir.path().join("redis.log"),
@@ -746,6 +757,59 @@ impl RedisServer {
             }
             None => false,
         }
+    }
+
+    /// Which server this is and its version (from `<binary> --version`): for the scenarios
+    /// whose expectations legitimately differ between Redis and Valkey or across versions.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = ecosphere::server::RedisServer::start()?;
+    /// println!("running against {}", server.version());
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn version(&self) -> ServerVersion {
+        self.version
+    }
+
+    /// One field of `INFO <section>` (`None` when the server does not report it).
+    ///
+    /// # Errors
+    ///
+    /// When the server does not answer.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let role = server.info_field("replication", "role")?;
+    /// assert_eq!(role.as_deref(), Some("master"));
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    pub fn info_field(&self, section: &str, name: &str) -> Result<Option<String>, HarnessError> {
+        let text = value_text(&self.command(&["INFO", section])?)?;
+        Ok(text.lines().find_map(|line| {
+            line.trim_end()
+                .strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .map(str::to_owned)
+        }))
+    }
+
+    /// The binary this server runs.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = ecosphere::server::RedisServer::start()?;
+    /// println!("{}", server.binary().display());
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn binary(&self) -> &Path {
+        &self.binary
     }
 
     /// The URL for the default user: `redis://127.0.0.1:PORT`, with `:PASSWORD@` when a password
@@ -1302,34 +1366,72 @@ impl Drop for RedisServer {
     }
 }
 
-/// Finds the binary: explicit path, then `SLATE_REDIS_SERVER`, then `PATH`.
-fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, HarnessError> {
-    if let Some(path) = explicit {
-        return existing(path, "ServerBuilder::binary");
+/// The server and version the harness runs by default (the binary [`RedisServer::start`]
+/// would use), known before any server starts: for settings that depend on it, such as ACL
+/// grants.
+///
+/// # Errors
+///
+/// [`HarnessError::BinaryNotFound`] with the install hint; [`HarnessError::Config`] when the
+/// binary is not the kind `SLATE_SERVER` chose.
+///
+/// # Examples
+///
+/// ```no_run
+/// let v = ecosphere::server::chosen_version()?;
+/// println!("the scenarios run against {v}");
+/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// ```
+pub fn chosen_version() -> Result<ServerVersion, HarnessError> {
+    let binary = resolve_binary(None)?;
+    let version = kind::probe(&binary)?;
+    let wanted = ServerKind::from_env()?;
+    if version.kind != wanted {
+        return Err(HarnessError::Config(format!(
+            "{KIND_ENV} asks for {wanted} but {} is {version}: point {BINARY_ENV} at a {} \
+             binary (or unset it)",
+            binary.display(),
+            wanted.binary_name()
+        )));
     }
-    if let Some(value) = std::env::var_os(BINARY_ENV).filter(|value| !value.is_empty()) {
-        return existing(Path::new(&value), BINARY_ENV);
-    }
-    let path_var = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path_var)
-        .map(|dir| dir.join("redis-server"))
-        .find(|candidate| candidate.is_file())
-        .ok_or_else(|| HarnessError::BinaryNotFound {
-            detail: "not on PATH".into(),
-        })
+    Ok(version)
 }
 
-fn existing(path: &Path, source: &str) -> Result<PathBuf, HarnessError> {
+/// Finds the binary: explicit path, then `SLATE_REDIS_SERVER`, then the chosen kind's binary
+/// on `PATH`.
+fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, HarnessError> {
+    let kind = ServerKind::from_env()?;
+    if let Some(path) = explicit {
+        return existing(path, "ServerBuilder::binary", kind);
+    }
+    if let Some(value) = std::env::var_os(BINARY_ENV).filter(|value| !value.is_empty()) {
+        return existing(Path::new(&value), BINARY_ENV, kind);
+    }
+    on_path(kind.binary_name()).ok_or_else(|| HarnessError::BinaryNotFound {
+        detail: format!("{} not on PATH", kind.binary_name()),
+        hint: kind.install_hint(),
+    })
+}
+
+/// The first `name` on `PATH`.
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path_var)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+fn existing(path: &Path, source: &str, kind: ServerKind) -> Result<PathBuf, HarnessError> {
     if path.is_file() {
         Ok(path.to_path_buf())
     } else {
         Err(HarnessError::BinaryNotFound {
             detail: format!("{source} = {} does not exist", path.display()),
+            hint: kind.install_hint(),
         })
     }
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
 /// The text of a reply (bulk, simple or verbatim string), for parsing `INFO`-style answers.
 pub(crate) fn value_text(v: &redis::Value) -> Result<String, HarnessError> {
     match v {
@@ -1342,6 +1444,7 @@ pub(crate) fn value_text(v: &redis::Value) -> Result<String, HarnessError> {
     }
 }
 
+/// A port that was free a moment ago on 127.0.0.1.
 pub(crate) fn free_port() -> Result<u16, HarnessError> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|listener| listener.local_addr())

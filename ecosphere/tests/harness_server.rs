@@ -315,11 +315,44 @@ fn a_missing_binary_fails_with_the_install_hint() {
         .expect_err("no binary");
     assert!(matches!(err, HarnessError::BinaryNotFound { .. }));
     let message = err.to_string();
-    assert!(
-        message.contains("apt-get install -y redis-server"),
-        "{message}"
-    );
+    let kind = ecosphere::server::ServerKind::from_env().unwrap();
+    assert!(message.contains(kind.install_hint()), "{message}");
+    if kind == ecosphere::server::ServerKind::Redis {
+        assert!(
+            message.contains("apt-get install -y redis-server"),
+            "{message}"
+        );
+    }
     assert!(message.contains("SLATE_REDIS_SERVER"), "{message}");
+}
+
+/// The server the harness started is the one `SLATE_SERVER` asked for, and the server itself
+/// agrees with what `--version` said (so a scenario that asks "which server is this" gets the
+/// truth).
+#[test]
+fn the_server_is_the_chosen_kind_and_says_so() {
+    use ecosphere::server::ServerKind;
+    let server = RedisServer::start().expect("server");
+    let v = server.version();
+    assert_eq!(v.kind, ServerKind::from_env().unwrap());
+    let field = |name: &str| server.info_field("server", name).expect("INFO");
+    match v.kind {
+        ServerKind::Valkey => {
+            assert_eq!(field("server_name").as_deref(), Some("valkey"));
+            assert_eq!(
+                field("valkey_version"),
+                Some(format!("{}.{}.{}", v.major, v.minor, v.patch))
+            );
+            assert!(v.at_least(8, 0), "Valkey 8+ is supported, not {v}");
+        }
+        ServerKind::Redis => {
+            assert_eq!(
+                field("redis_version"),
+                Some(format!("{}.{}.{}", v.major, v.minor, v.patch))
+            );
+            assert!(v.at_least(7, 0), "Redis 7.0+ is supported, not {v}");
+        }
+    }
 }
 
 #[test]

@@ -89,9 +89,27 @@ const NEEDED: &[&str] = &[
     "zrange",
 ];
 
-/// ACL rules granting `allowed` on the lock prefix and channels only.
+/// What the client's connection handshake sends on servers that have it: redis-rs names its
+/// library with `CLIENT SETINFO` (Redis 7.2+, Valkey). Refused, the handshake goes on, but
+/// `ACL LOG` records it, so the README's grants add it for those servers; it is not in
+/// [`NEEDED`] because nothing the user sees breaks without it.
+fn handshake() -> &'static [&'static str] {
+    let v = ecosphere::server::chosen_version().expect("server binary");
+    if v.knows_client_setinfo() {
+        &["client|setinfo"]
+    } else {
+        &[]
+    }
+}
+
+/// ACL rules granting `allowed` (and the handshake's command) on the lock prefix and channels
+/// only.
 fn rules(allowed: &[&str]) -> String {
-    let grants: Vec<String> = allowed.iter().map(|c| format!("+{c}")).collect();
+    let grants: Vec<String> = allowed
+        .iter()
+        .chain(handshake())
+        .map(|c| format!("+{c}"))
+        .collect();
     format!(
         "resetkeys resetchannels ~slate:* &slate:* -@all {}",
         grants.join(" ")

@@ -10,13 +10,22 @@ use deadpool_redis::PoolError;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use slate_core::{BackendKind, Error};
 
-/// Redis 7.0 answers a command refused by ACL *inside a script* with a plain `ERR` and this
-/// text (7.2 and later answer `NOPERM`); the one place a failure is told by its message.
-const SCRIPT_ACL_REFUSAL: &str = "The user executing the script can't";
+/// A command refused by ACL *inside a script* is answered with a plain `ERR` and one of these
+/// texts by Redis 7.0 and by Valkey 8 (Redis 7.2 and later answer `NOPERM`); the one place a
+/// failure is told by its message.
+const SCRIPT_ACL_REFUSALS: [&str; 2] = [
+    // Redis 7.0
+    "The user executing the script can't",
+    // Valkey 8 ("ACL failure in script: User u has no permissions to run the 'set' command")
+    "ACL failure in script",
+];
 
 /// The kind of a Redis failure.
 pub(crate) fn kind_of(e: &RedisError) -> BackendKind {
-    if e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains(SCRIPT_ACL_REFUSAL)) {
+    if e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| SCRIPT_ACL_REFUSALS.iter().any(|r| d.contains(r)))
+    {
         return BackendKind::Permission;
     }
     match e.kind() {
@@ -71,7 +80,8 @@ fn hint(kind: BackendKind) -> &'static str {
              INCRBY, PUBLISH, TIME, ZADD, ZREM, ZRANGE on the lock keys and channels (for the \
              default prefix: ~slate:* &slate:*); the scripts run most of them (README: ACL); \
              on a cluster also SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE, CLUSTER SLOTS, COMMAND INFO; with \
-             ClientOptionsBuilder::synced_replicas also WAIT"
+             ClientOptionsBuilder::synced_replicas also WAIT; on Redis 7.2+ and Valkey, CLIENT \
+             SETINFO keeps the connection handshake out of ACL LOG"
         }
         BackendKind::Io => {
             "; check that Redis runs at this address and is reachable (for a rediss:// URL, \
@@ -164,6 +174,19 @@ mod tests {
             kind_of(&in_script),
             BackendKind::Permission,
             "{in_script:?}"
+        );
+        let in_script_valkey: RedisError = (
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "ERR",
+            "ACL failure in script: User u has no permissions to run the 'set' command script: \
+             ff96, on @user_script:1."
+                .to_owned(),
+        )
+            .into();
+        assert_eq!(
+            kind_of(&in_script_valkey),
+            BackendKind::Permission,
+            "{in_script_valkey:?}"
         );
         let loading: RedisError = (ErrorKind::Server(ServerErrorKind::BusyLoading), "x").into();
         assert_eq!(kind_of(&loading), BackendKind::Unavailable);

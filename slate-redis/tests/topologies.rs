@@ -337,8 +337,17 @@ async fn cluster_runs_as_a_least_privilege_user() {
         +script|load +ping +subscribe +unsubscribe +exists +hget +pttl +info +set +hset \
         +hexists +hincrby +hmget +hgetall +del +pexpire +get +incr +incrby +publish +time +zadd \
         +zrem +zrange +spublish +ssubscribe +sunsubscribe +cluster|slots +command|info +wait";
+    // Redis 7.2+ and Valkey: the client's handshake names its library (README).
+    let handshake = if ecosphere::server::chosen_version()
+        .unwrap()
+        .knows_client_setinfo()
+    {
+        " +client|setinfo"
+    } else {
+        ""
+    };
     let builder = ecosphere::server::RedisServer::builder()
-        .acl_user("slate-app", "Acl-Pw-1", GRANTS)
+        .acl_user("slate-app", "Acl-Pw-1", format!("{GRANTS}{handshake}"))
         .arg("acllog-max-len", "1024");
     let cluster = RedisCluster::start_with(3, 1, &builder).unwrap();
     let options = || {

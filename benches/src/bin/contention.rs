@@ -11,6 +11,7 @@ use std::time::Duration;
 use benches::contention::runner::{self, Plan};
 use benches::contention::{Impl, Shape, WorkerArgs, run_worker};
 use clap::{Parser, Subcommand};
+use ecosphere::server::ServerKind;
 
 #[derive(Parser)]
 #[command(about = "Slate and its peers side by side: P processes x T tasks on one lock")]
@@ -43,6 +44,14 @@ struct Cli {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Servers to run the lock nodes on, interleaved (`redis`, `valkey`; each found as
+    /// `redis-server` / `valkey-server` on PATH, or SLATE_REDIS_SERVER when it is that kind).
+    #[arg(long, value_delimiter = ',', default_value = "redis", value_parser = parse_server)]
+    servers: Vec<ServerKind>,
+}
+
+fn parse_server(s: &str) -> Result<ServerKind, String> {
+    ServerKind::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand)]
@@ -135,6 +144,7 @@ fn main() -> ExitCode {
                 worker_exe,
                 progress: !cli.quiet,
                 locks: usize::try_from(cli.locks).unwrap_or(1),
+                servers: cli.servers,
             };
             let results = match runner::run_plan(&plan) {
                 Ok(r) => r,

@@ -158,6 +158,8 @@ pub struct WorkerReport {
 /// One measured run of one implementation in one shape.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunResult {
+    /// The server the lock nodes ran (`Redis 7.0.15`, `Valkey 8.1.8`; empty in unit tests).
+    pub server: String,
     /// Implementation.
     pub implementation: Impl,
     /// Shape.
@@ -257,6 +259,7 @@ pub fn summarise(
         .map(|(_, c)| c)
         .sum();
     RunResult {
+        server: String::new(),
         implementation,
         shape,
         repeat,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ecosphere::cluster::RedisCluster;
-use ecosphere::server::RedisServer;
+use ecosphere::server::{RedisServer, ServerKind};
 use ecosphere::workers::WorkerSet;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -31,11 +31,15 @@ pub struct Plan {
     pub progress: bool,
     /// Lock names the tasks take in turn.
     pub locks: usize,
+    /// The servers to run on (Redis, Valkey), interleaved like the implementations.
+    pub servers: Vec<ServerKind>,
 }
 
 /// The servers of a session: three lock nodes, one resource server, and a 3-master Redis
 /// Cluster when a plan includes `slate-cluster`.
 pub struct Servers {
+    /// What the nodes run (`Redis 7.0.15`).
+    pub label: String,
     /// Lock nodes.
     pub nodes: Vec<RedisServer>,
     /// The resource server holding the counter.
@@ -50,15 +54,17 @@ impl Servers {
     /// # Errors
     ///
     /// Harness failures (e.g. no `redis-server`).
-    pub fn start(with_cluster: bool) -> Result<Servers, String> {
-        let mut all = RedisServer::start_many(4).map_err(|e| e.to_string())?;
+    pub fn start(kind: ServerKind, with_cluster: bool) -> Result<Servers, String> {
+        let builder = RedisServer::builder().binary(kind.locate().map_err(|e| e.to_string())?);
+        let mut all = RedisServer::start_many_with(4, &builder).map_err(|e| e.to_string())?;
         let resource = all.pop().ok_or("no resource server")?;
         let cluster = if with_cluster {
-            Some(RedisCluster::start(3, 0).map_err(|e| e.to_string())?)
+            Some(RedisCluster::start_with(3, 0, &builder).map_err(|e| e.to_string())?)
         } else {
             None
         };
         Ok(Servers {
+            label: resource.version().to_string(),
             nodes: all,
             resource,
             cluster,
@@ -200,9 +206,11 @@ pub fn run_once(
     let stats = servers.commandstats(which)?;
     let counter = servers.counter(plan.locks)?;
     let redirects = servers.redirects(which)?;
-    Ok(summarise(
+    let mut result = summarise(
         which, shape, repeat, duration, &reports, stats, counter, redirects,
-    ))
+    );
+    result.server.clone_from(&servers.label);
+    Ok(result)
 }
 
 /// Runs the whole plan: for each repetition, for each shape, each implementation in turn.
@@ -211,8 +219,13 @@ pub fn run_once(
 ///
 /// The first failing run.
 pub fn run_plan(plan: &Plan) -> Result<Vec<RunResult>, String> {
-    let servers = Servers::start(plan.impls.contains(&Impl::SlateCluster))?;
-    let total = (plan.repeat * plan.shapes.len() * plan.impls.len()) as u64;
+    let with_cluster = plan.impls.contains(&Impl::SlateCluster);
+    let sessions = plan
+        .servers
+        .iter()
+        .map(|&kind| Servers::start(kind, with_cluster))
+        .collect::<Result<Vec<_>, _>>()?;
+    let total = (plan.repeat * plan.shapes.len() * plan.impls.len() * sessions.len()) as u64;
     let bar = if plan.progress {
         ProgressBar::new(total)
     } else {
@@ -226,11 +239,15 @@ pub fn run_plan(plan: &Plan) -> Result<Vec<RunResult>, String> {
     let mut results = Vec::new();
     for repeat in 0..plan.repeat {
         for &shape in &plan.shapes {
-            for &which in &plan.impls {
+            for (servers, &which) in sessions
+                .iter()
+                .flat_map(|s| plan.impls.iter().map(move |w| (s, w)))
+            {
                 bar.set_message(format!("{which} {shape} run {}", repeat + 1));
-                let r = run_once(&servers, plan, which, shape, repeat)?;
+                let r = run_once(servers, plan, which, shape, repeat)?;
                 bar.println(format!(
-                    "{which:>14} {shape:>5} run {}: {:>7.0} acq/s, {:.2} lock cmds/acq, {:.2} server cmds/acq, {} redirects, p99 wait {:.1} ms, mutex {}",
+                    "{:>13} {which:>14} {shape:>5} run {}: {:>7.0} acq/s, {:.2} lock cmds/acq, {:.2} server cmds/acq, {} redirects, p99 wait {:.1} ms, mutex {}",
+                    servers.label,
                     repeat + 1,
                     r.acq_per_s,
                     r.lock_cmds_per_acq,
@@ -251,6 +268,8 @@ pub fn run_plan(plan: &Plan) -> Result<Vec<RunResult>, String> {
 /// One row of the summary: min / median / max over the runs of one implementation and shape.
 #[derive(Debug, Serialize)]
 pub struct SummaryRow {
+    /// The server.
+    pub server: String,
     /// Implementation.
     pub implementation: Impl,
     /// Shape.
@@ -284,18 +303,18 @@ pub struct SummaryRow {
 /// Summarises results per (shape, implementation), in plan order.
 #[must_use]
 pub fn summary(results: &[RunResult]) -> Vec<SummaryRow> {
-    let mut keys: Vec<(Shape, Impl)> = Vec::new();
+    let mut keys: Vec<(Shape, &str, Impl)> = Vec::new();
     for r in results {
-        if !keys.contains(&(r.shape, r.implementation)) {
-            keys.push((r.shape, r.implementation));
+        if !keys.contains(&(r.shape, r.server.as_str(), r.implementation)) {
+            keys.push((r.shape, r.server.as_str(), r.implementation));
         }
     }
-    keys.sort_by_key(|(s, _)| *s);
+    keys.sort_by_key(|(s, _, _)| *s);
     keys.into_iter()
-        .map(|(shape, which)| {
+        .map(|(shape, server, which)| {
             let runs: Vec<&RunResult> = results
                 .iter()
-                .filter(|r| r.shape == shape && r.implementation == which)
+                .filter(|r| r.shape == shape && r.server == server && r.implementation == which)
                 .collect();
             let spread = |f: fn(&RunResult) -> f64| {
                 Spread::of(&runs.iter().map(|r| f(r)).collect::<Vec<_>>())
@@ -304,6 +323,7 @@ pub fn summary(results: &[RunResult]) -> Vec<SummaryRow> {
             by_tp.sort_by(|a, b| a.acq_per_s.total_cmp(&b.acq_per_s));
             let median = by_tp[by_tp.len() / 2];
             SummaryRow {
+                server: server.to_owned(),
                 implementation: which,
                 shape,
                 runs: runs.len(),
@@ -327,7 +347,7 @@ pub fn summary(results: &[RunResult]) -> Vec<SummaryRow> {
 #[must_use]
 pub fn markdown(rows: &[SummaryRow]) -> String {
     let mut out = String::from(
-        "| impl | procs x tasks | runs | acq/s | lock cmds/acq | server cmds/acq | redirects | client CPU µs/acq | wait p50 ms | wait p99 ms | wait max ms | per-worker min..max (median run) | mutex ok | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| server | impl | procs x tasks | runs | acq/s | lock cmds/acq | server cmds/acq | redirects | client CPU µs/acq | wait p50 ms | wait p99 ms | wait max ms | per-worker min..max (median run) | mutex ok | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let cell = |s: &Option<Spread>, digits: usize| match s {
         Some(s) => format!(
@@ -342,7 +362,8 @@ pub fn markdown(rows: &[SummaryRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}..{} | {}/{} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}..{} | {}/{} | {} |",
+            r.server,
             r.implementation,
             r.shape,
             r.runs,

@@ -21,14 +21,15 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HarnessError {
-    /// No `redis-server` binary was found (or the configured one does not exist).
-    #[error(
-        "redis-server not found ({detail}): install it with \"apt-get install -y redis-server\" \
-         (or set SLATE_REDIS_SERVER to its path)"
-    )]
+    /// No server binary was found (or the configured one does not exist).
+    #[error("server binary not found ({detail}): {hint}")]
     BinaryNotFound {
         /// Where the harness looked.
         detail: String,
+        /// How to install the chosen server ([`ServerKind::install_hint`]).
+        ///
+        /// [`ServerKind::install_hint`]: crate::server::ServerKind::install_hint
+        hint: &'static str,
     },
     /// An operating-system call failed.
     #[error("{what}: {source}")]
