@@ -95,7 +95,10 @@ local function enqueue(now)
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then
     local tenure = 1
-    if pid ~= '' then
+    -- The turn's bookkeeping is skipped while no process is queued and no turn is kept (one
+    -- EXISTS instead of five commands): nobody waits, so there is no order to keep; a release
+    -- that then finds no turn counts this acquisition as the first of a row (release.lua).
+    if pid ~= '' and redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
         local now = now_ms()
         local turn = redis.call('HMGET', KEYS[4], 'o', 'u', 'n')
         local owner = turn[1]
