@@ -71,16 +71,17 @@ if pid == '' then
     redis.call(publish, KEYS[2], '')
     return 0
 end
--- No process is queued and no turn is kept: no other process waits (a waiting process's head
+local turn = redis.call('HMGET', KEYS[4], 'o', 'n')
+-- No turn is kept and no process is queued: no other process waits (a waiting process's head
 -- is queued by its busy answer), so there is nobody to wake and no turn to keep (one EXISTS
--- instead of six commands). The caller's own waiters take the free lock next.
-if redis.call('EXISTS', KEYS[3], KEYS[4]) == 0 then
+-- instead of TIME, ZREM, ZRANGE, DEL and PUBLISH). The caller's own waiters take the free
+-- lock next.
+if not turn[1] and redis.call('EXISTS', KEYS[3]) == 0 then
     return 0
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local reserve = tonumber(ARGV[6])
-local turn = redis.call('HMGET', KEYS[4], 'o', 'n')
 local tenure = 0
 if turn[1] == pid then
     tenure = tonumber(turn[2])
