@@ -184,6 +184,8 @@ pub struct RunResult {
     pub server_cmds_per_acq: f64,
     /// Client CPU per acquisition, µs.
     pub cpu_us_per_acq: f64,
+    /// The lock nodes' CPU per acquisition, µs (`INFO cpu` deltas; NaN in unit tests).
+    pub server_cpu_us_per_acq: f64,
     /// Wait p50, ms.
     pub wait_p50_ms: f64,
     /// Wait p99, ms.
@@ -272,6 +274,7 @@ pub fn summarise(
         lock_cmds_per_acq: per(client_commands(implementation, &commandstats) as f64),
         server_cmds_per_acq: per(total_all as f64),
         cpu_us_per_acq: per(cpu as f64),
+        server_cpu_us_per_acq: f64::NAN,
         wait_p50_ms: ms(0.5),
         wait_p99_ms: ms(0.99),
         wait_max_ms: ms(1.0),

@@ -106,6 +106,24 @@ impl Servers {
         Ok(total)
     }
 
+    /// The lock nodes' own CPU so far (`used_cpu_sys` + `used_cpu_user` of `INFO cpu`), µs.
+    fn server_cpu_us(&self, which: Impl) -> Result<f64, String> {
+        let mut total = 0.0;
+        for s in self.lock_nodes(which) {
+            let v = s.command(&["INFO", "cpu"]).map_err(|e| e.to_string())?;
+            let text: String = redis::from_redis_value(v).map_err(|e| e.to_string())?;
+            for line in text.lines() {
+                if let Some(rest) = line
+                    .strip_prefix("used_cpu_sys:")
+                    .or_else(|| line.strip_prefix("used_cpu_user:"))
+                {
+                    total += rest.trim().parse::<f64>().map_err(|e| e.to_string())? * 1e6;
+                }
+            }
+        }
+        Ok(total)
+    }
+
     /// `MOVED` + `ASK` errors the lock nodes answered (`INFO errorstats`).
     fn redirects(&self, which: Impl) -> Result<u64, String> {
         let mut total = 0;
@@ -157,6 +175,7 @@ pub fn run_once(
     repeat: usize,
 ) -> Result<RunResult, String> {
     servers.reset()?;
+    let cpu_before = servers.server_cpu_us(which)?;
     let nodes: Vec<String> = servers.lock_nodes(which).iter().map(|s| s.url()).collect();
     let locks = plan.locks;
     let resource = servers.resource.url();
@@ -203,6 +222,7 @@ pub fn run_once(
         let r: WorkerReport = serde_json::from_str(line).map_err(|e| e.to_string())?;
         reports.push(r);
     }
+    let cpu_after = servers.server_cpu_us(which)?;
     let stats = servers.commandstats(which)?;
     let counter = servers.counter(plan.locks)?;
     let redirects = servers.redirects(which)?;
@@ -210,6 +230,13 @@ pub fn run_once(
         which, shape, repeat, duration, &reports, stats, counter, redirects,
     );
     result.server.clone_from(&servers.label);
+    // Includes the nodes' idle work over the run (a few ms per second), the same for every
+    // implementation.
+    result.server_cpu_us_per_acq = if result.acquisitions == 0 {
+        f64::NAN
+    } else {
+        (cpu_after - cpu_before) / result.acquisitions as f64
+    };
     Ok(result)
 }
 
@@ -246,12 +273,13 @@ pub fn run_plan(plan: &Plan) -> Result<Vec<RunResult>, String> {
                 bar.set_message(format!("{which} {shape} run {}", repeat + 1));
                 let r = run_once(servers, plan, which, shape, repeat)?;
                 bar.println(format!(
-                    "{:>13} {which:>14} {shape:>5} run {}: {:>7.0} acq/s, {:.2} lock cmds/acq, {:.2} server cmds/acq, {} redirects, p99 wait {:.1} ms, mutex {}",
+                    "{:>13} {which:>14} {shape:>5} run {}: {:>7.0} acq/s, {:.2} lock cmds/acq, {:.2} server cmds/acq, {:.1} server CPU µs/acq, {} redirects, p99 wait {:.1} ms, mutex {}",
                     servers.label,
                     repeat + 1,
                     r.acq_per_s,
                     r.lock_cmds_per_acq,
                     r.server_cmds_per_acq,
+                    r.server_cpu_us_per_acq,
                     r.redirects,
                     r.wait_p99_ms,
                     if r.mutex_ok { "ok" } else { "VIOLATED" }
@@ -286,6 +314,8 @@ pub struct SummaryRow {
     pub redirects: u64,
     /// Client CPU µs per acquisition.
     pub cpu_us_per_acq: Option<Spread>,
+    /// The lock nodes' CPU µs per acquisition.
+    pub server_cpu_us_per_acq: Option<Spread>,
     /// Wait p50 (ms).
     pub wait_p50_ms: Option<Spread>,
     /// Wait p99 (ms).
@@ -332,6 +362,7 @@ pub fn summary(results: &[RunResult]) -> Vec<SummaryRow> {
                 server_cmds_per_acq: spread(|r| r.server_cmds_per_acq),
                 redirects: runs.iter().map(|r| r.redirects).sum(),
                 cpu_us_per_acq: spread(|r| r.cpu_us_per_acq),
+                server_cpu_us_per_acq: spread(|r| r.server_cpu_us_per_acq),
                 wait_p50_ms: spread(|r| r.wait_p50_ms),
                 wait_p99_ms: spread(|r| r.wait_p99_ms),
                 wait_max_ms: spread(|r| r.wait_max_ms),
@@ -347,7 +378,7 @@ pub fn summary(results: &[RunResult]) -> Vec<SummaryRow> {
 #[must_use]
 pub fn markdown(rows: &[SummaryRow]) -> String {
     let mut out = String::from(
-        "| server | impl | procs x tasks | runs | acq/s | lock cmds/acq | server cmds/acq | redirects | client CPU µs/acq | wait p50 ms | wait p99 ms | wait max ms | per-worker min..max (median run) | mutex ok | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| server | impl | procs x tasks | runs | acq/s | lock cmds/acq | server cmds/acq | redirects | client CPU µs/acq | server CPU µs/acq | wait p50 ms | wait p99 ms | wait max ms | per-worker min..max (median run) | mutex ok | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let cell = |s: &Option<Spread>, digits: usize| match s {
         Some(s) => format!(
@@ -362,7 +393,7 @@ pub fn markdown(rows: &[SummaryRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}..{} | {}/{} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}..{} | {}/{} | {} |",
             r.server,
             r.implementation,
             r.shape,
@@ -372,6 +403,7 @@ pub fn markdown(rows: &[SummaryRow]) -> String {
             cell(&r.server_cmds_per_acq, 1),
             r.redirects,
             cell(&r.cpu_us_per_acq, 0),
+            cell(&r.server_cpu_us_per_acq, 1),
             cell(&r.wait_p50_ms, 2),
             cell(&r.wait_p99_ms, 1),
             cell(&r.wait_max_ms, 1),
