@@ -27,45 +27,15 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The fenced code blocks of doc comments (`///`, `//!`) in Rust source, hidden lines included
-/// (they are compiled too). Blocks marked `text` or `ignore`... are not Rust and are skipped.
-fn doc_blocks(place: &str, src: &str) -> Vec<Block> {
-    let mut blocks = Vec::new();
-    let mut open: Option<(usize, String)> = None;
-    for (n, line) in src.lines().enumerate() {
-        let trimmed = line.trim_start();
-        let Some(doc) = trimmed
-            .strip_prefix("///")
-            .or_else(|| trimmed.strip_prefix("//!"))
-        else {
-            continue;
-        };
-        let doc = doc.strip_prefix(' ').unwrap_or(doc);
-        if let Some(info) = doc.trim_start().strip_prefix("```") {
-            match open.take() {
-                Some((start, text)) => blocks.push(Block {
-                    place: format!("{place}:{}", start + 1),
-                    text,
-                }),
-                None if is_rust(info) => open = Some((n, String::new())),
-                None => open = Some((n, String::from("\u{0}skip"))),
-            }
-            continue;
-        }
-        if let Some((_, text)) = open.as_mut() {
-            text.push_str(doc.strip_prefix("# ").unwrap_or(doc));
-            text.push('\n');
-        }
-    }
-    blocks.retain(|b| !b.text.starts_with('\u{0}'));
-    blocks
-}
-
-/// The ```rust blocks of a Markdown file.
-fn markdown_blocks(place: &str, md: &str) -> Vec<Block> {
+/// The fenced code blocks of `lines` (numbered text) whose info string `is_code` accepts.
+fn fenced<'a>(
+    place: &str,
+    lines: impl Iterator<Item = (usize, &'a str)>,
+    is_code: fn(&str) -> bool,
+) -> Vec<Block> {
     let mut blocks = Vec::new();
     let mut open: Option<(usize, String, bool)> = None;
-    for (n, line) in md.lines().enumerate() {
+    for (n, line) in lines {
         if let Some(info) = line.trim_start().strip_prefix("```") {
             match open.take() {
                 Some((start, text, true)) => blocks.push(Block {
@@ -73,7 +43,7 @@ fn markdown_blocks(place: &str, md: &str) -> Vec<Block> {
                     text,
                 }),
                 Some(_) => {}
-                None => open = Some((n, String::new(), info.trim().starts_with("rust"))),
+                None => open = Some((n, String::new(), is_code(info))),
             }
             continue;
         }
@@ -83,6 +53,25 @@ fn markdown_blocks(place: &str, md: &str) -> Vec<Block> {
         }
     }
     blocks
+}
+
+/// The fenced code blocks of doc comments (`///`, `//!`) in Rust source, hidden lines included
+/// (they are compiled too); blocks marked `text` and the like are not Rust and are skipped.
+fn doc_blocks(place: &str, src: &str) -> Vec<Block> {
+    let docs = src.lines().enumerate().filter_map(|(n, line)| {
+        let t = line.trim_start();
+        let doc = t.strip_prefix("///").or_else(|| t.strip_prefix("//!"))?;
+        let doc = doc.strip_prefix(' ').unwrap_or(doc);
+        Some((n, doc.strip_prefix("# ").unwrap_or(doc)))
+    });
+    fenced(place, docs, is_rust)
+}
+
+/// The ```rust blocks of a Markdown file.
+fn markdown_blocks(place: &str, md: &str) -> Vec<Block> {
+    fenced(place, md.lines().enumerate(), |info| {
+        info.trim().starts_with("rust")
+    })
 }
 
 /// Doc-test info strings that are Rust code.

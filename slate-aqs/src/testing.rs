@@ -205,7 +205,7 @@ impl MemoryRemote {
                 }
                 Ok(remaining)
             }
-            _ => Err(Error::not_held("memory".to_owned(), holder)),
+            _ => Err(Error::not_held("memory", holder)),
         }
     }
 
@@ -536,11 +536,7 @@ impl MemoryCompetitor {
                         bump(&counters.acquired);
                         Ok(Attempt::Acquired(MemoryGrant { holder, count }))
                     }
-                    None => Err(Error::lease_lost(
-                        "memory".to_owned(),
-                        holder,
-                        LossReason::EntryGone,
-                    )),
+                    None => Err(Error::lease_lost("memory", holder, LossReason::EntryGone)),
                 },
                 Behavior::Remote => match remote.try_acquire(holder) {
                     Some(count) => {

@@ -264,7 +264,7 @@ impl Inner {
                 Next::BudgetExceeded { release } => {
                     self.release_attempt(&release, holder, start).await;
                     return Err(Error::timeout(
-                        self.label.to_string(),
+                        Arc::clone(&self.label),
                         TimeoutKind::AcquireBudget,
                         self.budget,
                         start.elapsed(),
@@ -338,7 +338,7 @@ impl Inner {
                 return Err(e);
             }
             return Err(Error::insufficient_nodes(
-                self.label.to_string(),
+                Arc::clone(&self.label),
                 need,
                 fenced,
                 self.nodes.report(),
@@ -358,7 +358,7 @@ impl Inner {
             _ => {
                 self.release_attempt(&release, holder, start).await;
                 Err(Error::timeout(
-                    self.label.to_string(),
+                    Arc::clone(&self.label),
                     TimeoutKind::AcquireBudget,
                     self.budget,
                     start.elapsed(),
@@ -461,7 +461,7 @@ impl Inner {
         undo.reverse();
         self.release_nodes(&undo, holder).await;
         if hold.is_none() {
-            return Err(Error::not_held(self.label.to_string(), holder));
+            return Err(Error::not_held(Arc::clone(&self.label), holder));
         }
         let gone = replies
             .iter()
@@ -470,7 +470,7 @@ impl Inner {
         if nodes.len() - gone < self.required {
             // Fewer than a quorum of the held nodes still have the entry: the hold is lost.
             return Err(Error::lease_lost(
-                self.label.to_string(),
+                Arc::clone(&self.label),
                 holder,
                 slate_core::LossReason::EntryGone,
             ));
@@ -492,7 +492,7 @@ impl Inner {
             })
             .collect();
         Err(Error::insufficient_nodes(
-            self.label.to_string(),
+            Arc::clone(&self.label),
             self.required,
             0,
             reports,
@@ -516,7 +516,7 @@ impl Inner {
                 };
             }
         }
-        Error::insufficient_nodes(self.label.to_string(), self.required, usable, nodes)
+        Error::insufficient_nodes(Arc::clone(&self.label), self.required, usable, nodes)
     }
 
     /// Starts renewal of a new hold and returns its lease.

@@ -306,7 +306,7 @@ impl CombinationLockBuilder {
             self.order,
             runtime,
         );
-        let sync = Synchronizer::new(label.to_string(), competitor, spin);
+        let sync = Synchronizer::new(Arc::clone(&label), competitor, spin);
         Ok(CombinationLock {
             shared: Arc::new(Shared { sync, name }),
         })

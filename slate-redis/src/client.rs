@@ -482,13 +482,17 @@ pub(crate) struct Inner {
 struct OwnRuntime(Option<tokio::runtime::Runtime>);
 
 impl OwnRuntime {
-    fn start() -> Result<Self> {
+    /// Starts the runtime; returns it with its handle.
+    fn start() -> Result<(Self, Handle)> {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("slate-client")
             .enable_all()
             .build()
-            .map(|rt| OwnRuntime(Some(rt)))
+            .map(|rt| {
+                let handle = rt.handle().clone();
+                (OwnRuntime(Some(rt)), handle)
+            })
             .map_err(|e| {
                 Error::backend(
                     BackendKind::Other,
@@ -501,13 +505,6 @@ impl OwnRuntime {
                     Some(Box::new(e)),
                 )
             })
-    }
-
-    fn handle(&self) -> Handle {
-        self.0
-            .as_ref()
-            .map(|rt| rt.handle().clone())
-            .expect("an OwnRuntime holds its runtime until dropped")
     }
 }
 
@@ -941,8 +938,8 @@ impl RedisClient {
             None => match Handle::try_current() {
                 Ok(h) => (h, None),
                 Err(_) => {
-                    let own = OwnRuntime::start()?;
-                    (own.handle(), Some(own))
+                    let (own, handle) = OwnRuntime::start()?;
+                    (handle, Some(own))
                 }
             },
         };

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
 use slate_core::detach::Detached;
 use std::time::Instant;
@@ -319,7 +320,7 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
         match result {
             Ok(-1) => {
                 tracing::debug!("not held");
-                Err(Error::not_held(c.label.to_string(), holder))
+                Err(Error::not_held(Arc::clone(&c.label), holder))
             }
             Ok(n) if n >= 0 => {
                 // The local count and Redis's agree by construction (a re-entry after a lost

@@ -588,7 +588,7 @@ impl RedisCompetitor {
                     let renewal = &client.inner.renewal;
                     renewal.lose(&keys.lock, holder, LossReason::EntryGone);
                     Err(Error::lease_lost(
-                        label.to_string(),
+                        Arc::clone(&label),
                         holder,
                         LossReason::EntryGone,
                     ))
@@ -906,7 +906,7 @@ impl SingleLockBuilder {
         let turn = Turn::for_queue(&options);
         let shared = Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
             sync: Synchronizer::new(
-                label.to_string(),
+                Arc::clone(&label),
                 RedisCompetitor {
                     client: client.clone(),
                     keys: keys.clone(),

@@ -110,15 +110,12 @@ impl Servers {
     fn server_cpu_us(&self, which: Impl) -> Result<f64, String> {
         let mut total = 0.0;
         for s in self.lock_nodes(which) {
-            let v = s.command(&["INFO", "cpu"]).map_err(|e| e.to_string())?;
-            let text: String = redis::from_redis_value(v).map_err(|e| e.to_string())?;
-            for line in text.lines() {
-                if let Some(rest) = line
-                    .strip_prefix("used_cpu_sys:")
-                    .or_else(|| line.strip_prefix("used_cpu_user:"))
-                {
-                    total += rest.trim().parse::<f64>().map_err(|e| e.to_string())? * 1e6;
-                }
+            for field in ["used_cpu_sys", "used_cpu_user"] {
+                let seconds = s
+                    .info_field("cpu", field)
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| format!("INFO cpu has no {field}"))?;
+                total += seconds.parse::<f64>().map_err(|e| e.to_string())? * 1e6;
             }
         }
         Ok(total)
