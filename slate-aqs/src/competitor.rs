@@ -47,10 +47,30 @@ pub enum Notifications {
 /// - [`after_acquire`](Competitor::after_acquire) runs exactly once per grant that reaches a
 ///   caller; [`abandon`](Competitor::abandon) runs exactly once per grant that does not (its
 ///   acquire future was dropped while the attempt was in flight).
-/// - [`after_release`](Competitor::after_release) runs once each time a holder's local hold
-///   count returns to zero, which includes a holder displaced by a newer grant: its remote
-///   hold had already ended (released remotely with the local release still to come, or
-///   lost) when the remote granted someone else. Its late `release` is then ignored.
+/// - [`after_release`](Competitor::after_release) runs once each time a remote hold ends
+///   locally: its holder's local hold count returned to zero (and the hold was not passed on),
+///   or its holder was displaced by a newer grant: its remote hold had already ended
+///   (released remotely with the local release still to come, or lost) when the remote
+///   granted someone else. Its late `release` is then ignored.
+/// - Every hook and remote call names the **remote holder**: the holder whose remote hold it
+///   is. That is the local holder, except after a local pass (below), where the receivers
+///   keep using the remote hold of the holder that acquired it.
+///
+/// ## Local passes (lock cohorting)
+///
+/// A backend may let one remote hold serve several local holders in a row, without a round
+/// trip between them (Dice, Marathe and Shavit, *Lock Cohorting*, PPoPP 2012). It opts in by
+/// answering a non-zero [`pass_budget`](Competitor::pass_budget) for the grants of
+/// [`attempt_passable`](Competitor::attempt_passable), which waiters of
+/// [`Synchronizer::acquire_passable`](crate::Synchronizer::acquire_passable) use. When such a
+/// holder releases its last level, the backend first calls
+/// [`Synchronizer::try_pass`](crate::Synchronizer::try_pass): if the head of the queue is
+/// passable, it is handed the hold, builds its grant with
+/// [`take_pass`](Competitor::take_pass), and nothing is sent to the backend. A pass the
+/// receiver cannot use (it was cancelled with nobody passable behind it, or `take_pass`
+/// refused) goes to [`drop_pass`](Competitor::drop_pass), which must release it remotely.
+/// Only holders that nobody else can name may be passable: another process re-entering the
+/// remote holder's hold while a receiver holds it would break exclusion.
 ///
 /// [`Synchronizer`]: crate::Synchronizer
 pub trait Competitor: Send + Sync + 'static {
@@ -97,8 +117,52 @@ pub trait Competitor: Send + Sync + 'static {
         self.attempt(holder)
     }
 
+    /// One remote attempt for `holder`, a waiter that may later pass its hold to other local
+    /// holders (see *Local passes* above): the backend may prepare the hold for passes (e.g.
+    /// reserve a block of fencing tokens) and answer the number of passes it allows through
+    /// [`pass_budget`](Competitor::pass_budget).
+    ///
+    /// The default calls [`attempt`](Competitor::attempt): no passes.
+    ///
+    /// # Errors
+    ///
+    /// As [`attempt`](Competitor::attempt).
+    fn attempt_passable(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Self::Grant>>> + Send + 'static {
+        self.attempt(holder)
+    }
+
+    /// How many local passes the fresh remote hold `grant` may serve after its own holder
+    /// (0, the default: none). Called once per first-level grant of a passable waiter.
+    fn pass_budget(&self, grant: &Self::Grant) -> u32 {
+        let _ = grant;
+        0
+    }
+
+    /// Builds the grant of `to`, which was just passed the remote hold of `remote` (at one
+    /// level) by a local release, without a remote call. `None` if the hold cannot be used
+    /// (e.g. its lease is known lost, or too short to be worth holding): the synchronizer
+    /// then gives it to [`drop_pass`](Competitor::drop_pass) and `to` attempts remotely.
+    ///
+    /// The default refuses every pass.
+    fn take_pass(&self, remote: HolderId, to: HolderId) -> Option<Self::Grant> {
+        let _ = (remote, to);
+        None
+    }
+
+    /// A passed hold of `remote` that no local holder will take: release it remotely (one
+    /// level) and end whatever `after_acquire` started for it. Must not block: spawn the
+    /// remote release, and call [`Synchronizer::notify_released`](crate::Synchronizer::notify_released)
+    /// when it is done so that the head retries at once.
+    fn drop_pass(&self, remote: HolderId) {
+        let _ = remote;
+    }
+
     /// Called after `holder` won `grant`, before the grant is returned to the caller
-    /// (e.g. register the hold with a renewal service).
+    /// (e.g. register the hold with a renewal service). For a passed grant it runs after
+    /// [`take_pass`](Competitor::take_pass).
     fn after_acquire(&self, holder: HolderId, grant: &Self::Grant) {
         let _ = (holder, grant);
     }

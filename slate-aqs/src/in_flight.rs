@@ -25,17 +25,26 @@ pub(crate) struct InFlight<'a, C: Competitor> {
     /// are only required to be `Send`.
     attempt: Mutex<Option<BoxAttempt<C::Grant>>>,
     sync: &'a Synchronizer<C>,
-    holder: &'a HolderId,
+    /// The remote holder the attempt is for (an abandoned grant is given back as it).
+    holder: HolderId,
 }
 
 impl<'a, C: Competitor> InFlight<'a, C> {
-    /// Starts an attempt ([`Competitor::reenter`] when `reentrant`).
-    pub(crate) fn start(sync: &'a Synchronizer<C>, holder: &'a HolderId, reentrant: bool) -> Self {
+    /// Starts an attempt for the remote holder `holder` ([`Competitor::reenter`] when
+    /// `reentrant`, else [`Competitor::attempt_passable`] when `passable`).
+    pub(crate) fn start(
+        sync: &'a Synchronizer<C>,
+        holder: HolderId,
+        reentrant: bool,
+        passable: bool,
+    ) -> Self {
         let competitor = sync.competitor_arc();
         let attempt: BoxAttempt<C::Grant> = if reentrant {
-            Box::pin(competitor.reenter(*holder))
+            Box::pin(competitor.reenter(holder))
+        } else if passable {
+            Box::pin(competitor.attempt_passable(holder))
         } else {
-            Box::pin(competitor.attempt(*holder))
+            Box::pin(competitor.attempt(holder))
         };
         InFlight {
             attempt: Mutex::new(Some(attempt)),
@@ -71,7 +80,7 @@ impl<C: Competitor> Drop for InFlight<'_, C> {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         let Some(attempt) = slot.take() else { return };
-        let holder = *self.holder;
+        let holder = self.holder;
         let competitor = Arc::clone(self.sync.competitor_arc());
         tracing::debug!(%holder, "acquire dropped with an attempt in flight; finishing it in the background");
         let finish = async move {

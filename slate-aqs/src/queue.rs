@@ -22,6 +22,10 @@ pub(crate) struct Node {
     vacant: bool,
     /// This waiter (necessarily the head) has a remote attempt in flight.
     pub(crate) in_flight: bool,
+    /// This waiter may be passed the remote hold of a local holder (lock cohorting).
+    pub(crate) passable: bool,
+    /// This waiter (necessarily the head) was passed the hold and has not taken it yet.
+    pub(crate) passed: bool,
 }
 
 // A parked waiter's share of the queue stays small (the budget is 256 bytes per waiter,
@@ -66,7 +70,6 @@ impl Queue {
         self.len == 0
     }
 
-    #[cfg(test)]
     pub(crate) fn head(&self) -> Option<usize> {
         link(self.head)
     }
@@ -76,13 +79,15 @@ impl Queue {
     }
 
     /// Appends a waiter at the tail and returns its key.
-    pub(crate) fn push_back(&mut self) -> usize {
+    pub(crate) fn push_back(&mut self, passable: bool) -> usize {
         let node = Node {
             prev: self.tail,
             next: NIL,
             waker: None,
             vacant: false,
             in_flight: false,
+            passable,
+            passed: false,
         };
         let key = if self.free == NIL {
             self.slots.push(node);
@@ -120,6 +125,8 @@ impl Queue {
             waker: None,
             vacant: true,
             in_flight: false,
+            passable: false,
+            passed: false,
         };
         self.free = key;
         if prev == NIL {
@@ -142,6 +149,11 @@ impl Queue {
         }
         self.debug_check_ends();
         was_head
+    }
+
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn node(&self, key: usize) -> &Node {
+        &self.slots[key]
     }
 
     pub(crate) fn node_mut(&mut self, key: usize) -> &mut Node {
@@ -187,6 +199,14 @@ impl Queue {
             if node.in_flight && key != self.head {
                 return Err(format!(
                     "key {key} has an attempt in flight but is not the head"
+                ));
+            }
+            if node.passed && key != self.head {
+                return Err(format!("key {key} was passed the hold but is not the head"));
+            }
+            if node.passed && (node.in_flight || !node.passable) {
+                return Err(format!(
+                    "key {key} was passed the hold with an attempt in flight or while not passable"
                 ));
             }
             seen += 1;
@@ -239,14 +259,14 @@ mod tests {
     #[test]
     fn fifo_and_removal_anywhere() {
         let mut q = Queue::default();
-        let keys: Vec<_> = (0..5).map(|_| q.push_back()).collect();
+        let keys: Vec<_> = (0..5).map(|_| q.push_back(false)).collect();
         assert_eq!(q.head(), Some(keys[0]));
         assert!(!q.remove(keys[2]), "middle is not head");
         assert!(!q.remove(keys[4]), "tail is not head");
         q.check().unwrap();
         assert!(q.remove(keys[0]));
         assert_eq!(q.head(), Some(keys[1]));
-        let reused = q.push_back();
+        let reused = q.push_back(false);
         assert!(keys.contains(&reused), "vacant slot reused");
         q.check().unwrap();
         assert!(q.remove(keys[1]));
@@ -260,7 +280,7 @@ mod tests {
     #[test]
     fn drained_queue_gives_memory_back() {
         let mut q = Queue::default();
-        let keys: Vec<_> = (0..1000).map(|_| q.push_back()).collect();
+        let keys: Vec<_> = (0..1000).map(|_| q.push_back(false)).collect();
         for k in keys {
             q.remove(k);
         }
@@ -271,8 +291,8 @@ mod tests {
     #[test]
     fn check_detects_broken_links() {
         let mut q = Queue::default();
-        let a = q.push_back();
-        let b = q.push_back();
+        let a = q.push_back(false);
+        let b = q.push_back(false);
         q.node_mut(b).prev = NIL;
         assert!(q.check().is_err());
         q.node_mut(b).prev = a;

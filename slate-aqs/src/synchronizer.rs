@@ -51,17 +51,23 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// - **Cancel safety.** Dropping an acquire future at any await point unlinks its waiter; if
 ///   it was the head, the next waiter is woken to take its turn. An attempt in flight is
 ///   finished in the background and any grant goes to [`Competitor::abandon`].
+/// - **Local passes (lock cohorting).** A holder that acquired through
+///   [`acquire_passable`](Synchronizer::acquire_passable) may, at its last release, hand its
+///   remote hold to a passable head without any remote call ([`try_pass`](Synchronizer::try_pass)),
+///   up to the competitor's [`pass_budget`](Competitor::pass_budget) per remote hold; then a
+///   real remote release lets other processes in.
 /// - Bedrock's `destroy()` is `Drop`: dropping the synchronizer drops the competitor (once no
 ///   abandoned attempt still runs).
 ///
 /// ## State and invariants
 ///
-/// The state is one mutex-protected record: `owner: Option<(holder, depth)>`, the FIFO
-/// `queue`, and a notification `epoch`.
+/// The state is one mutex-protected record: `owner: Option<(holder, depth, remote holder,
+/// passes left)>`, the FIFO `queue`, and a notification `epoch`.
 ///
 /// | state | invariant |
 /// | --- | --- |
-/// | `owner = Some((h, d))` | `d ≥ 1`. No queued waiter starts an attempt, except a head whose holder is `h` (re-entry). |
+/// | `owner = Some((h, d))` | `d ≥ 1`. No queued waiter starts an attempt, except a head whose holder is `h` (re-entry). Remote calls for the hold name its remote holder (`h`, or the holder that acquired it before passing it on). |
+/// | owner passing (`h` unknown) | right after a pass: `d = 1`, and the head (only the head) is marked *passed*; it becomes the owner when it runs. Nobody else attempts; `Wait::Immediate` is busy |
 /// | `owner = None`, queue empty | idle: the next caller takes the fast path |
 /// | `owner = None`, queue non-empty | the head is attempting, preparing to park, or parked with a retry timer; it was woken after the last event that freed the lock locally |
 /// | head | changes only when the head's own future unlinks itself (grant, timeout, error, drop); on any exit but a grant the new head is woken |
@@ -82,6 +88,7 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// | in [`Competitor::prepare_wait`] | that future is dropped (it must be cancel safe); the waiter, the head, is unlinked and the next one woken |
 /// | parked as head (woken or not) | unlinked under the lock; the next waiter is woken, so a wake-up this head received but never acted on is passed on |
 /// | parked behind the head | unlinked under the lock in O(1); nobody else's state changes |
+/// | passed the hold, before it ran | unlinked under the lock; the hold is passed on to the next waiter if it is passable, else the lock is freed locally, [`Competitor::drop_pass`] releases it remotely, and the next waiter is woken |
 ///
 /// A runtime that is shutting down drops the background task with the attempt; a grant the
 /// backend made for it then lapses with its lease. When the queue becomes empty by any of
@@ -121,9 +128,29 @@ pub struct Synchronizer<C: Competitor> {
 
 #[derive(Debug, Default)]
 struct State {
-    owner: Option<(HolderId, u32)>,
+    owner: Option<Owner>,
     queue: Queue,
     epoch: u64,
+}
+
+/// The local owner of the lock.
+#[derive(Clone, Copy, Debug)]
+struct Owner {
+    /// The local holder; `None` while the hold is being passed to the head of the queue
+    /// (whose node is `passed`), until that waiter takes it.
+    holder: Option<HolderId>,
+    /// Local levels (at least 1).
+    depth: u32,
+    /// The holder whose remote hold this is: `holder` itself, unless the hold came by a pass.
+    remote: HolderId,
+    /// Local passes this remote hold may still serve.
+    passes_left: u32,
+}
+
+impl Owner {
+    fn is(&self, holder: HolderId) -> bool {
+        self.holder == Some(holder)
+    }
 }
 
 impl State {
@@ -135,10 +162,24 @@ impl State {
     /// in debug builds (the queue checks its own links as it changes them).
     fn debug_check(&self) {
         debug_assert!(
-            self.owner.is_none_or(|(_, depth)| depth >= 1),
+            self.owner.is_none_or(|o| o.depth >= 1),
             "an owner holds at least one level"
         );
+        debug_assert!(
+            self.owner
+                .is_none_or(|o| o.holder.is_some() || o.depth == 1),
+            "a hold is passed at one level"
+        );
     }
+}
+
+/// What the caller of one acquire asked for.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    holder: HolderId,
+    deadline: Option<Instant>,
+    immediate: bool,
+    passable: bool,
 }
 
 /// What a parked waiter waits for (besides its timer).
@@ -174,8 +215,15 @@ enum Step {
     LocallyBusy,
     /// The deadline passed.
     Timeout,
-    /// Run one remote attempt (the epoch read before sending it; whether it is a re-entry).
-    Attempt { epoch: u64, reentrant: bool },
+    /// Run one remote attempt (the epoch read before sending it; whether it is a re-entry;
+    /// for whose remote hold: the caller's own, or for a re-entry the owner's remote holder).
+    Attempt {
+        epoch: u64,
+        reentrant: bool,
+        remote: HolderId,
+    },
+    /// The caller, head of the queue, was passed the remote hold of `remote`: take it.
+    TakePass { remote: HolderId },
     /// A busy answer came back: let the competitor switch notifications on.
     PrepareWait {
         epoch: u64,
@@ -316,7 +364,65 @@ impl<C: Competitor> Synchronizer<C> {
         holder: HolderId,
         wait: Wait,
     ) -> impl Future<Output = Result<C::Grant>> + '_ {
-        self.run(holder, wait.deadline(), wait == Wait::Immediate, TokioTimer)
+        self.run(holder, wait, false, TokioTimer)
+    }
+
+    /// As [`acquire`](Synchronizer::acquire), for a holder that nobody else can name (e.g.
+    /// one minted for this call): while it waits in the queue, a local holder that releases
+    /// its last level may **pass** it the remote hold without a remote call (see
+    /// [`try_pass`](Synchronizer::try_pass)), and a remote hold it wins may be passed on in
+    /// turn, within the competitor's [`pass_budget`](Competitor::pass_budget).
+    ///
+    /// The grant of a pass comes from [`Competitor::take_pass`]; every remote call for the
+    /// passed hold names its remote holder ([`remote_holder`](Synchronizer::remote_holder)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// use slate_aqs::{HolderId, Synchronizer, Wait};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> slate_aqs::Result<()> {
+    /// let remote = MemoryRemote::new();
+    /// let competitor = MemoryCompetitor::new(remote.clone());
+    /// competitor.set_pass_budget(4);
+    /// let sync = std::sync::Arc::new(Synchronizer::new("a", competitor, Duration::from_millis(50)));
+    /// let (a, b) = (HolderId::new(), HolderId::new());
+    /// sync.acquire_passable(a, Wait::Forever).await?;
+    /// let waiting = tokio::spawn({
+    ///     let sync = sync.clone();
+    ///     async move { sync.acquire_passable(b, Wait::Forever).await }
+    /// });
+    /// while sync.waiters() == 0 {
+    ///     tokio::task::yield_now().await;
+    /// }
+    /// assert!(sync.try_pass(a)); // a's last level goes to b, nothing remote happens
+    /// let grant = waiting.await.unwrap()?;
+    /// assert!(grant.passed);
+    /// assert_eq!(sync.owner(), Some((b, 1)));
+    /// assert_eq!(sync.remote_holder(b), a); // b uses a's remote hold
+    /// assert_eq!(remote.holder(), Some((a, 1)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Synchronizer::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Synchronizer::acquire); in addition, a waiter dropped after it was
+    /// passed the hold and before it took it passes the hold on to the next waiter if that
+    /// one is passable, and otherwise gives it to [`Competitor::drop_pass`]: never leaked.
+    pub fn acquire_passable(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<C::Grant>> + '_ {
+        self.run(holder, wait, true, TokioTimer)
     }
 
     /// The blocking twin of [`acquire`](Synchronizer::acquire), for thread callers.
@@ -349,18 +455,43 @@ impl<C: Competitor> Synchronizer<C> {
     /// When called from inside a tokio runtime context (including `spawn_blocking` threads,
     /// which carry the context: use `Handle::current().block_on(sync.acquire(..))` there).
     pub fn blocking_acquire(&self, holder: HolderId, wait: Wait) -> Result<C::Grant> {
+        self.blocking_run(holder, wait, false)
+    }
+
+    /// The blocking twin of [`acquire_passable`](Synchronizer::acquire_passable).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_aqs::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// sync.blocking_acquire_passable(me, Wait::Forever)?;
+    /// assert_eq!(sync.remote_holder(me), me);
+    /// # Ok::<(), slate_aqs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Synchronizer::acquire).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_acquire`](Synchronizer::blocking_acquire).
+    pub fn blocking_acquire_passable(&self, holder: HolderId, wait: Wait) -> Result<C::Grant> {
+        self.blocking_run(holder, wait, true)
+    }
+
+    fn blocking_run(&self, holder: HolderId, wait: Wait, passable: bool) -> Result<C::Grant> {
         assert!(
             tokio::runtime::Handle::try_current().is_err(),
             "blocking_acquire called from inside an async runtime; use `acquire().await`"
         );
         let _entered = self.handle.as_ref().map(tokio::runtime::Handle::enter);
         let timer = ThreadTimer::default();
-        let run = self.run(
-            holder,
-            wait.deadline(),
-            wait == Wait::Immediate,
-            timer.clone(),
-        );
+        let run = self.run(holder, wait, passable, timer.clone());
         crate::blocking::block_on(run, &timer)
     }
 
@@ -389,20 +520,21 @@ impl<C: Competitor> Synchronizer<C> {
     /// # Ok::<(), slate_aqs::Error>(())
     /// ```
     pub fn release(&self, holder: HolderId) -> u32 {
-        let waker = {
+        let (waker, remote) = {
             let mut st = self.lock();
             match &mut st.owner {
-                Some((owner, depth)) if *owner == holder => {
-                    debug_assert!(*depth >= 1, "owner depth is at least 1");
-                    if *depth > 1 {
-                        *depth -= 1;
-                        tracing::trace!(lock = %self.label, %holder, depth = *depth, "released one level");
-                        return *depth;
+                Some(o) if o.is(holder) => {
+                    debug_assert!(o.depth >= 1, "owner depth is at least 1");
+                    if o.depth > 1 {
+                        o.depth -= 1;
+                        tracing::trace!(lock = %self.label, %holder, depth = o.depth, "released one level");
+                        return o.depth;
                     }
+                    let remote = o.remote;
                     st.owner = None;
                     st.bump_epoch();
                     st.debug_check();
-                    st.queue.take_head_waker()
+                    (st.queue.take_head_waker(), remote)
                 }
                 _ => {
                     tracing::debug!(lock = %self.label, %holder, "release by a holder that is not the local owner; ignored");
@@ -411,12 +543,95 @@ impl<C: Competitor> Synchronizer<C> {
             }
         };
         tracing::debug!(lock = %self.label, %holder, "released");
-        self.competitor.after_release(holder);
+        self.competitor.after_release(remote);
         if let Some(waker) = waker {
             tracing::trace!(lock = %self.label, "waking the head after a local release");
             waker.wake();
         }
         0
+    }
+
+    /// Passes `holder`'s hold to the head of the queue instead of releasing it (lock
+    /// cohorting): `true` if it did, and then the backend must **not** release remotely:
+    /// the head takes over the remote hold as it is, through [`Competitor::take_pass`].
+    ///
+    /// A backend calls this before the remote release of `holder`'s **last** level. It passes
+    /// when `holder` is the local owner at depth 1, its remote hold has passes left (its
+    /// [`pass_budget`](Competitor::pass_budget), counted down across the receivers), and the
+    /// head of the queue is a passable waiter (see
+    /// [`acquire_passable`](Synchronizer::acquire_passable)) with no attempt in flight.
+    /// Otherwise it changes nothing and answers `false`: release remotely, then call
+    /// [`release`](Synchronizer::release).
+    ///
+    /// After a pass, [`owner`](Synchronizer::owner) is `None` until the receiver runs and
+    /// takes the hold (it is then the owner at depth 1); meanwhile no other waiter starts an
+    /// attempt and [`Wait::Immediate`] callers are told busy.
+    /// [`Competitor::after_release`] is not called: the remote hold goes on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_aqs::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// let competitor = MemoryCompetitor::new(MemoryRemote::new());
+    /// competitor.set_pass_budget(8);
+    /// let sync = Synchronizer::new("a", competitor, Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// sync.blocking_acquire_passable(me, Wait::Forever)?;
+    /// assert!(!sync.try_pass(me)); // nobody waits: release remotely instead
+    /// # Ok::<(), slate_aqs::Error>(())
+    /// ```
+    pub fn try_pass(&self, holder: HolderId) -> bool {
+        let waker = {
+            let mut st = self.lock();
+            let State { owner, queue, .. } = &mut *st;
+            let Some(o) = owner.as_mut() else {
+                return false;
+            };
+            if !o.is(holder) || o.depth != 1 || o.passes_left == 0 {
+                return false;
+            }
+            let Some(head) = queue.head() else {
+                return false;
+            };
+            let node = queue.node_mut(head);
+            if !node.passable || node.in_flight || node.passed {
+                return false;
+            }
+            node.passed = true;
+            o.holder = None;
+            o.passes_left -= 1;
+            st.debug_check();
+            st.queue.node_mut(head).waker.take()
+        };
+        tracing::debug!(lock = %self.label, %holder, "passed the hold to the head of the queue");
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        true
+    }
+
+    /// The holder whose remote hold `holder` uses: `holder` itself, unless it is the local
+    /// owner by a pass (see [`try_pass`](Synchronizer::try_pass)), in which case it is the
+    /// holder that acquired the hold remotely. Backends name this holder in their remote
+    /// calls (re-entry, release, queries).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_aqs::HolderId;
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// assert_eq!(sync.remote_holder(me), me);
+    /// ```
+    pub fn remote_holder(&self, holder: HolderId) -> HolderId {
+        match self.lock().owner {
+            Some(o) if o.is(holder) => o.remote,
+            _ => holder,
+        }
     }
 
     /// Reports that the remote lock was released (e.g. a pub/sub unlock message): the head
@@ -454,7 +669,9 @@ impl<C: Competitor> Synchronizer<C> {
     /// assert_eq!(sync.owner(), None);
     /// ```
     pub fn owner(&self) -> Option<(HolderId, u32)> {
-        self.lock().owner
+        self.lock()
+            .owner
+            .and_then(|o| o.holder.map(|h| (h, o.depth)))
     }
 
     /// How many callers wait in the queue (the head included).
@@ -489,8 +706,20 @@ impl<C: Competitor> Synchronizer<C> {
     #[cfg(feature = "test-util")]
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let st = self.lock();
-        if let Some((holder, 0)) = st.owner {
-            return Err(format!("owner {holder} at depth 0"));
+        if let Some(o) = st.owner {
+            if o.depth == 0 {
+                return Err(format!("owner {:?} at depth 0", o.holder));
+            }
+            if o.holder.is_none() && o.depth != 1 {
+                return Err(format!("a hold passed at depth {}", o.depth));
+            }
+        }
+        let passing = st.owner.is_some_and(|o| o.holder.is_none());
+        let head_passed = st.queue.head().is_some_and(|h| st.queue.node(h).passed);
+        if passing != head_passed {
+            return Err(format!(
+                "owner passing: {passing}, but the head was passed the hold: {head_passed}"
+            ));
         }
         st.queue.check()
     }
@@ -537,11 +766,12 @@ impl<C: Competitor> Synchronizer<C> {
     fn run<'a, T: Timer + 'a>(
         &'a self,
         holder: HolderId,
-        deadline: Option<Instant>,
-        immediate: bool,
+        wait: Wait,
+        passable: bool,
         timer: T,
     ) -> impl Future<Output = Result<C::Grant>> + 'a {
         async move {
+            let (deadline, immediate) = (wait.deadline(), wait == Wait::Immediate);
             // The clock is read only when a deadline or a retry timer needs it: an untimed
             // uncontended acquire reads it never.
             let start = deadline.map(|_| timer.now());
@@ -557,40 +787,55 @@ impl<C: Competitor> Synchronizer<C> {
             loop {
                 let now = (deadline.is_some() || matches!(retry, Retry::Parked { .. }))
                     .then(|| timer.now());
-                match self.decide(&mut slot, holder, deadline, immediate, now, retry) {
+                let entry = Entry {
+                    holder,
+                    deadline,
+                    immediate,
+                    passable,
+                };
+                match self.decide(&mut slot, entry, now, retry) {
                     Step::LocallyBusy => return Err(self.busy(None)),
                     Step::Timeout => {
                         slot.leave();
                         tracing::debug!(lock = %self.label, %holder, "wait timed out");
                         return Err(self.timed_out(start, deadline, now));
                     }
-                    Step::Attempt { epoch, reentrant } => {
-                        match InFlight::start(self, &holder, reentrant).await {
-                            Ok(Attempt::Acquired(grant)) => {
-                                return self.grant(holder, &mut slot, grant);
-                            }
-                            Ok(Attempt::Busy { retry_after }) if immediate => {
-                                return Err(self.busy(retry_after));
-                            }
-                            Ok(Attempt::Busy { .. }) if reentrant => {
-                                return Err(self.lease_lost(holder));
-                            }
-                            Ok(Attempt::Busy { retry_after }) => {
-                                let now = deadline.map(|_| timer.now());
-                                if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
-                                    slot.leave();
-                                    return Err(self.timed_out(start, deadline, now));
-                                }
-                                tracing::trace!(lock = %self.label, %holder, ?retry_after, "busy");
-                                retry = Retry::AfterBusy { epoch, retry_after };
-                            }
-                            Err(e) => {
-                                slot.leave();
-                                tracing::debug!(lock = %self.label, %holder, error = %e, "attempt failed");
-                                return Err(e);
-                            }
+                    Step::TakePass { remote } => match self.competitor.take_pass(remote, holder) {
+                        Some(grant) => return Ok(self.take_pass(holder, &mut slot, grant)),
+                        None => {
+                            self.refuse_pass(&mut slot, remote);
+                            retry = Retry::Now;
                         }
-                    }
+                    },
+                    Step::Attempt {
+                        epoch,
+                        reentrant,
+                        remote,
+                    } => match InFlight::start(self, remote, reentrant, passable).await {
+                        Ok(Attempt::Acquired(grant)) => {
+                            return self.grant(holder, passable, &mut slot, grant);
+                        }
+                        Ok(Attempt::Busy { retry_after }) if immediate => {
+                            return Err(self.busy(retry_after));
+                        }
+                        Ok(Attempt::Busy { .. }) if reentrant => {
+                            return Err(self.lease_lost(holder));
+                        }
+                        Ok(Attempt::Busy { retry_after }) => {
+                            let now = deadline.map(|_| timer.now());
+                            if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
+                                slot.leave();
+                                return Err(self.timed_out(start, deadline, now));
+                            }
+                            tracing::trace!(lock = %self.label, %holder, ?retry_after, "busy");
+                            retry = Retry::AfterBusy { epoch, retry_after };
+                        }
+                        Err(e) => {
+                            slot.leave();
+                            tracing::debug!(lock = %self.label, %holder, error = %e, "attempt failed");
+                            return Err(e);
+                        }
+                    },
                     Step::PrepareWait { epoch, retry_after } => {
                         let notifications = SyncFuture::new(self.competitor.prepare_wait()).await;
                         if notifications == Notifications::Started && !started_retried {
@@ -644,36 +889,51 @@ impl<C: Competitor> Synchronizer<C> {
     fn decide(
         &self,
         slot: &mut QueueSlot<'_, C>,
-        holder: HolderId,
-        deadline: Option<Instant>,
-        immediate: bool,
+        entry: Entry,
         now: Option<Instant>,
         retry: Retry,
     ) -> Step {
+        let Entry {
+            holder,
+            deadline,
+            immediate,
+            passable,
+        } = entry;
         let mut st = self.lock();
         let key = match slot.key {
             Some(key) => {
-                st.queue.node_mut(key).in_flight = false;
+                let node = st.queue.node_mut(key);
+                node.in_flight = false;
+                if node.passed {
+                    // Passed the hold (even past its deadline: a grant is never refused).
+                    let Some(owner) = st.owner else {
+                        unreachable!("a passed head implies a passing owner (check_invariants)")
+                    };
+                    return Step::TakePass {
+                        remote: owner.remote,
+                    };
+                }
                 key
             }
             None => {
                 // Entry rules (a busy entry attempt, `AfterBusy`, always queues).
                 let entry = match (st.owner, retry) {
                     (_, Retry::AfterBusy { .. }) => None,
-                    (Some((owner, _)), _) if owner == holder => Some(true),
+                    (Some(o), _) if o.is(holder) => Some((true, o.remote)),
                     (Some(_), _) if immediate => return Step::LocallyBusy,
                     (Some(_), _) => None,
-                    (None, _) if immediate || st.queue.is_empty() => Some(false),
+                    (None, _) if immediate || st.queue.is_empty() => Some((false, holder)),
                     (None, _) => None,
                 };
-                if let Some(reentrant) = entry {
+                if let Some((reentrant, remote)) = entry {
                     return Step::Attempt {
                         epoch: st.epoch,
                         reentrant,
+                        remote,
                     };
                 }
                 debug_assert!(!immediate, "an immediate acquire never queues");
-                let key = st.queue.push_back();
+                let key = st.queue.push_back(passable);
                 slot.key = Some(key);
                 tracing::trace!(lock = %self.label, %holder, waiters = st.queue.len(), "queued");
                 key
@@ -690,9 +950,10 @@ impl<C: Competitor> Synchronizer<C> {
             };
         }
         let step = match st.owner {
-            Some((owner, _)) if owner == holder => Step::Attempt {
+            Some(o) if o.is(holder) => Step::Attempt {
                 epoch: st.epoch,
                 reentrant: true,
+                remote: o.remote,
             },
             Some(_) => Step::Park {
                 key,
@@ -703,6 +964,7 @@ impl<C: Competitor> Synchronizer<C> {
                 Retry::Now => Step::Attempt {
                     epoch: st.epoch,
                     reentrant: false,
+                    remote: holder,
                 },
                 Retry::AfterBusy { epoch, retry_after } => Step::PrepareWait { epoch, retry_after },
                 Retry::Parked { epoch, at }
@@ -711,6 +973,7 @@ impl<C: Competitor> Synchronizer<C> {
                     Step::Attempt {
                         epoch: st.epoch,
                         reentrant: false,
+                        remote: holder,
                     }
                 }
                 Retry::Parked { epoch, at } => Step::Park {
@@ -735,11 +998,12 @@ impl<C: Competitor> Synchronizer<C> {
 
     fn poll_cond(&self, key: usize, cond: Cond, cx: &mut Context<'_>) -> bool {
         let mut st = self.lock();
-        let ready = match cond {
-            Cond::Head => st.queue.is_head(key),
-            Cond::Free => st.owner.is_none(),
-            Cond::Epoch(epoch) => st.epoch != epoch,
-        };
+        let ready = st.queue.node_mut(key).passed
+            || match cond {
+                Cond::Head => st.queue.is_head(key),
+                Cond::Free => st.owner.is_none(),
+                Cond::Epoch(epoch) => st.epoch != epoch,
+            };
         if !ready {
             let node = st.queue.node_mut(key);
             match &node.waker {
@@ -754,19 +1018,33 @@ impl<C: Competitor> Synchronizer<C> {
     fn grant(
         &self,
         holder: HolderId,
+        passable: bool,
         slot: &mut QueueSlot<'_, C>,
         grant: C::Grant,
     ) -> Result<C::Grant> {
-        let (depth, displaced, drained) = {
+        // Asked outside the lock (hooks never run under it); used for a fresh hold only.
+        let budget = if passable {
+            self.competitor.pass_budget(&grant)
+        } else {
+            0
+        };
+        let (new_owner, displaced, drained, unpassed) = {
             let mut st = self.lock();
-            let new_depth = match st.owner {
-                Some((owner, depth)) if owner == holder => depth.checked_add(1),
-                _ => Some(1),
+            let fresh = Owner {
+                holder: Some(holder),
+                depth: 1,
+                remote: holder,
+                passes_left: budget,
             };
-            let Some(depth) = new_depth else {
+            let new_owner = match st.owner {
+                Some(o) if o.is(holder) => o.depth.checked_add(1).map(|depth| Owner { depth, ..o }),
+                _ => Some(fresh),
+            };
+            let Some(new_owner) = new_owner else {
+                let remote = st.owner.map_or(holder, |o| o.remote);
                 drop(st);
                 slot.leave();
-                self.competitor.abandon(holder, grant);
+                self.competitor.abandon(remote, grant);
                 return Err(Error::invalid_input(
                     "re-entry depth",
                     format!("{holder} re-entered lock {} u32::MAX times", self.label),
@@ -785,25 +1063,92 @@ impl<C: Competitor> Synchronizer<C> {
             };
             // A different owner can only be recorded here if its remote hold already ended
             // (released remotely, local release not yet called; or lease lost): the remote
-            // granted us. Its local hold is over: displace it.
+            // granted us. Its local hold is over: displace it. A hold that was being passed
+            // is taken back from the head it was passed to, which is woken to see it.
             let displaced = match st.owner {
-                Some((owner, _)) if owner != holder => Some(owner),
+                Some(o) if !o.is(holder) => Some(o.remote),
                 _ => None,
             };
-            st.owner = Some((holder, depth));
+            let mut unpassed = None;
+            if st.owner.is_some_and(|o| o.holder.is_none())
+                && let Some(head) = st.queue.head()
+            {
+                let node = st.queue.node_mut(head);
+                node.passed = false;
+                unpassed = node.waker.take();
+            }
+            st.owner = Some(new_owner);
             st.debug_check();
-            (depth, displaced, drained)
+            (new_owner, displaced, drained, unpassed)
         };
+        let (depth, remote) = (new_owner.depth, new_owner.remote);
         if let Some(old) = displaced {
             tracing::debug!(lock = %self.label, %holder, displaced = %old, "grant displaced a local owner whose remote hold had ended");
             self.competitor.after_release(old);
         }
+        if let Some(waker) = unpassed {
+            waker.wake();
+        }
         if drained {
             self.competitor.queue_drained();
         }
-        self.competitor.after_acquire(holder, &grant);
+        self.competitor.after_acquire(remote, &grant);
         tracing::debug!(lock = %self.label, %holder, depth, "granted");
         Ok(grant)
+    }
+
+    /// Records that `holder`, the head, took the hold it was passed, and runs the hooks.
+    fn take_pass(
+        &self,
+        holder: HolderId,
+        slot: &mut QueueSlot<'_, C>,
+        grant: C::Grant,
+    ) -> C::Grant {
+        let (drained, remote) = {
+            let mut st = self.lock();
+            let Some(key) = slot.key.take() else {
+                unreachable!("only a queued waiter is passed the hold")
+            };
+            debug_assert!(
+                st.queue.node_mut(key).passed,
+                "the taker was passed the hold"
+            );
+            let was_head = st.queue.remove(key);
+            debug_assert!(was_head, "only the head is passed the hold");
+            let remote = match st.owner.as_mut() {
+                Some(o) if o.holder.is_none() => {
+                    o.holder = Some(holder);
+                    o.remote
+                }
+                _ => unreachable!("a passed head implies a passing owner"),
+            };
+            st.debug_check();
+            (st.queue.is_empty(), remote)
+        };
+        if drained {
+            self.competitor.queue_drained();
+        }
+        self.competitor.after_acquire(remote, &grant);
+        tracing::debug!(lock = %self.label, %holder, "took a passed hold");
+        grant
+    }
+
+    /// The competitor refused the hold the head was passed: it goes to `drop_pass`, the lock
+    /// is free locally, and the head (still queued) attempts remotely.
+    fn refuse_pass(&self, slot: &mut QueueSlot<'_, C>, remote: HolderId) {
+        {
+            let mut st = self.lock();
+            if let Some(key) = slot.key {
+                st.queue.node_mut(key).passed = false;
+            }
+            if st.owner.is_some_and(|o| o.holder.is_none()) {
+                st.owner = None;
+                st.bump_epoch();
+            }
+            st.debug_check();
+        }
+        tracing::debug!(lock = %self.label, %remote, "a passed hold was refused; releasing it");
+        self.competitor.drop_pass(remote);
     }
 
     /// The timeout error; `start` and `now` are read whenever a deadline is set.
@@ -830,18 +1175,42 @@ impl<C: Competitor> Synchronizer<C> {
         Error::lease_lost(self.label.clone(), holder, LossReason::EntryGone)
     }
 
-    /// Unlinks a waiter that leaves without a grant and passes its turn on.
+    /// Unlinks a waiter that leaves without a grant and passes its turn on. A waiter that
+    /// was passed the hold passes it on to the next waiter if that one is passable, and
+    /// otherwise frees the lock locally and gives the hold to `drop_pass`.
     fn leave(&self, key: usize) {
-        let (waker, drained) = {
+        let (waker, drained, dropped) = {
             let mut st = self.lock();
+            let passed = st.queue.node_mut(key).passed;
             let was_head = st.queue.remove(key);
+            let mut dropped = None;
+            if passed {
+                debug_assert!(was_head, "only the head is passed the hold");
+                let next = st.queue.head().filter(|&h| {
+                    let n = st.queue.node_mut(h);
+                    n.passable && !n.in_flight
+                });
+                match next {
+                    Some(next) => st.queue.node_mut(next).passed = true,
+                    None => {
+                        dropped = st.owner.map(|o| o.remote);
+                        st.owner = None;
+                        st.bump_epoch();
+                    }
+                }
+                st.debug_check();
+            }
             let waker = if was_head {
                 st.queue.take_head_waker()
             } else {
                 None
             };
-            (waker, st.queue.is_empty())
+            (waker, st.queue.is_empty(), dropped)
         };
+        if let Some(remote) = dropped {
+            tracing::debug!(lock = %self.label, %remote, "a waiter passed the hold left; releasing it");
+            self.competitor.drop_pass(remote);
+        }
         if let Some(waker) = waker {
             tracing::trace!(lock = %self.label, "head left; waking the next waiter");
             waker.wake();

@@ -266,15 +266,17 @@ pub enum Behavior {
 /// # Examples
 ///
 /// ```
-/// let g = slate_aqs::testing::MemoryGrant { holder: slate_aqs::HolderId::new(), count: 1 };
+/// let g = slate_aqs::testing::MemoryGrant { holder: slate_aqs::HolderId::new(), count: 1, passed: false };
 /// assert_eq!(g.count, 1);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryGrant {
-    /// Who holds.
+    /// Who holds remotely (the remote holder: after a local pass, the holder that acquired).
     pub holder: HolderId,
     /// The remote count after this acquisition.
     pub count: u32,
+    /// The hold came by a local pass, without a remote call.
+    pub passed: bool,
 }
 
 /// Counters of a [`MemoryCompetitor`] (a snapshot).
@@ -307,6 +309,10 @@ pub struct Stats {
     pub prepare_wait: u64,
     /// `queue_drained` calls.
     pub queue_drained: u64,
+    /// Holds taken by a local pass (`take_pass` that answered a grant).
+    pub passes_taken: u64,
+    /// Passed holds given back through `drop_pass`.
+    pub passes_dropped: u64,
 }
 
 #[derive(Debug, Default)]
@@ -321,6 +327,8 @@ struct Counters {
     after_release: AtomicU64,
     prepare_wait: AtomicU64,
     queue_drained: AtomicU64,
+    passes_taken: AtomicU64,
+    passes_dropped: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -334,6 +342,7 @@ struct Plan {
     notifications: Notifications,
     prepare_delay: Option<Duration>,
     retry_after: Option<Duration>,
+    pass_budget: u32,
 }
 
 /// A [`Competitor`] against a [`MemoryRemote`], with scripted behaviour per attempt.
@@ -376,6 +385,7 @@ impl MemoryCompetitor {
                 notifications: Notifications::Off,
                 prepare_delay: None,
                 retry_after: None,
+                pass_budget: 0,
             }),
             counters: Arc::default(),
         }
@@ -457,6 +467,19 @@ impl MemoryCompetitor {
         self.plan().retry_after = retry_after;
     }
 
+    /// How many local passes a fresh hold of a passable waiter allows from now on (default
+    /// 0: none). See [`Synchronizer::acquire_passable`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// MemoryCompetitor::new(MemoryRemote::new()).set_pass_budget(7);
+    /// ```
+    pub fn set_pass_budget(&self, budget: u32) {
+        self.plan().pass_budget = budget;
+    }
+
     /// A snapshot of the counters.
     ///
     /// # Examples
@@ -479,6 +502,8 @@ impl MemoryCompetitor {
             after_release: get(&c.after_release),
             prepare_wait: get(&c.prepare_wait),
             queue_drained: get(&c.queue_drained),
+            passes_taken: get(&c.passes_taken),
+            passes_dropped: get(&c.passes_dropped),
         }
     }
 
@@ -534,14 +559,22 @@ impl MemoryCompetitor {
                 Behavior::Remote if reentry => match remote.try_reenter(holder) {
                     Some(count) => {
                         bump(&counters.acquired);
-                        Ok(Attempt::Acquired(MemoryGrant { holder, count }))
+                        Ok(Attempt::Acquired(MemoryGrant {
+                            holder,
+                            count,
+                            passed: false,
+                        }))
                     }
                     None => Err(Error::lease_lost("memory", holder, LossReason::EntryGone)),
                 },
                 Behavior::Remote => match remote.try_acquire(holder) {
                     Some(count) => {
                         bump(&counters.acquired);
-                        Ok(Attempt::Acquired(MemoryGrant { holder, count }))
+                        Ok(Attempt::Acquired(MemoryGrant {
+                            holder,
+                            count,
+                            passed: false,
+                        }))
                     }
                     None => busy(),
                 },
@@ -592,6 +625,33 @@ impl Competitor for MemoryCompetitor {
         let _ = self.remote.release(holder);
     }
 
+    fn pass_budget(&self, grant: &MemoryGrant) -> u32 {
+        if grant.count == 1 {
+            self.plan().pass_budget
+        } else {
+            0
+        }
+    }
+
+    /// The remote hold of `remote` is taken as it is, if it still exists at one level.
+    fn take_pass(&self, remote: HolderId, _to: HolderId) -> Option<MemoryGrant> {
+        if self.remote.holder() != Some((remote, 1)) {
+            return None;
+        }
+        bump(&self.counters.passes_taken);
+        Some(MemoryGrant {
+            holder: remote,
+            count: 1,
+            passed: true,
+        })
+    }
+
+    fn drop_pass(&self, remote: HolderId) {
+        bump(&self.counters.passes_dropped);
+        // Released remotely (the listeners, i.e. `notify_released`, are told at zero).
+        let _ = self.remote.release(remote);
+    }
+
     fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
         bump(&self.counters.prepare_wait);
         let (notifications, delay) = {
@@ -611,8 +671,10 @@ impl Competitor for MemoryCompetitor {
     }
 }
 
-/// Releases one level of `holder` the way a backend's unlock does: remotely first, then
-/// locally (whatever the remote outcome). Returns the remote's remaining count.
+/// Releases one level of `holder` the way a backend's unlock does: the last level is passed
+/// to the head of the queue if [`Synchronizer::try_pass`] can; otherwise remotely first (as
+/// its [remote holder](Synchronizer::remote_holder)), then locally (whatever the remote
+/// outcome). Returns the remote's remaining count (0 after a pass).
 ///
 /// # Examples
 ///
@@ -631,7 +693,14 @@ impl Competitor for MemoryCompetitor {
 ///
 /// [`Error::NotHeld`] from the remote (the local release happens anyway).
 pub fn release(sync: &Synchronizer<MemoryCompetitor>, holder: HolderId) -> Result<u32> {
-    let remote = sync.competitor().remote().release(holder);
+    // The last level of a passable hold goes to the head of the queue if it can.
+    if sync.owner() == Some((holder, 1)) && sync.try_pass(holder) {
+        return Ok(0);
+    }
+    let remote = sync
+        .competitor()
+        .remote()
+        .release(sync.remote_holder(holder));
     sync.release(holder);
     remote
 }

@@ -37,7 +37,8 @@ fn fast_path_attempts_once_and_records_the_owner() {
             grant,
             MemoryGrant {
                 holder: me,
-                count: 1
+                count: 1,
+                passed: false
             }
         );
         assert_eq!(sync.owner(), Some((me, 1)));

@@ -5,6 +5,11 @@
 //! Afterwards nothing may be left over: no owner, no waiter, no remote hold, every grant
 //! either returned to a caller (and released) or abandoned, exactly once.
 //!
+//! The whole matrix runs twice: with plain waiters, and with passable waiters over a
+//! competitor that allows local passes (lock cohorting), where a release hands the hold to
+//! the head and a drop can land at every step of a pass (before the pass, after it and
+//! before the receiver ran, while the receiver holds).
+//!
 //! Then the same checks under random schedules: paused time (proptest), and real threads.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -17,8 +22,8 @@ use std::time::Duration;
 
 use common::{Manual, new_sync};
 use proptest::prelude::*;
-use slate_aqs::Notifications;
 use slate_aqs::testing::{self, Behavior, MemoryRemote, Stats};
+use slate_aqs::{Competitor, Notifications};
 use slate_core::{HolderId, Result, Wait};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout};
@@ -58,10 +63,14 @@ enum Abort {
     FirstPoll,
     /// Dropped by a timeout after this long.
     After(Duration),
+    /// Polled once, then dropped without another poll right after the lock is released at
+    /// 5 ms (a waiter woken, or passed the hold, that never ran again).
+    AfterRelease,
 }
 
-const ABORTS: [Abort; 6] = [
+const ABORTS: [Abort; 7] = [
     Abort::FirstPoll,
+    Abort::AfterRelease,
     Abort::After(Duration::from_millis(1)),
     Abort::After(Duration::from_millis(5)),
     Abort::After(Duration::from_millis(8)),
@@ -125,13 +134,15 @@ fn party(
     let (sync, tally) = (Arc::clone(sync), Arc::clone(tally));
     tokio::spawn(async move {
         let me = HolderId::new();
+        let acquire = acquire(&sync, me);
         let acquired = match abort {
-            Some(d) => timeout(d, sync.acquire(me, Wait::Forever)).await.ok(),
-            None => Some(sync.acquire(me, Wait::Forever).await),
+            Some(d) => timeout(d, acquire).await.ok(),
+            None => Some(acquire.await),
         };
         match acquired {
             Some(Ok(grant)) => {
-                assert_eq!(grant.holder, me);
+                // A passed hold is the remote hold of the holder that acquired it.
+                assert!(grant.passed || grant.holder == me);
                 let _held = Held::new(&sync, me, &tally);
                 sleep(hold).await;
                 Outcome::Granted
@@ -140,6 +151,24 @@ fn party(
             None => Outcome::Cancelled,
         }
     })
+}
+
+/// `acquire`, or `acquire_passable` when the competitor allows passes.
+async fn acquire(sync: &Sync, me: HolderId) -> Result<testing::MemoryGrant> {
+    if cohort(sync) {
+        sync.acquire_passable(me, Wait::Forever).await
+    } else {
+        sync.acquire(me, Wait::Forever).await
+    }
+}
+
+/// Whether this run's competitor allows local passes.
+fn cohort(sync: &Sync) -> bool {
+    sync.competitor().pass_budget(&testing::MemoryGrant {
+        holder: HolderId::new(),
+        count: 1,
+        passed: false,
+    }) > 0
 }
 
 /// The checks after every run: nothing leaked, every grant accounted for exactly once.
@@ -163,10 +192,10 @@ fn check_clean(
             format!("remote hold leaked: {:?}", remote.holder()),
         ),
         (
-            s.acquired != s.after_acquire + s.abandoned,
+            s.acquired + s.passes_taken != s.after_acquire + s.abandoned,
             format!(
-                "grants {} != after_acquire {} + abandoned {}",
-                s.acquired, s.after_acquire, s.abandoned
+                "grants {} + passes taken {} != after_acquire {} + abandoned {}",
+                s.acquired, s.passes_taken, s.after_acquire, s.abandoned
             ),
         ),
         (
@@ -177,10 +206,13 @@ fn check_clean(
             ),
         ),
         (
-            s.after_release != granted,
+            // Every remote hold that reached a caller ends once: released, or a pass dropped.
+            s.after_release + s.passes_dropped != s.acquired - s.abandoned,
             format!(
-                "after_release {} != grants returned {granted}",
-                s.after_release
+                "after_release {} + passes dropped {} != remote holds that reached a caller {}",
+                s.after_release,
+                s.passes_dropped,
+                s.acquired - s.abandoned
             ),
         ),
         (
@@ -208,10 +240,14 @@ fn run_case(
     scenario: Scenario,
     behavior: Behavior,
     abort: Abort,
+    cohort: bool,
 ) -> std::result::Result<Stats, String> {
     let rt = paused_runtime();
     let (remote, sync, granted) = rt.block_on(async {
         let (remote, sync) = new_sync(ms(4));
+        if cohort {
+            sync.competitor().set_pass_budget(2);
+        }
         testing::subscribe(&sync);
         let tally = Arc::new(Tally::default());
         let outsider = HolderId::new();
@@ -220,7 +256,7 @@ fn run_case(
         match scenario {
             Scenario::Free => {}
             Scenario::LocallyHeld | Scenario::SecondInLine => {
-                sync.acquire(local, Wait::Forever).await.unwrap();
+                acquire(&sync, local).await.unwrap();
             }
             Scenario::RemoteHeld | Scenario::SlowPrepare => {
                 remote.try_acquire(outsider);
@@ -236,10 +272,21 @@ fn run_case(
             tokio::task::yield_now().await;
         }
         // The victim.
+        let mut parked = None;
         let victim = match abort {
+            Abort::AfterRelease => {
+                let me = HolderId::new();
+                let mut fut = Box::pin(Manual::new(acquire(&sync, me)));
+                if let std::task::Poll::Ready(Ok(_)) = fut.poll() {
+                    drop(Held::new(&sync, me, &tally));
+                } else {
+                    parked = Some(fut);
+                }
+                None
+            }
             Abort::FirstPoll => {
                 let me = HolderId::new();
-                let mut fut = Manual::new(sync.acquire(me, Wait::Forever));
+                let mut fut = Manual::new(acquire(&sync, me));
                 let got = fut.poll();
                 drop(fut);
                 if let std::task::Poll::Ready(Ok(_)) = got {
@@ -259,6 +306,7 @@ fn run_case(
             }
             Scenario::Free => {}
         }
+        drop(parked);
         for task in victim.into_iter().chain(others) {
             task.await.unwrap();
         }
@@ -288,13 +336,15 @@ fn cancellation_matrix() {
     let mut failures = Vec::new();
     let mut cases = 0;
     let mut total = Stats::default();
-    for scenario in scenarios {
+    for (scenario, cohort) in scenarios.into_iter().flat_map(|s| [(s, false), (s, true)]) {
         for behavior in BEHAVIORS {
             for abort in ABORTS {
                 cases += 1;
-                let case = move || run_case(scenario, behavior, abort);
+                let case = move || run_case(scenario, behavior, abort, cohort);
                 match common::with_watchdog(Duration::from_secs(20), case) {
                     Ok(s) => {
+                        total.passes_taken += s.passes_taken;
+                        total.passes_dropped += s.passes_dropped;
                         total.abandoned += s.abandoned;
                         total.failed += s.failed;
                         total.busy += s.busy;
@@ -303,13 +353,15 @@ fn cancellation_matrix() {
                         total.queue_drained += s.queue_drained;
                     }
                     Err(e) => {
-                        failures.push(format!("{scenario:?} / {behavior:?} / {abort:?}: {e}"));
+                        failures.push(format!(
+                            "{scenario:?} / cohort {cohort} / {behavior:?} / {abort:?}: {e}"
+                        ));
                     }
                 }
             }
         }
     }
-    assert_eq!(cases, 180);
+    assert_eq!(cases, 420);
     // The matrix really goes through the paths it is about.
     for (what, n) in [
         ("grants abandoned after a drop", total.abandoned),
@@ -318,6 +370,11 @@ fn cancellation_matrix() {
         ("prepare_wait calls", total.prepare_wait),
         ("grants returned", total.after_acquire),
         ("queues drained", total.queue_drained),
+        ("holds taken by a pass", total.passes_taken),
+        (
+            "passed holds dropped by a cancelled receiver",
+            total.passes_dropped,
+        ),
     ] {
         assert!(n > 0, "no {what} in the whole matrix");
     }

@@ -162,3 +162,88 @@ fn a_woken_waiter_dropped_before_it_runs() {
         assert_clean(&sync, &remote);
     });
 }
+
+/// A passable acquire future (lock cohorting) that owns its synchronizer.
+fn acquire_passable(sync: &Arc<Sync>, holder: HolderId) -> Acquire {
+    let sync = Arc::clone(sync);
+    Box::pin(async move { sync.acquire_passable(holder, Wait::Forever).await })
+}
+
+/// A synchronizer whose fresh passable holds allow two local passes.
+fn new_cohort_sync() -> (Arc<MemoryRemote>, Arc<Sync>) {
+    let (remote, sync) = new_sync();
+    sync.competitor().set_pass_budget(2);
+    (remote, sync)
+}
+
+/// Nothing held, nothing queued, nothing leaked, whichever way the passes went.
+fn assert_clean_after_passes(sync: &Sync, remote: &MemoryRemote) {
+    assert_eq!(sync.owner(), None);
+    assert_eq!(sync.waiters(), 0);
+    assert_eq!(remote.holder(), None);
+    sync.check_invariants().unwrap();
+    let s = sync.competitor().stats();
+    // Every grant reached a caller (remote or passed) or was given back.
+    assert_eq!(s.acquired + s.passes_taken, s.after_acquire + s.abandoned);
+}
+
+#[test]
+fn a_pass_racing_the_receivers_cancel() {
+    loom::model(|| {
+        let (remote, sync) = new_cohort_sync();
+        let holder = HolderId::new();
+        loom::future::block_on(sync.acquire_passable(holder, Wait::Forever)).unwrap();
+
+        // The receiver-to-be is queued first, on this thread, then dropped on another thread
+        // while the owner's release passes it the hold (or not yet).
+        let doomed = HolderId::new();
+        let mut head = acquire_passable(&sync, doomed);
+        assert!(!poll_once(&sync, &mut head, doomed, Waker::noop()));
+
+        let s = sync.clone();
+        let second = thread::spawn(move || {
+            let me = HolderId::new();
+            loom::future::block_on(acquire_passable(&s, me)).unwrap();
+            testing::release(&s, me).unwrap();
+        });
+        let s = sync.clone();
+        let releaser = thread::spawn(move || testing::release(&s, holder).unwrap());
+        let canceller = thread::spawn(move || drop(head));
+
+        releaser.join().unwrap();
+        canceller.join().unwrap();
+        second.join().unwrap();
+        assert_clean_after_passes(&sync, &remote);
+    });
+}
+
+#[test]
+fn a_passed_receiver_dropped_before_it_runs() {
+    loom::model(|| {
+        let (remote, sync) = new_cohort_sync();
+        let holder = HolderId::new();
+        loom::future::block_on(sync.acquire_passable(holder, Wait::Forever)).unwrap();
+
+        let doomed = HolderId::new();
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let mut head = acquire_passable(&sync, doomed);
+        assert!(!poll_once(&sync, &mut head, doomed, &waker));
+
+        // A second waiter, not passable: a dropped receiver must free the hold for it.
+        let s = sync.clone();
+        let second = thread::spawn(move || acquire_and_release(&s));
+        let s = sync.clone();
+        let releaser = thread::spawn(move || testing::release(&s, holder).unwrap());
+
+        // Wait for the wake-up (the pass), then drop the receiver without running it.
+        while !flag.0.load(Ordering::SeqCst) {
+            thread::yield_now();
+        }
+        drop(head);
+
+        releaser.join().unwrap();
+        second.join().unwrap();
+        assert_clean_after_passes(&sync, &remote);
+    });
+}

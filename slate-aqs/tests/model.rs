@@ -12,7 +12,13 @@
 //!   before its deadline, and no waiter is still queued well past its deadline;
 //! - liveness: no waiter stays parked while the lock is free and it is the head (unless the
 //!   remote was freed without a notification and the head's retry timer has not run yet);
-//! - the synchronizer's own invariant walk passes.
+//! - the synchronizer's own invariant walk passes;
+//! - local passes (lock cohorting, `acquire_passable`): a release of the last level passes
+//!   the remote hold to the head exactly when the model says so (head passable, budget
+//!   left), the receiver's grant names the remote holder that acquired, the budget counts
+//!   down across receivers, and a receiver cancelled before it took the hold passes it on
+//!   (next waiter passable) or frees it (nothing leaks: the remote is checked after every
+//!   operation). A pass of a lost hold is refused and the receiver attempts remotely.
 //!
 //! At the end the lock is freed for good and every waiter must end.
 
@@ -36,14 +42,18 @@ const SPIN: Duration = Duration::from_millis(10);
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// A new waiter with a fresh holder; `Some(ms)`: a deadline that far ahead.
-    Enqueue(Option<u64>),
+    /// A new waiter with a fresh holder; `Some(ms)`: a deadline that far ahead; `true`: a
+    /// passable waiter (`acquire_passable`).
+    Enqueue(Option<u64>, bool),
     /// `Wait::Immediate` by a fresh holder.
     Immediate,
     /// The owner acquires again.
     Reenter,
-    /// The owner releases one level (remotely, then locally).
+    /// The owner releases one level (passed to the head, or remotely then locally).
     Release,
+    /// The owner releases one level, and if that passed the hold to the head, the head is
+    /// dropped before it could run (cancelled while being passed the lock).
+    ReleaseCancelHead,
     /// The owner's remote hold vanishes (its lease ran out), silently: its local hold stays
     /// until it releases, and a re-entry meanwhile must fail with `LeaseLost`.
     LoseLease,
@@ -61,10 +71,12 @@ enum Op {
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => prop::option::weighted(0.4, 1u64..60).prop_map(Op::Enqueue),
+        4 => (prop::option::weighted(0.4, 1u64..60), prop::bool::weighted(0.7))
+            .prop_map(|(ms, passable)| Op::Enqueue(ms, passable)),
         1 => Just(Op::Immediate),
         1 => Just(Op::Reenter),
         4 => Just(Op::Release),
+        1 => Just(Op::ReleaseCancelHead),
         1 => Just(Op::LoseLease),
         2 => any::<usize>().prop_map(Op::Cancel),
         1 => any::<usize>().prop_map(Op::SpuriousPoll),
@@ -79,6 +91,7 @@ type Acquire<'a> = Manual<Pin<Box<dyn Future<Output = Result<MemoryGrant>> + 'a>
 struct Waiter<'a> {
     id: usize,
     holder: HolderId,
+    passable: bool,
     deadline: Option<Instant>,
     fut: Acquire<'a>,
 }
@@ -87,6 +100,12 @@ struct Waiter<'a> {
 #[derive(Debug, Default)]
 struct Model {
     owner: Option<(HolderId, u32)>,
+    /// The holder whose remote hold the owner uses (itself, unless it was passed the hold).
+    remote: Option<HolderId>,
+    /// Passes the owner's remote hold may still serve.
+    passes_left: u32,
+    /// The waiter the hold was passed to, which has not run yet.
+    passing: Option<usize>,
     external: bool,
     /// Live queued waiters, oldest first.
     queue: VecDeque<usize>,
@@ -99,6 +118,7 @@ struct Model {
 }
 
 struct Harness<'a> {
+    budget: u32,
     sync: &'a common::Sync,
     remote: &'a slate_aqs::testing::MemoryRemote,
     rt: &'a tokio::runtime::Runtime,
@@ -109,10 +129,13 @@ struct Harness<'a> {
 }
 
 impl<'a> Harness<'a> {
-    fn new_waiter(&mut self, wait: Wait) -> (usize, HolderId, Acquire<'a>) {
+    fn new_waiter(&mut self, wait: Wait, passable: bool) -> (usize, HolderId, Acquire<'a>) {
         let holder = HolderId::new();
-        let fut: Pin<Box<dyn Future<Output = Result<MemoryGrant>> + 'a>> =
-            Box::pin(self.sync.acquire(holder, wait));
+        let fut: Pin<Box<dyn Future<Output = Result<MemoryGrant>> + 'a>> = if passable {
+            Box::pin(self.sync.acquire_passable(holder, wait))
+        } else {
+            Box::pin(self.sync.acquire(holder, wait))
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.model.ended.push(None);
@@ -130,15 +153,47 @@ impl<'a> Harness<'a> {
     }
 
     /// Records a completed acquire of waiter `id` (queued or not).
+    #[allow(clippy::too_many_arguments)]
     fn completed(
         &mut self,
         id: usize,
         holder: HolderId,
+        passable: bool,
         deadline: Option<Instant>,
         queued: bool,
         out: Result<MemoryGrant>,
     ) -> std::result::Result<(), String> {
         match out {
+            Ok(grant) if grant.passed => {
+                if self.model.passing != Some(id) || self.model.lost {
+                    return Err(format!(
+                        "waiter {id} took a passed hold; passing to {:?}, lost {}",
+                        self.model.passing, self.model.lost
+                    ));
+                }
+                if Some(grant.holder) != self.model.remote || grant.count != 1 {
+                    return Err(format!(
+                        "waiter {id} was passed {grant:?}; the remote holder is {:?}",
+                        self.model.remote
+                    ));
+                }
+                self.model.passing = None;
+                self.end(id, "granted by a pass")?;
+            }
+            Ok(grant) if self.model.passing == Some(id) => {
+                // A pass of a lost hold is refused: the receiver acquires afresh.
+                if !self.model.lost || grant.holder != holder || grant.count != 1 {
+                    return Err(format!(
+                        "waiter {id} was passed the hold but got {grant:?} (lost {})",
+                        self.model.lost
+                    ));
+                }
+                self.model.passing = None;
+                self.model.lost = false;
+                self.model.remote = Some(holder);
+                self.model.passes_left = if passable { self.budget } else { 0 };
+                self.end(id, "granted after a refused pass")?;
+            }
             Ok(grant) => {
                 if grant.holder != holder {
                     return Err(format!("waiter {id} got a grant for {}", grant.holder));
@@ -156,6 +211,8 @@ impl<'a> Harness<'a> {
                     ));
                 }
                 self.model.owner = Some((holder, 1));
+                self.model.remote = Some(holder);
+                self.model.passes_left = if passable { self.budget } else { 0 };
                 self.end(id, "granted")?;
             }
             Err(Error::Timeout { .. }) => {
@@ -191,21 +248,23 @@ impl<'a> Harness<'a> {
     fn poll_at(&mut self, pos: usize) -> std::result::Result<(), String> {
         if let Poll::Ready(out) = self.waiters[pos].fut.poll() {
             let w = self.waiters.remove(pos);
-            self.completed(w.id, w.holder, w.deadline, true, out)?;
+            self.completed(w.id, w.holder, w.passable, w.deadline, true, out)?;
         }
         Ok(())
     }
 
     fn apply(&mut self, op: &Op) -> std::result::Result<(), String> {
         match *op {
-            Op::Enqueue(ms) => {
+            Op::Enqueue(ms, passable) => {
                 let deadline = ms.map(|ms| Instant::now() + Duration::from_millis(ms));
                 let wait = deadline.map_or(Wait::Forever, |d| Wait::Until(d.into_std()));
-                let (id, holder, mut fut) = self.new_waiter(wait);
+                let (id, holder, mut fut) = self.new_waiter(wait, passable);
                 // The first poll takes the fast path or joins the queue.
                 let first_in = self.model.queue.is_empty();
                 match fut.poll() {
-                    Poll::Ready(out) => self.completed(id, holder, deadline, false, out)?,
+                    Poll::Ready(out) => {
+                        self.completed(id, holder, passable, deadline, false, out)?;
+                    }
                     Poll::Pending => {
                         self.model.queue.push_back(id);
                         if first_in {
@@ -215,6 +274,7 @@ impl<'a> Harness<'a> {
                         self.waiters.push(Waiter {
                             id,
                             holder,
+                            passable,
                             deadline,
                             fut,
                         });
@@ -222,7 +282,7 @@ impl<'a> Harness<'a> {
                 }
             }
             Op::Immediate => {
-                let (id, holder, mut fut) = self.new_waiter(Wait::Immediate);
+                let (id, holder, mut fut) = self.new_waiter(Wait::Immediate, false);
                 let Poll::Ready(out) = fut.poll() else {
                     return Err("an immediate acquire did not complete at once".to_owned());
                 };
@@ -230,6 +290,8 @@ impl<'a> Harness<'a> {
                 match out {
                     Ok(_) if free => {
                         self.model.owner = Some((holder, 1));
+                        self.model.remote = Some(holder);
+                        self.model.passes_left = 0;
                         self.end(id, "granted")?;
                     }
                     Err(e) if e.is_busy() && !free => self.end(id, "busy")?,
@@ -244,7 +306,11 @@ impl<'a> Harness<'a> {
                 };
                 let mut fut = Manual::new(self.sync.acquire(owner, Wait::Forever));
                 match fut.poll() {
-                    Poll::Ready(Ok(grant)) if grant.count == depth + 1 && !self.model.lost => {
+                    Poll::Ready(Ok(grant))
+                        if grant.count == depth + 1
+                            && Some(grant.holder) == self.model.remote
+                            && !self.model.lost =>
+                    {
                         self.model.owner = Some((owner, depth + 1));
                     }
                     // Issue 19, defect 4: a re-entry after the hold was lost must not count
@@ -256,42 +322,19 @@ impl<'a> Harness<'a> {
                 }
             }
             Op::LoseLease => {
-                if let Some((owner, _)) = self.model.owner
+                if let (Some(_), Some(remote)) = (self.model.owner, self.model.remote)
                     && !self.model.lost
                 {
-                    while self.remote.release_silently(owner).is_ok_and(|n| n > 0) {}
+                    while self.remote.release_silently(remote).is_ok_and(|n| n > 0) {}
                     self.model.lost = true;
                 }
             }
-            Op::Release => {
-                let Some((owner, depth)) = self.model.owner else {
-                    return Ok(());
-                };
-                match testing::release(self.sync, owner) {
-                    Ok(_) if !self.model.lost => {}
-                    Err(Error::NotHeld { .. }) if self.model.lost => {}
-                    other => {
-                        return Err(format!("release (lost: {}): {other:?}", self.model.lost));
-                    }
-                }
-                self.model.owner = (depth > 1).then_some((owner, depth - 1));
-                if depth == 1 {
-                    self.model.stale = false;
-                    self.model.lost = false;
-                }
-            }
+            Op::Release => self.release(false)?,
+            Op::ReleaseCancelHead => self.release(true)?,
             Op::Cancel(n) => {
-                if self.waiters.is_empty() {
-                    return Ok(());
+                if !self.waiters.is_empty() {
+                    self.cancel(n % self.waiters.len())?;
                 }
-                let w = self.waiters.remove(n % self.waiters.len());
-                drop(w.fut);
-                let was_head = self.model.queue.front() == Some(&w.id);
-                self.model.queue.retain(|q| *q != w.id);
-                if was_head {
-                    self.model.stale = false;
-                }
-                self.end(w.id, "cancelled")?;
             }
             Op::SpuriousPoll(n) => {
                 if !self.waiters.is_empty() {
@@ -332,6 +375,93 @@ impl<'a> Harness<'a> {
         self.check()
     }
 
+    /// The owner releases one level; `cancel_receiver`: a head passed the hold is dropped
+    /// before it runs.
+    fn release(&mut self, cancel_receiver: bool) -> std::result::Result<(), String> {
+        let Some((owner, depth)) = self.model.owner else {
+            return Ok(());
+        };
+        let head = self.model.queue.front().copied();
+        let head_passable = head
+            .and_then(|id| self.waiters.iter().find(|w| w.id == id))
+            .is_some_and(|w| w.passable);
+        let pass = depth == 1 && self.model.passes_left > 0 && head_passable;
+        match testing::release(self.sync, owner) {
+            Ok(0) if pass => {}
+            Ok(_) if !pass && !self.model.lost => {}
+            Err(Error::NotHeld { .. }) if !pass && self.model.lost => {}
+            other => {
+                return Err(format!(
+                    "release (lost: {}, pass expected: {pass}): {other:?}",
+                    self.model.lost
+                ));
+            }
+        }
+        if pass {
+            let Some(receiver) = head else {
+                unreachable!("a pass needs a head")
+            };
+            let holder = self
+                .waiters
+                .iter()
+                .find(|w| w.id == receiver)
+                .map(|w| w.holder);
+            self.model.owner = holder.map(|h| (h, 1));
+            self.model.passes_left -= 1;
+            self.model.passing = Some(receiver);
+            if cancel_receiver {
+                let pos = self
+                    .waiters
+                    .iter()
+                    .position(|w| w.id == receiver)
+                    .ok_or("the receiver is not live")?;
+                self.cancel(pos)?;
+            }
+            return Ok(());
+        }
+        self.model.owner = (depth > 1).then_some((owner, depth - 1));
+        if depth == 1 {
+            self.model.stale = false;
+            self.model.lost = false;
+            self.model.remote = None;
+        }
+        Ok(())
+    }
+
+    /// Drops the live waiter at `pos`.
+    fn cancel(&mut self, pos: usize) -> std::result::Result<(), String> {
+        let w = self.waiters.remove(pos);
+        drop(w.fut);
+        let was_head = self.model.queue.front() == Some(&w.id);
+        self.model.queue.retain(|q| *q != w.id);
+        if was_head {
+            self.model.stale = false;
+        }
+        if self.model.passing == Some(w.id) {
+            // Passed on to the next waiter if it is passable, else freed (released remotely).
+            let next = self
+                .model
+                .queue
+                .front()
+                .and_then(|id| self.waiters.iter().find(|n| n.id == *id))
+                .filter(|n| n.passable)
+                .map(|n| (n.id, n.holder));
+            match next {
+                Some((id, holder)) => {
+                    self.model.passing = Some(id);
+                    self.model.owner = Some((holder, 1));
+                }
+                None => {
+                    self.model.passing = None;
+                    self.model.owner = None;
+                    self.model.remote = None;
+                    self.model.lost = false;
+                }
+            }
+        }
+        self.end(w.id, "cancelled")
+    }
+
     fn check(&self) -> std::result::Result<(), String> {
         self.sync.check_invariants()?;
         if self.sync.owner() != self.model.owner {
@@ -350,7 +480,7 @@ impl<'a> Harness<'a> {
         }
         let expected_remote = match (self.model.owner, self.model.external) {
             (Some(_), false) if self.model.lost => None,
-            (Some((h, d)), false) => Some((h, d)),
+            (Some((_, d)), false) => Some((self.model.remote.ok_or("model: no remote holder")?, d)),
             (None, true) => Some((self.outsider, 1)),
             (None, false) => None,
             (Some(_), true) => return Err("model: owner and outsider at once".to_owned()),
@@ -383,18 +513,10 @@ impl<'a> Harness<'a> {
     /// Frees the lock for good; every waiter must then end.
     fn drain(&mut self) -> std::result::Result<(), String> {
         for _ in 0..1_000 {
-            if let Some((owner, depth)) = self.model.owner {
-                for _ in 0..depth {
-                    match testing::release(self.sync, owner) {
-                        Err(Error::NotHeld { .. }) if self.model.lost => {}
-                        other => {
-                            other.map_err(|e| e.to_string())?;
-                        }
-                    }
-                }
-                self.model.owner = None;
-                self.model.stale = false;
-                self.model.lost = false;
+            while self.model.owner.is_some() {
+                self.release(false)?;
+                self.settle()?;
+                self.check()?;
             }
             if self.model.external {
                 self.remote.release(self.outsider).unwrap();
@@ -433,7 +555,10 @@ fn run(ops: &[Op]) -> std::result::Result<(), String> {
     let _enter = rt.enter();
     let (remote, sync) = new_sync(SPIN);
     testing::subscribe(&sync);
+    let budget = 2;
+    sync.competitor().set_pass_budget(budget);
     let mut h = Harness {
+        budget,
         sync: &sync,
         remote: &remote,
         rt: &rt,
@@ -477,6 +602,7 @@ fn the_model_catches_a_parked_head_while_the_lock_is_free() {
     let _enter = rt.enter();
     let (remote, sync) = new_sync(SPIN);
     let mut h = Harness {
+        budget: 0,
         sync: &sync,
         remote: &remote,
         rt: &rt,
@@ -485,8 +611,8 @@ fn the_model_catches_a_parked_head_while_the_lock_is_free() {
         model: Model::default(),
         next_id: 0,
     };
-    h.apply(&Op::Enqueue(None)).unwrap(); // granted at once
-    h.apply(&Op::Enqueue(None)).unwrap(); // queued
+    h.apply(&Op::Enqueue(None, false)).unwrap(); // granted at once
+    h.apply(&Op::Enqueue(None, false)).unwrap(); // queued
     let (owner, _) = h.model.owner.unwrap();
     testing::release(&sync, owner).unwrap();
     h.model.owner = None;
