@@ -173,6 +173,13 @@ impl State {
     }
 }
 
+/// The remote holder of an attempt for `holder` that is not a re-entry: `holder` itself, or
+/// for a passable waiter a fresh holder minted for the hold, which no caller ever sees, so
+/// that nobody (in this process or another) can name the hold once it is passed on.
+fn remote_for(holder: HolderId, passable: bool) -> HolderId {
+    if passable { HolderId::new() } else { holder }
+}
+
 /// What the caller of one acquire asked for.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -216,11 +223,13 @@ enum Step {
     /// The deadline passed.
     Timeout,
     /// Run one remote attempt (the epoch read before sending it; whether it is a re-entry;
-    /// for whose remote hold: the caller's own, or for a re-entry the owner's remote holder).
+    /// the remote holder it names: the caller, the owner's remote holder for a re-entry, or a
+    /// fresh one for a passable hold; whether the hold it starts may be passed).
     Attempt {
         epoch: u64,
         reentrant: bool,
         remote: HolderId,
+        passable: bool,
     },
     /// The caller, head of the queue, was passed the remote hold of `remote`: take it.
     TakePass { remote: HolderId },
@@ -367,14 +376,20 @@ impl<C: Competitor> Synchronizer<C> {
         self.run(holder, wait, false, TokioTimer)
     }
 
-    /// As [`acquire`](Synchronizer::acquire), for a holder that nobody else can name (e.g.
-    /// one minted for this call): while it waits in the queue, a local holder that releases
-    /// its last level may **pass** it the remote hold without a remote call (see
-    /// [`try_pass`](Synchronizer::try_pass)), and a remote hold it wins may be passed on in
-    /// turn, within the competitor's [`pass_budget`](Competitor::pass_budget).
+    /// As [`acquire`](Synchronizer::acquire), for a caller that may share a remote hold with
+    /// other local callers in a row (lock cohorting): while it waits in the queue, a local
+    /// holder that releases its last level may **pass** it the remote hold without a remote
+    /// call (see [`try_pass`](Synchronizer::try_pass)); and when it wins a remote hold from
+    /// the queue (others waited with it), that hold may be passed on in turn, within the
+    /// competitor's [`pass_budget`](Competitor::pass_budget).
     ///
-    /// The grant of a pass comes from [`Competitor::take_pass`]; every remote call for the
-    /// passed hold names its remote holder ([`remote_holder`](Synchronizer::remote_holder)).
+    /// Such a hold is acquired under a **fresh remote holder** minted for it
+    /// ([`remote_holder`](Synchronizer::remote_holder) tells which), never under `holder`:
+    /// nobody, in this process or another, can name the hold once it is passed on, so naming
+    /// `holder` elsewhere never enters a hold that someone else now has. A caller that
+    /// attempts with nobody queued behind it (the fast path, or a lone waiter) acquires as
+    /// itself, as `acquire` does, without passes. The grant of a pass comes from
+    /// [`Competitor::take_pass`].
     ///
     /// # Examples
     ///
@@ -389,21 +404,32 @@ impl<C: Competitor> Synchronizer<C> {
     /// let competitor = MemoryCompetitor::new(remote.clone());
     /// competitor.set_pass_budget(4);
     /// let sync = std::sync::Arc::new(Synchronizer::new("a", competitor, Duration::from_millis(50)));
-    /// let (a, b) = (HolderId::new(), HolderId::new());
-    /// sync.acquire_passable(a, Wait::Forever).await?;
-    /// let waiting = tokio::spawn({
+    /// let spawn = |holder| {
     ///     let sync = sync.clone();
-    ///     async move { sync.acquire_passable(b, Wait::Forever).await }
-    /// });
-    /// while sync.waiters() == 0 {
-    ///     tokio::task::yield_now().await;
-    /// }
+    ///     tokio::spawn(async move { sync.acquire_passable(holder, Wait::Forever).await })
+    /// };
+    /// let queued = |n| {
+    ///     let sync = sync.clone();
+    ///     async move {
+    ///         while sync.waiters() < n {
+    ///             tokio::task::yield_now().await;
+    ///         }
+    ///     }
+    /// };
+    /// let (x, a, b) = (HolderId::new(), HolderId::new(), HolderId::new());
+    /// sync.acquire(x, Wait::Forever).await?;
+    /// let (for_a, for_b) = (spawn(a), spawn(b));
+    /// queued(2).await;
+    /// slate_aqs::testing::release(&sync, x)?; // x acquired alone: a real release
+    /// for_a.await.unwrap()?; // a won a hold from the queue, under a fresh remote holder
+    /// let hold = sync.remote_holder(a);
+    /// assert_ne!(hold, a);
     /// assert!(sync.try_pass(a)); // a's last level goes to b, nothing remote happens
-    /// let grant = waiting.await.unwrap()?;
+    /// let grant = for_b.await.unwrap()?;
     /// assert!(grant.passed);
     /// assert_eq!(sync.owner(), Some((b, 1)));
-    /// assert_eq!(sync.remote_holder(b), a); // b uses a's remote hold
-    /// assert_eq!(remote.holder(), Some((a, 1)));
+    /// assert_eq!(sync.remote_holder(b), hold);
+    /// assert_eq!(remote.holder(), Some((hold, 1)));
     /// # Ok(())
     /// # }
     /// ```
@@ -469,7 +495,7 @@ impl<C: Competitor> Synchronizer<C> {
     /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
     /// let me = HolderId::new();
     /// sync.blocking_acquire_passable(me, Wait::Forever)?;
-    /// assert_eq!(sync.remote_holder(me), me);
+    /// assert_eq!(sync.remote_holder(me), me); // nobody queued: acquired as itself
     /// # Ok::<(), slate_aqs::Error>(())
     /// ```
     ///
@@ -579,7 +605,7 @@ impl<C: Competitor> Synchronizer<C> {
     /// let sync = Synchronizer::new("a", competitor, Duration::from_millis(50));
     /// let me = HolderId::new();
     /// sync.blocking_acquire_passable(me, Wait::Forever)?;
-    /// assert!(!sync.try_pass(me)); // nobody waits: release remotely instead
+    /// assert!(!sync.try_pass(me)); // acquired alone, and nobody waits: release remotely
     /// # Ok::<(), slate_aqs::Error>(())
     /// ```
     pub fn try_pass(&self, holder: HolderId) -> bool {
@@ -811,9 +837,10 @@ impl<C: Competitor> Synchronizer<C> {
                         epoch,
                         reentrant,
                         remote,
+                        passable,
                     } => match InFlight::start(self, remote, reentrant, passable).await {
                         Ok(Attempt::Acquired(grant)) => {
-                            return self.grant(holder, passable, &mut slot, grant);
+                            return self.grant(holder, remote, passable, &mut slot, grant);
                         }
                         Ok(Attempt::Busy { retry_after }) if immediate => {
                             return Err(self.busy(retry_after));
@@ -930,6 +957,7 @@ impl<C: Competitor> Synchronizer<C> {
                         epoch: st.epoch,
                         reentrant,
                         remote,
+                        passable: false,
                     };
                 }
                 debug_assert!(!immediate, "an immediate acquire never queues");
@@ -949,11 +977,14 @@ impl<C: Competitor> Synchronizer<C> {
                 until: deadline,
             };
         }
+        // A hold is worth passing only if someone waits behind the head to take it.
+        let passable = passable && st.queue.len() > 1;
         let step = match st.owner {
             Some(o) if o.is(holder) => Step::Attempt {
                 epoch: st.epoch,
                 reentrant: true,
                 remote: o.remote,
+                passable: false,
             },
             Some(_) => Step::Park {
                 key,
@@ -964,7 +995,8 @@ impl<C: Competitor> Synchronizer<C> {
                 Retry::Now => Step::Attempt {
                     epoch: st.epoch,
                     reentrant: false,
-                    remote: holder,
+                    remote: remote_for(holder, passable),
+                    passable,
                 },
                 Retry::AfterBusy { epoch, retry_after } => Step::PrepareWait { epoch, retry_after },
                 Retry::Parked { epoch, at }
@@ -973,7 +1005,8 @@ impl<C: Competitor> Synchronizer<C> {
                     Step::Attempt {
                         epoch: st.epoch,
                         reentrant: false,
-                        remote: holder,
+                        remote: remote_for(holder, passable),
+                        passable,
                     }
                 }
                 Retry::Parked { epoch, at } => Step::Park {
@@ -1018,6 +1051,7 @@ impl<C: Competitor> Synchronizer<C> {
     fn grant(
         &self,
         holder: HolderId,
+        remote: HolderId,
         passable: bool,
         slot: &mut QueueSlot<'_, C>,
         grant: C::Grant,
@@ -1033,7 +1067,7 @@ impl<C: Competitor> Synchronizer<C> {
             let fresh = Owner {
                 holder: Some(holder),
                 depth: 1,
-                remote: holder,
+                remote,
                 passes_left: budget,
             };
             let new_owner = match st.owner {
@@ -1041,7 +1075,7 @@ impl<C: Competitor> Synchronizer<C> {
                 _ => Some(fresh),
             };
             let Some(new_owner) = new_owner else {
-                let remote = st.owner.map_or(holder, |o| o.remote);
+                let remote = st.owner.map_or(remote, |o| o.remote);
                 drop(st);
                 slot.leave();
                 self.competitor.abandon(remote, grant);

@@ -141,8 +141,10 @@ fn party(
         };
         match acquired {
             Some(Ok(grant)) => {
-                // A passed hold is the remote hold of the holder that acquired it.
-                assert!(grant.passed || grant.holder == me);
+                // Passable callers hold under a remote holder minted for the hold; the
+                // others under their own id.
+                assert!(cohort(&sync) || grant.holder == me);
+                assert_eq!(sync.remote_holder(me), grant.holder);
                 let _held = Held::new(&sync, me, &tally);
                 sleep(hold).await;
                 Outcome::Granted
@@ -256,7 +258,32 @@ fn run_case(
         match scenario {
             Scenario::Free => {}
             Scenario::LocallyHeld | Scenario::SecondInLine => {
-                acquire(&sync, local).await.unwrap();
+                // With passes, the local holder wins its hold from the queue (behind a first
+                // holder), as a hold that may be passed on; alone it would acquire as itself.
+                let first = HolderId::new();
+                if cohort {
+                    sync.acquire(first, Wait::Forever).await.unwrap();
+                }
+                let queued = {
+                    let sync = Arc::clone(&sync);
+                    tokio::spawn(async move { acquire(&sync, local).await })
+                };
+                if cohort {
+                    // A companion queued behind it makes its hold worth passing; it leaves
+                    // once the local holder has the hold.
+                    tokio::task::yield_now().await;
+                    let companion = {
+                        let sync = Arc::clone(&sync);
+                        tokio::spawn(async move { acquire(&sync, HolderId::new()).await })
+                    };
+                    tokio::task::yield_now().await;
+                    testing::release(&sync, first).unwrap();
+                    queued.await.unwrap().unwrap();
+                    companion.abort();
+                    assert!(companion.await.unwrap_err().is_cancelled());
+                } else {
+                    queued.await.unwrap().unwrap();
+                }
             }
             Scenario::RemoteHeld | Scenario::SlowPrepare => {
                 remote.try_acquire(outsider);
@@ -313,6 +340,9 @@ fn run_case(
         let mut granted = tally.granted.load(Ordering::SeqCst);
         if matches!(scenario, Scenario::LocallyHeld | Scenario::SecondInLine) {
             granted += 1; // the local holder's own grant
+            if cohort {
+                granted += 1; // and the first holder's before it
+            }
         }
         // Let abandoned attempts finish in the background.
         sleep(ms(100)).await;

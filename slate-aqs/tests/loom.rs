@@ -176,6 +176,32 @@ fn new_cohort_sync() -> (Arc<MemoryRemote>, Arc<Sync>) {
     (remote, sync)
 }
 
+/// Makes a holder the owner with a hold it may pass: it wins the hold from the queue, behind
+/// a first holder (alone, it would acquire as itself, without passes).
+fn passable_owner(sync: &Arc<Sync>) -> HolderId {
+    let first = HolderId::new();
+    loom::future::block_on(sync.acquire(first, Wait::Forever)).unwrap();
+    let holder = HolderId::new();
+    let mut fut = acquire_passable(sync, holder);
+    let waker = Waker::noop();
+    let pending = |fut: &mut Acquire| {
+        fut.as_mut()
+            .poll(&mut Context::from_waker(waker))
+            .is_pending()
+    };
+    assert!(pending(&mut fut));
+    // A companion behind it makes the hold worth passing; it leaves before the model runs.
+    let mut companion = acquire_passable(sync, HolderId::new());
+    assert!(pending(&mut companion));
+    testing::release(sync, first).unwrap();
+    match fut.as_mut().poll(&mut Context::from_waker(waker)) {
+        Poll::Ready(Ok(grant)) => assert_ne!(grant.holder, holder, "a minted remote holder"),
+        other => panic!("the queued passable waiter did not win the hold: {other:?}"),
+    }
+    drop(companion);
+    holder
+}
+
 /// Nothing held, nothing queued, nothing leaked, whichever way the passes went.
 fn assert_clean_after_passes(sync: &Sync, remote: &MemoryRemote) {
     assert_eq!(sync.owner(), None);
@@ -187,12 +213,18 @@ fn assert_clean_after_passes(sync: &Sync, remote: &MemoryRemote) {
     assert_eq!(s.acquired + s.passes_taken, s.after_acquire + s.abandoned);
 }
 
+/// Whether the owner's hold went to the receiver by a pass in this interleaving (the models
+/// below must see both outcomes across their interleavings; a pass is never optional when
+/// the head is passable, so each model asserts what its schedule forces).
+fn passes(sync: &Sync) -> u64 {
+    sync.competitor().stats().passes_taken + sync.competitor().stats().passes_dropped
+}
+
 #[test]
 fn a_pass_racing_the_receivers_cancel() {
     loom::model(|| {
         let (remote, sync) = new_cohort_sync();
-        let holder = HolderId::new();
-        loom::future::block_on(sync.acquire_passable(holder, Wait::Forever)).unwrap();
+        let holder = passable_owner(&sync);
 
         // The receiver-to-be is queued first, on this thread, then dropped on another thread
         // while the owner's release passes it the hold (or not yet).
@@ -221,8 +253,7 @@ fn a_pass_racing_the_receivers_cancel() {
 fn a_passed_receiver_dropped_before_it_runs() {
     loom::model(|| {
         let (remote, sync) = new_cohort_sync();
-        let holder = HolderId::new();
-        loom::future::block_on(sync.acquire_passable(holder, Wait::Forever)).unwrap();
+        let holder = passable_owner(&sync);
 
         let doomed = HolderId::new();
         let flag = Arc::new(Flag(AtomicBool::new(false)));
@@ -244,6 +275,9 @@ fn a_passed_receiver_dropped_before_it_runs() {
 
         releaser.join().unwrap();
         second.join().unwrap();
+        // The owner's hold was passed to the receiver, which dropped it.
+        assert_eq!(sync.competitor().stats().passes_dropped, 1);
+        assert!(passes(&sync) >= 1);
         assert_clean_after_passes(&sync, &remote);
     });
 }

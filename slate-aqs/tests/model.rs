@@ -163,6 +163,9 @@ impl<'a> Harness<'a> {
         queued: bool,
         out: Result<MemoryGrant>,
     ) -> std::result::Result<(), String> {
+        // A passable waiter that attempts from the queue with others behind it names a fresh
+        // remote holder (nobody can name its hold once passed); everyone else names itself.
+        let minted = queued && passable && self.model.queue.len() > 1;
         match out {
             Ok(grant) if grant.passed => {
                 if self.model.passing != Some(id) || self.model.lost {
@@ -181,8 +184,9 @@ impl<'a> Harness<'a> {
                 self.end(id, "granted by a pass")?;
             }
             Ok(grant) if self.model.passing == Some(id) => {
-                // A pass of a lost hold is refused: the receiver acquires afresh.
-                if !self.model.lost || grant.holder != holder || grant.count != 1 {
+                // A pass of a lost hold is refused: the receiver acquires afresh, from the
+                // queue, under a fresh remote holder.
+                if !self.model.lost || minted == (grant.holder == holder) || grant.count != 1 {
                     return Err(format!(
                         "waiter {id} was passed the hold but got {grant:?} (lost {})",
                         self.model.lost
@@ -190,13 +194,16 @@ impl<'a> Harness<'a> {
                 }
                 self.model.passing = None;
                 self.model.lost = false;
-                self.model.remote = Some(holder);
-                self.model.passes_left = if passable { self.budget } else { 0 };
+                self.model.remote = Some(grant.holder);
+                self.model.passes_left = if minted { self.budget } else { 0 };
                 self.end(id, "granted after a refused pass")?;
             }
             Ok(grant) => {
-                if grant.holder != holder {
-                    return Err(format!("waiter {id} got a grant for {}", grant.holder));
+                if minted == (grant.holder == holder) {
+                    return Err(format!(
+                        "waiter {id} (queued {queued}, passable {passable}) got a grant for {}",
+                        grant.holder
+                    ));
                 }
                 if queued && self.model.queue.front() != Some(&id) {
                     return Err(format!(
@@ -211,8 +218,8 @@ impl<'a> Harness<'a> {
                     ));
                 }
                 self.model.owner = Some((holder, 1));
-                self.model.remote = Some(holder);
-                self.model.passes_left = if passable { self.budget } else { 0 };
+                self.model.remote = Some(grant.holder);
+                self.model.passes_left = if minted { self.budget } else { 0 };
                 self.end(id, "granted")?;
             }
             Err(Error::Timeout { .. }) => {

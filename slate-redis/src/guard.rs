@@ -304,18 +304,23 @@ impl SingleLockGuard {
     }
 }
 
-/// Releases one level for `holder`: the remote release, then the local one whatever the
-/// outcome.
+/// Releases one level for `holder`: the last level goes to the next local waiter if it can
+/// be passed (lock cohorting, no round trip); otherwise the remote release (as the hold's
+/// remote holder), then the local one whatever the outcome.
 async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
     let c = lock.shared.competitor();
     let span = tracing::debug_span!("release", lock = %c.label, %holder);
     async {
+        let sync = &lock.shared.sync;
+        if sync.try_pass(holder) {
+            tracing::debug!("passed to the next local holder");
+            return Ok(0);
+        }
+        let remote = sync.remote_holder(holder);
         let renewal = &c.client.inner.renewal;
-        renewal.begin_release(&c.keys.lock, holder);
-        let result = c
-            .release_remote(holder, lock.shared.sync.waiters() > 0)
-            .await;
-        renewal.end_release(&c.keys.lock, holder);
+        renewal.begin_release(&c.keys.lock, remote);
+        let result = c.release_remote(remote, sync.waiters() > 0).await;
+        renewal.end_release(&c.keys.lock, remote);
         let remaining = lock.shared.sync.release(holder);
         match result {
             Ok(-1) => {

@@ -43,6 +43,19 @@ use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
 ///   re-entry. The counter restarts if the server loses its data. It costs about 60 bytes of
 ///   Redis memory plus its key's length per lock name ever used; for per-entity names, see
 ///   [`SingleLockBuilder::fence_expiry`] (an expiring counter seeded from the server clock).
+/// - **Local passes (lock cohorting)**: callers whose holder is minted by the call itself
+///   (`lock()`, `try_lock_for()`, `try_lock_until()` and the blocking twins, outside a
+///   [`HolderId::scope`]) that wait behind each other share Redis holds: the one that wins a
+///   hold from the queue reserves a block of 8 fencing tokens (one `INCRBY`), and at its
+///   release the next waiter of the process is handed the hold without a round trip, up to
+///   the tenure (8 holders in a row); then a real release lets other processes take their
+///   turn. Each holder gets its own token (the next of the block; a later acquisition is
+///   above the whole block), its own lease watch and max hold, and re-enters on its own
+///   token. Such a hold is kept in Redis under a holder id minted for it, which no caller is
+///   ever given, so that no other process can enter it, whatever holder id it names; `slate
+///   status` shows that id. A caller that finds the lock free acquires as itself, and named
+///   holders (`lock_as`, `acquire`, a scope) always acquire and release in Redis under their
+///   own id, so a holder id shared between processes keeps its meaning.
 /// - **Renewal**: while held, the client's renewal service renews the lease every renewal
 ///   period (all locks of a client in one pipeline per tick). It never re-creates a missing
 ///   entry. The guard's lease deadline moves with every renewal; its loss signal fires with
@@ -118,6 +131,22 @@ pub(crate) struct Grant {
     pub(crate) count: u32,
     pub(crate) deadline: Instant,
     pub(crate) watch: OnceLock<LeaseWatch>,
+    /// Local passes this fresh hold may serve (the tokens it reserved after its own).
+    pub(crate) passes: u32,
+}
+
+/// The remote hold being passed between local holders (lock cohorting): whose hold it is,
+/// the fencing tokens its acquisition reserved, and how many holders it served.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cohort {
+    /// The remote holder (the hash field).
+    pub(crate) remote: HolderId,
+    /// The current local holder's token.
+    pub(crate) token: u64,
+    /// The last token of the reserved block.
+    pub(crate) last: u64,
+    /// Local holders served so far (1 + passes taken).
+    pub(crate) holds: u32,
 }
 
 /// The Redis side of the lock, driven by the synchronizer.
@@ -132,6 +161,8 @@ pub(crate) struct RedisCompetitor {
     last_attempt: Arc<Mutex<Option<Instant>>>,
     /// The turn between processes.
     pub(crate) turn: Turn,
+    /// The hold being passed between local holders, if the current one allows passes.
+    pub(crate) cohort: Mutex<Option<Cohort>>,
 }
 
 impl RedisCompetitor {
@@ -142,8 +173,28 @@ impl RedisCompetitor {
         holder: HolderId,
         local_waiters: bool,
     ) -> Result<i64> {
-        let release = Release::plain(holder, self.options.lease(), &self.turn, local_waiters);
+        let mut release = Release::plain(holder, self.options.lease(), &self.turn, local_waiters);
+        release.holds = self.holds(holder);
         release_remote(&self.client, &self.keys, release).await
+    }
+
+    /// How many local holders the remote hold of `remote` served (1 unless it was passed).
+    fn holds(&self, remote: HolderId) -> u32 {
+        match *lock(&self.cohort) {
+            Some(c) if c.remote == remote => c.holds,
+            _ => 1,
+        }
+    }
+
+    /// Fencing tokens a passable first acquisition reserves: one per holder of the tenure
+    /// (the turn's bound on acquisitions in a row), so that passes end where the turn would
+    /// hand the lock to another process anyway. 1 (no passes) without a turn.
+    fn block(&self) -> u32 {
+        if self.turn.queue_id.is_empty() {
+            1
+        } else {
+            self.turn.tenure.max(1)
+        }
     }
 
     fn hold(&self, holder: HolderId, grant: &Grant) -> Hold {
@@ -210,6 +261,7 @@ async fn compensate(
                 local_waiters: waiters,
                 request,
                 undo: Some(acquire_request),
+                holds: 1,
             };
             match release_remote(&client2, &keys2, release).await {
                 Ok(-2) => tracing::debug!(%holder, "cancelled an acquire that had not run"),
@@ -323,6 +375,9 @@ pub(crate) struct Release<'a> {
     pub(crate) request: u64,
     /// Undo the acquire with this request id instead of releasing unconditionally.
     pub(crate) undo: Option<u64>,
+    /// How many local holders this remote hold served (1 + its local passes): they count
+    /// towards the turn's tenure.
+    pub(crate) holds: u32,
 }
 
 impl<'a> Release<'a> {
@@ -340,6 +395,7 @@ impl<'a> Release<'a> {
             local_waiters,
             request: request::next_id(),
             undo: None,
+            holds: 1,
         }
     }
 }
@@ -361,6 +417,7 @@ pub(crate) async fn release_remote(
     let undo = release.undo.map(|id| id.to_string()).unwrap_or_default();
     let (request, waiters) = (release.request, u8::from(release.local_waiters));
     let publish = client.publish_arg();
+    let holds = release.holds;
     client
         .exec("release script", |mut c| {
             let mut invocation = RELEASE.script.prepare_invoke();
@@ -379,7 +436,8 @@ pub(crate) async fn release_remote(
                 .arg(request)
                 .arg(record_ms)
                 .arg(&undo)
-                .arg(publish);
+                .arg(publish)
+                .arg(holds);
             async move { invocation.invoke_async(&mut c).await }
         })
         .await
@@ -399,6 +457,9 @@ pub(crate) struct Acquire<'a> {
     pub(crate) reentry: bool,
     /// The fencing counter's expiry (`None`: persistent).
     pub(crate) fence_expiry: Option<Duration>,
+    /// Fencing tokens a first acquisition reserves for local passes (1: none; more needs a
+    /// turn, see `scripts/acquire.lua` ARGV[9]).
+    pub(crate) block: u32,
 }
 
 /// Runs the acquire script and returns its reply (see `scripts/acquire.lua`). Retried once,
@@ -415,6 +476,7 @@ pub(crate) async fn acquire_remote(
     let tenure = acquire.turn.tenure;
     let record_ms = request::record_ttl_ms(client.command_timeout());
     let (request, marker, reentry) = (acquire.request, acquire.marker, acquire.reentry);
+    let block = acquire.block;
     let fence_expiry = acquire
         .fence_expiry
         .map(|d| scripts::lease_ms(d).to_string());
@@ -443,6 +505,11 @@ pub(crate) async fn acquire_remote(
             invocation
                 .arg(if reentry { "1" } else { "" })
                 .arg(fence_expiry.as_deref().unwrap_or(""));
+            // ARGV[9]: the token block, only when it allows passes (the common call stays as
+            // short as it was).
+            if block > 1 {
+                invocation.arg(block);
+            }
             async move {
                 let reply: Vec<i64> = invocation.invoke_async(&mut c).await?;
                 // A grant counts once the replicas have it: WAIT on the connection that wrote it.
@@ -468,6 +535,7 @@ pub(crate) async fn acquire_remote(
             local_waiters: false,
             request: request::next_id(),
             undo: Some(request),
+            holds: 1,
         };
         if let Err(e) = release_remote(client, keys, undo).await {
             tracing::warn!(error = %e, "giving back a grant the replicas did not acknowledge failed; it ends with its lease");
@@ -487,12 +555,20 @@ pub(crate) async fn acquire_remote(
 }
 
 impl RedisCompetitor {
-    /// One acquire script call for `holder`; `reentry`: see [`Competitor::reenter`].
+    /// One acquire script call for `holder`; `reentry`: see [`Competitor::reenter`]; `block`:
+    /// tokens a first acquisition reserves (see [`Competitor::attempt_passable`]).
     fn attempt_remote(
         &self,
         holder: HolderId,
         reentry: bool,
+        block: u32,
     ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        // A re-entry of a passed hold keeps its current holder's token (the counter names the
+        // end of the reserved block, not this holder's token).
+        let cohort_token = match *lock(&self.cohort) {
+            Some(c) if reentry && c.remote == holder => Some(c.token),
+            _ => None,
+        };
         let client = self.client.clone();
         let turn = self.turn.clone();
         let lease = self.options.lease();
@@ -514,6 +590,7 @@ impl RedisCompetitor {
                 request,
                 reentry,
                 fence_expiry,
+                block,
             };
             let reply = match acquire_remote(&client, &keys, acquire).await {
                 Ok(r) => r,
@@ -559,11 +636,16 @@ impl RedisCompetitor {
                         None,
                     ));
                 }
+                let token = match cohort_token {
+                    Some(t) if count > 1 => t,
+                    _ => token,
+                };
                 Ok(Attempt::Acquired(Grant {
                     token: FencingToken::new(token),
                     count,
                     deadline: renewal::deadline(sent, lease),
                     watch: OnceLock::new(),
+                    passes: if count == 1 { block - 1 } else { 0 },
                 }))
             };
             match reply.as_slice() {
@@ -606,7 +688,68 @@ impl Competitor for RedisCompetitor {
         &self,
         holder: HolderId,
     ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
-        self.attempt_remote(holder, false)
+        self.attempt_remote(holder, false, 1)
+    }
+
+    /// A first acquisition reserves a block of fencing tokens (one per holder of the tenure)
+    /// and marks the hold as this process's, so that it can be passed to local waiters.
+    fn attempt_passable(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        self.attempt_remote(holder, false, self.block())
+    }
+
+    fn pass_budget(&self, grant: &Grant) -> u32 {
+        grant.passes
+    }
+
+    /// The next token of the block, and a lease watch of the receiver's own on the same
+    /// remote hold; refused when the block is used up or the hold is lost or nearly expired.
+    fn take_pass(&self, remote: HolderId, to: HolderId) -> Option<Grant> {
+        let mut cohort = lock(&self.cohort);
+        let c = cohort
+            .as_mut()
+            .filter(|c| c.remote == remote && c.token < c.last)?;
+        let renewal = &self.client.inner.renewal;
+        let watch = renewal.pass(&self.keys.lock, remote, min_validity(self.options.lease()))?;
+        c.token += 1;
+        c.holds += 1;
+        tracing::debug!(lock = %self.label, %remote, holder = %to, token = c.token, "took a passed hold");
+        let grant = Grant {
+            token: FencingToken::new(c.token),
+            count: 1,
+            deadline: watch.deadline(),
+            watch: OnceLock::new(),
+            passes: 0,
+        };
+        let _ = grant.watch.set(watch);
+        Some(grant)
+    }
+
+    /// Ends the renewal of a passed hold nobody took and releases it in the background; the
+    /// head is told when the release is done (it keeps the turn, so no message comes).
+    fn drop_pass(&self, remote: HolderId) {
+        let holds = self.holds(remote);
+        self.after_release(remote);
+        let (client, keys, turn, label) = (
+            self.client.clone(),
+            self.keys.clone(),
+            self.turn.clone(),
+            self.label.clone(),
+        );
+        let (me, lease) = (self.me.clone(), self.options.lease());
+        self.client.spawn(async move {
+            let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+            let mut release = Release::plain(remote, lease, &turn, waiters);
+            release.holds = holds;
+            if let Err(e) = release_remote(&client, &keys, release).await {
+                tracing::warn!(lock = %label, holder = %remote, error = %e, "release of a passed hold nobody took failed; the entry ends with its lease");
+            }
+            if let Some(shared) = me.upgrade() {
+                shared.sync.notify_released();
+            }
+        });
     }
 
     /// A re-entry never creates an entry: a holder whose entry is gone (lease lost) gets
@@ -615,10 +758,22 @@ impl Competitor for RedisCompetitor {
         &self,
         holder: HolderId,
     ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
-        self.attempt_remote(holder, true)
+        self.attempt_remote(holder, true, 1)
     }
 
     fn after_acquire(&self, holder: HolderId, grant: &Grant) {
+        if grant.watch.get().is_some() {
+            // A passed hold: `take_pass` moved its registration to the new holder.
+            return;
+        }
+        if grant.count == 1 {
+            *lock(&self.cohort) = (grant.passes > 0).then(|| Cohort {
+                remote: holder,
+                token: grant.token.get(),
+                last: grant.token.get() + u64::from(grant.passes),
+                holds: 1,
+            });
+        }
         let watch = self.client.inner.renewal.register_hold(
             &self.client,
             self.hold(holder, grant),
@@ -628,6 +783,12 @@ impl Competitor for RedisCompetitor {
     }
 
     fn after_release(&self, holder: HolderId) {
+        {
+            let mut cohort = lock(&self.cohort);
+            if cohort.is_some_and(|c| c.remote == holder) {
+                *cohort = None;
+            }
+        }
         self.client
             .inner
             .renewal
@@ -915,6 +1076,7 @@ impl SingleLockBuilder {
                     options,
                     me: me.clone(),
                     last_attempt: Arc::new(Mutex::new(None)),
+                    cohort: Mutex::new(None),
                     turn,
                 },
                 spin_wait,
@@ -1045,13 +1207,46 @@ impl SingleLock {
 
     fn blocking_acquire(
         &self,
-        holder: HolderId,
+        holder: Option<HolderId>,
         wait: Wait,
         what: &str,
     ) -> Result<SingleLockGuard> {
         assert_not_in_runtime(what);
-        let grant = self.shared.sync.blocking_acquire(holder, wait)?;
+        let sync = &self.shared.sync;
+        let (grant, holder) = match holder.or_else(HolderId::scoped) {
+            Some(h) => (sync.blocking_acquire(h, wait)?, h),
+            None => {
+                let h = HolderId::new();
+                (sync.blocking_acquire_passable(h, wait)?, h)
+            }
+        };
         Ok(self.guard(holder, &grant))
+    }
+
+    /// Acquires for `holder`, or when it is `None` for the current holder: the scope's
+    /// ([`HolderId::scope`]), else a fresh one that nobody else can name, which may then be
+    /// passed the hold by a local release and pass it on in turn (lock cohorting, see the
+    /// type's docs).
+    fn acquire_for(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+    ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
+        let (holder, passable) = match holder.or_else(HolderId::scoped) {
+            Some(h) => (h, false),
+            None => (HolderId::new(), true),
+        };
+        let span = tracing::debug_span!("acquire", lock = %self.shared.competitor().label, %holder);
+        async move {
+            let sync = &self.shared.sync;
+            let grant = if passable {
+                sync.acquire_passable(holder, wait).await?
+            } else {
+                sync.acquire(holder, wait).await?
+            };
+            Ok(self.guard(holder, &grant))
+        }
+        .instrument(span)
     }
 
     /// Blocks this thread until the lock is acquired for the current holder (the thread twin
@@ -1077,7 +1272,7 @@ impl SingleLock {
     ///
     /// Inside a tokio runtime (use `lock().await` there).
     pub fn blocking_lock(&self) -> Result<SingleLockGuard> {
-        self.blocking_acquire(HolderId::current(), Wait::Forever, "blocking_lock")
+        self.blocking_acquire(None, Wait::Forever, "blocking_lock")
     }
 
     /// Blocks this thread until the lock is acquired for `holder` (re-enters if it holds it).
@@ -1102,7 +1297,7 @@ impl SingleLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_lock_as(&self, holder: HolderId) -> Result<SingleLockGuard> {
-        self.blocking_acquire(holder, Wait::Forever, "blocking_lock_as")
+        self.blocking_acquire(Some(holder), Wait::Forever, "blocking_lock_as")
     }
 
     /// One attempt from this thread, without waiting: `None` when another holder has it (the
@@ -1129,7 +1324,7 @@ impl SingleLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_try_lock(&self) -> Result<Option<SingleLockGuard>> {
-        match self.blocking_acquire(HolderId::current(), Wait::Immediate, "blocking_try_lock") {
+        match self.blocking_acquire(None, Wait::Immediate, "blocking_try_lock") {
             Ok(guard) => Ok(Some(guard)),
             Err(e) if e.is_busy() => Ok(None),
             Err(e) => Err(e),
@@ -1157,11 +1352,7 @@ impl SingleLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_try_lock_for(&self, d: Duration) -> Result<SingleLockGuard> {
-        self.blocking_acquire(
-            HolderId::current(),
-            Wait::for_duration(d),
-            "blocking_try_lock_for",
-        )
+        self.blocking_acquire(None, Wait::for_duration(d), "blocking_try_lock_for")
     }
 }
 
@@ -1223,12 +1414,7 @@ impl SingleLock {
         holder: HolderId,
         wait: Wait,
     ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
-        let span = tracing::debug_span!("acquire", lock = %self.shared.competitor().label, %holder);
-        async move {
-            let grant = self.shared.sync.acquire(holder, wait).await?;
-            Ok(self.guard(holder, &grant))
-        }
-        .instrument(span)
+        self.acquire_for(Some(holder), wait)
     }
 
     /// Waits until the lock is acquired for the current holder ([`HolderId::current`]).
@@ -1253,7 +1439,7 @@ impl SingleLock {
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub fn lock(&self) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
-        self.acquire(HolderId::current(), Wait::Forever)
+        self.acquire_for(None, Wait::Forever)
     }
 
     /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
@@ -1306,7 +1492,7 @@ impl SingleLock {
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_lock(&self) -> Result<Option<SingleLockGuard>> {
-        slate_core::lock::busy_to_none(self.acquire(HolderId::current(), Wait::Immediate).await)
+        slate_core::lock::busy_to_none(self.acquire_for(None, Wait::Immediate).await)
     }
 
     /// Waits at most `d`, in the queue like everyone else.
@@ -1332,7 +1518,7 @@ impl SingleLock {
         &self,
         d: Duration,
     ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
-        self.acquire(HolderId::current(), Wait::for_duration(d))
+        self.acquire_for(None, Wait::for_duration(d))
     }
 
     /// Waits at most until `deadline`.
@@ -1359,7 +1545,7 @@ impl SingleLock {
         &self,
         deadline: Instant,
     ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
-        self.acquire(HolderId::current(), Wait::Until(deadline))
+        self.acquire_for(None, Wait::Until(deadline))
     }
 
     /// Whether any holder holds the lock.
@@ -1415,6 +1601,8 @@ impl SingleLock {
     /// Cancel safe (a read).
     pub fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send + '_ {
         let c = self.shared.competitor();
+        // A local holder that was passed the hold counts on its remote holder's field.
+        let holder = self.shared.sync.remote_holder(holder);
         async move {
             let key: &[u8] = &c.keys.lock;
             let count: Option<i64> = c

@@ -207,6 +207,7 @@ impl RedisClient {
             request: request::next_id(),
             reentry,
             fence_expiry: None,
+            block: 1,
         };
         let reply = acquire_remote(self, &keys.keys, acquire).await?;
         let acquired = |token: i64, count: i64| match (u64::try_from(token), u32::try_from(count)) {

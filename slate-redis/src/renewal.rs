@@ -190,6 +190,34 @@ impl Renewal {
         watch
     }
 
+    /// Hands the registration of `holder` on `key` to the next local holder after a local pass
+    /// (lock cohorting): the same remote hold goes on being renewed, but the new holder gets a
+    /// lease watch of its own and its max hold starts now, as if it had acquired remotely.
+    /// Answers the new watch, or `None` (nothing changed) if the hold is lost, capped, or has
+    /// less than `min_validity` left: it is not worth passing then.
+    pub(crate) fn pass(
+        &self,
+        key: &Arc<[u8]>,
+        holder: HolderId,
+        min_validity: Duration,
+    ) -> Option<LeaseWatch> {
+        let now = Instant::now();
+        let mut st = lock(&self.shared.state);
+        let reg = st.regs.get_mut(&(key.clone(), holder))?;
+        if !matches!(reg.phase, Phase::Renewing) || reg.keeper.is_lost() {
+            return None;
+        }
+        let deadline = reg.keeper.deadline();
+        if deadline < now + min_validity {
+            return None;
+        }
+        let (keeper, watch) = lease::channel(deadline);
+        reg.keeper = keeper;
+        // A later cap than the one it replaces: the service's wake-up needs no change.
+        reg.cap = reg.hold.max_hold.and_then(|m| now.checked_add(m));
+        Some(watch)
+    }
+
     /// Removes the registration of `holder` on `key` (its local hold count reached zero).
     pub(crate) fn deregister(&self, key: &Arc<[u8]>, holder: HolderId) {
         let removed = lock(&self.shared.state)

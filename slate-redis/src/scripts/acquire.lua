@@ -31,13 +31,21 @@
 --          time in µs) and sets the counter to it with this TTL, and a re-entry resets the TTL:
 --          an idle lock's counter goes away, and a new one starts above every earlier token as
 --          long as the server's clock does not step back by more than the expiry
+-- ARGV[9]  (optional, with a queue id) block: a first acquisition reserves this many fencing
+--          tokens (the counter moves by the block; the reply's token is the block's first) so
+--          that the caller's process may pass the hold to up to block - 1 more local holders
+--          in a row without a round trip, each taking the next token of the block (lock
+--          cohorting; the holder id of such a hold is minted for it and never given to a
+--          caller, so no other process can name it). '' or absent: 1
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the key was absent; created holder -> 1 with the lease and
---                      took the next fencing token (INCR of the counter)
+--                      took the next fencing token (INCR of the counter; with a block, the
+--                      first of the block)
 --   {2, token, count}  re-entered: the holder's field existed; count is its new value, the TTL
 --                      was reset to the lease, token is the counter's current value (it only
---                      moves when a new holder acquires, so it is this holder's token)
+--                      moves when a new holder acquires, so it is this holder's token; after
+--                      a block, the block's last token: the client keeps its holder's own)
 --   {0, ms}            busy: another holder has the lock (ms = its PTTL), or the free lock is
 --                      reserved for another process's turn (ms = what is left of the
 --                      reservation); the caller's process was queued
@@ -83,6 +91,10 @@ local function remember(token, count)
 end
 local pid = ARGV[3] or ''
 local fence_expiry = ARGV[8] or ''
+local block = 1
+if pid ~= '' then
+    block = tonumber(ARGV[9] or '') or 1
+end
 local function now_ms()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -129,7 +141,9 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
         local t = redis.call('TIME')
         local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
         token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
-        redis.call('SET', KEYS[2], string.format('%d', token), 'PX', fence_expiry)
+        redis.call('SET', KEYS[2], string.format('%d', token + block - 1), 'PX', fence_expiry)
+    elseif block > 1 then
+        token = redis.call('INCRBY', KEYS[2], block) - block + 1
     else
         token = redis.call('INCR', KEYS[2])
     end

@@ -20,6 +20,9 @@
 --          runs later, and -2 is answered
 -- ARGV[10] (optional) 'SPUBLISH' on a Redis Cluster (sharded pub/sub: the message stays on
 --          the shard that owns the lock); anything else or absent = 'PUBLISH'
+-- ARGV[11] (optional) holds: how many local holders this remote hold served (1 plus the
+--          local passes it made, see acquire.lua ARGV[9]); they count towards the tenure as
+--          that many acquisitions. '' or absent: 1
 --
 -- Replies (an integer):
 --   -2      (undo only) the acquire had not run (or its record was gone): it is cancelled
@@ -82,13 +85,14 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local reserve = tonumber(ARGV[6])
+local holds = tonumber(ARGV[11] or '') or 1
 local tenure = 0
 if turn[1] == pid then
-    tenure = tonumber(turn[2])
+    tenure = tonumber(turn[2]) + holds - 1
 elseif not turn[1] then
     -- The hold began while nobody was queued (acquire.lua kept no turn): it is the first of
     -- this process's row.
-    tenure = 1
+    tenure = holds
 end
 redis.call('ZREM', KEYS[3], pid)
 local others = redis.call('ZRANGE', KEYS[3], 0, 0)
