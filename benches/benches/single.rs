@@ -47,22 +47,32 @@ fn single(c: &mut Criterion) {
         conn
     });
     let holder = slate_redis::HolderId::new().to_string();
-    // The same keys and arguments the lock sends: its local queue id, the tenure, no waiters.
     let queue = slate_redis::HolderId::new().to_string();
+    let record = format!("raw:{{bench}}:req:{holder}");
+    let requests = std::sync::atomic::AtomicU64::new(1);
+    // The two script calls exactly as the lock sends them uncontended (the keys and arguments
+    // of `slate-redis/src/lock.rs`: request records, no token block, no undo).
     group.bench_function("raw_evalsha", |b| {
         b.to_async(&rt).iter(|| {
             let mut conn = conn.clone();
-            let (acquire, release, holder, queue) = (&acquire, &release, &holder, &queue);
+            let (acquire, release, holder, queue, record) =
+                (&acquire, &release, &holder, &queue, &record);
+            let request = requests.fetch_add(2, std::sync::atomic::Ordering::Relaxed);
             async move {
                 let got: Vec<i64> = acquire
                     .key("raw:{bench}")
                     .key("raw:{bench}:fence")
                     .key("raw:{bench}:queue")
                     .key("raw:{bench}:turn")
+                    .key(record.as_str())
                     .arg(holder.as_str())
                     .arg(30_000)
                     .arg(queue.as_str())
                     .arg(8)
+                    .arg(request)
+                    .arg(4_000)
+                    .arg("")
+                    .arg("")
                     .invoke_async(&mut conn)
                     .await
                     .unwrap();
@@ -72,12 +82,18 @@ fn single(c: &mut Criterion) {
                     .key("raw:{bench}:released")
                     .key("raw:{bench}:queue")
                     .key("raw:{bench}:turn")
+                    .key(record.as_str())
                     .arg(holder.as_str())
                     .arg(30_000)
                     .arg(queue.as_str())
                     .arg(8)
                     .arg(0)
                     .arg(100)
+                    .arg(request + 1)
+                    .arg(4_000)
+                    .arg("")
+                    .arg("PUBLISH")
+                    .arg(1)
                     .invoke_async(&mut conn)
                     .await
                     .unwrap();

@@ -132,10 +132,9 @@ impl Locker {
     ) -> Result<Option<Held>, String> {
         let wait = Wait::Until(give_up);
         match self {
-            Locker::Slate(locks) => match locks[index]
-                .acquire(slate_core::HolderId::new(), wait)
-                .await
-            {
+            // What an application writes: a holder per call, minted by the lock (so that
+            // queued tasks of a process may pass the hold between them, issue 14).
+            Locker::Slate(locks) => match locks[index].try_lock_until(give_up).await {
                 Ok(g) => Ok(Some(Held::Slate(g))),
                 Err(e) if e.is_timeout() => Ok(None),
                 Err(e) => Err(e.to_string()),
