@@ -28,14 +28,24 @@ pub(crate) struct Grant {
     node_deadlines: Vec<Instant>,
     /// The combined lease deadline at acquisition.
     pub(crate) deadline: Instant,
-    /// The lease watch (set by `after_acquire`).
+    /// The lease watch (set by `after_acquire`, or by `take_pass` for a passed hold).
     pub(crate) watch: OnceLock<LeaseWatch>,
+    /// Local passes this fresh hold may serve (the tokens it reserved after its own).
+    pub(crate) passes: u32,
 }
+
+/// Fencing tokens a passable first acquisition reserves on every node it takes: one per
+/// holder a hold may serve in a row (the single lock's tenure), so that a process's queued
+/// tasks share one walk over the nodes per eight holders.
+pub(crate) const TOKEN_BLOCK: u32 = 8;
 
 /// One holder's hold of the combination lock in this process.
 struct Hold {
     nodes: Vec<usize>,
+    /// The current local holder's token.
     token: FencingToken,
+    /// The last token of the block the acquisition reserved (= `token` without passes).
+    last: u64,
     watch: LeaseWatch,
     aggregator: AbortHandle,
 }
@@ -101,13 +111,24 @@ impl Inner {
     }
 
     /// Acquires on node `i`; `reentry`: only one more level of an entry that exists.
-    async fn acquire_on(&self, i: usize, holder: HolderId, reentry: bool) -> Result<NodeAcquire> {
+    /// One node's acquire (`block` > 1: reserving that many tokens) or re-entry.
+    async fn acquire_on(
+        &self,
+        i: usize,
+        holder: HolderId,
+        reentry: bool,
+        block: u32,
+    ) -> Result<NodeAcquire> {
         let client = &self.nodes.node(i).client;
         let lease = self.options.lease();
         let failovers = client.failovers();
         let call = async {
             if reentry {
                 client.node_reenter(&self.keys, holder, lease).await
+            } else if block > 1 {
+                client
+                    .node_acquire_block(&self.keys, holder, lease, block)
+                    .await
             } else {
                 client.node_acquire(&self.keys, holder, lease).await
             }
@@ -195,7 +216,8 @@ impl Inner {
     }
 
     /// One first-level attempt over the nodes.
-    async fn first_level(self: &Arc<Self>, holder: HolderId) -> Result<Attempt<Grant>> {
+    /// A walk over the nodes; `block` > 1 reserves that many fencing tokens for local passes.
+    async fn first_level(self: &Arc<Self>, holder: HolderId, block: u32) -> Result<Attempt<Grant>> {
         let start = Instant::now();
         let usable = self.nodes.usable_for_attempt(&self.keys).await;
         let usable_count = usable.iter().filter(|u| **u).count();
@@ -207,11 +229,9 @@ impl Inner {
         loop {
             match next {
                 Next::Send(batch) => {
-                    let replies = join_all(
-                        batch
-                            .iter()
-                            .map(|&i| async move { (i, self.acquire_on(i, holder, false).await) }),
-                    )
+                    let replies = join_all(batch.iter().map(|&i| async move {
+                        (i, self.acquire_on(i, holder, false, block).await)
+                    }))
                     .await;
                     let mut answers = Vec::with_capacity(replies.len());
                     for (i, reply) in replies {
@@ -246,7 +266,7 @@ impl Inner {
                     // (a lost reply, a hung server that runs it later): release it too, in the
                     // background so the acquisition does not wait on a failed node.
                     let stray = state.failed().to_vec();
-                    let won_it = self.win(holder, start, held, &won, &stray).await;
+                    let won_it = self.win(holder, start, held, &won, &stray, block).await;
                     if matches!(won_it, Ok(Attempt::Acquired(_))) && !stray.is_empty() {
                         self.release_in_background(holder, stray, self.release_until(start));
                     }
@@ -283,6 +303,7 @@ impl Inner {
         held: Vec<usize>,
         won: &HashMap<usize, (FencingToken, Instant)>,
         stray: &[usize],
+        block: u32,
     ) -> Result<Attempt<Grant>> {
         let token = held
             .iter()
@@ -298,7 +319,10 @@ impl Inner {
             ));
         };
         // Write the token back where a node's counter is behind, so that any later holder,
-        // whose quorum shares a node with ours, draws a greater one there.
+        // whose quorum shares a node with ours, draws a greater one there. With a block, the
+        // last token of the block is written back (every node drew a block of the same size,
+        // so the lagging ones are those whose first token is below ours).
+        let top = FencingToken::new(token.get() + u64::from(block.max(1)) - 1);
         let lagging: Vec<usize> = held
             .iter()
             .copied()
@@ -306,10 +330,10 @@ impl Inner {
             .collect();
         let raised = join_all(lagging.iter().map(|&i| async move {
             let client = &self.nodes.node(i).client;
-            match tokio::time::timeout(self.op_time(), client.node_raise_fence(&self.keys, token))
+            match tokio::time::timeout(self.op_time(), client.node_raise_fence(&self.keys, top))
                 .await
             {
-                Ok(Ok(v)) => Ok(v >= token.get()),
+                Ok(Ok(v)) => Ok(v >= top.get()),
                 Ok(Err(e)) => Err(e),
                 Err(_) => Ok(false),
             }
@@ -353,6 +377,7 @@ impl Inner {
                     nodes: held,
                     deadline,
                     watch: OnceLock::new(),
+                    passes: block.max(1) - 1,
                 }))
             }
             _ => {
@@ -432,7 +457,7 @@ impl Inner {
         let replies = join_all(
             nodes
                 .iter()
-                .map(|&i| async move { (i, self.acquire_on(i, holder, true).await) }),
+                .map(|&i| async move { (i, self.acquire_on(i, holder, true, 1).await) }),
         )
         .await;
         let ok: Vec<usize> = replies
@@ -453,6 +478,7 @@ impl Inner {
                 nodes,
                 deadline: watch.deadline(),
                 watch: OnceLock::new(),
+                passes: 0,
             };
             let _ = grant.watch.set(watch.clone());
             return Ok(Attempt::Acquired(grant));
@@ -548,11 +574,58 @@ impl Inner {
             Hold {
                 nodes: grant.nodes.clone(),
                 token: grant.token,
+                last: grant.token.get() + u64::from(grant.passes),
                 watch: watch.clone(),
                 aggregator,
             },
         );
         watch
+    }
+
+    /// Hands `remote`'s hold to the next local holder: the next token of the block, and a
+    /// lease of its own (every node's renewal is handed on, with its max hold restarting, and
+    /// a new aggregation of them). `None` (nothing changed) when the block is used up, or a
+    /// node's lease is lost or too short to be worth passing.
+    fn pass_hold(&self, remote: HolderId) -> Option<Grant> {
+        let mut holds = lock(&self.holds);
+        let hold = holds.get_mut(&remote)?;
+        if hold.token.get() >= hold.last {
+            return None;
+        }
+        let min_validity = self.options.lease() / 10;
+        let client = |i: usize| &self.nodes.node(i).client;
+        if !hold
+            .nodes
+            .iter()
+            .all(|&i| client(i).node_can_pass_renewal(&self.keys, remote, min_validity))
+        {
+            return None;
+        }
+        let watches: Vec<LeaseWatch> = hold
+            .nodes
+            .iter()
+            .filter_map(|&i| client(i).node_pass_renewal(&self.keys, remote, min_validity))
+            .collect();
+        let node_deadlines: Vec<Instant> = watches.iter().map(LeaseWatch::deadline).collect();
+        let deadline = combined_deadline(&node_deadlines, self.required)?;
+        let (keeper, watch) = lease::channel(deadline);
+        hold.aggregator.abort();
+        hold.aggregator = self
+            .runtime
+            .spawn(aggregate(watches, self.required, keeper))
+            .abort_handle();
+        hold.token = FencingToken::new(hold.token.get() + 1);
+        hold.watch = watch.clone();
+        let grant = Grant {
+            token: hold.token,
+            nodes: hold.nodes.clone(),
+            node_deadlines,
+            deadline,
+            watch: OnceLock::new(),
+            passes: 0,
+        };
+        let _ = grant.watch.set(watch);
+        Some(grant)
     }
 
     /// Ends the renewal of `holder`'s hold.
@@ -582,7 +655,7 @@ impl Competitor for CombinationCompetitor {
         let run = async move {
             match inner.held_nodes(holder) {
                 Some(nodes) => inner.reenter(holder, nodes).await,
-                None => inner.first_level(holder).await,
+                None => inner.first_level(holder, 1).await,
             }
         };
         let runtime = self.inner.runtime.clone();
@@ -597,6 +670,51 @@ impl Competitor for CombinationCompetitor {
                     .unwrap_or_else(|_| Err(Error::closed("the lock's tokio runtime")))
             }
         }
+    }
+
+    /// A walk that reserves a block of fencing tokens on every node it takes, so that the
+    /// hold can be passed to the process's next queued tasks (see [`Competitor`]).
+    fn attempt_passable(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        let inner = self.inner.clone();
+        let run = async move { inner.first_level(holder, TOKEN_BLOCK).await };
+        let runtime = self.inner.runtime.clone();
+        async move {
+            if Handle::try_current().is_ok() {
+                run.await
+            } else {
+                runtime
+                    .spawn(run)
+                    .await
+                    .unwrap_or_else(|_| Err(Error::closed("the lock's tokio runtime")))
+            }
+        }
+    }
+
+    fn pass_budget(&self, grant: &Grant) -> u32 {
+        grant.passes
+    }
+
+    /// No node is touched: the next token of the block, and a lease of the receiver's own.
+    fn take_pass(&self, remote: HolderId, to: HolderId) -> Option<Grant> {
+        let grant = self.inner.pass_hold(remote)?;
+        tracing::debug!(lock = %self.inner.label, %remote, holder = %to, token = grant.token.get(), "took a passed hold");
+        Some(grant)
+    }
+
+    /// Ends the hold's renewal and releases its nodes in the background.
+    fn drop_pass(&self, remote: HolderId) {
+        let Some(mut nodes) = self.inner.held_nodes(remote) else {
+            return;
+        };
+        self.inner.end_hold(remote);
+        nodes.reverse();
+        let inner = self.inner.clone();
+        self.inner.runtime.spawn(async move {
+            inner.release_nodes(&nodes, remote).await;
+        });
     }
 
     fn after_acquire(&self, holder: HolderId, grant: &Grant) {

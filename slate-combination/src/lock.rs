@@ -45,6 +45,15 @@ pub(crate) struct Shared {
 /// - **Waiting**: local waiters queue in FIFO order; only the head attempts. There is no unlock
 ///   notification across nodes yet: a parked head retries after the spin wait or the holder's
 ///   remaining lease, whichever is shorter.
+/// - **Local passes (lock cohorting)**: callers whose holder is minted by the call
+///   (`lock()`, `try_lock_for()`, `try_lock_until()` and the blocking twins, outside a
+///   [`HolderId::scope`]) that wait behind each other share holds: the one that wins from the
+///   queue reserves a block of 8 fencing tokens on every node it takes (the lagging nodes get
+///   the block's last token written back), and at its release the next queued caller is
+///   handed the whole set of held nodes without touching any node: its own next token, its
+///   own lease (each node's renewal handed on, its max hold restarting), up to 8 holders in a
+///   row. Such a hold's entries carry a holder id minted for it, which no caller is given.
+///   Named holders always walk the nodes.
 /// - **Drop** of a guard without `unlock()` releases in the background.
 ///
 /// # Examples
@@ -486,14 +495,37 @@ impl CombinationLock {
 
     fn blocking_acquire(
         &self,
-        holder: HolderId,
+        holder: Option<HolderId>,
         wait: Wait,
         what: &str,
     ) -> Result<CombinationGuard> {
         assert_not_in_runtime("CombinationLock", what);
         // The competitor runs each attempt's I/O on the lock's runtime when polled from a
         // plain thread.
-        let grant = self.shared.sync.blocking_acquire(holder, wait)?;
+        let sync = &self.shared.sync;
+        let (grant, holder) = match holder.or_else(HolderId::scoped) {
+            Some(h) => (sync.blocking_acquire(h, wait)?, h),
+            None => {
+                let h = HolderId::new();
+                (sync.blocking_acquire_passable(h, wait)?, h)
+            }
+        };
+        Ok(self.guard(holder, &grant))
+    }
+
+    /// Acquires for `holder`, or when it is `None` for the current holder: the scope's
+    /// ([`HolderId::scope`]), else a fresh one that nobody else can name, which may then be
+    /// passed the hold by a local release and pass it on in turn (lock cohorting, see the
+    /// type's docs).
+    async fn acquire_for(&self, holder: Option<HolderId>, wait: Wait) -> Result<CombinationGuard> {
+        let sync = &self.shared.sync;
+        let (grant, holder) = match holder.or_else(HolderId::scoped) {
+            Some(h) => (sync.acquire(h, wait).await?, h),
+            None => {
+                let h = HolderId::new();
+                (sync.acquire_passable(h, wait).await?, h)
+            }
+        };
         Ok(self.guard(holder, &grant))
     }
 
@@ -523,7 +555,7 @@ impl CombinationLock {
     ///
     /// Inside a tokio runtime (use `lock().await` there).
     pub fn blocking_lock(&self) -> Result<CombinationGuard> {
-        self.blocking_acquire(HolderId::current(), Wait::Forever, "blocking_lock")
+        self.blocking_acquire(None, Wait::Forever, "blocking_lock")
     }
 
     /// Blocks this thread until the lock is acquired for `holder` (re-enters if it holds it).
@@ -551,7 +583,7 @@ impl CombinationLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_lock_as(&self, holder: HolderId) -> Result<CombinationGuard> {
-        self.blocking_acquire(holder, Wait::Forever, "blocking_lock_as")
+        self.blocking_acquire(Some(holder), Wait::Forever, "blocking_lock_as")
     }
 
     /// One attempt from this thread, without waiting: `None` when another holder has it.
@@ -580,7 +612,7 @@ impl CombinationLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_try_lock(&self) -> Result<Option<CombinationGuard>> {
-        match self.blocking_acquire(HolderId::current(), Wait::Immediate, "blocking_try_lock") {
+        match self.blocking_acquire(None, Wait::Immediate, "blocking_try_lock") {
             Ok(guard) => Ok(Some(guard)),
             Err(e) if e.is_busy() => Ok(None),
             Err(e) => Err(e),
@@ -611,11 +643,7 @@ impl CombinationLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_try_lock_for(&self, d: Duration) -> Result<CombinationGuard> {
-        self.blocking_acquire(
-            HolderId::current(),
-            Wait::for_duration(d),
-            "blocking_try_lock_for",
-        )
+        self.blocking_acquire(None, Wait::for_duration(d), "blocking_try_lock_for")
     }
 
     fn guard(&self, holder: HolderId, grant: &Grant) -> CombinationGuard {
@@ -686,8 +714,7 @@ impl CombinationLock {
     /// Cancel safe: dropping the future removes the caller from the local queue and passes on
     /// any wake-up it had; nodes taken for a dropped future are released, never leaked.
     pub async fn acquire(&self, holder: HolderId, wait: Wait) -> Result<CombinationGuard> {
-        let grant = self.shared.sync.acquire(holder, wait).await?;
-        Ok(self.guard(holder, &grant))
+        self.acquire_for(Some(holder), wait).await
     }
 
     /// Waits until the lock is acquired for the current holder ([`HolderId::current`]).
@@ -712,7 +739,7 @@ impl CombinationLock {
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn lock(&self) -> Result<CombinationGuard> {
-        self.acquire(HolderId::current(), Wait::Forever).await
+        self.acquire_for(None, Wait::Forever).await
     }
 
     /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
@@ -764,7 +791,7 @@ impl CombinationLock {
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_lock(&self) -> Result<Option<CombinationGuard>> {
-        slate_core::lock::busy_to_none(self.acquire(HolderId::current(), Wait::Immediate).await)
+        slate_core::lock::busy_to_none(self.acquire_for(None, Wait::Immediate).await)
     }
 
     /// Waits at most `d`, in the queue like everyone else.
@@ -788,8 +815,7 @@ impl CombinationLock {
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_lock_for(&self, d: Duration) -> Result<CombinationGuard> {
-        self.acquire(HolderId::current(), Wait::for_duration(d))
-            .await
+        self.acquire_for(None, Wait::for_duration(d)).await
     }
 
     /// Waits at most until `deadline`.
@@ -814,8 +840,7 @@ impl CombinationLock {
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_lock_until(&self, deadline: Instant) -> Result<CombinationGuard> {
-        self.acquire(HolderId::current(), Wait::Until(deadline))
-            .await
+        self.acquire_for(None, Wait::Until(deadline)).await
     }
 
     /// Whether some holder holds the lock on at least a quorum of nodes.
@@ -865,7 +890,8 @@ impl CombinationLock {
     ///
     /// Cancel safe (reads).
     pub async fn hold_count(&self, holder: HolderId) -> Result<u32> {
-        let id = holder.to_string();
+        // A local holder that was passed the hold counts on its remote holder's entries.
+        let id = self.shared.sync.remote_holder(holder).to_string();
         let counts: Vec<u32> = self
             .quorum_entries()
             .await?
@@ -1258,11 +1284,19 @@ impl CombinationGuard {
     }
 }
 
+/// Releases one level for `holder`: the last level goes to the next local waiter if it can be
+/// passed (lock cohorting: no node is touched); otherwise every node is released (as the
+/// hold's remote holder), then the local level, whatever the outcome.
 async fn release(lock: CombinationLock, holder: HolderId, nodes: Vec<usize>) -> Result<u32> {
+    if lock.shared.sync.try_pass(holder) {
+        tracing::debug!(lock = %lock.shared.name, %holder, "passed to the next local holder");
+        return Ok(0);
+    }
+    let remote = lock.shared.sync.remote_holder(holder);
     let mut order = nodes;
     order.reverse();
     let inner = lock.inner();
-    let reports = inner.release_nodes(&order, holder).await;
+    let reports = inner.release_nodes(&order, remote).await;
     let remaining = lock.shared.sync.release(holder);
     let failed = reports
         .iter()

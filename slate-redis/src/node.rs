@@ -168,7 +168,29 @@ impl RedisClient {
         holder: HolderId,
         lease: Duration,
     ) -> Result<NodeAcquire> {
-        self.node_acquire_as(keys, holder, lease, false).await
+        self.node_acquire_as(keys, holder, lease, false, 1).await
+    }
+
+    /// As [`node_acquire`](Self::node_acquire), reserving `block` fencing tokens on a first
+    /// acquisition (the counter moves by `block`; the reply's token is the block's first), for
+    /// a hold that may be passed to `block - 1` more local holders (lock cohorting).
+    ///
+    /// # Errors
+    ///
+    /// Backend failures (timeouts included), unexpected replies.
+    ///
+    /// # Cancel safety
+    ///
+    /// The command may or may not have run when the future is dropped; release the node.
+    pub async fn node_acquire_block(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        lease: Duration,
+        block: u32,
+    ) -> Result<NodeAcquire> {
+        self.node_acquire_as(keys, holder, lease, false, block.max(1))
+            .await
     }
 
     /// Re-enters `holder`'s entry on this server: as [`node_acquire`](Self::node_acquire), but
@@ -188,7 +210,7 @@ impl RedisClient {
         holder: HolderId,
         lease: Duration,
     ) -> Result<NodeAcquire> {
-        self.node_acquire_as(keys, holder, lease, true).await
+        self.node_acquire_as(keys, holder, lease, true, 1).await
     }
 
     async fn node_acquire_as(
@@ -197,6 +219,7 @@ impl RedisClient {
         holder: HolderId,
         lease: Duration,
         reentry: bool,
+        block: u32,
     ) -> Result<NodeAcquire> {
         let sent = Instant::now();
         let acquire = Acquire {
@@ -207,7 +230,7 @@ impl RedisClient {
             request: request::next_id(),
             reentry,
             fence_expiry: None,
-            block: 1,
+            block,
         };
         let reply = acquire_remote(self, &keys.keys, acquire).await?;
         let acquired = |token: i64, count: i64| match (u64::try_from(token), u32::try_from(count)) {
@@ -411,6 +434,35 @@ impl RedisClient {
                 label: Arc::from(label),
             },
         )
+    }
+
+    /// Hands the renewal of `holder`'s entry to the next local holder after a local pass: the
+    /// entry goes on being renewed, with a new lease watch and a max hold that starts now.
+    /// `None` (nothing changed) if the entry's lease is lost, capped, or has less than
+    /// `min_validity` left.
+    #[must_use]
+    pub fn node_pass_renewal(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        min_validity: Duration,
+    ) -> Option<LeaseWatch> {
+        self.inner
+            .renewal
+            .pass(&keys.keys.lock, holder, min_validity)
+    }
+
+    /// Whether [`node_pass_renewal`](Self::node_pass_renewal) would succeed now.
+    #[must_use]
+    pub fn node_can_pass_renewal(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        min_validity: Duration,
+    ) -> bool {
+        self.inner
+            .renewal
+            .can_pass(&keys.keys.lock, holder, min_validity)
     }
 
     /// Stops renewing `holder`'s entry.

@@ -204,18 +204,27 @@ impl Renewal {
         let now = Instant::now();
         let mut st = lock(&self.shared.state);
         let reg = st.regs.get_mut(&(key.clone(), holder))?;
-        if !matches!(reg.phase, Phase::Renewing) || reg.keeper.is_lost() {
+        if !passable(reg, now, min_validity) {
             return None;
         }
-        let deadline = reg.keeper.deadline();
-        if deadline < now + min_validity {
-            return None;
-        }
-        let (keeper, watch) = lease::channel(deadline);
+        let (keeper, watch) = lease::channel(reg.keeper.deadline());
         reg.keeper = keeper;
         // A later cap than the one it replaces: the service's wake-up needs no change.
         reg.cap = reg.hold.max_hold.and_then(|m| now.checked_add(m));
         Some(watch)
+    }
+
+    /// Whether [`pass`](Self::pass) would hand the registration on now.
+    pub(crate) fn can_pass(
+        &self,
+        key: &Arc<[u8]>,
+        holder: HolderId,
+        min_validity: Duration,
+    ) -> bool {
+        lock(&self.shared.state)
+            .regs
+            .get(&(key.clone(), holder))
+            .is_some_and(|reg| passable(reg, Instant::now(), min_validity))
     }
 
     /// Removes the registration of `holder` on `key` (its local hold count reached zero).
@@ -270,6 +279,13 @@ impl Renewal {
         lock(&self.shared.state).closed = true;
         self.shared.notify.notify_one();
     }
+}
+
+/// A hold worth passing: renewed, not lost, with at least `min_validity` left.
+fn passable(reg: &Registration, now: Instant, min_validity: Duration) -> bool {
+    matches!(reg.phase, Phase::Renewing)
+        && !reg.keeper.is_lost()
+        && reg.keeper.deadline() >= now + min_validity
 }
 
 /// One renewal to send.

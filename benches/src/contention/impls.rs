@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
-use slate_core::Wait;
 use slate_redis::{RedisClient, SingleLock, SingleLockGuard};
 
 use super::Impl;
@@ -130,7 +129,6 @@ impl Locker {
         name: &str,
         give_up: Instant,
     ) -> Result<Option<Held>, String> {
-        let wait = Wait::Until(give_up);
         match self {
             // What an application writes: a holder per call, minted by the lock (so that
             // queued tasks of a process may pass the hold between them, issue 14).
@@ -139,16 +137,11 @@ impl Locker {
                 Err(e) if e.is_timeout() => Ok(None),
                 Err(e) => Err(e.to_string()),
             },
-            Locker::SlateCombination(locks) => {
-                match locks[index]
-                    .acquire(slate_core::HolderId::new(), wait)
-                    .await
-                {
-                    Ok(g) => Ok(Some(Held::SlateCombination(g))),
-                    Err(e) if e.is_timeout() => Ok(None),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
+            Locker::SlateCombination(locks) => match locks[index].try_lock_until(give_up).await {
+                Ok(g) => Ok(Some(Held::SlateCombination(g))),
+                Err(e) if e.is_timeout() => Ok(None),
+                Err(e) => Err(e.to_string()),
+            },
             Locker::Rslock(lm) => loop {
                 // Exactly `LockManager::acquire`, bounded by the deadline.
                 match lm.lock(name.as_bytes(), LEASE).await {

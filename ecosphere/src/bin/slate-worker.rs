@@ -273,7 +273,10 @@ struct Args {
     #[arg(long)]
     reenter_file: Option<PathBuf>,
     /// Combination lock: give up on every `unlock()` after its first poll (as
-    /// `timeout(d, guard.unlock())` does when `d` runs out first); logged as `rel_info`.
+    /// `timeout(d, guard.unlock())` does when `d` runs out first); logged as `rel_info`. Each
+    /// acquisition then names a fresh holder (`lock_as`), so that every unlock walks the
+    /// nodes: a hold passed to the next local task (`lock()`) completes its unlock at once,
+    /// leaving nothing to cancel.
     #[arg(long)]
     cancel_unlock: bool,
     /// Hold (single lock): this many OS threads spin on the CPU while holding (the application
@@ -1366,7 +1369,14 @@ mod combination {
         loop {
             let attempt = ctx.attempts.fetch_add(1, Ordering::Relaxed);
             let call = async {
-                tokio::time::timeout(ctx.remaining(), ctx.lock.lock())
+                let lock = async {
+                    if ctx.args.cancel_unlock {
+                        ctx.lock.lock_as(slate_redis::HolderId::new()).await
+                    } else {
+                        ctx.lock.lock().await
+                    }
+                };
+                tokio::time::timeout(ctx.remaining(), lock)
                     .await
                     .unwrap_or(Err(super::MAX_DURATION))
             };

@@ -31,7 +31,7 @@
 --          time in µs) and sets the counter to it with this TTL, and a re-entry resets the TTL:
 --          an idle lock's counter goes away, and a new one starts above every earlier token as
 --          long as the server's clock does not step back by more than the expiry
--- ARGV[9]  (optional, with a queue id) block: a first acquisition reserves this many fencing
+-- ARGV[9]  (optional) block: a first acquisition reserves this many fencing
 --          tokens (the counter moves by the block; the reply's token is the block's first) so
 --          that the caller's process may pass the hold to up to block - 1 more local holders
 --          in a row without a round trip, each taking the next token of the block (lock
@@ -91,10 +91,7 @@ local function remember(token, count)
 end
 local pid = ARGV[3] or ''
 local fence_expiry = ARGV[8] or ''
-local block = 1
-if pid ~= '' then
-    block = tonumber(ARGV[9] or '') or 1
-end
+local block = tonumber(ARGV[9] or '') or 1
 local function now_ms()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
