@@ -57,10 +57,16 @@ if req ~= '' then
         return -2
     end
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+-- One read for the check and the count; the last level deletes the key without writing the
+-- count down first.
+local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if held <= 0 then
     return -1
 end
-local count = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+local count = held - 1
+if count > 0 then
+    redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+end
 if req ~= '' then
     redis.call('SET', KEYS[5], req .. ' r ' .. count .. ' 0', 'PX', ARGV[8])
 end
