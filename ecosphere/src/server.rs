@@ -798,6 +798,36 @@ impl RedisServer {
         }))
     }
 
+    /// How many times the server ran these commands so far (`INFO commandstats` `calls=`,
+    /// summed; commands run inside Lua scripts included, lower-case names as Redis reports
+    /// them, e.g. `["evalsha", "eval"]`). 0 for a command never run.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = ecosphere::server::RedisServer::start()?;
+    /// server.command(&["PING"])?;
+    /// assert!(server.command_calls(&["ping"])? >= 1);
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError`] when `INFO` fails.
+    pub fn command_calls(&self, commands: &[&str]) -> Result<u64, HarnessError> {
+        let mut total = 0;
+        for command in commands {
+            if let Some(stats) = self.info_field("commandstats", &format!("cmdstat_{command}"))? {
+                total += stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("calls="))
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        Ok(total)
+    }
+
     /// The binary this server runs.
     ///
     /// # Examples

@@ -16,20 +16,7 @@ use slate_combination::{CombinationLock, HolderId, Order, Wait};
 
 /// Script calls (`EVALSHA` + `EVAL`) a server ran so far.
 fn script_calls(server: &RedisServer) -> u64 {
-    ["cmdstat_evalsha", "cmdstat_eval"]
-        .iter()
-        .map(|name| {
-            server
-                .info_field("commandstats", name)
-                .unwrap()
-                .and_then(|v| {
-                    v.split(',')
-                        .find_map(|kv| kv.strip_prefix("calls="))
-                        .map(|n| n.parse::<u64>().unwrap())
-                })
-                .unwrap_or(0)
-        })
-        .sum()
+    server.command_calls(&["evalsha", "eval"]).unwrap()
 }
 
 /// A first holder, then `n` tasks queued behind it, each holding once; their tokens in the

@@ -21,20 +21,7 @@ const LEASE: Duration = Duration::from_secs(5);
 
 /// Script calls the server ran so far (`EVALSHA` and `EVAL`, from `INFO commandstats`).
 fn script_calls(server: &RedisServer) -> u64 {
-    ["cmdstat_evalsha", "cmdstat_eval"]
-        .iter()
-        .map(|name| {
-            server
-                .info_field("commandstats", name)
-                .unwrap()
-                .and_then(|v| {
-                    v.split(',')
-                        .find_map(|kv| kv.strip_prefix("calls="))
-                        .map(|n| n.parse::<u64>().unwrap())
-                })
-                .unwrap_or(0)
-        })
-        .sum()
+    server.command_calls(&["evalsha", "eval"]).unwrap()
 }
 
 /// `n` tasks of one process, all queued behind a first holder, each take the lock once and
