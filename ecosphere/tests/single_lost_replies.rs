@@ -58,6 +58,11 @@ fn s10_lost_replies_are_retried_once_and_never_applied_twice() {
         w.max_duration = Duration::from_secs(50);
         w.go_file = Some(go_file.clone());
         w.proc_base = u32::try_from(i).unwrap();
+        // Two of the three processes name a holder per acquisition, so that every lock and
+        // unlock of theirs is a script call whose reply can be lost; the third lets its tasks
+        // pass the hold between them (issue 14), so that lost replies also hit the acquisitions
+        // that reserve a block of tokens, and the run lasts as long as the nemesis needs.
+        w.named_holders = i > 0;
         let mut set = w.spawn(1);
         wait_line_all(&mut set, "READY", Duration::from_secs(20));
         sets.push(set);

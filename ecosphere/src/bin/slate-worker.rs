@@ -279,6 +279,11 @@ struct Args {
     /// leaving nothing to cancel.
     #[arg(long)]
     cancel_unlock: bool,
+    /// Single lock, `contend`: every acquisition names a fresh holder (`lock_as`), so that
+    /// every lock and unlock goes to Redis (no local passes between the tasks, issue 14): for
+    /// scenarios about what happens to the remote calls themselves.
+    #[arg(long)]
+    named_holders: bool,
     /// Hold (single lock): this many OS threads spin on the CPU while holding (the application
     /// busy next to its renewal), stopped when the hold ends.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=8))]
@@ -771,7 +776,8 @@ async fn contend_task(ctx: &Ctx, task: u64) -> Res<u64> {
             done += 1;
             continue;
         }
-        let (guard, mut held) = match ctx.lock_logged(task, None).await {
+        let named = ctx.args.named_holders.then(slate_redis::HolderId::new);
+        let (guard, mut held) = match ctx.lock_logged(task, named).await {
             Ok(acquired) => acquired,
             Err(e) if ctx.args.tolerate_errors => {
                 eprintln!(

@@ -37,6 +37,8 @@ pub struct Worker {
     pub linger: Duration,
     pub go_file: Option<PathBuf>,
     pub unsafe_skip_lock: bool,
+    /// `--named-holders`: every acquisition names a fresh holder (no local passes).
+    pub named_holders: bool,
     /// Added to the worker index to form `--proc`.
     pub proc_base: u32,
     /// `--fenced-key`: the fenced resource F on the resource server.
@@ -85,6 +87,7 @@ impl Worker {
             linger: Duration::ZERO,
             go_file: None,
             unsafe_skip_lock: false,
+            named_holders: false,
             proc_base: 0,
             fenced_key: None,
             late_write: false,
@@ -181,6 +184,9 @@ impl Worker {
         }
         if self.tolerate_errors {
             a.push("--tolerate-errors".into());
+        }
+        if self.named_holders {
+            a.push("--named-holders".to_owned());
         }
         if self.unsafe_skip_lock {
             a.push("--unsafe-skip-lock".into());
