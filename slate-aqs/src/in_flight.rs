@@ -10,7 +10,9 @@ use slate_core::{HolderId, Result};
 use crate::Synchronizer;
 use crate::competitor::{Attempt, Competitor};
 
-type BoxAttempt<G> = Pin<Box<dyn Future<Output = Result<Attempt<G>>> + Send + 'static>>;
+/// An attempt, boxed with the remote holder it is for (which it answers with): the holder
+/// lives in the box the attempt needs anyway, not in every acquire future.
+type BoxAttempt<G> = Pin<Box<dyn Future<Output = (HolderId, Result<Attempt<G>>)> + Send + 'static>>;
 
 /// Owns one boxed attempt until it completes.
 ///
@@ -25,8 +27,6 @@ pub(crate) struct InFlight<'a, C: Competitor> {
     /// are only required to be `Send`.
     attempt: Mutex<Option<BoxAttempt<C::Grant>>>,
     sync: &'a Synchronizer<C>,
-    /// The remote holder the attempt is for (an abandoned grant is given back as it).
-    holder: HolderId,
 }
 
 impl<'a, C: Competitor> InFlight<'a, C> {
@@ -40,22 +40,25 @@ impl<'a, C: Competitor> InFlight<'a, C> {
     ) -> Self {
         let competitor = sync.competitor_arc();
         let attempt: BoxAttempt<C::Grant> = if reentrant {
-            Box::pin(competitor.reenter(holder))
+            let attempt = competitor.reenter(holder);
+            Box::pin(async move { (holder, attempt.await) })
         } else if passable {
-            Box::pin(competitor.attempt_passable(holder))
+            let attempt = competitor.attempt_passable(holder);
+            Box::pin(async move { (holder, attempt.await) })
         } else {
-            Box::pin(competitor.attempt(holder))
+            let attempt = competitor.attempt(holder);
+            Box::pin(async move { (holder, attempt.await) })
         };
         InFlight {
             attempt: Mutex::new(Some(attempt)),
             sync,
-            holder,
         }
     }
 }
 
 impl<C: Competitor> Future for InFlight<'_, C> {
-    type Output = Result<Attempt<C::Grant>>;
+    /// The remote holder the attempt was for, and its answer.
+    type Output = (HolderId, Result<Attempt<C::Grant>>);
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // `InFlight` is `Unpin` (its attempt is boxed), so this is a plain `&mut`.
@@ -80,11 +83,13 @@ impl<C: Competitor> Drop for InFlight<'_, C> {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         let Some(attempt) = slot.take() else { return };
-        let holder = self.holder;
         let competitor = Arc::clone(self.sync.competitor_arc());
-        tracing::debug!(%holder, "acquire dropped with an attempt in flight; finishing it in the background");
+        tracing::debug!(
+            "acquire dropped with an attempt in flight; finishing it in the background"
+        );
         let finish = async move {
-            match attempt.await {
+            let (holder, out) = attempt.await;
+            match out {
                 Ok(Attempt::Acquired(grant)) => {
                     tracing::debug!(%holder, "abandoning a grant nobody will receive");
                     competitor.abandon(holder, grant);

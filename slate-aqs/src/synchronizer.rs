@@ -373,7 +373,13 @@ impl<C: Competitor> Synchronizer<C> {
         holder: HolderId,
         wait: Wait,
     ) -> impl Future<Output = Result<C::Grant>> + '_ {
-        self.run(holder, wait, false, TokioTimer)
+        self.run(
+            holder,
+            wait.deadline(),
+            wait == Wait::Immediate,
+            false,
+            TokioTimer,
+        )
     }
 
     /// As [`acquire`](Synchronizer::acquire), for a caller that may share a remote hold with
@@ -448,7 +454,13 @@ impl<C: Competitor> Synchronizer<C> {
         holder: HolderId,
         wait: Wait,
     ) -> impl Future<Output = Result<C::Grant>> + '_ {
-        self.run(holder, wait, true, TokioTimer)
+        self.run(
+            holder,
+            wait.deadline(),
+            wait == Wait::Immediate,
+            true,
+            TokioTimer,
+        )
     }
 
     /// The blocking twin of [`acquire`](Synchronizer::acquire), for thread callers.
@@ -517,7 +529,13 @@ impl<C: Competitor> Synchronizer<C> {
         );
         let _entered = self.handle.as_ref().map(tokio::runtime::Handle::enter);
         let timer = ThreadTimer::default();
-        let run = self.run(holder, wait, passable, timer.clone());
+        let run = self.run(
+            holder,
+            wait.deadline(),
+            wait == Wait::Immediate,
+            passable,
+            timer.clone(),
+        );
         crate::blocking::block_on(run, &timer)
     }
 
@@ -792,12 +810,12 @@ impl<C: Competitor> Synchronizer<C> {
     fn run<'a, T: Timer + 'a>(
         &'a self,
         holder: HolderId,
-        wait: Wait,
+        deadline: Option<Instant>,
+        immediate: bool,
         passable: bool,
         timer: T,
     ) -> impl Future<Output = Result<C::Grant>> + 'a {
         async move {
-            let (deadline, immediate) = (wait.deadline(), wait == Wait::Immediate);
             // The clock is read only when a deadline or a retry timer needs it: an untimed
             // uncontended acquire reads it never.
             let start = deadline.map(|_| timer.now());
@@ -839,16 +857,18 @@ impl<C: Competitor> Synchronizer<C> {
                         remote,
                         passable,
                     } => match InFlight::start(self, remote, reentrant, passable).await {
-                        Ok(Attempt::Acquired(grant)) => {
+                        // The remote holder comes back with the answer: the future keeps one
+                        // copy of it (in the attempt), not two.
+                        (remote, Ok(Attempt::Acquired(grant))) => {
                             return self.grant(holder, remote, passable, &mut slot, grant);
                         }
-                        Ok(Attempt::Busy { retry_after }) if immediate => {
+                        (_, Ok(Attempt::Busy { retry_after })) if immediate => {
                             return Err(self.busy(retry_after));
                         }
-                        Ok(Attempt::Busy { .. }) if reentrant => {
+                        (_, Ok(Attempt::Busy { .. })) if reentrant => {
                             return Err(self.lease_lost(holder));
                         }
-                        Ok(Attempt::Busy { retry_after }) => {
+                        (_, Ok(Attempt::Busy { retry_after })) => {
                             let now = deadline.map(|_| timer.now());
                             if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
                                 slot.leave();
@@ -857,7 +877,7 @@ impl<C: Competitor> Synchronizer<C> {
                             tracing::trace!(lock = %self.label, %holder, ?retry_after, "busy");
                             retry = Retry::AfterBusy { epoch, retry_after };
                         }
-                        Err(e) => {
+                        (_, Err(e)) => {
                             slot.leave();
                             tracing::debug!(lock = %self.label, %holder, error = %e, "attempt failed");
                             return Err(e);

@@ -37,3 +37,25 @@ fn public_types_and_futures_are_send_and_sync() {
     send_sync_static::<Attempt<MemoryGrant>>();
     send_sync(&sync.competitor().prepare_wait());
 }
+
+/// The memory budget of a parked waiter without a deadline: its acquire future plus its queue
+/// slot stay within 256 bytes, passable or not (a waiter is what a lock keeps by the
+/// thousand; `benches/benches/aqs.rs` reports the figures). A size, not a speed: it does not
+/// depend on the machine, only on the code (it grew to 312 bytes once, when the remote
+/// holder of an attempt was stored twice).
+#[test]
+fn a_parked_waiter_fits_in_256_bytes() {
+    let sync = Synchronizer::new(
+        "a",
+        MemoryCompetitor::new(MemoryRemote::new()),
+        Duration::from_millis(5),
+    );
+    let slot = Synchronizer::<MemoryCompetitor>::queue_slot_bytes();
+    let plain = std::mem::size_of_val(&sync.acquire(HolderId::new(), Wait::Forever));
+    let passable = std::mem::size_of_val(&sync.acquire_passable(HolderId::new(), Wait::Forever));
+    assert!(plain + slot <= 256, "acquire: {plain} B + slot {slot} B");
+    assert!(
+        passable + slot <= 256,
+        "acquire_passable: {passable} B + slot {slot} B"
+    );
+}
