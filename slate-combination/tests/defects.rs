@@ -21,7 +21,15 @@ const OP: Duration = Duration::from_millis(500);
 /// lost at the leftmost node. The release now completes in the background.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_unlock_still_releases() {
-    for order in [Order::Sequential, Order::Pipelined] {
+    // A release that completed at its first poll (it happened twice in full parallel runs on
+    // this 2-vCPU machine, never alone) tests nothing: that round is run again on fresh
+    // servers, and every order must see its release cancelled mid-flight within 3 rounds.
+    let mut orders = vec![(Order::Sequential, 0), (Order::Pipelined, 0)];
+    while let Some((order, round)) = orders.pop() {
+        assert!(
+            round < 3,
+            "{order:?}: the release completed at its first poll in 3 rounds"
+        );
         let s = servers(3);
         let nodes = view_of(urls(&s), opts(OP));
         adopt(&nodes).await;
@@ -42,10 +50,13 @@ async fn cancelled_unlock_still_releases() {
         // The caller gives up on the release after its first poll (as `timeout(d, unlock())`
         // does when `d` runs out first): the commands are sent, no reply has come.
         let mut release = Box::pin(guard.unlock());
-        assert!(
-            futures::poll!(release.as_mut()).is_pending(),
-            "{order:?}: a release cannot complete without a round trip"
-        );
+        if let std::task::Poll::Ready(r) = futures::poll!(release.as_mut()) {
+            eprintln!("{order:?} round {round}: the release completed at its first poll: {r:?}");
+            let next = waiter.await.unwrap().unwrap();
+            next.unlock().await.unwrap();
+            orders.push((order, round + 1));
+            continue;
+        }
         drop(release);
         // The local waiter gets the lock (the local owner was cleared)...
         let next = tokio::time::timeout(Duration::from_secs(5), waiter)
