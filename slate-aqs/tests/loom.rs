@@ -213,13 +213,6 @@ fn assert_clean_after_passes(sync: &Sync, remote: &MemoryRemote) {
     assert_eq!(s.acquired + s.passes_taken, s.after_acquire + s.abandoned);
 }
 
-/// Whether the owner's hold went to the receiver by a pass in this interleaving (the models
-/// below must see both outcomes across their interleavings; a pass is never optional when
-/// the head is passable, so each model asserts what its schedule forces).
-fn passes(sync: &Sync) -> u64 {
-    sync.competitor().stats().passes_taken + sync.competitor().stats().passes_dropped
-}
-
 #[test]
 fn a_pass_racing_the_receivers_cancel() {
     loom::model(|| {
@@ -277,7 +270,6 @@ fn a_passed_receiver_dropped_before_it_runs() {
         second.join().unwrap();
         // The owner's hold was passed to the receiver, which dropped it.
         assert_eq!(sync.competitor().stats().passes_dropped, 1);
-        assert!(passes(&sync) >= 1);
         assert_clean_after_passes(&sync, &remote);
     });
 }

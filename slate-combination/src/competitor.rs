@@ -592,19 +592,19 @@ impl Inner {
         if hold.token.get() >= hold.last {
             return None;
         }
-        let min_validity = self.options.lease() / 10;
+        let lease = self.options.lease();
         let client = |i: usize| &self.nodes.node(i).client;
         if !hold
             .nodes
             .iter()
-            .all(|&i| client(i).node_can_pass_renewal(&self.keys, remote, min_validity))
+            .all(|&i| client(i).node_can_pass_renewal(&self.keys, remote, lease))
         {
             return None;
         }
         let watches: Vec<LeaseWatch> = hold
             .nodes
             .iter()
-            .filter_map(|&i| client(i).node_pass_renewal(&self.keys, remote, min_validity))
+            .filter_map(|&i| client(i).node_pass_renewal(&self.keys, remote, lease))
             .collect();
         let node_deadlines: Vec<Instant> = watches.iter().map(LeaseWatch::deadline).collect();
         let deadline = combined_deadline(&node_deadlines, self.required)?;

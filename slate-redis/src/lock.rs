@@ -300,21 +300,32 @@ pub(crate) fn min_validity(lease: Duration) -> Duration {
 }
 
 /// Releases one level of `holder` in the background: a level that was granted but cannot be
-/// used (`why`, of lock `label`). If the release fails, the entry is never renewed and ends with its lease.
+/// used (`why`, of lock `label`), which served `holds` local holders. If the release fails,
+/// the entry is never renewed and ends with its lease. When it is done, the head of the local
+/// queue is told: a release that keeps the turn for this process (its tasks wait) publishes
+/// no message, and the head would otherwise wait for its spin wait.
+#[allow(clippy::too_many_arguments)] // the pieces of a release, taken apart for the task
 fn release_in_background(
     client: &RedisClient,
     keys: &Keys,
+    me: &Weak<LockShared>,
     holder: HolderId,
+    holds: u32,
     lease: Duration,
     turn: &Turn,
-    local_waiters: bool,
     (label, why): (&Arc<str>, &'static str),
 ) {
     let (client2, keys2, turn, label) = (client.clone(), keys.clone(), turn.clone(), label.clone());
+    let me = me.clone();
     client.spawn(async move {
-        let release = Release::plain(holder, lease, &turn, local_waiters);
+        let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+        let mut release = Release::plain(holder, lease, &turn, waiters);
+        release.holds = holds;
         if let Err(e) = release_remote(&client2, &keys2, release).await {
             tracing::warn!(lock = %label, %holder, error = %e, "release of {why} failed; the entry ends with its lease");
+        }
+        if let Some(shared) = me.upgrade() {
+            shared.sync.notify_released();
         }
     });
 }
@@ -613,14 +624,14 @@ impl RedisCompetitor {
                 let round_trip = sent.elapsed();
                 if deadline < Instant::now() + min_validity(lease) {
                     // The reply came too late to hold anything: give the level back.
-                    let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
                     release_in_background(
                         &client,
                         &keys,
+                        &me,
                         holder,
+                        1,
                         lease,
                         &turn,
-                        waiters,
                         (&label, "a late grant"),
                     );
                     return Err(Error::backend(
@@ -732,24 +743,16 @@ impl Competitor for RedisCompetitor {
     fn drop_pass(&self, remote: HolderId) {
         let holds = self.holds(remote);
         self.after_release(remote);
-        let (client, keys, turn, label) = (
-            self.client.clone(),
-            self.keys.clone(),
-            self.turn.clone(),
-            self.label.clone(),
+        release_in_background(
+            &self.client,
+            &self.keys,
+            &self.me,
+            remote,
+            holds,
+            self.options.lease(),
+            &self.turn,
+            (&self.label, "a passed hold nobody took"),
         );
-        let (me, lease) = (self.me.clone(), self.options.lease());
-        self.client.spawn(async move {
-            let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
-            let mut release = Release::plain(remote, lease, &turn, waiters);
-            release.holds = holds;
-            if let Err(e) = release_remote(&client, &keys, release).await {
-                tracing::warn!(lock = %label, holder = %remote, error = %e, "release of a passed hold nobody took failed; the entry ends with its lease");
-            }
-            if let Some(shared) = me.upgrade() {
-                shared.sync.notify_released();
-            }
-        });
     }
 
     /// A re-entry never creates an entry: a holder whose entry is gone (lease lost) gets
@@ -796,15 +799,15 @@ impl Competitor for RedisCompetitor {
     }
 
     fn abandon(&self, holder: HolderId, grant: Grant) {
-        let waiters = self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
         tracing::debug!(lock = %self.label, %holder, token = grant.token.get(), "releasing an abandoned grant");
         release_in_background(
             &self.client,
             &self.keys,
+            &self.me,
             holder,
+            1,
             self.options.lease(),
             &self.turn,
-            waiters,
             (&self.label, "an abandoned grant"),
         );
     }

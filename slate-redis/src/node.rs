@@ -24,7 +24,7 @@ use slate_core::{FencingToken, HolderId, LeaseWatch, LockName, Result};
 
 use crate::client::{RedisClient, unexpected_reply};
 use crate::keys::Keys;
-use crate::lock::{Acquire, Release, Turn, acquire_remote, release_remote};
+use crate::lock::{Acquire, Release, Turn, acquire_remote, min_validity, release_remote};
 use crate::renewal::{self, Hold};
 use crate::request;
 use crate::scripts::FORCE_UNLOCK;
@@ -438,18 +438,18 @@ impl RedisClient {
 
     /// Hands the renewal of `holder`'s entry to the next local holder after a local pass: the
     /// entry goes on being renewed, with a new lease watch and a max hold that starts now.
-    /// `None` (nothing changed) if the entry's lease is lost, capped, or has less than
-    /// `min_validity` left.
+    /// `None` (nothing changed) if the entry's lease is lost, capped, or has less than the
+    /// minimum validity of a grant of a `lease` lease left (a tenth of it, as for a grant).
     #[must_use]
     pub fn node_pass_renewal(
         &self,
         keys: &NodeKeys,
         holder: HolderId,
-        min_validity: Duration,
+        lease: Duration,
     ) -> Option<LeaseWatch> {
         self.inner
             .renewal
-            .pass(&keys.keys.lock, holder, min_validity)
+            .pass(&keys.keys.lock, holder, min_validity(lease))
     }
 
     /// Whether [`node_pass_renewal`](Self::node_pass_renewal) would succeed now.
@@ -458,11 +458,11 @@ impl RedisClient {
         &self,
         keys: &NodeKeys,
         holder: HolderId,
-        min_validity: Duration,
+        lease: Duration,
     ) -> bool {
         self.inner
             .renewal
-            .can_pass(&keys.keys.lock, holder, min_validity)
+            .can_pass(&keys.keys.lock, holder, min_validity(lease))
     }
 
     /// Stops renewing `holder`'s entry.
