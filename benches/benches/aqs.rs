@@ -252,10 +252,13 @@ fn memory(_c: &mut Criterion) {
     let sync = memory_sync();
     let future_bytes = std::mem::size_of_val(&sync.acquire(HolderId::new(), Wait::Forever));
     let slot = Synchronizer::<MemoryCompetitor>::queue_slot_bytes();
+    let deadline = Synchronizer::<MemoryCompetitor>::deadline_bytes();
     eprintln!(
         "aqs_memory: acquire future {future_bytes} B + queue slot {slot} B = {} B per parked \
-         waiter (a waiter with a deadline adds one boxed tokio Sleep, {} B, once it parks)",
+         waiter; a waiter with a deadline adds {deadline} B on the shared timer's heap = {} B \
+         (only a head waiting out a retry delay boxes a tokio Sleep, {} B, of its own)",
         future_bytes + slot,
+        future_bytes + slot + deadline,
         std::mem::size_of::<tokio::time::Sleep>(),
     );
 

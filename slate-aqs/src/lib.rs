@@ -66,6 +66,7 @@
 
 mod blocking;
 pub mod competitor;
+mod deadlines;
 mod in_flight;
 mod queue;
 mod sync;

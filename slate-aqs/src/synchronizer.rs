@@ -4,12 +4,13 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use slate_core::{Error, HolderId, LossReason, Result, TimeoutKind, Wait};
 
 use crate::competitor::{Attempt, Competitor, Notifications};
+use crate::deadlines::Timers;
 use crate::in_flight::InFlight;
 use crate::queue::Queue;
 use crate::sync::{Mutex, MutexGuard};
@@ -42,7 +43,12 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// - **Timed waits** queue like everyone else (Bedrock's timed `tryLock` gave up at once
 ///   when others were waiting, C4) and time out at their deadline with
 ///   [`Error::Timeout`]. An attempt in flight at the deadline is not interrupted: a grant
-///   that comes back is returned, slightly late.
+///   that comes back is returned, slightly late. Queued async waiters leave their deadlines
+///   to the synchronizer's **shared deadline timer** (a heap of deadlines in the queue and
+///   one tokio task, running while such waiters are queued, that wakes each at its deadline),
+///   so a timed waiter carries no `Sleep` of its own: 256 bytes parked, deadline included.
+///   A task dropped with its runtime is restarted by the next timed waiter to park. Blocking
+///   callers park their thread with the deadline instead.
 /// - **[`Wait::Immediate`]** never queues: busy at once if another local holder holds the
 ///   lock, otherwise exactly one attempt, which **may barge ahead of the queue**.
 /// - **Hooks** ([`Competitor::after_acquire`], [`after_release`](Competitor::after_release),
@@ -74,6 +80,7 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// | attempt in flight (`in_flight`) | only the head's node carries it: at most one queued attempt at a time |
 /// | `epoch` | bumped by every local release to depth 0 and every `notify_released`; a parked head waits for it to differ from the value it read before its last attempt |
 /// | waker | a parked waiter stores its waker in the same critical section in which it found its condition false, so a later event cannot miss it |
+/// | deadline heap | holds exactly the queued async waiters with a deadline that has not fired; a waiter parks only after making sure the timer task runs and is armed at or before the earliest deadline; a fired deadline is marked on the waiter, whose next decision is a timeout (unless it was passed the hold) |
 ///
 /// The O(1) invariants are `debug_assert!`ed at every transition; with the `test-util`
 /// feature, [`check_invariants`](Synchronizer::check_invariants) walks the whole queue.
@@ -123,14 +130,16 @@ pub struct Synchronizer<C: Competitor> {
     /// The runtime current at `new()`, if any: where abandoned attempts run when the
     /// dropping thread has no runtime, and the context blocking callers enter.
     handle: Option<tokio::runtime::Handle>,
-    state: Mutex<State>,
+    /// Shared with the deadline timer's task (see `deadlines`).
+    state: Arc<Mutex<State>>,
 }
 
 #[derive(Debug, Default)]
-struct State {
+pub(crate) struct State {
     owner: Option<Owner>,
-    queue: Queue,
+    pub(crate) queue: Queue,
     epoch: u64,
+    pub(crate) timers: Timers,
 }
 
 /// The local owner of the lock.
@@ -156,6 +165,20 @@ impl Owner {
 impl State {
     fn bump_epoch(&mut self) {
         self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// Unlinks `key` from the queue: whether it was the head, and the shared timer's task to
+    /// wake if this took the last deadline off the heap (so the task finishes now rather than
+    /// at its next deadline).
+    fn unlink(&mut self, key: usize) -> (bool, Option<Waker>) {
+        let timed = self.queue.on_timer(key);
+        let was_head = self.queue.remove(key);
+        let timer = if timed && self.queue.no_deadlines() {
+            self.timers.drained()
+        } else {
+            None
+        };
+        (was_head, timer)
     }
 
     /// The O(1) invariants of the table on [`Synchronizer`], checked after each transition
@@ -187,6 +210,8 @@ struct Entry {
     deadline: Option<Instant>,
     immediate: bool,
     passable: bool,
+    /// A queued waiter leaves its deadline to the shared timer (`Timer::SHARED`).
+    shared_timer: bool,
 }
 
 /// What a parked waiter waits for (besides its timer).
@@ -238,11 +263,13 @@ enum Step {
         epoch: u64,
         retry_after: Option<Duration>,
     },
-    /// Park the queued waiter `key` until `cond` or `until`.
+    /// Park the queued waiter `key` until `cond` or `until` (or, when `shared`, its deadline
+    /// on the shared timer).
     Park {
         key: usize,
         cond: Cond,
         until: Option<Instant>,
+        shared: bool,
     },
 }
 
@@ -271,7 +298,7 @@ impl<C: Competitor> Synchronizer<C> {
             competitor: Arc::new(competitor),
             spin_wait,
             handle: current_handle(),
-            state: Mutex::new(State::default()),
+            state: Arc::new(Mutex::new(State::default())),
         }
     }
 
@@ -782,6 +809,37 @@ impl<C: Competitor> Synchronizer<C> {
         Queue::SLOT_BYTES
     }
 
+    /// Bytes a queued waiter's deadline costs on the shared timer's heap, on top of its queue
+    /// slot (an async waiter with a deadline has no `Sleep` of its own unless it is the head
+    /// waiting out a retry delay). A measurement aid for benchmarks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::MemoryCompetitor};
+    /// assert!(Synchronizer::<MemoryCompetitor>::deadline_bytes() <= 16);
+    /// ```
+    #[cfg(feature = "test-util")]
+    pub const fn deadline_bytes() -> usize {
+        Queue::TIMER_BYTES
+    }
+
+    /// Whether the shared deadline timer's task is running (it runs while queued async
+    /// waiters have deadlines, and finishes when the last of them leaves). A testing aid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert!(!sync.deadline_timer_running());
+    /// ```
+    #[cfg(feature = "test-util")]
+    pub fn deadline_timer_running(&self) -> bool {
+        self.lock().timers.running()
+    }
+
     pub(crate) fn competitor_arc(&self) -> &Arc<C> {
         &self.competitor
     }
@@ -836,6 +894,7 @@ impl<C: Competitor> Synchronizer<C> {
                     deadline,
                     immediate,
                     passable,
+                    shared_timer: T::SHARED,
                 };
                 match self.decide(&mut slot, entry, now, retry) {
                     Step::LocallyBusy => return Err(self.busy(None)),
@@ -899,7 +958,15 @@ impl<C: Competitor> Synchronizer<C> {
                             };
                         }
                     }
-                    Step::Park { key, cond, until } => {
+                    Step::Park {
+                        key,
+                        cond,
+                        until,
+                        shared,
+                    } => {
+                        if shared {
+                            crate::deadlines::ensure(&self.state);
+                        }
                         let timed = match until {
                             None => None,
                             Some(at) => match sleep.as_mut() {
@@ -945,6 +1012,7 @@ impl<C: Competitor> Synchronizer<C> {
             deadline,
             immediate,
             passable,
+            shared_timer,
         } = entry;
         let mut st = self.lock();
         let key = match slot.key {
@@ -959,6 +1027,9 @@ impl<C: Competitor> Synchronizer<C> {
                     return Step::TakePass {
                         remote: owner.remote,
                     };
+                }
+                if st.queue.is_expired(key) {
+                    return Step::Timeout;
                 }
                 key
             }
@@ -981,7 +1052,14 @@ impl<C: Competitor> Synchronizer<C> {
                     };
                 }
                 debug_assert!(!immediate, "an immediate acquire never queues");
-                let key = st.queue.push_back(passable);
+                let timer = match (deadline, now) {
+                    (Some(deadline), Some(now)) if shared_timer => {
+                        let empty = st.queue.no_deadlines();
+                        Some(st.timers.ticks(deadline, now, empty))
+                    }
+                    _ => None,
+                };
+                let key = st.queue.push_back(passable, timer);
                 slot.key = Some(key);
                 tracing::trace!(lock = %self.label, %holder, waiters = st.queue.len(), "queued");
                 key
@@ -990,11 +1068,15 @@ impl<C: Competitor> Synchronizer<C> {
         if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
             return Step::Timeout;
         }
+        // A deadline on the shared timer needs no sleep of the waiter's own.
+        let shared = st.queue.on_timer(key);
+        let deadline = if shared { None } else { deadline };
         if !st.queue.is_head(key) {
             return Step::Park {
                 key,
                 cond: Cond::Head,
                 until: deadline,
+                shared,
             };
         }
         // A hold is worth passing only if someone waits behind the head to take it.
@@ -1010,6 +1092,7 @@ impl<C: Competitor> Synchronizer<C> {
                 key,
                 cond: Cond::Free,
                 until: deadline,
+                shared,
             },
             None => match retry {
                 Retry::Now => Step::Attempt {
@@ -1036,6 +1119,7 @@ impl<C: Competitor> Synchronizer<C> {
                         (Some(at), Some(d)) => Some(at.min(d)),
                         (at, d) => at.or(d),
                     },
+                    shared,
                 },
             },
         };
@@ -1051,7 +1135,11 @@ impl<C: Competitor> Synchronizer<C> {
 
     fn poll_cond(&self, key: usize, cond: Cond, cx: &mut Context<'_>) -> bool {
         let mut st = self.lock();
+        // A timed waiter is also ready when its deadline expired, or when no timer task runs
+        // (its task was dropped with its runtime): it re-parks through `deadlines::ensure`.
         let ready = st.queue.node_mut(key).passed
+            || st.queue.is_expired(key)
+            || (st.queue.on_timer(key) && !st.timers.running())
             || match cond {
                 Cond::Head => st.queue.is_head(key),
                 Cond::Free => st.owner.is_none(),
@@ -1107,13 +1195,13 @@ impl<C: Competitor> Synchronizer<C> {
             };
             // The head leaves on a grant without waking its successor: the lock is now held
             // locally, and the successor is woken by the release.
-            let drained = match slot.key.take() {
+            let (drained, timer) = match slot.key.take() {
                 Some(key) => {
-                    let was_head = st.queue.remove(key);
+                    let (was_head, timer) = st.unlink(key);
                     debug_assert!(was_head, "only the head attempts from the queue");
-                    st.queue.is_empty()
+                    (st.queue.is_empty(), timer)
                 }
-                None => false,
+                None => (false, None),
             };
             // A different owner can only be recorded here if its remote hold already ended
             // (released remotely, local release not yet called; or lease lost): the remote
@@ -1133,16 +1221,19 @@ impl<C: Competitor> Synchronizer<C> {
             }
             st.owner = Some(new_owner);
             st.debug_check();
-            (new_owner, displaced, drained, unpassed)
+            (
+                new_owner,
+                displaced,
+                drained,
+                unpassed.into_iter().chain(timer),
+            )
         };
         let (depth, remote) = (new_owner.depth, new_owner.remote);
         if let Some(old) = displaced {
             tracing::debug!(lock = %self.label, %holder, displaced = %old, "grant displaced a local owner whose remote hold had ended");
             self.competitor.after_release(old);
         }
-        if let Some(waker) = unpassed {
-            waker.wake();
-        }
+        unpassed.for_each(Waker::wake);
         if drained {
             self.competitor.queue_drained();
         }
@@ -1158,7 +1249,7 @@ impl<C: Competitor> Synchronizer<C> {
         slot: &mut QueueSlot<'_, C>,
         grant: C::Grant,
     ) -> C::Grant {
-        let (drained, remote) = {
+        let (drained, remote, timer) = {
             let mut st = self.lock();
             let Some(key) = slot.key.take() else {
                 unreachable!("only a queued waiter is passed the hold")
@@ -1167,7 +1258,7 @@ impl<C: Competitor> Synchronizer<C> {
                 st.queue.node_mut(key).passed,
                 "the taker was passed the hold"
             );
-            let was_head = st.queue.remove(key);
+            let (was_head, timer) = st.unlink(key);
             debug_assert!(was_head, "only the head is passed the hold");
             let remote = match st.owner.as_mut() {
                 Some(o) if o.holder.is_none() => {
@@ -1177,8 +1268,11 @@ impl<C: Competitor> Synchronizer<C> {
                 _ => unreachable!("a passed head implies a passing owner"),
             };
             st.debug_check();
-            (st.queue.is_empty(), remote)
+            (st.queue.is_empty(), remote, timer)
         };
+        if let Some(timer) = timer {
+            timer.wake();
+        }
         if drained {
             self.competitor.queue_drained();
         }
@@ -1233,10 +1327,10 @@ impl<C: Competitor> Synchronizer<C> {
     /// was passed the hold passes it on to the next waiter if that one is passable, and
     /// otherwise frees the lock locally and gives the hold to `drop_pass`.
     fn leave(&self, key: usize) {
-        let (waker, drained, dropped) = {
+        let (waker, drained, dropped, timer) = {
             let mut st = self.lock();
             let passed = st.queue.node_mut(key).passed;
-            let was_head = st.queue.remove(key);
+            let (was_head, timer) = st.unlink(key);
             let mut dropped = None;
             if passed {
                 debug_assert!(was_head, "only the head is passed the hold");
@@ -1259,8 +1353,11 @@ impl<C: Competitor> Synchronizer<C> {
             } else {
                 None
             };
-            (waker, st.queue.is_empty(), dropped)
+            (waker, st.queue.is_empty(), dropped, timer)
         };
+        if let Some(timer) = timer {
+            timer.wake();
+        }
         if let Some(remote) = dropped {
             tracing::debug!(lock = %self.label, %remote, "a waiter passed the hold left; releasing it");
             self.competitor.drop_pass(remote);

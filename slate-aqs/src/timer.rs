@@ -24,6 +24,10 @@ pub(crate) trait Timer {
 
     /// Moves `sleep` to complete at `at` instead.
     fn reset(&self, sleep: Pin<&mut Self::Sleep>, at: Instant);
+
+    /// Queued waiters leave their deadlines to the synchronizer's shared timer (a tokio task)
+    /// instead of sleeping on their own.
+    const SHARED: bool = false;
 }
 
 /// tokio's timer: honours paused time (`tokio::time::pause`), needs a runtime with time
@@ -35,6 +39,8 @@ pub(crate) struct TokioTimer;
 #[cfg(not(slate_loom))]
 impl Timer for TokioTimer {
     type Sleep = tokio::time::Sleep;
+
+    const SHARED: bool = true;
 
     fn now(&self) -> Instant {
         tokio::time::Instant::now().into_std()

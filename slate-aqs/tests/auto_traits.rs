@@ -59,3 +59,23 @@ fn a_parked_waiter_fits_in_256_bytes() {
         "acquire_passable: {passable} B + slot {slot} B"
     );
 }
+
+/// The same budget for a parked waiter **with a deadline**: its deadline lives on the
+/// synchronizer's shared timer (16 bytes on a heap), not in a `Sleep` of its own
+/// (`tests/allocations.rs` checks that no per-waiter allocation comes with it).
+#[test]
+fn a_parked_waiter_with_a_deadline_fits_in_256_bytes() {
+    let sync = Synchronizer::new(
+        "a",
+        MemoryCompetitor::new(MemoryRemote::new()),
+        Duration::from_millis(5),
+    );
+    let slot = Synchronizer::<MemoryCompetitor>::queue_slot_bytes();
+    let deadline = Synchronizer::<MemoryCompetitor>::deadline_bytes();
+    let wait = Wait::for_duration(Duration::from_secs(1));
+    let fut = std::mem::size_of_val(&sync.acquire(HolderId::new(), wait));
+    assert!(
+        fut + slot + deadline <= 256,
+        "acquire with a deadline: {fut} B + slot {slot} B + deadline {deadline} B"
+    );
+}

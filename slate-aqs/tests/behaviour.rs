@@ -789,3 +789,154 @@ fn flag_waker_helper_records_wakes() {
     assert!(flag.take());
     assert!(!flag.take());
 }
+
+/// The shared deadline timer: waiters queued behind a holder with deadlines in any order time
+/// out each at its own deadline (tokio's paused clock: exactly), in deadline order, while an
+/// untimed waiter among them keeps its place; one task serves them all and finishes when the
+/// last timed waiter has left.
+#[test]
+fn queued_deadlines_fire_in_order_from_one_shared_timer() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        let owner = HolderId::new();
+        within(sync.acquire(owner, Wait::Forever)).await.unwrap();
+        let start = Instant::now();
+        let mut timed = Vec::new();
+        let mut plain = None;
+        for (i, after) in [300u64, 100, 0, 200, 400].into_iter().enumerate() {
+            let holder = HolderId::new();
+            if after == 0 {
+                plain = Some((holder, spawn_acquire(&sync, holder, Wait::Forever)));
+            } else {
+                let task = spawn_acquire(&sync, holder, until_instant(ms(after)));
+                let sync = sync.clone();
+                timed.push((
+                    after,
+                    tokio::spawn(async move {
+                        let out = task.await.unwrap();
+                        (out, Instant::now(), sync.waiters())
+                    }),
+                ));
+            }
+            until("queued", LIMIT, || sync.waiters() == i + 1).await;
+        }
+        assert!(sync.deadline_timer_running(), "timed waiters are queued");
+        for (after, task) in timed {
+            let (out, ended, _) = within(task).await.unwrap();
+            assert!(out.unwrap_err().is_timeout());
+            // tokio's timer rounds a deadline up to its next millisecond.
+            let late = ended - start;
+            assert!(
+                late >= ms(after) && late <= ms(after + 1),
+                "deadline {after} ms fired at {late:?}"
+            );
+        }
+        sync.check_invariants().unwrap();
+        until("the timer task finished", LIMIT, || {
+            !sync.deadline_timer_running()
+        })
+        .await;
+        assert_eq!(sync.waiters(), 1, "the untimed waiter is still queued");
+        let (holder, task) = plain.unwrap();
+        testing::release(&sync, owner).unwrap();
+        assert_eq!(within(task).await.unwrap().unwrap().holder, holder);
+    });
+}
+
+/// A timed waiter that leaves early (granted, or cancelled) takes its deadline off the shared
+/// timer, and the task finishes as soon as no deadline is left rather than sleeping until the
+/// last one it was armed for.
+#[test]
+fn the_timer_task_finishes_when_the_last_timed_waiter_leaves() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        let (a, b, c) = (HolderId::new(), HolderId::new(), HolderId::new());
+        within(sync.acquire(a, Wait::Forever)).await.unwrap();
+        let tb = spawn_acquire(&sync, b, until_instant(HOUR));
+        until("b queued", LIMIT, || sync.waiters() == 1).await;
+        let tc = spawn_acquire(&sync, c, until_instant(2 * HOUR));
+        until("c queued", LIMIT, || sync.waiters() == 2).await;
+        assert!(sync.deadline_timer_running());
+        tc.abort();
+        until("c left", LIMIT, || sync.waiters() == 1).await;
+        sync.check_invariants().unwrap();
+        assert!(
+            sync.deadline_timer_running(),
+            "b's deadline is still watched"
+        );
+        let before = Instant::now();
+        testing::release(&sync, a).unwrap();
+        within(tb).await.unwrap().unwrap();
+        until("the timer task finished", LIMIT, || {
+            !sync.deadline_timer_running()
+        })
+        .await;
+        // Paused clock: the task finished without the clock moving to its armed deadline.
+        assert!(
+            Instant::now() - before < ms(10),
+            "the task waited for its deadline"
+        );
+        sync.check_invariants().unwrap();
+    });
+}
+
+/// The timer task runs on the runtime of the waiter that started it. When that runtime shuts
+/// down, the task is dropped with it; a timed waiter queued from another runtime must still
+/// time out: it is woken, and starts a new task on its own runtime.
+#[test]
+fn a_timer_dropped_with_its_runtime_is_restarted_by_a_waiter_elsewhere() {
+    with_watchdog(Duration::from_secs(30), || {
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let second = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let sync = first.block_on(async { new_sync(SPIN).1 });
+        let owner = HolderId::new();
+        first.block_on(sync.acquire(owner, Wait::Forever)).unwrap();
+        // An untimed head, so that the waiters below are never woken for being next.
+        let head = {
+            let sync = sync.clone();
+            second.spawn(async move { sync.acquire(HolderId::new(), Wait::Forever).await })
+        };
+        second.block_on(until("head queued", LIMIT, || sync.waiters() == 1));
+        // A waiter on the first runtime starts the timer task there.
+        let early = {
+            let sync = sync.clone();
+            first.spawn(async move {
+                sync.acquire(HolderId::new(), Wait::for_duration(HOUR))
+                    .await
+            })
+        };
+        first.block_on(until("early queued", LIMIT, || sync.waiters() == 2));
+        assert!(sync.deadline_timer_running());
+        // A waiter on the second runtime, with a short deadline, relies on that task.
+        let late = {
+            let sync = sync.clone();
+            second.spawn(async move {
+                let start = std::time::Instant::now();
+                let out = sync
+                    .acquire(HolderId::new(), Wait::for_duration(ms(200)))
+                    .await;
+                (out, start.elapsed())
+            })
+        };
+        second.block_on(until("late queued", LIMIT, || sync.waiters() == 3));
+        // Shutting the first runtime down drops the timer task and the early waiter.
+        drop(early);
+        first.shutdown_background();
+        let (out, elapsed) = second
+            .block_on(async { timeout(Duration::from_secs(10), late).await })
+            .expect("the late waiter never timed out: nobody restarted the timer")
+            .unwrap();
+        assert!(out.unwrap_err().is_timeout());
+        assert!(elapsed >= ms(200), "timed out early, after {elapsed:?}");
+        sync.check_invariants().unwrap();
+        head.abort();
+        second.block_on(until("the head left", LIMIT, || sync.waiters() == 0));
+    });
+}

@@ -244,8 +244,21 @@ impl<'a> Harness<'a> {
     /// Polls woken waiters until nobody is woken any more.
     fn settle(&mut self) -> std::result::Result<(), String> {
         for _round in 0..10_000 {
-            let Some(pos) = self.waiters.iter().position(|w| w.fut.woken()) else {
-                return Ok(());
+            let pos = match self.waiters.iter().position(|w| w.fut.woken()) {
+                Some(pos) => pos,
+                None => {
+                    // Spawned tasks (the shared deadline timer) run on the runtime: let them
+                    // run, and stop once they woke nobody.
+                    self.rt.block_on(async {
+                        for _ in 0..4 {
+                            tokio::task::yield_now().await;
+                        }
+                    });
+                    match self.waiters.iter().position(|w| w.fut.woken()) {
+                        Some(pos) => pos,
+                        None => return Ok(()),
+                    }
+                }
             };
             self.poll_at(pos)?;
         }
