@@ -4,7 +4,7 @@
 //! Names: empty, 1 MB, 1025 bytes (refused); the longest allowed (1024 bytes), CR/LF, spaces,
 //! tabs, quotes, backslashes, Lua metacharacters and would-be script injections, glob
 //! characters, braces (the hash tag: `{}`, `}{`, `a}b`), names that spell another lock's
-//! derived keys (`a}:fence`, `a}:queue`, `a}:turn`, `a}:released`, `a}:req:<holder>`, and
+//! derived keys (`a}:fence`, `a}:queue`, `a}:turn`, `a}:holder`, `a}:released`, `a}:req:<holder>`, and
 //! `slate:{a}:fence` itself), a NUL byte, non-UTF-8 bytes (the API takes bytes).
 //!
 //! Expected: each name is either refused by a clear validation error (`InvalidInput` naming
@@ -87,6 +87,7 @@ fn accepted_names() -> Vec<Vec<u8>> {
         b"a}b",
         b"a}:queue",
         b"a}:turn",
+        b"a}:holder",
         b"a}:released",
         b"a}:req:00000000000000000000000000000001:1",
         b"slate:{a}:fence",
@@ -107,7 +108,14 @@ fn accepted_names() -> Vec<Vec<u8>> {
 /// The keys Slate derives from a lock key (see `slate-redis/src/keys.rs`).
 fn derived(lock_key: &[u8]) -> Vec<Vec<u8>> {
     let mut out = vec![lock_key.to_vec()];
-    for suffix in [&b":fence"[..], b":queue", b":turn", b":released", b":req:"] {
+    for suffix in [
+        &b":fence"[..],
+        b":queue",
+        b":turn",
+        b":holder",
+        b":released",
+        b":req:",
+    ] {
         let mut k = lock_key.to_vec();
         k.extend_from_slice(suffix);
         out.push(k);
@@ -529,10 +537,11 @@ async fn x3_release_and_force_unlock_never_touch_a_look_alike() {
     )
     .expect("client");
     let lease = Duration::from_millis(1000);
-    let pairs: [(&[u8], &[u8]); 9] = [
+    let pairs: [(&[u8], &[u8]); 10] = [
         (b"a", b"a}:fence"),
         (b"a", b"a}:queue"),
         (b"a", b"a}:turn"),
+        (b"a", b"a}:holder"),
         (b"a", b"a}:released"),
         (b"a", b"slate:{a}:fence"),
         (b"{}", b"}{"),

@@ -29,6 +29,9 @@ pub struct StatusReport {
     pub held: bool,
     /// That holder, when held.
     pub holder: Option<String>,
+    /// Who holds the lock now: `holder`, or the local holder its hold was passed to inside its
+    /// process (lock cohorting; as of the hold's last renewal).
+    pub current_holder: Option<String>,
     /// Per node, in the order given.
     pub nodes: Vec<NodeStatus>,
 }
@@ -63,6 +66,10 @@ pub struct HolderStatus {
     pub holder: String,
     /// Reentry count.
     pub count: u32,
+    /// The local holder this hold was passed to inside its process (lock cohorting), as of
+    /// the hold's last renewal; `null` when it was not passed. The holder id of a hold that
+    /// may be passed is minted for it, so this is who holds the lock now.
+    pub passed_to: Option<String>,
 }
 
 /// The majority quorum of the combination lock (`max(2, N/2 + 1)`), 1 for one node.
@@ -167,7 +174,15 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
                 holders: e
                     .holders
                     .into_iter()
-                    .map(|(holder, count)| HolderStatus { holder, count })
+                    .map(|(holder, count)| HolderStatus {
+                        passed_to: e
+                            .passed
+                            .as_ref()
+                            .filter(|(h, _)| *h == holder)
+                            .map(|(_, to)| to.clone()),
+                        holder,
+                        count,
+                    })
                     .collect(),
                 ttl_ms: e
                     .remaining
@@ -211,6 +226,14 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
         .filter(|(_, c)| *c >= quorum)
         .max_by_key(|(_, c)| *c)
         .map(|(h, _)| (*h).to_owned());
+    let current_holder = holder.as_ref().map(|h| {
+        nodes
+            .iter()
+            .flat_map(|n| n.holders.iter())
+            .find(|x| &x.holder == h)
+            .and_then(|x| x.passed_to.clone())
+            .unwrap_or_else(|| h.clone())
+    });
     Ok(StatusReport {
         lock: name.to_owned(),
         prefix: prefix.to_owned(),
@@ -222,6 +245,7 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
         quorum,
         held: holder.is_some(),
         holder,
+        current_holder,
         nodes,
     })
 }
@@ -233,7 +257,13 @@ pub fn render(report: &StatusReport) -> String {
     let n = report.nodes.len();
     let answered = report.nodes.iter().filter(|n| n.ok).count();
     let head = match (&report.holder, report.kind) {
-        (Some(h), "single") => format!("held by {h}"),
+        (Some(h), "single") => match &report.current_holder {
+            Some(now) if now != h => format!(
+                "held by {now} (the hold of {h}, passed to it inside its process; as of the \
+                 hold's last renewal)"
+            ),
+            _ => format!("held by {h}"),
+        },
         (Some(h), _) => format!(
             "held by {h} on {} of {n} nodes (quorum {})",
             report
@@ -468,5 +498,42 @@ mod tests {
             &[["ccc".to_owned(), "d".to_owned()]],
         );
         assert_eq!(t, "a    bb\nccc  d\n");
+    }
+
+    /// A hold passed inside its process is shown under the holder it serves now.
+    #[test]
+    fn a_passed_hold_is_shown_under_its_current_holder() {
+        let node = |passed_to: Option<&str>| NodeStatus {
+            index: 0,
+            address: "127.0.0.1:6379".to_owned(),
+            ok: true,
+            error: None,
+            holders: vec![HolderStatus {
+                holder: "minted:1".to_owned(),
+                count: 1,
+                passed_to: passed_to.map(str::to_owned),
+            }],
+            ttl_ms: Some(900),
+            fence: 9,
+            slot: None,
+            owner: None,
+        };
+        let report = |passed_to: Option<&str>| StatusReport {
+            lock: "a".to_owned(),
+            prefix: "slate:".to_owned(),
+            kind: "single",
+            quorum: 1,
+            held: true,
+            holder: Some("minted:1".to_owned()),
+            current_holder: Some(passed_to.unwrap_or("minted:1").to_owned()),
+            nodes: vec![node(passed_to)],
+        };
+        let passed = render(&report(Some("task:7")));
+        assert!(
+            passed.contains("held by task:7 (the hold of minted:1, passed to it"),
+            "{passed}"
+        );
+        let plain = render(&report(None));
+        assert!(plain.contains("): held by minted:1\n"), "{plain}");
     }
 }

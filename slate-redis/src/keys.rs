@@ -14,6 +14,7 @@ use slate_core::LockName;
 /// | waiting processes | `<prefix>{<name>}:queue` | sorted set of the processes waiting, FIFO; TTL = lease |
 /// | turn | `<prefix>{<name>}:turn` | which process a free lock is reserved for; TTL = lease |
 /// | request record | `<prefix>{<name>}:req:<holder>` | the holder's last acquire or release request and its answer, so that a retry does not apply twice; TTL = the retry window (2 × command timeout) |
+/// | current holder | `<prefix>{<name>}:holder` | `<remote holder> <holder>`: the local holder a hold was passed to inside its process (lock cohorting), written by the hold's renewals, read by `slate status`; TTL = lease |
 ///
 /// The name's bytes go in verbatim, between braces, so that every key and the channel of one
 /// lock share one cluster hash slot: Redis hashes the bytes between the first `{` of a key
@@ -35,6 +36,7 @@ pub(crate) struct Keys {
     pub(crate) channel: Arc<[u8]>,
     pub(crate) queue: Arc<[u8]>,
     pub(crate) turn: Arc<[u8]>,
+    pub(crate) holder: Arc<[u8]>,
 }
 
 impl Keys {
@@ -67,6 +69,7 @@ impl Keys {
             channel: with(b":released"),
             queue: with(b":queue"),
             turn: with(b":turn"),
+            holder: with(b":holder"),
             lock: Arc::from(lock),
         }
     }

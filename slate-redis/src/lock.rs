@@ -205,6 +205,7 @@ impl RedisCompetitor {
                 .options
                 .fence_expiry()
                 .map(|idle| (self.keys.fence.clone(), idle)),
+            alias: Some(self.keys.holder.clone()),
             holder,
             lease: self.options.lease(),
             period: self.options.renewal_period(),
@@ -723,7 +724,12 @@ impl Competitor for RedisCompetitor {
             .as_mut()
             .filter(|c| c.remote == remote && c.token < c.last)?;
         let renewal = &self.client.inner.renewal;
-        let watch = renewal.pass(&self.keys.lock, remote, min_validity(self.options.lease()))?;
+        let watch = renewal.pass(
+            &self.keys.lock,
+            remote,
+            min_validity(self.options.lease()),
+            to,
+        )?;
         c.token += 1;
         c.holds += 1;
         tracing::debug!(lock = %self.label, %remote, holder = %to, token = c.token, "took a passed hold");

@@ -127,6 +127,10 @@ pub struct NodeEntries {
     pub remaining: Option<Duration>,
     /// The fencing counter.
     pub fence: u64,
+    /// `(holder, local holder)`: the hold of `holder` (one of `holders`) was passed inside its
+    /// process to `local holder` (lock cohorting), as of the hold's last renewal. A hold's
+    /// id is minted for it when it may be passed, so this names who holds the lock now.
+    pub passed: Option<(String, String)>,
 }
 
 /// What the renewal service needs to renew one node entry.
@@ -426,6 +430,7 @@ impl RedisClient {
                 key: keys.keys.lock.clone(),
                 turn: None,
                 fence: None,
+                alias: None,
                 holder,
                 lease: hold.lease,
                 period: hold.period,
@@ -449,7 +454,7 @@ impl RedisClient {
     ) -> Option<LeaseWatch> {
         self.inner
             .renewal
-            .pass(&keys.keys.lock, holder, min_validity(lease))
+            .pass(&keys.keys.lock, holder, min_validity(lease), holder)
     }
 
     /// Whether [`node_pass_renewal`](Self::node_pass_renewal) would succeed now.
@@ -480,22 +485,30 @@ impl RedisClient {
     ///
     /// Cancel safe (a read).
     pub async fn node_inspect(&self, keys: &NodeKeys) -> Result<NodeEntries> {
-        let (lock_key, fence): (&[u8], &[u8]) = (&keys.keys.lock, &keys.keys.fence);
+        let (lock_key, fence, alias): (&[u8], &[u8], &[u8]) =
+            (&keys.keys.lock, &keys.keys.fence, &keys.keys.holder);
         let reply: Vec<redis::Value> = self
             .exec("inspect script", |mut c| async move {
                 INSPECT
                     .key(&*lock_key)
                     .key(&*fence)
+                    .key(&*alias)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         let bad = || unexpected_reply("inspect script", self.address(), "malformed reply");
         let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).map_err(|_| bad());
-        let (pttl, fence, rest) = match reply.as_slice() {
-            [p, f, rest @ ..] if rest.len() % 2 == 0 => (int(p)?, int(f)?, rest),
+        let (pttl, fence, passed, rest) = match reply.as_slice() {
+            [p, f, passed, rest @ ..] if rest.len() % 2 == 0 => {
+                let passed: String = redis::from_redis_value_ref(passed).map_err(|_| bad())?;
+                (int(p)?, int(f)?, passed, rest)
+            }
             _ => return Err(bad()),
         };
+        let passed = passed
+            .split_once(' ')
+            .map(|(h, to)| (h.to_owned(), to.to_owned()));
         let mut holders = Vec::with_capacity(rest.len() / 2);
         for pair in rest.chunks(2) {
             let h: String = redis::from_redis_value_ref(&pair[0]).map_err(|_| bad())?;
@@ -506,6 +519,7 @@ impl RedisClient {
             holders,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
             fence: u64::try_from(fence).unwrap_or(0),
+            passed,
         })
     }
 }

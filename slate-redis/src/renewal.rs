@@ -60,6 +60,9 @@ pub(crate) struct Hold {
     pub(crate) turn: Option<Arc<[u8]>>,
     /// The fencing counter and its expiry, when it expires (reset with every renewal).
     pub(crate) fence: Option<(Arc<[u8]>, Duration)>,
+    /// Where renewals record the local holder a passed hold now serves (single lock; `None`
+    /// for node entries): see `Keys::holder`.
+    pub(crate) alias: Option<Arc<[u8]>>,
     pub(crate) holder: HolderId,
     pub(crate) lease: Duration,
     pub(crate) period: Duration,
@@ -90,6 +93,9 @@ struct Registration {
     /// Releases of this holder that are on their way to the server: a renewal answering 0
     /// meanwhile is the release's doing, not a loss.
     releasing: u32,
+    /// The local holder the hold was last passed to (lock cohorting): renewals record it
+    /// under `hold.alias`, so that `slate status` names it.
+    current: Option<HolderId>,
 }
 
 #[derive(Default)]
@@ -173,6 +179,7 @@ impl Renewal {
                 in_flight: false,
                 retrying: false,
                 releasing: 0,
+                current: None,
             },
         );
         let wake = cap.map_or(next_due, |c| c.min(next_due));
@@ -195,11 +202,15 @@ impl Renewal {
     /// lease watch of its own and its max hold starts now, as if it had acquired remotely.
     /// Answers the new watch, or `None` (nothing changed) if the hold is lost, capped, or has
     /// less than `min_validity` left: it is not worth passing then.
+    ///
+    /// `to` is the holder the hold now serves: the hold's next renewals record it (see
+    /// `Keys::holder`), nothing is sent now.
     pub(crate) fn pass(
         &self,
         key: &Arc<[u8]>,
         holder: HolderId,
         min_validity: Duration,
+        to: HolderId,
     ) -> Option<LeaseWatch> {
         let now = Instant::now();
         let mut st = lock(&self.shared.state);
@@ -211,6 +222,7 @@ impl Renewal {
         reg.keeper = keeper;
         // A later cap than the one it replaces: the service's wake-up needs no change.
         reg.cap = reg.hold.max_hold.and_then(|m| now.checked_add(m));
+        reg.current = Some(to);
         Some(watch)
     }
 
@@ -293,6 +305,7 @@ struct Due {
     key: RegKey,
     turn: Option<Arc<[u8]>>,
     fence: Option<(Arc<[u8]>, Duration)>,
+    alias: Option<(Arc<[u8]>, HolderId)>,
     generation: u64,
     lease: Duration,
 }
@@ -385,6 +398,7 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
                         key: key.clone(),
                         turn: reg.hold.turn.clone(),
                         fence: reg.hold.fence.clone(),
+                        alias: reg.hold.alias.clone().zip(reg.current),
                         generation: reg.generation,
                         lease: reg.hold.lease,
                     });
@@ -478,13 +492,7 @@ async fn renew_pipeline(
     let build = |items: &[&Due]| {
         let mut pipe = redis::pipe();
         for due in items {
-            pipe.add_command(scripts::renew_cmd(
-                &due.key.0,
-                due.turn.as_deref(),
-                due.fence.as_ref(),
-                due.key.1,
-                due.lease,
-            ));
+            pipe.add_command(renew_cmd(due));
         }
         pipe.ignore_errors();
         pipe
@@ -524,13 +532,7 @@ async fn renew_pipeline(
     let mut pipe = redis::pipe();
     pipe.add_command(scripts::RENEW.load_cmd()).ignore();
     for due in retry {
-        pipe.add_command(scripts::renew_cmd(
-            &due.key.0,
-            due.turn.as_deref(),
-            due.fence.as_ref(),
-            due.key.1,
-            due.lease,
-        ));
+        pipe.add_command(renew_cmd(due));
     }
     pipe.ignore_errors();
     let pipe = &pipe;
@@ -552,6 +554,7 @@ fn renew_cmd(due: &Due) -> redis::Cmd {
         due.fence.as_ref(),
         due.key.1,
         due.lease,
+        due.alias.as_ref().map(|(key, to)| (&**key, *to)),
     )
 }
 
@@ -754,6 +757,7 @@ mod tests {
                 key: Arc::from(b"k".as_slice()),
                 turn: None,
                 fence: None,
+                alias: None,
                 holder: HolderId::new(),
                 lease,
                 period,
@@ -769,6 +773,7 @@ mod tests {
             in_flight: false,
             retrying: false,
             releasing: 0,
+            current: None,
         }
     }
 

@@ -79,9 +79,27 @@ pub(crate) fn renew_cmd(
     fence: Option<&(Arc<[u8]>, Duration)>,
     holder: HolderId,
     lease: Duration,
+    alias: Option<(&[u8], HolderId)>,
 ) -> Cmd {
     let holder = holder.to_string();
     let ms = lease_ms(lease).to_string();
+    if let (Some(turn), Some((alias, to))) = (turn, alias) {
+        // KEYS[3] is the fence only with a fence expiry (ARGV[3]); else a placeholder.
+        let (fence, idle) = match fence {
+            Some((fence, idle)) => (&**fence, lease_ms(*idle).to_string()),
+            None => (turn, String::new()),
+        };
+        let to = to.to_string();
+        return RENEW.evalsha_cmd(
+            &[key, turn, fence, alias],
+            &[
+                holder.as_bytes(),
+                ms.as_bytes(),
+                idle.as_bytes(),
+                to.as_bytes(),
+            ],
+        );
+    }
     match (turn, fence) {
         (Some(turn), Some((fence, idle))) => {
             let idle = lease_ms(*idle).to_string();

@@ -250,3 +250,46 @@ async fn a_passed_hold_reports_its_loss_to_the_current_holder(server: Deployment
     lock.lock().await.unwrap().unlock().await.unwrap();
 }
 crate::per_topology!(a_passed_hold_reports_its_loss_to_the_current_holder);
+
+/// An operator's status read (`slate status`, `node_inspect`) names the holder a hold was
+/// passed to, not only the hold's minted id: the hold's renewals record it (no round trip at
+/// the pass itself). Fails without that record: `passed` stays `None`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_read_names_the_holder_a_hold_was_passed_to() {
+    let server = server();
+    let client = client(&server);
+    // A 600 ms lease renews every 200 ms.
+    let lock = lock(&client, "cohort-status", Duration::from_millis(600));
+    let (_, _, g2) = passed_hold(&lock, Duration::ZERO).await;
+    let remote = lock.hold_count(g2.holder()).await.unwrap();
+    assert_eq!(remote, 1);
+    let keys = slate_redis::node::NodeKeys::new(
+        lock.options().key_prefix(),
+        &slate_redis::LockName::new("cohort-status").unwrap(),
+    );
+    let expected = g2.holder().to_string();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let entries = loop {
+        let entries = client.node_inspect(&keys).await.unwrap();
+        if entries
+            .passed
+            .as_ref()
+            .is_some_and(|(_, to)| *to == expected)
+        {
+            break entries;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no renewal recorded the passed holder within 5 s: {entries:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The record names the hold it belongs to, which is the hash's only holder.
+    let (hold, _) = entries.passed.clone().unwrap();
+    assert_eq!(entries.holders, vec![(hold, 1)]);
+    assert_ne!(entries.holders[0].0, expected, "the hold's id is minted");
+    g2.unlock().await.unwrap();
+    // Once released, the record names no current hold and is not shown.
+    let after = client.node_inspect(&keys).await.unwrap();
+    assert_eq!(after.passed, None, "{after:?}");
+}

@@ -104,32 +104,29 @@ local function enqueue(now)
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then
     local tenure = 1
-    if pid ~= '' then
+    -- The turn's bookkeeping is skipped while no turn is kept and no process is queued (one
+    -- EXISTS over both keys instead of HMGET, TIME, ZREM, HSET and PEXPIRE): nobody waits, so
+    -- there is no order to keep; a release that then finds no turn counts this acquisition
+    -- as the first of a row (release.lua). Under contention it costs one command more.
+    if pid ~= '' and redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
         local turn = redis.call('HMGET', KEYS[4], 'o', 'u', 'n')
         local owner = turn[1]
-        -- The turn's bookkeeping is skipped while no turn is kept and no process is queued
-        -- (one EXISTS instead of TIME, ZREM, HSET and PEXPIRE): nobody waits, so there is no
-        -- order to keep; a release that then finds no turn counts this acquisition as the
-        -- first of a row (release.lua). Under contention the turn exists and this costs
-        -- nothing more than before.
-        if owner or redis.call('EXISTS', KEYS[3]) == 1 then
-            if owner then
-                local now = now_ms()
-                local until_ms = tonumber(turn[2])
-                if owner == pid then
-                    tenure = tonumber(turn[3]) + 1
-                elseif until_ms > now then
-                    enqueue(now)
-                    return {0, until_ms - now}
-                else
-                    -- The reserved process did not claim its turn in time: it leaves the queue.
-                    redis.call('ZREM', KEYS[3], owner)
-                end
+        if owner then
+            local now = now_ms()
+            local until_ms = tonumber(turn[2])
+            if owner == pid then
+                tenure = tonumber(turn[3]) + 1
+            elseif until_ms > now then
+                enqueue(now)
+                return {0, until_ms - now}
+            else
+                -- The reserved process did not claim its turn in time: it leaves the queue.
+                redis.call('ZREM', KEYS[3], owner)
             end
-            redis.call('ZREM', KEYS[3], pid)
-            redis.call('HSET', KEYS[4], 'o', pid, 'u', 0, 'n', tenure)
-            redis.call('PEXPIRE', KEYS[4], ARGV[2])
         end
+        redis.call('ZREM', KEYS[3], pid)
+        redis.call('HSET', KEYS[4], 'o', pid, 'u', 0, 'n', tenure)
+        redis.call('PEXPIRE', KEYS[4], ARGV[2])
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])

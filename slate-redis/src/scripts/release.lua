@@ -80,14 +80,14 @@ if pid == '' then
     redis.call(publish, KEYS[2], '')
     return 0
 end
-local turn = redis.call('HMGET', KEYS[4], 'o', 'n')
 -- No turn is kept and no process is queued: no other process waits (a waiting process's head
 -- is queued by its busy answer), so there is nobody to wake and no turn to keep (one EXISTS
--- instead of TIME, ZREM, ZRANGE, DEL and PUBLISH). The caller's own waiters take the free
--- lock next.
-if not turn[1] and redis.call('EXISTS', KEYS[3]) == 0 then
+-- over both keys instead of HMGET, TIME, ZREM, ZRANGE, DEL and PUBLISH). The caller's own
+-- waiters take the free lock next.
+if redis.call('EXISTS', KEYS[3], KEYS[4]) == 0 then
     return 0
 end
+local turn = redis.call('HMGET', KEYS[4], 'o', 'n')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local reserve = tonumber(ARGV[6])
