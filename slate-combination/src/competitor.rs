@@ -1,11 +1,11 @@
 //! The combination lock's remote attempt: the I/O around [`decision::AttemptState`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use slate_aqs::{Attempt, Competitor};
+use slate_aqs::{Attempt, Competitor, Notifications};
 use slate_core::lease::{self, LeaseWatch};
 use slate_core::{
     BackendKind, Error, FencingToken, HolderId, LockOptions, NodeReport, NodeState, Result,
@@ -60,6 +60,13 @@ pub(crate) struct Inner {
     pub(crate) order: Order,
     pub(crate) runtime: Handle,
     holds: Mutex<HashMap<HolderId, Hold>>,
+    /// Release notifications (see `prepare_wait`): what a release message wakes, the node
+    /// the last busy attempt found held (whose holder's release publishes there), when that
+    /// attempt started, and the nodes subscribed to while the queue is not empty.
+    waiters: Weak<crate::lock::Shared>,
+    busy_at: Mutex<Option<usize>>,
+    last_attempt: Mutex<Option<Instant>>,
+    subscribed: Mutex<Vec<usize>>,
 }
 
 /// The Redis side of the combination lock, driven by the synchronizer.
@@ -83,9 +90,14 @@ impl CombinationCompetitor {
         budget: Duration,
         order: Order,
         runtime: Handle,
+        waiters: Weak<crate::lock::Shared>,
     ) -> Self {
         CombinationCompetitor {
             inner: Arc::new(Inner {
+                waiters,
+                busy_at: Mutex::new(None),
+                last_attempt: Mutex::new(None),
+                subscribed: Mutex::new(Vec::new()),
                 nodes,
                 keys,
                 label,
@@ -219,6 +231,7 @@ impl Inner {
     /// A walk over the nodes; `block` > 1 reserves that many fencing tokens for local passes.
     async fn first_level(self: &Arc<Self>, holder: HolderId, block: u32) -> Result<Attempt<Grant>> {
         let start = Instant::now();
+        *lock(&self.last_attempt) = Some(start);
         let usable = self.nodes.usable_for_attempt(&self.keys).await;
         let usable_count = usable.iter().filter(|u| **u).count();
         let mut state = AttemptState::new(usable, self.required, self.budget, self.order);
@@ -274,6 +287,7 @@ impl Inner {
                 }
                 Next::Busy { at, release } => {
                     tracing::trace!(lock = %self.label, %holder, at, "busy");
+                    *lock(&self.busy_at) = Some(at);
                     self.release_attempt(&release, holder, start).await;
                     return Ok(Attempt::Busy { retry_after });
                 }
@@ -721,6 +735,47 @@ impl Competitor for CombinationCompetitor {
 
     fn after_release(&self, holder: HolderId) {
         self.inner.end_hold(holder);
+    }
+
+    /// Subscribes to the release messages of the node the last attempt found held: whoever
+    /// holds it there releases it, and every holder releases its nodes right to left, so
+    /// the message on the leftmost node it holds comes when its whole release is done. One
+    /// node, not all: a message per node would wake the head once per node, and the first
+    /// (from a right-hand node, released first) would find the others still held. If that
+    /// node's pub/sub connection is down (a dead, paused or quarantined node), this answers
+    /// [`Notifications::Off`] and the head waits its spin wait: never a hang.
+    fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
+        let inner = self.inner.clone();
+        async move {
+            let busy_at = *lock(&inner.busy_at);
+            let (Some(i), Some(target)) = (busy_at, inner.waiters.upgrade()) else {
+                return Notifications::Off;
+            };
+            {
+                let mut subscribed = lock(&inner.subscribed);
+                if !subscribed.contains(&i) {
+                    subscribed.push(i);
+                }
+            }
+            let sent = *lock(&inner.last_attempt);
+            inner
+                .nodes
+                .node(i)
+                .client
+                .node_subscribe(&inner.keys, &target, sent)
+                .await
+        }
+    }
+
+    fn queue_drained(&self) {
+        let nodes = std::mem::take(&mut *lock(&self.inner.subscribed));
+        for i in nodes {
+            self.inner
+                .nodes
+                .node(i)
+                .client
+                .node_unsubscribe(&self.inner.keys);
+        }
     }
 
     fn abandon(&self, holder: HolderId, grant: Grant) {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -26,6 +26,13 @@ pub(crate) struct Shared {
     name: LockName,
 }
 
+/// A release published on a node wakes the head of this lock's local queue.
+impl slate_redis::node::NodeReleased for Shared {
+    fn released(&self) {
+        self.sync.notify_released();
+    }
+}
+
 /// A reentrant, leased, fenced lock held across N independent Redis masters, so that losing
 /// nodes (fewer than N − quorum + 1... i.e. while a quorum remains) does not lose the lock.
 ///
@@ -42,9 +49,15 @@ pub(crate) struct Shared {
 /// - **Release**: one level on every node held, in reverse order, going on past failures
 ///   ([`Error::ReleaseIncomplete`] lists them).
 /// - **Fencing token**: see the crate documentation.
-/// - **Waiting**: local waiters queue in FIFO order; only the head attempts. There is no unlock
-///   notification across nodes yet: a parked head retries after the spin wait or the holder's
-///   remaining lease, whichever is shorter.
+/// - **Waiting**: local waiters queue in FIFO order; only the head attempts. A head told busy
+///   subscribes to the release messages of the node its attempt found held (every node
+///   publishes when an entry's last level is released) and retries when one arrives, or after
+///   the spin wait or the holder's remaining lease, whichever is shorter. One node, not all:
+///   a holder releases its nodes right to left, so the node the head found held (the leftmost
+///   one in the pipelined order, the first one held in the sequential order) is freed last of
+///   those the head has to get past, and one message per release wakes the head once. A
+///   notifying node that dies or hangs leaves the head on its spin wait, never hung. The
+///   subscription is dropped when the local queue drains.
 /// - **Local passes (lock cohorting)**: callers whose holder is minted by the call
 ///   (`lock()`, `try_lock_for()`, `try_lock_until()` and the blocking twins, outside a
 ///   [`HolderId::scope`]) that wait behind each other share holds: the one that wins from the
@@ -305,20 +318,24 @@ impl CombinationLockBuilder {
         let label: Arc<str> = Arc::from(name.to_string());
         let keys = NodeKeys::new(options.key_prefix(), &name);
         let spin = options.spin_wait();
-        let competitor = CombinationCompetitor::new(
-            self.nodes,
-            keys,
-            label.clone(),
-            options,
-            required,
-            budget,
-            self.order,
-            runtime,
-        );
-        let sync = Synchronizer::new(Arc::clone(&label), competitor, spin);
-        Ok(CombinationLock {
-            shared: Arc::new(Shared { sync, name }),
-        })
+        let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
+            let competitor = CombinationCompetitor::new(
+                self.nodes,
+                keys,
+                label.clone(),
+                options,
+                required,
+                budget,
+                self.order,
+                runtime,
+                me.clone(),
+            );
+            Shared {
+                sync: Synchronizer::new(Arc::clone(&label), competitor, spin),
+                name,
+            }
+        });
+        Ok(CombinationLock { shared })
     }
 }
 

@@ -16,7 +16,7 @@
 //! lost has expired by then everywhere else too) and writes the marker again with
 //! [`RedisClient::node_mark`].
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::{Duration, Instant};
 
 use redis::Script;
@@ -25,9 +25,11 @@ use slate_core::{FencingToken, HolderId, LeaseWatch, LockName, Result};
 use crate::client::{RedisClient, unexpected_reply};
 use crate::keys::Keys;
 use crate::lock::{Acquire, Release, Turn, acquire_remote, min_validity, release_remote};
+use crate::notify::ReleaseTarget;
 use crate::renewal::{self, Hold};
 use crate::request;
 use crate::scripts::FORCE_UNLOCK;
+use slate_aqs::Notifications;
 
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
@@ -116,6 +118,24 @@ pub struct ServerInfo {
     pub run_id: String,
     /// How long the server has been up (second resolution).
     pub uptime: Duration,
+}
+
+/// What a node's release message wakes (see [`RedisClient::node_subscribe`]): a multi-node
+/// lock's local queue.
+pub trait NodeReleased: Send + Sync + 'static {
+    /// A release of the lock was published on the node.
+    fn released(&self);
+}
+
+impl<T: NodeReleased> ReleaseTarget for T {
+    fn released(&self) {
+        NodeReleased::released(self);
+    }
+
+    /// Node entries are released to anyone (no turn): the message is empty.
+    fn queue_id(&self) -> &str {
+        ""
+    }
 }
 
 /// One lock's state on one server (see [`RedisClient::node_inspect`]).
@@ -468,6 +488,45 @@ impl RedisClient {
         self.inner
             .renewal
             .can_pass(&keys.keys.lock, holder, min_validity(lease))
+    }
+
+    /// Asks this node's pub/sub connection for the lock's release messages (a release of a
+    /// level that ends an entry publishes on the lock's channel; a node entry's release is
+    /// addressed to anyone): each message calls `target.released()` until
+    /// [`node_unsubscribe`](Self::node_unsubscribe). `attempt_sent` is when the attempt that
+    /// was just told busy was sent: the answer is [`Notifications::Live`] only if the
+    /// subscription was confirmed before it (a release after that attempt is then delivered),
+    /// [`Notifications::Started`] if it was confirmed now (a release may have slipped in: try
+    /// again once), [`Notifications::Off`] if the node's pub/sub connection is down.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a subscription that is confirmed after the future was dropped stays until
+    /// `node_unsubscribe`.
+    pub async fn node_subscribe<T: NodeReleased>(
+        &self,
+        keys: &NodeKeys,
+        target: &Arc<T>,
+        attempt_sent: Option<Instant>,
+    ) -> Notifications {
+        let target: Weak<dyn ReleaseTarget> = Arc::downgrade(target) as Weak<T>;
+        let client = self.clone();
+        let channel = keys.keys.channel.clone();
+        self.on_runtime(async move {
+            Ok(client
+                .inner
+                .notifier
+                .subscribe(&client, &channel, target, attempt_sent)
+                .await)
+        })
+        .await
+        .unwrap_or(Notifications::Off)
+    }
+
+    /// Drops the subscription [`node_subscribe`](Self::node_subscribe) made (the lock's queue
+    /// is empty).
+    pub fn node_unsubscribe(&self, keys: &NodeKeys) {
+        self.inner.notifier.unsubscribe(self, &keys.keys.channel);
     }
 
     /// Stops renewing `holder`'s entry.

@@ -252,10 +252,20 @@ impl Notifier {
         let rx = {
             let mut st = lock(&self.state);
             let up = st.up;
-            let entry = st.channels.entry(channel.clone()).or_insert(Channel {
-                target,
-                confirmed_at: None,
-            });
+            // A lock dropped and built again under the same name finds the old entry while it
+            // lingers: the new lock takes it over.
+            let entry = st
+                .channels
+                .entry(channel.clone())
+                .and_modify(|c| {
+                    if c.target.strong_count() == 0 {
+                        c.target = target.clone();
+                    }
+                })
+                .or_insert(Channel {
+                    target,
+                    confirmed_at: None,
+                });
             if let (Some(at), true) = (entry.confirmed_at, up) {
                 return match attempt_sent {
                     Some(sent) if at <= sent => Notifications::Live,

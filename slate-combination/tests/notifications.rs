@@ -1,0 +1,121 @@
+//! Issue 15, item 1: release notifications across processes for the combination lock.
+//!
+//! A head parked in one process is woken by another process's release (pub/sub on the node
+//! its attempt found held), not by its spin wait; a notifying node that dies or hangs while
+//! heads are parked degrades them to the spin wait, never to a hang.
+//!
+//! "Processes" are separate node-set views (their own clients, connections, pub/sub
+//! connections and queues), as in the other real-node tests.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ecosphere::server::RedisServer;
+use slate_combination::{CombinationLock, NodeSet, Order};
+
+/// Subscribers of the lock's release channel on `server`.
+fn subscribers(server: &RedisServer, name: &str) -> i64 {
+    let channel = format!("slate:{{{name}}}:released");
+    let reply: Vec<redis::Value> =
+        redis::from_redis_value(server.command(&["PUBSUB", "NUMSUB", &channel]).unwrap()).unwrap();
+    redis::from_redis_value(reply[1].clone()).unwrap()
+}
+
+fn lock_with_spin(nodes: &NodeSet, name: &str, order: Order, spin: Duration) -> CombinationLock {
+    CombinationLock::builder(nodes, name)
+        .lease(Duration::from_secs(5))
+        .spin_wait(spin)
+        .order(order)
+        .build()
+        .expect("lock")
+}
+
+/// A release in one process wakes the head parked in another at once: with a 30 s spin wait,
+/// the head acquires within 3 s of the release. Fails without notifications (the head would
+/// sleep out its 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_in_another_process_wakes_the_parked_head() {
+    let servers = servers(3);
+    for order in [Order::Sequential, Order::Pipelined] {
+        let name = format!("notify-{order:?}");
+        let a_nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
+        adopt(&a_nodes).await;
+        let b_nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
+        let a = lock_with_spin(&a_nodes, &name, order, Duration::from_secs(30));
+        let b = lock_with_spin(&b_nodes, &name, order, Duration::from_secs(30));
+        let held = a.lock().await.unwrap();
+        let waiter = tokio::spawn(async move {
+            let guard = b.lock().await.unwrap();
+            (Instant::now(), guard)
+        });
+        // B's head found node 0 held (both orders ask it first) and subscribed there.
+        wait_for(Duration::from_secs(5), "B's subscription on node 0", || {
+            (subscribers(&servers[0], &name) == 1).then_some(())
+        })
+        .await;
+        let released = Instant::now();
+        held.unlock().await.unwrap();
+        let (acquired, guard) = tokio::time::timeout(Duration::from_secs(3), waiter)
+            .await
+            .expect("the parked head was not woken by the release")
+            .unwrap();
+        assert!(acquired >= released);
+        guard.unlock().await.unwrap();
+        // The queue drained: the subscription goes (after the notifier's linger).
+        wait_for(Duration::from_secs(5), "the subscription to end", || {
+            (subscribers(&servers[0], &name) == 0).then_some(())
+        })
+        .await;
+    }
+}
+
+/// The notifying node dies (killed) or hangs (paused) while a head is parked on it: the
+/// holder's release reaches only the other nodes, which the head does not listen to, and the
+/// head still gets the lock on its spin wait (0.5 s here), within the node operation time
+/// and the retry of the dead node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_notifying_node_degrades_to_the_spin_wait() {
+    for fault in ["kill", "pause"] {
+        let mut servers = servers(3);
+        let name = format!("notify-lost-{fault}");
+        let a_nodes = view_of(urls(&servers), opts(Duration::from_millis(300)));
+        adopt(&a_nodes).await;
+        let b_nodes = view_of(urls(&servers), opts(Duration::from_millis(300)));
+        let a = lock_with_spin(&a_nodes, &name, Order::Pipelined, Duration::from_secs(30));
+        let b = lock_with_spin(
+            &b_nodes,
+            &name,
+            Order::Pipelined,
+            Duration::from_millis(500),
+        );
+        let held = a.lock().await.unwrap();
+        let waiter = tokio::spawn(async move {
+            let guard = b.lock().await.unwrap();
+            let token = guard.fencing_token();
+            guard.unlock().await.unwrap();
+            token
+        });
+        wait_for(Duration::from_secs(5), "B's subscription on node 0", || {
+            (subscribers(&servers[0], &name) == 1).then_some(())
+        })
+        .await;
+        match fault {
+            "kill" => servers[0].kill().unwrap(),
+            _ => servers[0].pause().unwrap(),
+        }
+        // A's release reaches nodes 1 and 2 (node 0 fails or times out).
+        let _ = held.unlock().await;
+        let token = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("{fault}: the parked head hung without its notifier"))
+            .unwrap();
+        assert!(token.get() > 0);
+        if fault == "pause" {
+            servers[0].resume().unwrap();
+        }
+    }
+}
