@@ -180,16 +180,12 @@ impl Inner {
     /// Releases one level of `holder` on `nodes`, in the order given (callers pass it
     /// descending), going on past failures. Returns each node's report.
     pub(crate) async fn release_nodes(&self, nodes: &[usize], holder: HolderId) -> Vec<NodeReport> {
-        match (self.order, nodes.split_last()) {
-            // Pipelined order: every node but the last of the list (the leftmost, which decides
-            // between contenders) at once, then that one, so it is still freed last.
-            (Order::Pipelined, Some((&first, rest))) if !rest.is_empty() => {
-                let mut reports =
-                    join_all(rest.iter().map(|&i| self.release_node(i, holder))).await;
-                reports.push(self.release_node(first, holder).await);
-                reports
-            }
-            _ => {
+        match self.order {
+            // The parallel order: one round to every node. A head woken by the leftmost
+            // node's message may find another node not freed yet; its parallel attempt then
+            // holds the lead and asks that node again (see `decision`).
+            Order::Pipelined => join_all(nodes.iter().map(|&i| self.release_node(i, holder))).await,
+            Order::Sequential => {
                 let mut reports = Vec::with_capacity(nodes.len());
                 for &i in nodes {
                     reports.push(self.release_node(i, holder).await);
@@ -242,6 +238,11 @@ impl Inner {
         loop {
             match next {
                 Next::Send(batch) => {
+                    // A re-ask of nodes a contender held (parallel round): give its release a
+                    // moment to land, 1, 2, then 4 ms.
+                    if let Some(k) = state.reasks().checked_sub(1) {
+                        tokio::time::sleep(Duration::from_millis(1 << k.min(4))).await;
+                    }
                     let replies = join_all(batch.iter().map(|&i| async move {
                         (i, self.acquire_on(i, holder, false, block).await)
                     }))

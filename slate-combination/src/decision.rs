@@ -23,10 +23,29 @@
 //! command failed (a timeout may hide a command that ran and a reply that was lost). A node
 //! that answered *held by another* certainly holds nothing of ours and is not released.
 //!
-//! In [`Order::Pipelined`], the first usable node is asked alone (it decides between
-//! contenders), then every other usable node at once; their answers are applied in node order
-//! with the same rows, except that every node was already sent to, so all of them that may
-//! hold our entry are released on failure.
+//! ## The parallel round ([`Order::Pipelined`])
+//!
+//! Every usable node is asked at once. With all the answers in, the *lead* is the leftmost
+//! node that did not fail (the node every contender reaches first), and the first matching
+//! row decides:
+//!
+//! | answers | decision |
+//! | --- | --- |
+//! | the budget is spent | [`Next::BudgetExceeded`]; release what may hold our entry |
+//! | the lead is held by another holder | **leftmost weight**: [`Next::Busy`] at the lead; release what may hold our entry |
+//! | we hold the lead and at least the quorum | [`Next::Acquired`] with the nodes held (nodes held by others are not ours and stay untouched) |
+//! | nodes held plus nodes held by others cannot reach the quorum (the rest failed) | [`Next::InsufficientNodes`]; release |
+//! | we hold the lead, other nodes are held by others, and fewer than [`MAX_REASKS`] re-asks were made | ask those nodes again ([`Next::Send`]): their holders lack the lead, so they are contenders that lose at it and release, or a holder whose quorum lacks the lead (it was down for it) |
+//! | the same after [`MAX_REASKS`] re-asks | [`Next::Busy`] at the first node held by another; release |
+//!
+//! Two contenders never both keep waiting for each other: the one without the lead gives up
+//! at once (unless the lead failed for it, when both re-ask at most [`MAX_REASKS`] times).
+//! Safety does not rest on the order: two holders need intersecting quorums, and a node has
+//! one holder. The caller waits a little before each re-ask (see the competitor), so that the
+//! losing contender's release can land.
+//!
+//! Before the table: answers are recorded first, so every node that may hold our entry is
+//! released on any unsuccessful exit, as in the sequential order.
 
 use std::time::Duration;
 
@@ -38,8 +57,9 @@ pub enum Order {
     /// One node after the other, left to right (Bedrock's order).
     #[default]
     Sequential,
-    /// The first usable node alone, then all the others concurrently: the same safety (every
-    /// contender passes the leftmost node first), one round trip instead of N − 1.
+    /// Every usable node at once (one round trip), the leftmost node that answered deciding
+    /// between contenders (see the parallel table in [`decision`](crate::decision)); releases
+    /// go to every node at once too.
     Pipelined,
 }
 
@@ -128,6 +148,10 @@ impl Next {
         }
     }
 }
+
+/// How many times a parallel attempt that holds the lead asks again the nodes other holders
+/// held (see the parallel table), before it gives up as busy.
+pub const MAX_REASKS: u32 = 3;
 
 /// The default quorum for `n` nodes: `max(2, ⌊n/2⌋ + 1)`.
 ///
@@ -222,6 +246,10 @@ pub struct AttemptState {
     cursor: usize,
     held: Vec<usize>,
     failed: Vec<usize>,
+    /// (Parallel round) nodes another holder held at their last answer, ascending.
+    others: Vec<usize>,
+    /// (Parallel round) re-asks made.
+    reasks: u32,
     done: bool,
 }
 
@@ -250,8 +278,30 @@ impl AttemptState {
             cursor: 0,
             held: Vec::new(),
             failed: Vec::new(),
+            others: Vec::new(),
+            reasks: 0,
             done: false,
         }
+    }
+
+    /// How many times this (parallel) attempt asked again nodes that other holders held; the
+    /// caller waits a little before each such round.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_combination::decision::{AttemptState, NodeAnswer, Next, Order};
+    /// use std::time::Duration;
+    ///
+    /// let mut a = AttemptState::new(vec![true; 3], 2, Duration::from_secs(1), Order::Pipelined);
+    /// assert_eq!(a.start(), Next::Send(vec![0, 1, 2])); // one round
+    /// let answers = [(0, NodeAnswer::Acquired), (1, NodeAnswer::HeldByOther), (2, NodeAnswer::Failed)];
+    /// assert_eq!(a.on_answers(&answers, Duration::ZERO), Next::Send(vec![1]));
+    /// assert_eq!(a.reasks(), 1);
+    /// ```
+    #[must_use]
+    pub fn reasks(&self) -> u32 {
+        self.reasks
     }
 
     /// The first step.
@@ -272,7 +322,7 @@ impl AttemptState {
         if usable < self.required {
             return self.finish(|release| Next::InsufficientNodes { release });
         }
-        self.send_next(false)
+        self.send_next()
     }
 
     /// Applies the answers to the commands last sent (all of them, in any order) after
@@ -303,8 +353,11 @@ impl AttemptState {
             "answers must match the nodes last sent to"
         );
         self.pending.clear();
-        // Record every answer first: in pipelined order all were sent, and whatever the
-        // decision, every node that may hold our entry must be released.
+        if self.order == Order::Pipelined {
+            return self.on_parallel_answers(&answers, elapsed);
+        }
+        // Record every answer first: whatever the decision, every node that may hold our
+        // entry must be released.
         let mut busy_at = None;
         for &(node, answer) in &answers {
             match answer {
@@ -325,7 +378,7 @@ impl AttemptState {
         if reachable < self.required {
             return self.finish(|release| Next::InsufficientNodes { release });
         }
-        self.send_next(true)
+        self.send_next()
     }
 
     /// Nodes held so far, ascending.
@@ -366,17 +419,62 @@ impl AttemptState {
         &self.failed
     }
 
+    /// The parallel table (module docs).
+    fn on_parallel_answers(&mut self, answers: &[(usize, NodeAnswer)], elapsed: Duration) -> Next {
+        self.others.clear();
+        for &(node, answer) in answers {
+            match answer {
+                NodeAnswer::Acquired => self.held.push(node),
+                NodeAnswer::Failed => self.failed.push(node),
+                NodeAnswer::HeldByOther => self.others.push(node),
+            }
+        }
+        self.held.sort_unstable();
+        self.failed.sort_unstable();
+        if elapsed > self.budget {
+            return self.finish(|release| Next::BudgetExceeded { release });
+        }
+        let lead = match (self.held.first(), self.others.first()) {
+            (Some(&h), Some(&o)) => Some(h.min(o)),
+            (h, o) => h.or(o).copied(),
+        };
+        if let Some(&first_other) = self.others.first()
+            && lead == Some(first_other)
+        {
+            return self.finish(|release| Next::Busy {
+                at: first_other,
+                release,
+            });
+        }
+        if self.held.len() >= self.required {
+            self.done = true;
+            return Next::Acquired {
+                held: self.held.clone(),
+            };
+        }
+        if self.others.is_empty() || self.held.len() + self.others.len() < self.required {
+            return self.finish(|release| Next::InsufficientNodes { release });
+        }
+        if self.reasks >= MAX_REASKS {
+            let at = self.others[0];
+            return self.finish(|release| Next::Busy { at, release });
+        }
+        self.reasks += 1;
+        self.pending.clone_from(&self.others);
+        Next::Send(self.others.clone())
+    }
+
     fn remaining_usable(&self) -> usize {
         self.usable.iter().skip(self.cursor).filter(|u| **u).count()
     }
 
-    fn send_next(&mut self, after_first: bool) -> Next {
+    fn send_next(&mut self) -> Next {
         let rest: Vec<usize> = (self.cursor..self.usable.len())
             .filter(|&i| self.usable[i])
             .collect();
-        let batch = match (self.order, after_first) {
-            (Order::Pipelined, true) => rest,
-            _ => rest.into_iter().take(1).collect(),
+        let batch = match self.order {
+            Order::Pipelined => rest,
+            Order::Sequential => rest.into_iter().take(1).collect(),
         };
         match batch.last() {
             None => {
@@ -464,19 +562,62 @@ mod tests {
     }
 
     #[test]
-    fn pipelined_sends_the_rest_together() {
+    fn pipelined_sends_every_node_at_once() {
         let mut a = AttemptState::new(vec![true, true, false, true, true], 3, B, Order::Pipelined);
-        assert_eq!(a.start(), Next::Send(vec![0]));
+        assert_eq!(a.start(), Next::Send(vec![0, 1, 3, 4]));
+        // The lead (node 0) is held by another: busy there at once.
         assert_eq!(
-            a.on_answers(&[(0, Acquired)], MS),
-            Next::Send(vec![1, 3, 4])
-        );
-        assert_eq!(
-            a.on_answers(&[(4, Acquired), (1, Failed), (3, HeldByOther)], MS),
+            a.on_answers(
+                &[(4, Acquired), (1, Failed), (3, Acquired), (0, HeldByOther)],
+                MS
+            ),
             Next::Busy {
-                at: 3,
-                release: vec![4, 1, 0]
+                at: 0,
+                release: vec![4, 3, 1]
             }
+        );
+    }
+
+    #[test]
+    fn the_lead_waits_out_a_contender_then_gives_up() {
+        // We hold the lead (node 0); node 1 is held by a contender, node 2 failed: quorum 2
+        // needs node 1, asked again up to MAX_REASKS times.
+        let mut a = AttemptState::new(vec![true; 3], 2, B, Order::Pipelined);
+        assert_eq!(a.start(), Next::Send(vec![0, 1, 2]));
+        let mut next = a.on_answers(&[(0, Acquired), (1, HeldByOther), (2, Failed)], MS);
+        for k in 1..=MAX_REASKS {
+            assert_eq!(next, Next::Send(vec![1]), "re-ask {k}");
+            assert_eq!(a.reasks(), k);
+            next = a.on_answers(&[(1, HeldByOther)], MS);
+        }
+        assert_eq!(
+            next,
+            Next::Busy {
+                at: 1,
+                release: vec![2, 0]
+            }
+        );
+        // The contender lets go at the second re-ask: acquired.
+        let mut a = AttemptState::new(vec![true; 3], 2, B, Order::Pipelined);
+        assert_eq!(a.start(), Next::Send(vec![0, 1, 2]));
+        assert_eq!(
+            a.on_answers(&[(0, Acquired), (1, HeldByOther), (2, Failed)], MS),
+            Next::Send(vec![1])
+        );
+        assert_eq!(a.on_answers(&[(1, HeldByOther)], MS), Next::Send(vec![1]));
+        assert_eq!(
+            a.on_answers(&[(1, Acquired)], MS),
+            Next::Acquired { held: vec![0, 1] }
+        );
+    }
+
+    #[test]
+    fn the_lead_with_a_quorum_does_not_wait() {
+        let mut a = AttemptState::new(vec![true; 3], 2, B, Order::Pipelined);
+        assert_eq!(a.start(), Next::Send(vec![0, 1, 2]));
+        assert_eq!(
+            a.on_answers(&[(0, Acquired), (1, HeldByOther), (2, Acquired)], MS),
+            Next::Acquired { held: vec![0, 2] }
         );
     }
 

@@ -38,24 +38,31 @@ impl slate_redis::node::NodeReleased for Shared {
 ///
 /// ## Behaviour
 ///
-/// - **Attempt**: the nodes usable when it starts are taken left to right (the configured
-///   order), within the acquire budget; the first node held by another holder ends the attempt
-///   ("leftmost weight"); failed nodes are skipped and marked unavailable while the quorum stays
-///   reachable. Every unsuccessful exit releases, in reverse order, every node that may hold an
-///   entry of this attempt. See [`decision`](crate::decision) for the table.
+/// - **Attempt**: in the sequential order (the default, Bedrock's), the nodes usable when it
+///   starts are taken left to right within the acquire budget; the first node held by another
+///   holder ends the attempt ("leftmost weight"); failed nodes are skipped and marked
+///   unavailable while the quorum stays reachable. In the pipelined order every usable node is
+///   asked at once (one round trip); the leftmost node that answered (the lead) decides between
+///   contenders: held by another, the attempt is busy; ours, with a quorum, it is won; ours,
+///   short of a quorum because contenders hold other nodes, those nodes are asked again (up to
+///   3 times) while the contenders, lacking the lead, let go. Every unsuccessful exit releases
+///   every node that may hold an entry of this attempt. See [`decision`](crate::decision) for
+///   both tables.
 /// - **Quorum**: at least `max(2, ⌊N/2⌋ + 1)` nodes (a lower setting is refused).
 /// - **Renewal**: exactly the nodes held, each by its node's renewal service; the lease is the
 ///   quorum-th latest node deadline, and it is lost when fewer than the quorum can be renewed.
-/// - **Release**: one level on every node held, in reverse order, going on past failures
-///   ([`Error::ReleaseIncomplete`] lists them).
+/// - **Release**: one level on every node held, going on past failures
+///   ([`Error::ReleaseIncomplete`] lists them): right to left in the sequential order, all at
+///   once (one round trip) in the pipelined order.
 /// - **Fencing token**: see the crate documentation.
 /// - **Waiting**: local waiters queue in FIFO order; only the head attempts. A head told busy
 ///   subscribes to the release messages of the node its attempt found held (every node
 ///   publishes when an entry's last level is released) and retries when one arrives, or after
 ///   the spin wait or the holder's remaining lease, whichever is shorter. One node, not all:
-///   a holder releases its nodes right to left, so the node the head found held (the leftmost
-///   one in the pipelined order, the first one held in the sequential order) is freed last of
-///   those the head has to get past, and one message per release wakes the head once. A
+///   in the sequential order a holder releases its nodes right to left, so the node the head
+///   found held is freed last of those it has to get past, and one message per release wakes
+///   the head once; in the pipelined order the node is the lead, and a head woken before the
+///   holder's other nodes are free holds the lead and asks them again. A
 ///   notifying node that dies or hangs leaves the head on its spin wait, never hung. The
 ///   subscription is dropped when the local queue drains.
 /// - **Local passes (lock cohorting)**: callers whose holder is minted by the call

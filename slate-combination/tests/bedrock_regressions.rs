@@ -261,12 +261,13 @@ async fn c7_one_dead_node_does_not_fail_every_later_acquisition() {
 }
 
 /// C8: an attempt that meets another holder at node i releases every node it took before i,
-/// at once, in both orders; waiting at the head re-tries without piling up counts; once the
-/// other holder is gone, one acquisition takes each node exactly once.
+/// at once; in the parallel round, an attempt that meets another holder at the lead (node 0)
+/// releases every node it took in that round. Waiting at the head re-tries without piling up
+/// counts; once the other holder is gone, one acquisition takes each node exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c8_busy_at_node_i_releases_the_prefix() {
     let (s, nodes) = setup(3).await;
-    for (order, busy) in [(Order::Sequential, 1), (Order::Pipelined, 2)] {
+    for (order, busy) in [(Order::Sequential, 1), (Order::Pipelined, 0)] {
         let name = format!("c8-{order:?}");
         hold_directly(&s[busy], &name, "another-holder", 30_000);
         let l = CombinationLock::builder(&nodes, &name)
@@ -276,7 +277,7 @@ async fn c8_busy_at_node_i_releases_the_prefix() {
             .build()
             .unwrap();
         assert!(l.try_lock().await.unwrap().is_none(), "{order:?}");
-        for (i, x) in s.iter().enumerate().take(busy) {
+        for (i, x) in s.iter().enumerate().filter(|(i, _)| *i != busy) {
             assert!(!exists(x, &name), "{order:?}: node {i} kept");
         }
         // Waiting: the head retries; no node ever holds more than one level.
@@ -309,7 +310,7 @@ async fn c8_busy_at_node_i_releases_the_prefix() {
         assert!(e.is_timeout(), "{order:?}: {e}");
         sampler.await.unwrap();
         assert_eq!(max.load(Ordering::SeqCst), 1, "{order:?}: counts piled up");
-        for (i, x) in s.iter().enumerate().take(busy) {
+        for (i, x) in s.iter().enumerate().filter(|(i, _)| *i != busy) {
             assert!(!exists(x, &name), "{order:?}: node {i} kept");
         }
         s[busy].command(&["DEL", &key(&name)]).unwrap();
@@ -575,4 +576,30 @@ async fn m8_unexpected_replies_release_the_prefix_and_release_goes_on() {
         !exists(&s[0], name) && !exists(&s[2], name),
         "release stopped"
     );
+}
+
+/// The parallel round (issue 15): a node held by another holder that is not the lead does not
+/// make the attempt busy when the lead and a quorum are ours; the other node is left as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_round_with_the_lead_and_a_quorum_acquires() {
+    let (s, nodes) = setup(3).await;
+    let name = "parallel-lead";
+    hold_directly(&s[2], name, "another-holder", 30_000);
+    let l = CombinationLock::builder(&nodes, name)
+        .lease(LEASE)
+        .order(Order::Pipelined)
+        .build()
+        .unwrap();
+    let g = l
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("the lead and a quorum are free");
+    for x in &s[..2] {
+        assert_eq!(count_of(x, name, g.holder()), Some(1));
+    }
+    assert_eq!(count_of(&s[2], name, g.holder()), None);
+    assert!(exists(&s[2], name), "the other holder's entry is untouched");
+    g.unlock().await.unwrap();
+    assert!(!exists(&s[0], name) && !exists(&s[1], name));
 }

@@ -1,12 +1,16 @@
 //! The attempt state machine against the decision table of SEMANTICS.md, read as directly as
-//! possible (the oracle below), plus the structural properties every run must have.
+//! possible (the oracle below), plus the structural properties every run must have. Both
+//! orders: the sequential walk, and the parallel round (every node at once, the lead deciding,
+//! re-asks of nodes held by others while we hold the lead).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
 use proptest::prelude::*;
-use slate_combination::decision::{AttemptState, Next, NodeAnswer, Order, default_quorum};
+use slate_combination::decision::{
+    AttemptState, MAX_REASKS, Next, NodeAnswer, Order, default_quorum,
+};
 
 const BUDGET: Duration = Duration::from_millis(250);
 
@@ -24,8 +28,24 @@ struct Case {
     answers: Vec<NodeAnswer>,
     /// Time each node's answer arrives, counted from the first command (ms).
     times: Vec<u64>,
+    /// (Parallel round) a node first held by another answers *acquired* from this re-ask on
+    /// (its holder was a contender that let go); above `MAX_REASKS`: never.
+    frees_at: Vec<u32>,
     required: usize,
     order: Order,
+}
+
+/// Time of the answers of re-ask `k` (ms): each re-ask takes 5 ms after the first round.
+fn reask_time(c: &Case, k: u32) -> u64 {
+    c.times.iter().copied().max().unwrap_or(0) + 5 * u64::from(k)
+}
+
+/// The answer of node `i` at re-ask `k` (0: the first round).
+fn answer_at(c: &Case, i: usize, k: u32) -> NodeAnswer {
+    match c.answers[i] {
+        NodeAnswer::HeldByOther if k >= 1 && k >= c.frees_at[i] => NodeAnswer::Acquired,
+        a => a,
+    }
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -35,11 +55,12 @@ fn case() -> impl Strategy<Value = Case> {
                 prop::collection::vec(prop::bool::weighted(0.85), n),
                 prop::collection::vec(answer(), n),
                 prop::collection::vec(0u64..120, n),
+                prop::collection::vec(1..=MAX_REASKS + 1, n),
                 0..=(n - default_quorum(n)),
                 prop_oneof![Just(Order::Sequential), Just(Order::Pipelined)],
             )
         })
-        .prop_map(|(usable, answers, steps, extra, order)| {
+        .prop_map(|(usable, answers, steps, frees_at, extra, order)| {
             let n = usable.len();
             // Answers arrive in node order; times grow by a random step per node.
             let times = steps
@@ -53,6 +74,7 @@ fn case() -> impl Strategy<Value = Case> {
                 usable,
                 answers,
                 times,
+                frees_at,
                 required: default_quorum(n) + extra,
                 order,
             }
@@ -65,16 +87,25 @@ fn run(c: &Case) -> (Next, Vec<Vec<usize>>) {
     let mut state = AttemptState::new(c.usable.clone(), c.required, BUDGET, c.order);
     let mut next = state.start();
     let mut sent = Vec::new();
-    for _ in 0..=c.usable.len() {
+    for _ in 0..=c.usable.len() + MAX_REASKS as usize {
         let Next::Send(batch) = &next else {
             return (next, sent);
         };
-        let answers: Vec<_> = batch.iter().map(|&i| (i, c.answers[i])).collect();
-        let elapsed = Duration::from_millis(batch.iter().map(|&i| c.times[i]).max().unwrap_or(0));
+        let (answers, elapsed): (Vec<_>, u64) = match (c.order, sent.len()) {
+            (Order::Pipelined, k @ 1..) => {
+                let k = u32::try_from(k).unwrap();
+                let answers = batch.iter().map(|&i| (i, answer_at(c, i, k))).collect();
+                (answers, reask_time(c, k))
+            }
+            _ => (
+                batch.iter().map(|&i| (i, c.answers[i])).collect(),
+                batch.iter().map(|&i| c.times[i]).max().unwrap_or(0),
+            ),
+        };
         sent.push(batch.clone());
-        next = state.on_answers(&answers, elapsed);
+        next = state.on_answers(&answers, Duration::from_millis(elapsed));
     }
-    panic!("attempt did not finish within n + 1 steps: {c:?}");
+    panic!("attempt did not finish within n + 1 + MAX_REASKS steps: {c:?}");
 }
 
 fn desc(mut v: Vec<usize>) -> Vec<usize> {
@@ -88,18 +119,11 @@ fn oracle(c: &Case) -> Next {
     if usable.len() < c.required {
         return Next::InsufficientNodes { release: vec![] };
     }
-    // The answer groups in the order they arrive: sequential = one node each; pipelined = the
-    // first node, then all others.
-    let groups: Vec<Vec<usize>> = match c.order {
-        Order::Sequential => usable.iter().map(|&i| vec![i]).collect(),
-        Order::Pipelined => {
-            let mut g = vec![vec![usable[0]]];
-            if usable.len() > 1 {
-                g.push(usable[1..].to_vec());
-            }
-            g
-        }
-    };
+    if c.order == Order::Pipelined {
+        return parallel_oracle(c, &usable);
+    }
+    // The answer groups in the order they arrive: sequential = one node each.
+    let groups: Vec<Vec<usize>> = usable.iter().map(|&i| vec![i]).collect();
     let (mut held, mut failed) = (Vec::new(), Vec::new());
     let mut seen = 0;
     for group in groups {
@@ -129,6 +153,60 @@ fn oracle(c: &Case) -> Next {
     Next::Acquired { held }
 }
 
+/// The parallel table (`decision` module docs), row by row.
+fn parallel_oracle(c: &Case, usable: &[usize]) -> Next {
+    let mut held: Vec<usize> = Vec::new();
+    let mut failed: Vec<usize> = Vec::new();
+    let mut asked: Vec<usize> = usable.to_vec();
+    let mut k = 0;
+    loop {
+        let mut others = Vec::new();
+        for &i in &asked {
+            match answer_at(c, i, k) {
+                NodeAnswer::Acquired => held.push(i),
+                NodeAnswer::Failed => failed.push(i),
+                NodeAnswer::HeldByOther => others.push(i),
+            }
+        }
+        held.sort_unstable();
+        let release = desc(held.iter().chain(&failed).copied().collect());
+        let elapsed = if k == 0 {
+            usable.iter().map(|&i| c.times[i]).max().unwrap_or(0)
+        } else {
+            reask_time(c, k)
+        };
+        // Row 1: the budget.
+        if Duration::from_millis(elapsed) > BUDGET {
+            return Next::BudgetExceeded { release };
+        }
+        // Row 2: the lead (leftmost node that did not fail) is another holder's.
+        let lead = held.iter().chain(&others).min().copied();
+        if lead.is_some() && lead == others.first().copied() {
+            return Next::Busy {
+                at: others[0],
+                release,
+            };
+        }
+        // Row 3: we hold the lead and a quorum.
+        if held.len() >= c.required {
+            return Next::Acquired { held };
+        }
+        // Row 4: the quorum is out of reach even if the others let go.
+        if others.is_empty() || held.len() + others.len() < c.required {
+            return Next::InsufficientNodes { release };
+        }
+        // Rows 5 and 6: ask the others again, at most MAX_REASKS times.
+        if k >= MAX_REASKS {
+            return Next::Busy {
+                at: others[0],
+                release,
+            };
+        }
+        k += 1;
+        asked = others;
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(4000))]
 
@@ -141,14 +219,13 @@ proptest! {
     #[test]
     fn structural_properties(c in case()) {
         let (got, sent) = run(&c);
+        if c.order == Order::Pipelined {
+            return parallel_structure(&c, &got, &sent);
+        }
         let flat: Vec<usize> = sent.iter().flatten().copied().collect();
         // Left to right, each node at most once, only usable nodes.
         prop_assert!(flat.windows(2).all(|w| w[0] < w[1]), "order {:?}", flat);
         prop_assert!(flat.iter().all(|&i| c.usable[i]));
-        // Pipelined: at most two batches, the first of one node.
-        if c.order == Order::Pipelined {
-            prop_assert!(sent.len() <= 2 && sent.first().is_none_or(|b| b.len() == 1));
-        }
         // What is released is exactly what may hold our entry, in reverse order.
         let may_hold: Vec<usize> = flat
             .iter()
@@ -174,6 +251,68 @@ proptest! {
             Next::Send(_) => prop_assert!(false, "not final"),
         }
     }
+}
+
+/// The parallel round's structure: one first batch of every usable node, ascending; then only
+/// re-asks of nodes another holder held at the previous answer, at most `MAX_REASKS`; what is
+/// released is exactly what may hold our entry.
+fn parallel_structure(
+    c: &Case,
+    got: &Next,
+    sent: &[Vec<usize>],
+) -> std::result::Result<(), TestCaseError> {
+    let usable: Vec<usize> = (0..c.usable.len()).filter(|&i| c.usable[i]).collect();
+    if let Some(first) = sent.first() {
+        prop_assert_eq!(first, &usable, "the first round asks every usable node");
+    }
+    prop_assert!(sent.len() <= 1 + MAX_REASKS as usize);
+    for (k, batch) in sent.iter().enumerate().skip(1) {
+        let k = u32::try_from(k).unwrap();
+        for &i in batch {
+            prop_assert_eq!(
+                answer_at(c, i, k - 1),
+                NodeAnswer::HeldByOther,
+                "re-ask {} of node {}, which was not held by another",
+                k,
+                i
+            );
+        }
+    }
+    // The last answer of every node asked.
+    let mut last = std::collections::BTreeMap::new();
+    for (k, batch) in sent.iter().enumerate() {
+        for &i in batch {
+            last.insert(i, answer_at(c, i, u32::try_from(k).unwrap()));
+        }
+    }
+    let may_hold: Vec<usize> = last
+        .iter()
+        .filter(|(_, a)| **a != NodeAnswer::HeldByOther)
+        .map(|(i, _)| *i)
+        .collect();
+    match got {
+        Next::Acquired { held } => {
+            prop_assert!(held.len() >= c.required);
+            prop_assert!(
+                held.iter()
+                    .all(|i| last.get(i) == Some(&NodeAnswer::Acquired))
+            );
+            let lead = last
+                .iter()
+                .find(|(_, a)| **a != NodeAnswer::Failed)
+                .map(|(i, _)| *i);
+            prop_assert_eq!(lead, held.first().copied(), "we hold the lead");
+        }
+        Next::Busy { at, release } => {
+            prop_assert_eq!(last.get(at), Some(&NodeAnswer::HeldByOther));
+            prop_assert_eq!(release, &desc(may_hold));
+        }
+        Next::InsufficientNodes { release } | Next::BudgetExceeded { release } => {
+            prop_assert_eq!(release, &desc(may_hold));
+        }
+        Next::Send(_) => prop_assert!(false, "not final"),
+    }
+    Ok(())
 }
 
 /// The small-state table (reliability.md C11) for N = 3, as the pure function sees it: each
@@ -216,6 +355,7 @@ fn all_125_three_node_cases() {
                     usable: vec![true; 3],
                     answers: answers.to_vec(),
                     times,
+                    frees_at: vec![MAX_REASKS + 1; 3],
                     required: 2,
                     order: Order::Sequential,
                 };
