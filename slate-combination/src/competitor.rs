@@ -11,7 +11,7 @@ use slate_core::{
     BackendKind, Error, FencingToken, HolderId, LockOptions, NodeReport, NodeState, Result,
     TimeoutKind,
 };
-use slate_redis::node::{NodeAcquire, NodeHold, NodeKeys};
+use slate_redis::node::{NodeAcquire, NodeHold, NodeKeys, NodeTurn};
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
 
@@ -32,6 +32,8 @@ pub(crate) struct Grant {
     pub(crate) watch: OnceLock<LeaseWatch>,
     /// Local passes this fresh hold may serve (the tokens it reserved after its own).
     pub(crate) passes: u32,
+    /// The lead node, when this fresh hold took the process's turn there.
+    lead: Option<usize>,
 }
 
 /// Fencing tokens a passable first acquisition reserves on every node it takes: one per
@@ -48,6 +50,10 @@ struct Hold {
     last: u64,
     watch: LeaseWatch,
     aggregator: AbortHandle,
+    /// The lead node where the hold took the process's turn (released with the turn).
+    lead: Option<usize>,
+    /// Local holders this hold served (1 plus its passes): they count towards the tenure.
+    holds: u32,
 }
 
 pub(crate) struct Inner {
@@ -64,6 +70,8 @@ pub(crate) struct Inner {
     /// the last busy attempt found held (whose holder's release publishes there), when that
     /// attempt started, and the nodes subscribed to while the queue is not empty.
     waiters: Weak<crate::lock::Shared>,
+    /// This process's place in the fair turn, kept on the lead node.
+    pub(crate) turn: NodeTurn,
     busy_at: Mutex<Option<usize>>,
     last_attempt: Mutex<Option<Instant>>,
     subscribed: Mutex<Vec<usize>>,
@@ -95,6 +103,7 @@ impl CombinationCompetitor {
         CombinationCompetitor {
             inner: Arc::new(Inner {
                 waiters,
+                turn: NodeTurn::new(&options),
                 busy_at: Mutex::new(None),
                 last_attempt: Mutex::new(None),
                 subscribed: Mutex::new(Vec::new()),
@@ -124,12 +133,14 @@ impl Inner {
 
     /// Acquires on node `i`; `reentry`: only one more level of an entry that exists.
     /// One node's acquire (`block` > 1: reserving that many tokens) or re-entry.
+    /// `lead`: node `i` is the attempt's lead, where the process's turn is taken.
     async fn acquire_on(
         &self,
         i: usize,
         holder: HolderId,
         reentry: bool,
         block: u32,
+        lead: bool,
     ) -> Result<NodeAcquire> {
         let client = &self.nodes.node(i).client;
         let lease = self.options.lease();
@@ -137,6 +148,10 @@ impl Inner {
         let call = async {
             if reentry {
                 client.node_reenter(&self.keys, holder, lease).await
+            } else if lead {
+                client
+                    .node_acquire_lead(&self.keys, holder, lease, block, &self.turn)
+                    .await
             } else if block > 1 {
                 client
                     .node_acquire_block(&self.keys, holder, lease, block)
@@ -180,31 +195,62 @@ impl Inner {
     /// Releases one level of `holder` on `nodes`, in the order given (callers pass it
     /// descending), going on past failures. Returns each node's report.
     pub(crate) async fn release_nodes(&self, nodes: &[usize], holder: HolderId) -> Vec<NodeReport> {
+        // The lead node of a hold that took the turn there is released with the turn.
+        let turn = lock(&self.holds)
+            .get(&holder)
+            .and_then(|h| h.lead.map(|lead| (lead, h.holds)));
+        let local_waiters = self.waiters.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+        let release_node = |i: usize| {
+            let lead = turn
+                .filter(|(l, _)| *l == i)
+                .map(|(_, holds)| (local_waiters, holds));
+            self.release_node(i, holder, lead)
+        };
         match self.order {
             // The parallel order: one round to every node. A head woken by the leftmost
             // node's message may find another node not freed yet; its parallel attempt then
             // holds the lead and asks that node again (see `decision`).
-            Order::Pipelined => join_all(nodes.iter().map(|&i| self.release_node(i, holder))).await,
+            Order::Pipelined => join_all(nodes.iter().map(|&i| release_node(i))).await,
             Order::Sequential => {
                 let mut reports = Vec::with_capacity(nodes.len());
                 for &i in nodes {
-                    reports.push(self.release_node(i, holder).await);
+                    reports.push(release_node(i).await);
                 }
                 reports
             }
         }
     }
 
-    /// Releases one level of `holder` on node `i`, within the node operation time.
-    async fn release_node(&self, i: usize, holder: HolderId) -> NodeReport {
+    /// Releases one level of `holder` on node `i`, within the node operation time; `lead`:
+    /// (local waiters, holds) when node `i` is the lead where the hold took the turn.
+    async fn release_node(
+        &self,
+        i: usize,
+        holder: HolderId,
+        lead: Option<(bool, u32)>,
+    ) -> NodeReport {
         let node = self.nodes.node(i);
         let lease = self.options.lease();
-        let r = tokio::time::timeout(
-            self.op_time(),
-            node.client.node_release(&self.keys, holder, lease),
-        )
-        .await
-        .unwrap_or_else(|_| Err(self.node_timeout(i, "release")));
+        let call = async {
+            match lead {
+                Some((local_waiters, holds)) => {
+                    node.client
+                        .node_release_lead(
+                            &self.keys,
+                            holder,
+                            lease,
+                            &self.turn,
+                            local_waiters,
+                            holds,
+                        )
+                        .await
+                }
+                None => node.client.node_release(&self.keys, holder, lease).await,
+            }
+        };
+        let r = tokio::time::timeout(self.op_time(), call)
+            .await
+            .unwrap_or_else(|_| Err(self.node_timeout(i, "release")));
         let state = match r {
             Ok(Some(_)) => NodeState::Released,
             Ok(None) => NodeState::NotHeld,
@@ -230,6 +276,9 @@ impl Inner {
         *lock(&self.last_attempt) = Some(start);
         let usable = self.nodes.usable_for_attempt(&self.keys).await;
         let usable_count = usable.iter().filter(|u| **u).count();
+        // The fair turn between processes is kept on the lead node, which every contender
+        // asks first (sequential) or which decides between them (pipelined).
+        let lead = usable.iter().position(|u| *u);
         let mut state = AttemptState::new(usable, self.required, self.budget, self.order);
         let mut next = state.start();
         let mut won: HashMap<usize, (FencingToken, Instant)> = HashMap::new();
@@ -244,7 +293,11 @@ impl Inner {
                         tokio::time::sleep(Duration::from_millis(1 << k.min(4))).await;
                     }
                     let replies = join_all(batch.iter().map(|&i| async move {
-                        (i, self.acquire_on(i, holder, false, block).await)
+                        (
+                            i,
+                            self.acquire_on(i, holder, false, block, Some(i) == lead)
+                                .await,
+                        )
                     }))
                     .await;
                     let mut answers = Vec::with_capacity(replies.len());
@@ -280,7 +333,10 @@ impl Inner {
                     // (a lost reply, a hung server that runs it later): release it too, in the
                     // background so the acquisition does not wait on a failed node.
                     let stray = state.failed().to_vec();
-                    let won_it = self.win(holder, start, held, &won, &stray, block).await;
+                    let lead = lead.filter(|l| held.contains(l));
+                    let won_it = self
+                        .win(holder, start, held, &won, &stray, block, lead)
+                        .await;
                     if matches!(won_it, Ok(Attempt::Acquired(_))) && !stray.is_empty() {
                         self.release_in_background(holder, stray, self.release_until(start));
                     }
@@ -311,6 +367,7 @@ impl Inner {
 
     /// After the walk was won: establish the fencing token on enough nodes, compute the
     /// combined deadline.
+    #[allow(clippy::too_many_arguments)] // the walk's outcome, as the loop has it
     async fn win(
         self: &Arc<Self>,
         holder: HolderId,
@@ -319,6 +376,7 @@ impl Inner {
         won: &HashMap<usize, (FencingToken, Instant)>,
         stray: &[usize],
         block: u32,
+        lead: Option<usize>,
     ) -> Result<Attempt<Grant>> {
         let token = held
             .iter()
@@ -393,6 +451,7 @@ impl Inner {
                     deadline,
                     watch: OnceLock::new(),
                     passes: block.max(1) - 1,
+                    lead,
                 }))
             }
             _ => {
@@ -472,7 +531,7 @@ impl Inner {
         let replies = join_all(
             nodes
                 .iter()
-                .map(|&i| async move { (i, self.acquire_on(i, holder, true, 1).await) }),
+                .map(|&i| async move { (i, self.acquire_on(i, holder, true, 1, false).await) }),
         )
         .await;
         let ok: Vec<usize> = replies
@@ -494,6 +553,7 @@ impl Inner {
                 deadline: watch.deadline(),
                 watch: OnceLock::new(),
                 passes: 0,
+                lead: None,
             };
             let _ = grant.watch.set(watch.clone());
             return Ok(Attempt::Acquired(grant));
@@ -592,6 +652,8 @@ impl Inner {
                 last: grant.token.get() + u64::from(grant.passes),
                 watch: watch.clone(),
                 aggregator,
+                lead: grant.lead,
+                holds: 1,
             },
         );
         watch
@@ -630,6 +692,7 @@ impl Inner {
             .spawn(aggregate(watches, self.required, keeper))
             .abort_handle();
         hold.token = FencingToken::new(hold.token.get() + 1);
+        hold.holds += 1;
         hold.watch = watch.clone();
         let grant = Grant {
             token: hold.token,
@@ -638,6 +701,7 @@ impl Inner {
             deadline,
             watch: OnceLock::new(),
             passes: 0,
+            lead: None,
         };
         let _ = grant.watch.set(watch);
         Some(grant)

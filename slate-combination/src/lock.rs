@@ -26,10 +26,15 @@ pub(crate) struct Shared {
     name: LockName,
 }
 
-/// A release published on a node wakes the head of this lock's local queue.
+/// A release published on a node, to anyone or to this process's queue (its turn), wakes the
+/// head of this lock's local queue.
 impl slate_redis::node::NodeReleased for Shared {
     fn released(&self) {
         self.sync.notify_released();
+    }
+
+    fn queue_id(&self) -> &str {
+        self.sync.competitor().inner.turn.queue_id()
     }
 }
 

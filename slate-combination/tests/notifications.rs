@@ -119,3 +119,70 @@ async fn a_lost_notifying_node_degrades_to_the_spin_wait() {
         }
     }
 }
+
+/// Issue 15, item 2: the fair turn between processes, kept on the lead node. Process A holds
+/// the lock with 20 of its tasks queued behind; process B's one task waits. A may keep the
+/// lock for its tenure (8 holds in a row, local passes included) and then must hand it to B:
+/// B gets it after at most 9 of A's holds (A's first hold began without a turn and counts as
+/// the first of its row; the next remote hold serves 8). Without the turn, B races A's next
+/// head at every release and can be kept waiting until A's whole queue has run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_turn_hands_the_lock_to_the_waiting_process_after_the_tenure() {
+    use std::sync::{Arc, Mutex};
+    let servers = servers(3);
+    for order in [Order::Sequential, Order::Pipelined] {
+        let name = format!("turn-{order:?}");
+        let a_nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
+        adopt(&a_nodes).await;
+        let b_nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
+        let a = lock_with_spin(&a_nodes, &name, order, Duration::from_secs(30));
+        let b = lock_with_spin(&b_nodes, &name, order, Duration::from_secs(30));
+        let log: Arc<Mutex<Vec<char>>> = Arc::new(Mutex::new(Vec::new()));
+        let first = a.lock().await.unwrap();
+        log.lock().unwrap().push('A');
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let (a, log) = (a.clone(), log.clone());
+            tasks.push(tokio::spawn(async move {
+                let g = a.lock().await.unwrap();
+                log.lock().unwrap().push('A');
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                g.unlock().await.unwrap();
+            }));
+        }
+        wait_for(Duration::from_secs(5), "A's 20 waiters", || {
+            (a.local_waiters() == 20).then_some(())
+        })
+        .await;
+        let b_task = {
+            let (b, log) = (b.clone(), log.clone());
+            tokio::spawn(async move {
+                let g = b.lock().await.unwrap();
+                log.lock().unwrap().push('B');
+                g.unlock().await.unwrap();
+            })
+        };
+        wait_for(Duration::from_secs(5), "B's subscription on node 0", || {
+            (subscribers(&servers[0], &name) >= 1).then_some(())
+        })
+        .await;
+        first.unlock().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(20), b_task)
+            .await
+            .expect("B never got the lock")
+            .unwrap();
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(20), t)
+                .await
+                .expect("A's tasks finish")
+                .unwrap();
+        }
+        let log = log.lock().unwrap().clone();
+        let before_b = log.iter().position(|&c| c == 'B').unwrap();
+        assert!(
+            before_b <= 9,
+            "{order:?}: B waited for {before_b} of A's holds (tenure 8): {}",
+            log.iter().collect::<String>()
+        );
+    }
+}

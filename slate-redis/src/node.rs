@@ -20,7 +20,7 @@ use std::sync::{Arc, LazyLock, Weak};
 use std::time::{Duration, Instant};
 
 use redis::Script;
-use slate_core::{FencingToken, HolderId, LeaseWatch, LockName, Result};
+use slate_core::{FencingToken, HolderId, LeaseWatch, LockName, LockOptions, Result};
 
 use crate::client::{RedisClient, unexpected_reply};
 use crate::keys::Keys;
@@ -123,8 +123,14 @@ pub struct ServerInfo {
 /// What a node's release message wakes (see [`RedisClient::node_subscribe`]): a multi-node
 /// lock's local queue.
 pub trait NodeReleased: Send + Sync + 'static {
-    /// A release of the lock was published on the node.
+    /// A release of the lock was published on the node, to anyone or to this queue.
     fn released(&self);
+
+    /// The id of this local queue in the turn (see [`NodeTurn::queue_id`]); messages addressed
+    /// to another queue do not wake it. `""` (the default): only messages to anyone.
+    fn queue_id(&self) -> &str {
+        ""
+    }
 }
 
 impl<T: NodeReleased> ReleaseTarget for T {
@@ -132,9 +138,35 @@ impl<T: NodeReleased> ReleaseTarget for T {
         NodeReleased::released(self);
     }
 
-    /// Node entries are released to anyone (no turn): the message is empty.
     fn queue_id(&self) -> &str {
-        ""
+        NodeReleased::queue_id(self)
+    }
+}
+
+/// A multi-node lock's local queue in the fair turn between processes, kept on the lock's lead
+/// node (see [`RedisClient::node_acquire_lead`]).
+pub struct NodeTurn(Turn);
+
+impl NodeTurn {
+    /// The turn of a new local queue of a lock with `options` (a fresh queue id; the tenure
+    /// and the reservation the single lock uses).
+    #[must_use]
+    pub fn new(options: &LockOptions) -> Self {
+        NodeTurn(Turn::for_queue(options))
+    }
+
+    /// This queue's id, as release messages address it.
+    #[must_use]
+    pub fn queue_id(&self) -> &str {
+        &self.0.queue_id
+    }
+}
+
+impl std::fmt::Debug for NodeTurn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeTurn")
+            .field("queue_id", &self.0.queue_id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -192,7 +224,32 @@ impl RedisClient {
         holder: HolderId,
         lease: Duration,
     ) -> Result<NodeAcquire> {
-        self.node_acquire_as(keys, holder, lease, false, 1).await
+        self.node_acquire_as(keys, holder, lease, false, 1, Turn::none())
+            .await
+    }
+
+    /// As [`node_acquire_block`](Self::node_acquire_block), on the lock's **lead node** (its
+    /// first usable node), taking part in the fair turn between processes that the single
+    /// lock keeps: the node keeps the queue of waiting processes and the turn, and a free
+    /// entry reserved for another process's turn answers busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`node_acquire`](Self::node_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`node_acquire`](Self::node_acquire).
+    pub async fn node_acquire_lead(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        lease: Duration,
+        block: u32,
+        turn: &NodeTurn,
+    ) -> Result<NodeAcquire> {
+        self.node_acquire_as(keys, holder, lease, false, block.max(1), &turn.0)
+            .await
     }
 
     /// As [`node_acquire`](Self::node_acquire), reserving `block` fencing tokens on a first
@@ -213,7 +270,7 @@ impl RedisClient {
         lease: Duration,
         block: u32,
     ) -> Result<NodeAcquire> {
-        self.node_acquire_as(keys, holder, lease, false, block.max(1))
+        self.node_acquire_as(keys, holder, lease, false, block.max(1), Turn::none())
             .await
     }
 
@@ -234,7 +291,8 @@ impl RedisClient {
         holder: HolderId,
         lease: Duration,
     ) -> Result<NodeAcquire> {
-        self.node_acquire_as(keys, holder, lease, true, 1).await
+        self.node_acquire_as(keys, holder, lease, true, 1, Turn::none())
+            .await
     }
 
     async fn node_acquire_as(
@@ -244,12 +302,13 @@ impl RedisClient {
         lease: Duration,
         reentry: bool,
         block: u32,
+        turn: &Turn,
     ) -> Result<NodeAcquire> {
         let sent = Instant::now();
         let acquire = Acquire {
             holder,
             lease,
-            turn: Turn::none(),
+            turn,
             marker: Some(&keys.marker),
             request: request::next_id(),
             reentry,
@@ -293,9 +352,41 @@ impl RedisClient {
         holder: HolderId,
         lease: Duration,
     ) -> Result<Option<u32>> {
+        self.node_release_as(keys, Release::plain(holder, lease, Turn::none(), false))
+            .await
+    }
+
+    /// As [`node_release`](Self::node_release), on the lead node of an entry acquired with
+    /// [`node_acquire_lead`](Self::node_acquire_lead): at the last level the turn stays with
+    /// this process if `local_waiters` and its tenure (8 holds in a row, `holds` of them by
+    /// this entry: 1 plus its local passes) allow, else it goes to the first waiting process,
+    /// and the release message is addressed to that process only.
+    ///
+    /// # Errors
+    ///
+    /// As [`node_release`](Self::node_release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`node_release`](Self::node_release).
+    pub async fn node_release_lead(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        lease: Duration,
+        turn: &NodeTurn,
+        local_waiters: bool,
+        holds: u32,
+    ) -> Result<Option<u32>> {
+        let mut release = Release::plain(holder, lease, &turn.0, local_waiters);
+        release.holds = holds.max(1);
+        self.node_release_as(keys, release).await
+    }
+
+    async fn node_release_as(&self, keys: &NodeKeys, release: Release<'_>) -> Result<Option<u32>> {
+        let holder = release.holder;
         let renewal = &self.inner.renewal;
         renewal.begin_release(&keys.keys.lock, holder);
-        let release = Release::plain(holder, lease, Turn::none(), false);
         let reply = release_remote(self, &keys.keys, release).await;
         renewal.end_release(&keys.keys.lock, holder);
         match reply? {
