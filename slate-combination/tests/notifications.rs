@@ -34,6 +34,26 @@ fn lock_with_spin(nodes: &NodeSet, name: &str, order: Order, spin: Duration) -> 
         .expect("lock")
 }
 
+/// The lock `name` in two processes A and B (node-set views of their own, A adopting the
+/// servers), with a node operation time of `op` and the spin waits given.
+async fn two_processes(
+    servers: &[RedisServer],
+    name: &str,
+    order: Order,
+    op: Duration,
+    spins: (Duration, Duration),
+) -> (CombinationLock, CombinationLock) {
+    let a_nodes = view_of(urls(servers), opts(op));
+    adopt(&a_nodes).await;
+    let b_nodes = view_of(urls(servers), opts(op));
+    (
+        lock_with_spin(&a_nodes, name, order, spins.0),
+        lock_with_spin(&b_nodes, name, order, spins.1),
+    )
+}
+
+const LONG_SPIN: Duration = Duration::from_secs(30);
+
 /// A release in one process wakes the head parked in another at once: with a 30 s spin wait,
 /// the head acquires within 3 s of the release. Fails without notifications (the head would
 /// sleep out its 30 s).
@@ -42,11 +62,8 @@ async fn a_release_in_another_process_wakes_the_parked_head() {
     let servers = servers(3);
     for order in [Order::Sequential, Order::Pipelined] {
         let name = format!("notify-{order:?}");
-        let a_nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
-        adopt(&a_nodes).await;
-        let b_nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
-        let a = lock_with_spin(&a_nodes, &name, order, Duration::from_secs(30));
-        let b = lock_with_spin(&b_nodes, &name, order, Duration::from_secs(30));
+        let op = Duration::from_millis(500);
+        let (a, b) = two_processes(&servers, &name, order, op, (LONG_SPIN, LONG_SPIN)).await;
         let held = a.lock().await.unwrap();
         let waiter = tokio::spawn(async move {
             let guard = b.lock().await.unwrap();
@@ -82,16 +99,9 @@ async fn a_lost_notifying_node_degrades_to_the_spin_wait() {
     for fault in ["kill", "pause"] {
         let mut servers = servers(3);
         let name = format!("notify-lost-{fault}");
-        let a_nodes = view_of(urls(&servers), opts(Duration::from_millis(300)));
-        adopt(&a_nodes).await;
-        let b_nodes = view_of(urls(&servers), opts(Duration::from_millis(300)));
-        let a = lock_with_spin(&a_nodes, &name, Order::Pipelined, Duration::from_secs(30));
-        let b = lock_with_spin(
-            &b_nodes,
-            &name,
-            Order::Pipelined,
-            Duration::from_millis(500),
-        );
+        let op = Duration::from_millis(300);
+        let spins = (LONG_SPIN, Duration::from_millis(500));
+        let (a, b) = two_processes(&servers, &name, Order::Pipelined, op, spins).await;
         let held = a.lock().await.unwrap();
         let waiter = tokio::spawn(async move {
             let guard = b.lock().await.unwrap();
@@ -132,11 +142,8 @@ async fn the_turn_hands_the_lock_to_the_waiting_process_after_the_tenure() {
     let servers = servers(3);
     for order in [Order::Sequential, Order::Pipelined] {
         let name = format!("turn-{order:?}");
-        let a_nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
-        adopt(&a_nodes).await;
-        let b_nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
-        let a = lock_with_spin(&a_nodes, &name, order, Duration::from_secs(30));
-        let b = lock_with_spin(&b_nodes, &name, order, Duration::from_secs(30));
+        let op = Duration::from_millis(500);
+        let (a, b) = two_processes(&servers, &name, order, op, (LONG_SPIN, LONG_SPIN)).await;
         let log: Arc<Mutex<Vec<char>>> = Arc::new(Mutex::new(Vec::new()));
         let first = a.lock().await.unwrap();
         log.lock().unwrap().push('A');
