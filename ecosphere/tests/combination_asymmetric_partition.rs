@@ -30,7 +30,7 @@ use combination_common::*;
 use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation, Status};
 use ecosphere::proxy::Mode;
 use ecosphere::server::RedisServer;
-use slate_combination::{CombinationLock, NodeSet};
+use slate_combination::{CombinationLock, NodeSet, Order};
 use slate_core::{HolderId, Wait};
 
 /// Long enough for the default acquire budget of five nodes (5 × OP + 100 ms).
@@ -45,10 +45,11 @@ const THINK: Duration = Duration::from_millis(30);
 const NAME: &str = "c6";
 const COUNTER: &str = "counter";
 
-fn lock(nodes: &NodeSet) -> CombinationLock {
+fn lock(nodes: &NodeSet, order: Order) -> CombinationLock {
     CombinationLock::builder(nodes, NAME)
         .lease(LEASE)
         .spin_wait(Duration::from_millis(20))
+        .order(order)
         .build()
         .expect("lock")
 }
@@ -91,7 +92,7 @@ async fn contend(client: Client, resource: std::sync::Arc<RedisServer>) -> Tally
 }
 
 /// Runs the partition; returns both tallies after checking the history.
-async fn scenario(n: usize, a_cut: &[usize], b_cut: &[usize]) -> (Tally, Tally) {
+async fn scenario(n: usize, a_cut: &[usize], b_cut: &[usize], order: Order) -> (Tally, Tally) {
     let s = servers(n);
     let resource = std::sync::Arc::new(RedisServer::start().expect("resource server"));
     adopt(&urls(&s)).await;
@@ -107,8 +108,8 @@ async fn scenario(n: usize, a_cut: &[usize], b_cut: &[usize]) -> (Tally, Tally) 
         set(&pb[i], Mode::Reset);
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let a = Client::new(dir.path(), 0, lock(&a_view));
-    let b = Client::new(dir.path(), 1, lock(&b_view));
+    let a = Client::new(dir.path(), 0, lock(&a_view, order));
+    let b = Client::new(dir.path(), 1, lock(&b_view, order));
     let ta = tokio::spawn(contend(a, resource.clone()));
     let tb = tokio::spawn(contend(b, resource.clone()));
     let (ta, tb) = (ta.await.expect("A"), tb.await.expect("B"));
@@ -184,7 +185,15 @@ fn assert_one_at_a_time(ta: &Tally, tb: &Tally, a_nodes: &[usize], b_nodes: &[us
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c6_three_nodes_a_cut_from_n1_b_cut_from_n3_share_n2_one_at_a_time() {
-    let (ta, tb) = scenario(3, &[0], &[2]).await;
+    let (ta, tb) = scenario(3, &[0], &[2], Order::Sequential).await;
+    assert_one_at_a_time(&ta, &tb, &[1, 2], &[0, 1]);
+}
+
+/// The same partition against the parallel round (issue 15): A's lead is n2 (n1 is cut), B's
+/// is n1; both progress, one at a time, on the node sets the partition allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c6_three_nodes_parallel_round_shares_n2_one_at_a_time() {
+    let (ta, tb) = scenario(3, &[0], &[2], Order::Pipelined).await;
     assert_one_at_a_time(&ta, &tb, &[1, 2], &[0, 1]);
 }
 
@@ -199,10 +208,10 @@ async fn c6_four_nodes_split_two_and_two_both_refused_by_the_majority_quorum() {
         .build()
         .expect_err("a quorum of 2 of 4 is refused");
     assert!(two.is_invalid_input(), "{two}");
-    assert_eq!(lock(&nodes).required_nodes(), 3);
+    assert_eq!(lock(&nodes, Order::Sequential).required_nodes(), 3);
     drop(s);
 
-    let (ta, tb) = scenario(4, &[2, 3], &[0, 1]).await;
+    let (ta, tb) = scenario(4, &[2, 3], &[0, 1], Order::Sequential).await;
     assert_eq!(ta.acquired + tb.acquired, 0, "A {ta:?}, B {tb:?}");
     assert!(
         ta.insufficient > 0 && tb.insufficient > 0,
@@ -213,6 +222,13 @@ async fn c6_four_nodes_split_two_and_two_both_refused_by_the_majority_quorum() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c6_five_nodes_a_cut_from_n4_n5_b_cut_from_n1_n2_share_n3_one_at_a_time() {
-    let (ta, tb) = scenario(5, &[3, 4], &[0, 1]).await;
+    let (ta, tb) = scenario(5, &[3, 4], &[0, 1], Order::Sequential).await;
+    assert_one_at_a_time(&ta, &tb, &[0, 1, 2], &[2, 3, 4]);
+}
+
+/// The five-node partition against the parallel round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c6_five_nodes_parallel_round_shares_n3_one_at_a_time() {
+    let (ta, tb) = scenario(5, &[3, 4], &[0, 1], Order::Pipelined).await;
     assert_one_at_a_time(&ta, &tb, &[0, 1, 2], &[2, 3, 4]);
 }
