@@ -61,27 +61,39 @@ impl Timers {
     /// `deadline` in heap units; `empty` says the heap has no deadline now (the base then
     /// moves to `now`, keeping the numbers small).
     pub(crate) fn ticks(&mut self, deadline: Instant, now: Instant, empty: bool) -> u64 {
-        if empty || self.base.is_none() {
+        if empty {
             self.base = Some(now);
             self.armed = None;
         }
-        let base = self.base.unwrap_or(now);
-        // Nanoseconds fit in a u64 for 584 years; a later deadline waits as good as forever.
-        u64::try_from(deadline.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
+        self.since_base(deadline)
+    }
+
+    /// Nanoseconds from the base to `t` (0 before it, or without a base). They fit in a u64
+    /// for 584 years; a later deadline waits as good as forever.
+    fn since_base(&self, t: Instant) -> u64 {
+        self.base.map_or(0, |base| {
+            u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
+        })
     }
 
     fn instant(&self, ticks: u64) -> Option<Instant> {
         self.base?.checked_add(Duration::from_nanos(ticks))
     }
 
-    fn ticks_now(&self, now: Instant) -> u64 {
-        self.base.map_or(0, |base| {
-            u64::try_from(now.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
-        })
-    }
-
     pub(crate) fn running(&self) -> bool {
         self.running
+    }
+
+    /// Whether task `task` is the one that runs.
+    fn is_current(&self, task: u64) -> bool {
+        self.running && self.task == task
+    }
+
+    /// The running task is gone (finished, or dropped with its runtime).
+    fn stop(&mut self) {
+        self.running = false;
+        self.armed = None;
+        self.waker = None;
     }
 
     /// The task to wake because the heap emptied (it then finishes).
@@ -172,16 +184,14 @@ impl Exit<'_> {
         loop {
             let next = {
                 let mut st = lock(self.state);
-                if !st.timers.running || st.timers.task != self.task {
+                if !st.timers.is_current(self.task) {
                     return Poll::Ready(());
                 }
-                let now = st.timers.ticks_now(tokio::time::Instant::now().into_std());
+                let now = st.timers.since_base(tokio::time::Instant::now().into_std());
                 st.queue.expire(now, &mut wakers);
                 match st.queue.next_deadline() {
                     None => {
-                        st.timers.running = false;
-                        st.timers.armed = None;
-                        st.timers.waker = None;
+                        st.timers.stop();
                         None
                     }
                     Some(next) => {
@@ -215,14 +225,12 @@ impl Drop for Exit<'_> {
         let mut wakers = Vec::new();
         {
             let mut st = lock(self.state);
-            if !st.timers.running || st.timers.task != self.task {
+            if !st.timers.is_current(self.task) {
                 return; // finished normally, or a newer task took over
             }
             // Dropped unfinished (its runtime is shutting down): every timed waiter re-parks
             // and the first starts a new task.
-            st.timers.running = false;
-            st.timers.armed = None;
-            st.timers.waker = None;
+            st.timers.stop();
             st.queue.timed_wakers(&mut wakers);
         }
         for waker in wakers {

@@ -14,6 +14,14 @@ use crate::competitor::{Attempt, Competitor};
 /// lives in the box the attempt needs anyway, not in every acquire future.
 type BoxAttempt<G> = Pin<Box<dyn Future<Output = (HolderId, Result<Attempt<G>>)> + Send + 'static>>;
 
+/// Boxes `attempt` with the remote holder it is for.
+fn tagged<G, F>(holder: HolderId, attempt: F) -> BoxAttempt<G>
+where
+    F: Future<Output = Result<Attempt<G>>> + Send + 'static,
+{
+    Box::pin(async move { (holder, attempt.await) })
+}
+
 /// Owns one boxed attempt until it completes.
 ///
 /// If it is dropped first (its acquire future was cancelled), the attempt moves to a
@@ -39,15 +47,12 @@ impl<'a, C: Competitor> InFlight<'a, C> {
         passable: bool,
     ) -> Self {
         let competitor = sync.competitor_arc();
-        let attempt: BoxAttempt<C::Grant> = if reentrant {
-            let attempt = competitor.reenter(holder);
-            Box::pin(async move { (holder, attempt.await) })
+        let attempt = if reentrant {
+            tagged(holder, competitor.reenter(holder))
         } else if passable {
-            let attempt = competitor.attempt_passable(holder);
-            Box::pin(async move { (holder, attempt.await) })
+            tagged(holder, competitor.attempt_passable(holder))
         } else {
-            let attempt = competitor.attempt(holder);
-            Box::pin(async move { (holder, attempt.await) })
+            tagged(holder, competitor.attempt(holder))
         };
         InFlight {
             attempt: Mutex::new(Some(attempt)),

@@ -81,7 +81,10 @@ const KEEP_SLOTS: usize = 16;
 pub(crate) struct Queue {
     slots: Vec<Node>,
     /// Min-heap of the deadlines of queued waiters that have one (by `at`, then key); each
-    /// such node's `timer` is its index here.
+    /// such node's `timer` is its index here, so a waiter that leaves takes its entry out in
+    /// O(log n). Written here rather than taken from a crate: `std`'s `BinaryHeap` cannot
+    /// remove an entry by position, and indexed priority queues (`priority-queue`) keep a hash
+    /// map entry per item, which would break the 256-byte budget of a parked waiter.
     deadlines: Vec<Deadline>,
     free: u32,
     head: u32,
@@ -136,12 +139,8 @@ impl Queue {
     pub(crate) fn push_back(&mut self, passable: bool, deadline: Option<u64>) -> usize {
         let node = Node {
             prev: self.tail,
-            next: NIL,
-            timer: NO_TIMER,
-            waker: None,
-            in_flight: false,
             passable,
-            passed: false,
+            ..Node::vacant(NIL)
         };
         let key = if self.free == NIL {
             self.slots.push(node);
@@ -174,9 +173,8 @@ impl Queue {
     /// Unlinks `key` (any position) and returns whether it was the head.
     pub(crate) fn remove(&mut self, key: usize) -> bool {
         let was_head = self.is_head(key);
-        let timer = self.slots[key].timer;
-        if timer < EXPIRED {
-            self.remove_deadline(timer as usize);
+        if self.on_timer(key) {
+            self.remove_deadline(self.slots[key].timer as usize);
         }
         let node = &mut self.slots[key];
         assert!(

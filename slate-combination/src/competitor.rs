@@ -334,9 +334,10 @@ impl Inner {
                     // background so the acquisition does not wait on a failed node.
                     let stray = state.failed().to_vec();
                     let lead = lead.filter(|l| held.contains(l));
-                    let won_it = self
-                        .win(holder, start, held, &won, &stray, block, lead)
-                        .await;
+                    let mut won_it = self.win(holder, start, held, &won, &stray, block).await;
+                    if let Ok(Attempt::Acquired(grant)) = &mut won_it {
+                        grant.lead = lead;
+                    }
                     if matches!(won_it, Ok(Attempt::Acquired(_))) && !stray.is_empty() {
                         self.release_in_background(holder, stray, self.release_until(start));
                     }
@@ -367,7 +368,6 @@ impl Inner {
 
     /// After the walk was won: establish the fencing token on enough nodes, compute the
     /// combined deadline.
-    #[allow(clippy::too_many_arguments)] // the walk's outcome, as the loop has it
     async fn win(
         self: &Arc<Self>,
         holder: HolderId,
@@ -376,7 +376,6 @@ impl Inner {
         won: &HashMap<usize, (FencingToken, Instant)>,
         stray: &[usize],
         block: u32,
-        lead: Option<usize>,
     ) -> Result<Attempt<Grant>> {
         let token = held
             .iter()
@@ -451,7 +450,7 @@ impl Inner {
                     deadline,
                     watch: OnceLock::new(),
                     passes: block.max(1) - 1,
-                    lead,
+                    lead: None,
                 }))
             }
             _ => {
@@ -803,10 +802,10 @@ impl Competitor for CombinationCompetitor {
     }
 
     /// Subscribes to the release messages of the node the last attempt found held: whoever
-    /// holds it there releases it, and every holder releases its nodes right to left, so
-    /// the message on the leftmost node it holds comes when its whole release is done. One
-    /// node, not all: a message per node would wake the head once per node, and the first
-    /// (from a right-hand node, released first) would find the others still held. If that
+    /// holds it there releases it. One node, not all: a message per node would wake the head
+    /// once per node. In the sequential order a holder releases right to left, so that node
+    /// is freed last of those in the head's way; in the pipelined order it is the lead, and a
+    /// head woken before the other nodes are free holds the lead and asks them again. If that
     /// node's pub/sub connection is down (a dead, paused or quarantined node), this answers
     /// [`Notifications::Off`] and the head waits its spin wait: never a hang.
     fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {

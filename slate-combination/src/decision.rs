@@ -434,10 +434,7 @@ impl AttemptState {
         if elapsed > self.budget {
             return self.finish(|release| Next::BudgetExceeded { release });
         }
-        let lead = match (self.held.first(), self.others.first()) {
-            (Some(&h), Some(&o)) => Some(h.min(o)),
-            (h, o) => h.or(o).copied(),
-        };
+        let lead = self.held.iter().chain(&self.others).min().copied();
         if let Some(&first_other) = self.others.first()
             && lead == Some(first_other)
         {

@@ -54,6 +54,14 @@ async fn two_processes(
 
 const LONG_SPIN: Duration = Duration::from_secs(30);
 
+/// Waits until B's head is parked with its subscription on `server` (PUBSUB NUMSUB).
+async fn parked_on(server: &RedisServer, name: &str) {
+    wait_for(Duration::from_secs(5), "B's subscription on node 0", || {
+        (subscribers(server, name) == 1).then_some(())
+    })
+    .await;
+}
+
 /// A release in one process wakes the head parked in another at once: with a 30 s spin wait,
 /// the head acquires within 3 s of the release. Fails without notifications (the head would
 /// sleep out its 30 s).
@@ -70,10 +78,7 @@ async fn a_release_in_another_process_wakes_the_parked_head() {
             (Instant::now(), guard)
         });
         // B's head found node 0 held (both orders ask it first) and subscribed there.
-        wait_for(Duration::from_secs(5), "B's subscription on node 0", || {
-            (subscribers(&servers[0], &name) == 1).then_some(())
-        })
-        .await;
+        parked_on(&servers[0], &name).await;
         let released = Instant::now();
         held.unlock().await.unwrap();
         let (acquired, guard) = tokio::time::timeout(Duration::from_secs(3), waiter)
@@ -109,10 +114,7 @@ async fn a_lost_notifying_node_degrades_to_the_spin_wait() {
             guard.unlock().await.unwrap();
             token
         });
-        wait_for(Duration::from_secs(5), "B's subscription on node 0", || {
-            (subscribers(&servers[0], &name) == 1).then_some(())
-        })
-        .await;
+        parked_on(&servers[0], &name).await;
         match fault {
             "kill" => servers[0].kill().unwrap(),
             _ => servers[0].pause().unwrap(),
@@ -169,10 +171,7 @@ async fn the_turn_hands_the_lock_to_the_waiting_process_after_the_tenure() {
                 g.unlock().await.unwrap();
             })
         };
-        wait_for(Duration::from_secs(5), "B's subscription on node 0", || {
-            (subscribers(&servers[0], &name) >= 1).then_some(())
-        })
-        .await;
+        parked_on(&servers[0], &name).await;
         first.unlock().await.unwrap();
         tokio::time::timeout(Duration::from_secs(20), b_task)
             .await

@@ -819,22 +819,10 @@ impl Competitor for RedisCompetitor {
     }
 
     fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
-        let client = self.client.clone();
-        let channel = self.keys.channel.clone();
         let target: Weak<dyn ReleaseTarget> = self.me.clone();
         let last = *lock(&self.last_attempt);
-        let run = client.clone();
-        async move {
-            run.on_runtime(async move {
-                Ok(client
-                    .inner
-                    .notifier
-                    .subscribe(&client, &channel, target, last)
-                    .await)
-            })
-            .await
-            .unwrap_or(Notifications::Off)
-        }
+        self.client
+            .subscribe_releases(self.keys.channel.clone(), target, last)
     }
 
     fn queue_drained(&self) {

@@ -145,6 +145,7 @@ impl<T: NodeReleased> ReleaseTarget for T {
 
 /// A multi-node lock's local queue in the fair turn between processes, kept on the lock's lead
 /// node (see [`RedisClient::node_acquire_lead`]).
+#[derive(Debug)]
 pub struct NodeTurn(Turn);
 
 impl NodeTurn {
@@ -159,14 +160,6 @@ impl NodeTurn {
     #[must_use]
     pub fn queue_id(&self) -> &str {
         &self.0.queue_id
-    }
-}
-
-impl std::fmt::Debug for NodeTurn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeTurn")
-            .field("queue_id", &self.0.queue_id)
-            .finish_non_exhaustive()
     }
 }
 
@@ -601,17 +594,8 @@ impl RedisClient {
         attempt_sent: Option<Instant>,
     ) -> Notifications {
         let target: Weak<dyn ReleaseTarget> = Arc::downgrade(target) as Weak<T>;
-        let client = self.clone();
-        let channel = keys.keys.channel.clone();
-        self.on_runtime(async move {
-            Ok(client
-                .inner
-                .notifier
-                .subscribe(&client, &channel, target, attempt_sent)
-                .await)
-        })
-        .await
-        .unwrap_or(Notifications::Off)
+        self.subscribe_releases(keys.keys.channel.clone(), target, attempt_sent)
+            .await
     }
 
     /// Drops the subscription [`node_subscribe`](Self::node_subscribe) made (the lock's queue

@@ -30,6 +30,28 @@ use tokio::sync::{mpsc, oneshot};
 use crate::client::{RedisClient, lock};
 use crate::conn::slot_of;
 
+impl RedisClient {
+    /// Subscribes `target` to the release messages of `channel` on this client's runtime (see
+    /// [`Notifier::subscribe`]); [`Notifications::Off`] if that runtime is gone. What the
+    /// single lock's and the node locks' `prepare_wait` run.
+    pub(crate) fn subscribe_releases(
+        &self,
+        channel: Arc<[u8]>,
+        target: Weak<dyn ReleaseTarget>,
+        attempt_sent: Option<Instant>,
+    ) -> impl Future<Output = Notifications> + Send + 'static + use<> {
+        let client = self.clone();
+        let run = self.on_runtime(async move {
+            Ok(client
+                .inner
+                .notifier
+                .subscribe(&client, &channel, target, attempt_sent)
+                .await)
+        });
+        async move { run.await.unwrap_or(Notifications::Off) }
+    }
+}
+
 /// Builds a cluster client whose connection delivers push messages on the given sender.
 pub(crate) type ClusterBuild = dyn Fn(Option<mpsc::UnboundedSender<PushInfo>>) -> RedisResult<redis::cluster::ClusterClient>
     + Send
