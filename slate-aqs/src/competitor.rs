@@ -134,6 +134,51 @@ pub trait Competitor: Send + Sync + 'static {
         self.attempt(holder)
     }
 
+    /// One remote attempt for `holder` in **shared** mode (a read lock, permits of a
+    /// semaphore): *acquired* when the remote admits it beside the other shared holders,
+    /// *busy* otherwise. Waiters of [`Synchronizer::acquire_shared`](crate::Synchronizer::acquire_shared)
+    /// use it; the grant goes through the same hooks as an exclusive one
+    /// ([`after_acquire`](Competitor::after_acquire), [`abandon`](Competitor::abandon)), so
+    /// a backend with both modes records the mode in its grant.
+    ///
+    /// The default answers [`Error::InvalidInput`]: the backend has no shared mode.
+    ///
+    /// [`Error::InvalidInput`]: slate_core::Error::InvalidInput
+    ///
+    /// # Errors
+    ///
+    /// As [`attempt`](Competitor::attempt).
+    fn attempt_shared(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Self::Grant>>> + Send + 'static {
+        let _ = holder;
+        std::future::ready(Err(slate_core::Error::invalid_input(
+            "shared mode",
+            "this lock has no shared (read or permit) mode",
+            "use the exclusive acquire, or a backend that implements attempt_shared",
+        )))
+    }
+
+    /// One remote **shared re-entry** for `holder`: it already holds the lock shared in
+    /// this process, or exclusively (a writer taking the read lock its write lock covers).
+    /// Like [`reenter`](Competitor::reenter), it must never start a new hold: if `holder`'s
+    /// hold is gone remotely it answers [`Error::LeaseLost`] (or busy) and changes nothing.
+    ///
+    /// The default calls [`attempt_shared`](Competitor::attempt_shared).
+    ///
+    /// [`Error::LeaseLost`]: slate_core::Error::LeaseLost
+    ///
+    /// # Errors
+    ///
+    /// As [`attempt_shared`](Competitor::attempt_shared), plus `LeaseLost` as above.
+    fn reenter_shared(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Self::Grant>>> + Send + 'static {
+        self.attempt_shared(holder)
+    }
+
     /// How many local passes the fresh remote hold `grant` may serve after its own holder
     /// (0, the default: none). Called once per first-level grant of a passable waiter.
     fn pass_budget(&self, grant: &Self::Grant) -> u32 {
@@ -169,6 +214,13 @@ pub trait Competitor: Send + Sync + 'static {
 
     /// Called when `holder`'s local hold count returned to zero.
     fn after_release(&self, holder: HolderId) {
+        let _ = holder;
+    }
+
+    /// Called when `holder`'s local **shared** hold count returned to zero (its shared
+    /// hold ended locally, or it was displaced by an exclusive grant: the remote had already
+    /// ended its shared hold).
+    fn after_release_shared(&self, holder: HolderId) {
         let _ = holder;
     }
 

@@ -38,21 +38,24 @@ pub(crate) struct InFlight<'a, C: Competitor> {
 }
 
 impl<'a, C: Competitor> InFlight<'a, C> {
-    /// Starts an attempt for the remote holder `holder` ([`Competitor::reenter`] when
-    /// `reentrant`, else [`Competitor::attempt_passable`] when `passable`).
+    /// Starts an attempt for the remote holder `holder`: in shared mode when `shared`
+    /// ([`Competitor::reenter_shared`] when `reentrant`, else
+    /// [`Competitor::attempt_shared`]); otherwise [`Competitor::reenter`] when `reentrant`,
+    /// else [`Competitor::attempt_passable`] when `passable`, else [`Competitor::attempt`].
     pub(crate) fn start(
         sync: &'a Synchronizer<C>,
         holder: HolderId,
         reentrant: bool,
         passable: bool,
+        shared: bool,
     ) -> Self {
         let competitor = sync.competitor_arc();
-        let attempt = if reentrant {
-            tagged(holder, competitor.reenter(holder))
-        } else if passable {
-            tagged(holder, competitor.attempt_passable(holder))
-        } else {
-            tagged(holder, competitor.attempt(holder))
+        let attempt = match (shared, reentrant, passable) {
+            (true, true, _) => tagged(holder, competitor.reenter_shared(holder)),
+            (true, false, _) => tagged(holder, competitor.attempt_shared(holder)),
+            (false, true, _) => tagged(holder, competitor.reenter(holder)),
+            (false, false, true) => tagged(holder, competitor.attempt_passable(holder)),
+            (false, false, false) => tagged(holder, competitor.attempt(holder)),
         };
         InFlight {
             attempt: Mutex::new(Some(attempt)),

@@ -6,7 +6,11 @@
 //! asks, the others sleep".
 //!
 //! - [`Synchronizer`]: the queue and its driver (`acquire`, `blocking_acquire`, `release`,
-//!   `notify_released`). Its docs state the queue invariants and every cancel path.
+//!   `notify_released`). Its docs state the queue invariants and every cancel path. Like
+//!   Java's AQS it has an exclusive and a **shared** mode (`acquire_shared`,
+//!   `release_shared`): shared holders hold together, and both modes queue in one FIFO, so
+//!   a queued writer is not starved by later readers. Read-write locks and semaphores are
+//!   competitors on top of it.
 //! - [`Competitor`]: the strategy a backend implements: one remote attempt, and hooks.
 //! - `testing` (feature `test-util`): an in-memory remote lock and competitor for tests and
 //!   benchmarks.

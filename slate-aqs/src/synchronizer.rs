@@ -68,17 +68,21 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// ## State and invariants
 ///
 /// The state is one mutex-protected record: `owner: Option<(holder, depth, remote holder,
-/// passes left)>`, the FIFO `queue`, and a notification `epoch`.
+/// passes left)>` (the exclusive owner), `readers: [(holder, depth)]` (the shared holders, see
+/// [`acquire_shared`](Synchronizer::acquire_shared)), the FIFO `queue`, and a notification
+/// `epoch`.
 ///
 /// | state | invariant |
 /// | --- | --- |
 /// | `owner = Some((h, d))` | `d ≥ 1`. No queued waiter starts an attempt, except a head whose holder is `h` (re-entry). Remote calls for the hold name its remote holder (`h`, or the holder that acquired it before passing it on). |
 /// | owner passing (`h` unknown) | right after a pass: `d = 1`, and the head (only the head) is marked *passed*; it becomes the owner when it runs. Nobody else attempts; `Wait::Immediate` is busy |
+/// | `readers` non-empty | every depth `≥ 1`, each holder once; beside an exclusive owner only the owner itself (the read its write covers), and none while a hold is being passed. No exclusive waiter attempts (except the owner's re-entry); shared waiters do while no exclusive owner holds |
+/// | shared head granted | it leaves the queue **waking the next head**, so consecutive shared waiters at the head are admitted one after the other; a queued exclusive waiter stops the run (FIFO between modes) |
 /// | `owner = None`, queue empty | idle: the next caller takes the fast path |
 /// | `owner = None`, queue non-empty | the head is attempting, preparing to park, or parked with a retry timer; it was woken after the last event that freed the lock locally |
 /// | head | changes only when the head's own future unlinks itself (grant, timeout, error, drop); on any exit but a grant the new head is woken |
 /// | attempt in flight (`in_flight`) | only the head's node carries it: at most one queued attempt at a time |
-/// | `epoch` | bumped by every local release to depth 0 and every `notify_released`; a parked head waits for it to differ from the value it read before its last attempt |
+/// | `epoch` | bumped by every local release to depth 0 (exclusive or shared) and every `notify_released`; a parked head waits for it to differ from the value it read before its last attempt |
 /// | waker | a parked waiter stores its waker in the same critical section in which it found its condition false, so a later event cannot miss it |
 /// | deadline heap | holds exactly the queued async waiters with a deadline that has not fired; a waiter parks only after making sure the timer task runs and is armed at or before the earliest deadline; a fired deadline is marked on the waiter, whose next decision is a timeout (unless it was passed the hold) |
 ///
@@ -137,6 +141,8 @@ pub struct Synchronizer<C: Competitor> {
 #[derive(Debug, Default)]
 pub(crate) struct State {
     owner: Option<Owner>,
+    /// The local shared holders (see [`Readers`]).
+    readers: Readers,
     pub(crate) queue: Queue,
     epoch: u64,
     pub(crate) timers: Timers,
@@ -162,9 +168,63 @@ impl Owner {
     }
 }
 
+/// The local holders of the lock in shared mode and their local depths. A handful at a time
+/// (the tasks of one process that read at once): a `Vec` scanned linearly beats a map.
+#[derive(Debug, Default)]
+struct Readers(Vec<(HolderId, u32)>);
+
+impl Readers {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn depth(&self, holder: HolderId) -> u32 {
+        self.0
+            .iter()
+            .find(|(h, _)| *h == holder)
+            .map_or(0, |(_, d)| *d)
+    }
+
+    /// One more level for `holder`: its new depth, `None` if it would overflow.
+    fn add(&mut self, holder: HolderId) -> Option<u32> {
+        match self.0.iter_mut().find(|(h, _)| *h == holder) {
+            Some((_, d)) => {
+                *d = d.checked_add(1)?;
+                Some(*d)
+            }
+            None => {
+                self.0.push((holder, 1));
+                Some(1)
+            }
+        }
+    }
+
+    /// One level less for `holder`: the levels it still holds, `None` if it holds none.
+    fn release(&mut self, holder: HolderId) -> Option<u32> {
+        let pos = self.0.iter().position(|(h, _)| *h == holder)?;
+        let depth = &mut self.0[pos].1;
+        *depth -= 1;
+        let left = *depth;
+        if left == 0 {
+            self.0.swap_remove(pos);
+        }
+        Some(left)
+    }
+
+    fn take_all(&mut self) -> Vec<(HolderId, u32)> {
+        std::mem::take(&mut self.0)
+    }
+}
+
 impl State {
     fn bump_epoch(&mut self) {
         self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// Whether no local holder keeps a waiter of this mode from attempting: no exclusive
+    /// owner, and for an exclusive waiter no shared holder either.
+    fn locally_free(&self, shared: bool) -> bool {
+        self.owner.is_none() && (shared || self.readers.is_empty())
     }
 
     /// Unlinks `key` from the queue: whether it was the head, and the shared timer's task to
@@ -193,6 +253,11 @@ impl State {
                 .is_none_or(|o| o.holder.is_some() || o.depth == 1),
             "a hold is passed at one level"
         );
+        debug_assert!(
+            self.owner
+                .is_none_or(|o| self.readers.0.iter().all(|(h, _)| o.is(*h))),
+            "beside an exclusive owner, only the owner itself holds shared (the read its write covers)"
+        );
     }
 }
 
@@ -210,6 +275,8 @@ struct Entry {
     deadline: Option<Instant>,
     immediate: bool,
     passable: bool,
+    /// Shared mode (`acquire_shared`).
+    shared: bool,
     /// A queued waiter leaves its deadline to the shared timer (`Timer::SHARED`).
     shared_timer: bool,
 }
@@ -219,8 +286,9 @@ struct Entry {
 enum Cond {
     /// To become the head.
     Head,
-    /// The local owner to release.
-    Free,
+    /// The local holders that keep a waiter of this mode (`shared` or not) from attempting
+    /// to release.
+    Free { shared: bool },
     /// The epoch to move on from this value.
     Epoch(u64),
 }
@@ -245,6 +313,9 @@ enum Retry {
 enum Step {
     /// `Wait::Immediate` and another local holder holds the lock: busy, no remote call.
     LocallyBusy,
+    /// An exclusive acquire by a holder that holds the lock shared: refused (an upgrade
+    /// would deadlock against another reader doing the same).
+    Upgrade,
     /// The deadline passed.
     Timeout,
     /// Run one remote attempt (the epoch read before sending it; whether it is a re-entry;
@@ -263,13 +334,13 @@ enum Step {
         epoch: u64,
         retry_after: Option<Duration>,
     },
-    /// Park the queued waiter `key` until `cond` or `until` (or, when `shared`, its deadline
-    /// on the shared timer).
+    /// Park the queued waiter `key` until `cond` or `until` (or, when `on_timer`, its
+    /// deadline on the shared timer).
     Park {
         key: usize,
         cond: Cond,
         until: Option<Instant>,
-        shared: bool,
+        on_timer: bool,
     },
 }
 
@@ -405,6 +476,7 @@ impl<C: Competitor> Synchronizer<C> {
             wait.deadline(),
             wait == Wait::Immediate,
             false,
+            false,
             TokioTimer,
         )
     }
@@ -486,8 +558,107 @@ impl<C: Competitor> Synchronizer<C> {
             wait.deadline(),
             wait == Wait::Immediate,
             true,
+            false,
             TokioTimer,
         )
+    }
+
+    /// Acquires the lock for `holder` in **shared** mode (a read lock, permits of a
+    /// semaphore), waiting as `wait` allows, and returns the competitor's grant (from
+    /// [`Competitor::attempt_shared`]).
+    ///
+    /// Shared holders of one process hold at once; exclusive and shared waiters queue in one
+    /// FIFO:
+    ///
+    /// - **Fast path.** No local exclusive owner and an empty queue: one attempt at once,
+    ///   beside any local shared holders.
+    /// - **Re-entry.** `holder` already holds shared, or is the exclusive owner (a writer
+    ///   taking the read lock its write lock covers): one attempt at once through
+    ///   [`Competitor::reenter_shared`], never queued; its shared depth goes up by one.
+    /// - **Queue.** Otherwise the caller queues behind everyone already waiting: once an
+    ///   exclusive waiter is queued, later shared callers wait behind it, so a writer is
+    ///   never starved by a stream of readers. A shared head attempts while no exclusive
+    ///   owner holds locally; when it is granted it wakes the next head at once, so the
+    ///   shared waiters at the head of the queue are admitted one after the other without
+    ///   waiting for a release (Java's `setHeadAndPropagate`), up to the first exclusive one.
+    /// - [`Wait::Immediate`]: [`Error::Busy`] without a remote call if a local exclusive
+    ///   owner holds the lock; otherwise exactly one attempt.
+    ///
+    /// An exclusive [`acquire`](Synchronizer::acquire) by a holder that holds shared is
+    /// refused ([`Error::InvalidInput`]): an upgrade would deadlock against a second reader
+    /// upgrading. Take the exclusive mode first, then the shared mode it covers, and release
+    /// the exclusive level to **downgrade** without a gap.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// use slate_aqs::{HolderId, Synchronizer, Wait};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> slate_aqs::Result<()> {
+    /// let remote = MemoryRemote::new();
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(remote.clone()), Duration::from_millis(50));
+    /// let (r1, r2, w) = (HolderId::new(), HolderId::new(), HolderId::new());
+    /// sync.acquire_shared(r1, Wait::Forever).await?;
+    /// sync.acquire_shared(r2, Wait::Forever).await?; // readers share
+    /// assert_eq!(sync.shared_holders().len(), 2);
+    /// let err = sync.acquire(w, Wait::Immediate).await.unwrap_err();
+    /// assert!(err.is_busy()); // a writer waits for both
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Synchronizer::acquire); [`Error::InvalidInput`] from a competitor
+    /// without a shared mode, or if `holder`'s shared depth would overflow `u32`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Synchronizer::acquire): dropping the future removes the caller from the
+    /// queue (waking the next head if it was the head), and a grant obtained by an attempt
+    /// in flight goes to [`Competitor::abandon`].
+    pub fn acquire_shared(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<C::Grant>> + '_ {
+        self.run(
+            holder,
+            wait.deadline(),
+            wait == Wait::Immediate,
+            false,
+            true,
+            TokioTimer,
+        )
+    }
+
+    /// The blocking twin of [`acquire_shared`](Synchronizer::acquire_shared).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_aqs::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// sync.blocking_acquire_shared(me, Wait::Forever)?;
+    /// assert_eq!(sync.shared_depth(me), 1);
+    /// # Ok::<(), slate_aqs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_shared`](Synchronizer::acquire_shared).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_acquire`](Synchronizer::blocking_acquire).
+    pub fn blocking_acquire_shared(&self, holder: HolderId, wait: Wait) -> Result<C::Grant> {
+        self.blocking_run(holder, wait, false, true)
     }
 
     /// The blocking twin of [`acquire`](Synchronizer::acquire), for thread callers.
@@ -520,7 +691,7 @@ impl<C: Competitor> Synchronizer<C> {
     /// When called from inside a tokio runtime context (including `spawn_blocking` threads,
     /// which carry the context: use `Handle::current().block_on(sync.acquire(..))` there).
     pub fn blocking_acquire(&self, holder: HolderId, wait: Wait) -> Result<C::Grant> {
-        self.blocking_run(holder, wait, false)
+        self.blocking_run(holder, wait, false, false)
     }
 
     /// The blocking twin of [`acquire_passable`](Synchronizer::acquire_passable).
@@ -546,10 +717,16 @@ impl<C: Competitor> Synchronizer<C> {
     ///
     /// As [`blocking_acquire`](Synchronizer::blocking_acquire).
     pub fn blocking_acquire_passable(&self, holder: HolderId, wait: Wait) -> Result<C::Grant> {
-        self.blocking_run(holder, wait, true)
+        self.blocking_run(holder, wait, true, false)
     }
 
-    fn blocking_run(&self, holder: HolderId, wait: Wait, passable: bool) -> Result<C::Grant> {
+    fn blocking_run(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+        passable: bool,
+        shared: bool,
+    ) -> Result<C::Grant> {
         assert!(
             tokio::runtime::Handle::try_current().is_err(),
             "blocking_acquire called from inside an async runtime; use `acquire().await`"
@@ -561,6 +738,7 @@ impl<C: Competitor> Synchronizer<C> {
             wait.deadline(),
             wait == Wait::Immediate,
             passable,
+            shared,
             timer.clone(),
         );
         crate::blocking::block_on(run, &timer)
@@ -622,6 +800,51 @@ impl<C: Competitor> Synchronizer<C> {
         0
     }
 
+    /// Releases one local level of `holder`'s **shared** hold and returns the shared levels
+    /// `holder` still holds locally (0 once released, and for a holder that holds none).
+    ///
+    /// The backend calls this after its remote release, whatever that release's outcome. At
+    /// depth 0, [`Competitor::after_release_shared`] runs and the head of the queue is woken
+    /// (an exclusive head waits for the last reader; a shared head may find the remote has
+    /// room again).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_aqs::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// sync.blocking_acquire_shared(me, Wait::Forever)?;
+    /// assert_eq!(sync.release_shared(me), 0);
+    /// assert!(sync.shared_holders().is_empty());
+    /// # Ok::<(), slate_aqs::Error>(())
+    /// ```
+    pub fn release_shared(&self, holder: HolderId) -> u32 {
+        let waker = {
+            let mut st = self.lock();
+            match st.readers.release(holder) {
+                None => {
+                    tracing::debug!(lock = %self.label, %holder, "shared release by a holder that holds none; ignored");
+                    return 0;
+                }
+                Some(left) if left > 0 => return left,
+                Some(_) => {
+                    st.bump_epoch();
+                    st.debug_check();
+                    st.queue.take_head_waker()
+                }
+            }
+        };
+        tracing::debug!(lock = %self.label, %holder, "released shared");
+        self.competitor.after_release_shared(holder);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        0
+    }
+
     /// Passes `holder`'s hold to the head of the queue instead of releasing it (lock
     /// cohorting): `true` if it did, and then the backend must **not** release remotely:
     /// the head takes over the remote hold as it is, through [`Competitor::take_pass`].
@@ -656,11 +879,16 @@ impl<C: Competitor> Synchronizer<C> {
     pub fn try_pass(&self, holder: HolderId) -> bool {
         let waker = {
             let mut st = self.lock();
-            let State { owner, queue, .. } = &mut *st;
+            let State {
+                owner,
+                queue,
+                readers,
+                ..
+            } = &mut *st;
             let Some(o) = owner.as_mut() else {
                 return false;
             };
-            if !o.is(holder) || o.depth != 1 || o.passes_left == 0 {
+            if !o.is(holder) || o.depth != 1 || o.passes_left == 0 || !readers.is_empty() {
                 return false;
             }
             let Some(head) = queue.head() else {
@@ -745,6 +973,34 @@ impl<C: Competitor> Synchronizer<C> {
             .and_then(|o| o.holder.map(|h| (h, o.depth)))
     }
 
+    /// The local shared holders and their local depths, in no particular order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert!(sync.shared_holders().is_empty());
+    /// ```
+    pub fn shared_holders(&self) -> Vec<(HolderId, u32)> {
+        self.lock().readers.0.clone()
+    }
+
+    /// The local shared depth of `holder` (0 if it does not hold shared).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert_eq!(sync.shared_depth(slate_aqs::HolderId::new()), 0);
+    /// ```
+    pub fn shared_depth(&self, holder: HolderId) -> u32 {
+        self.lock().readers.depth(holder)
+    }
+
     /// How many callers wait in the queue (the head included).
     ///
     /// # Examples
@@ -783,6 +1039,20 @@ impl<C: Competitor> Synchronizer<C> {
             }
             if o.holder.is_none() && o.depth != 1 {
                 return Err(format!("a hold passed at depth {}", o.depth));
+            }
+        }
+        for (i, (h, d)) in st.readers.0.iter().enumerate() {
+            if *d == 0 {
+                return Err(format!("shared holder {h} at depth 0"));
+            }
+            if st.readers.0[..i].iter().any(|(o, _)| o == h) {
+                return Err(format!("shared holder {h} listed twice"));
+            }
+            if st.owner.is_some_and(|o| !o.is(*h)) {
+                return Err(format!(
+                    "shared holder {h} beside the exclusive owner {:?}",
+                    st.owner.and_then(|o| o.holder)
+                ));
             }
         }
         let passing = st.owner.is_some_and(|o| o.holder.is_none());
@@ -871,6 +1141,7 @@ impl<C: Competitor> Synchronizer<C> {
         deadline: Option<Instant>,
         immediate: bool,
         passable: bool,
+        shared: bool,
         timer: T,
     ) -> impl Future<Output = Result<C::Grant>> + 'a {
         async move {
@@ -894,10 +1165,12 @@ impl<C: Competitor> Synchronizer<C> {
                     deadline,
                     immediate,
                     passable,
+                    shared,
                     shared_timer: T::SHARED,
                 };
                 match self.decide(&mut slot, entry, now, retry) {
                     Step::LocallyBusy => return Err(self.busy(None)),
+                    Step::Upgrade => return Err(self.upgrade(holder)),
                     Step::Timeout => {
                         slot.leave();
                         tracing::debug!(lock = %self.label, %holder, "wait timed out");
@@ -915,9 +1188,12 @@ impl<C: Competitor> Synchronizer<C> {
                         reentrant,
                         remote,
                         passable,
-                    } => match InFlight::start(self, remote, reentrant, passable).await {
+                    } => match InFlight::start(self, remote, reentrant, passable, shared).await {
                         // The remote holder comes back with the answer: the future keeps one
                         // copy of it (in the attempt), not two.
+                        (remote, Ok(Attempt::Acquired(grant))) if shared => {
+                            return self.grant_shared(holder, remote, &mut slot, grant);
+                        }
                         (remote, Ok(Attempt::Acquired(grant))) => {
                             return self.grant(holder, remote, passable, &mut slot, grant);
                         }
@@ -962,9 +1238,9 @@ impl<C: Competitor> Synchronizer<C> {
                         key,
                         cond,
                         until,
-                        shared,
+                        on_timer,
                     } => {
-                        if shared {
+                        if on_timer {
                             crate::deadlines::ensure(&self.state);
                         }
                         let timed = match until {
@@ -1012,6 +1288,7 @@ impl<C: Competitor> Synchronizer<C> {
             deadline,
             immediate,
             passable,
+            shared,
             shared_timer,
         } = entry;
         let mut st = self.lock();
@@ -1035,13 +1312,17 @@ impl<C: Competitor> Synchronizer<C> {
             }
             None => {
                 // Entry rules (a busy entry attempt, `AfterBusy`, always queues).
+                let reader = st.readers.depth(holder) > 0;
                 let entry = match (st.owner, retry) {
                     (_, Retry::AfterBusy { .. }) => None,
+                    // Exclusive re-entry, or the read an exclusive hold covers.
                     (Some(o), _) if o.is(holder) => Some((true, o.remote)),
-                    (Some(_), _) if immediate => return Step::LocallyBusy,
-                    (Some(_), _) => None,
-                    (None, _) if immediate || st.queue.is_empty() => Some((false, holder)),
-                    (None, _) => None,
+                    _ if reader && shared => Some((true, holder)),
+                    _ if reader => return Step::Upgrade,
+                    _ if !st.locally_free(shared) && immediate => return Step::LocallyBusy,
+                    _ if !st.locally_free(shared) => None,
+                    _ if immediate || st.queue.is_empty() => Some((false, holder)),
+                    _ => None,
                 };
                 if let Some((reentrant, remote)) = entry {
                     return Step::Attempt {
@@ -1069,14 +1350,14 @@ impl<C: Competitor> Synchronizer<C> {
             return Step::Timeout;
         }
         // A deadline on the shared timer needs no sleep of the waiter's own.
-        let shared = st.queue.on_timer(key);
-        let deadline = if shared { None } else { deadline };
+        let on_timer = st.queue.on_timer(key);
+        let deadline = if on_timer { None } else { deadline };
         if !st.queue.is_head(key) {
             return Step::Park {
                 key,
                 cond: Cond::Head,
                 until: deadline,
-                shared,
+                on_timer,
             };
         }
         // A hold is worth passing only if someone waits behind the head to take it.
@@ -1088,13 +1369,13 @@ impl<C: Competitor> Synchronizer<C> {
                 remote: o.remote,
                 passable: false,
             },
-            Some(_) => Step::Park {
+            _ if !st.locally_free(shared) => Step::Park {
                 key,
-                cond: Cond::Free,
+                cond: Cond::Free { shared },
                 until: deadline,
-                shared,
+                on_timer,
             },
-            None => match retry {
+            _ => match retry {
                 Retry::Now => Step::Attempt {
                     epoch: st.epoch,
                     reentrant: false,
@@ -1119,7 +1400,7 @@ impl<C: Competitor> Synchronizer<C> {
                         (Some(at), Some(d)) => Some(at.min(d)),
                         (at, d) => at.or(d),
                     },
-                    shared,
+                    on_timer,
                 },
             },
         };
@@ -1142,7 +1423,7 @@ impl<C: Competitor> Synchronizer<C> {
             || (st.queue.on_timer(key) && !st.timers.running())
             || match cond {
                 Cond::Head => st.queue.is_head(key),
-                Cond::Free => st.owner.is_none(),
+                Cond::Free { shared } => st.locally_free(shared),
                 Cond::Epoch(epoch) => st.epoch != epoch,
             };
         if !ready {
@@ -1211,6 +1492,13 @@ impl<C: Competitor> Synchronizer<C> {
                 Some(o) if !o.is(holder) => Some(o.remote),
                 _ => None,
             };
+            // Likewise shared holders beside a fresh exclusive grant: the remote ended their
+            // holds before it granted this one (an exclusive attempt starts only with none).
+            let readers = if st.owner.is_some_and(|o| o.is(holder)) {
+                Vec::new()
+            } else {
+                st.readers.take_all()
+            };
             let mut unpassed = None;
             if st.owner.is_some_and(|o| o.holder.is_none())
                 && let Some(head) = st.queue.head()
@@ -1223,15 +1511,20 @@ impl<C: Competitor> Synchronizer<C> {
             st.debug_check();
             (
                 new_owner,
-                displaced,
+                (displaced, readers),
                 drained,
                 unpassed.into_iter().chain(timer),
             )
         };
         let (depth, remote) = (new_owner.depth, new_owner.remote);
+        let (displaced, readers) = displaced;
         if let Some(old) = displaced {
             tracing::debug!(lock = %self.label, %holder, displaced = %old, "grant displaced a local owner whose remote hold had ended");
             self.competitor.after_release(old);
+        }
+        for (old, _) in readers {
+            tracing::debug!(lock = %self.label, %holder, displaced = %old, "grant displaced a shared holder whose remote hold had ended");
+            self.competitor.after_release_shared(old);
         }
         unpassed.for_each(Waker::wake);
         if drained {
@@ -1239,6 +1532,74 @@ impl<C: Competitor> Synchronizer<C> {
         }
         self.competitor.after_acquire(remote, &grant);
         tracing::debug!(lock = %self.label, %holder, depth, "granted");
+        Ok(grant)
+    }
+
+    /// Records a shared grant for `holder` (unlinking its waiter, if queued, and waking the
+    /// next head so that shared waiters at the head are admitted one after the other) and
+    /// runs the hooks.
+    fn grant_shared(
+        &self,
+        holder: HolderId,
+        remote: HolderId,
+        slot: &mut QueueSlot<'_, C>,
+        grant: C::Grant,
+    ) -> Result<C::Grant> {
+        let (displaced, drained, wakers) = {
+            let mut st = self.lock();
+            if st.readers.add(holder).is_none() {
+                drop(st);
+                slot.leave();
+                self.competitor.abandon(remote, grant);
+                return Err(Error::invalid_input(
+                    "re-entry depth",
+                    format!("{holder} took lock {} shared u32::MAX times", self.label),
+                    "release some levels before acquiring again",
+                ));
+            }
+            let mut wakers = Vec::new();
+            let drained = match slot.key.take() {
+                Some(key) => {
+                    let (was_head, timer) = st.unlink(key);
+                    debug_assert!(was_head, "only the head attempts from the queue");
+                    wakers.extend(timer);
+                    // The next head may be shared too: it attempts now rather than at the
+                    // next release (an exclusive one finds the lock held and parks again).
+                    wakers.extend(st.queue.take_head_waker());
+                    st.queue.is_empty()
+                }
+                None => false,
+            };
+            // An exclusive owner other than `holder` beside a shared grant: its remote hold
+            // ended before the remote admitted this one (displaced, as in `grant`); a hold
+            // being passed is taken back from the head it was passed to.
+            let displaced = match st.owner {
+                Some(o) if !o.is(holder) => {
+                    if o.holder.is_none()
+                        && let Some(head) = st.queue.head()
+                    {
+                        let node = st.queue.node_mut(head);
+                        node.passed = false;
+                        wakers.extend(node.waker.take());
+                    }
+                    st.owner = None;
+                    Some(o.remote)
+                }
+                _ => None,
+            };
+            st.debug_check();
+            (displaced, drained, wakers)
+        };
+        if let Some(old) = displaced {
+            tracing::debug!(lock = %self.label, %holder, displaced = %old, "shared grant displaced a local owner whose remote hold had ended");
+            self.competitor.after_release(old);
+        }
+        wakers.into_iter().for_each(Waker::wake);
+        if drained {
+            self.competitor.queue_drained();
+        }
+        self.competitor.after_acquire(remote, &grant);
+        tracing::debug!(lock = %self.label, %holder, "granted shared");
         Ok(grant)
     }
 
@@ -1318,6 +1679,17 @@ impl<C: Competitor> Synchronizer<C> {
         )
     }
 
+    fn upgrade(&self, holder: HolderId) -> Error {
+        Error::invalid_input(
+            "upgrade",
+            format!(
+                "{holder} holds lock {} shared and asked for it exclusively; an upgrade would deadlock against another shared holder doing the same",
+                self.label
+            ),
+            "release the shared hold first, or take the exclusive hold first and then the shared one it covers",
+        )
+    }
+
     fn lease_lost(&self, holder: HolderId) -> Error {
         tracing::debug!(lock = %self.label, %holder, "re-entrant attempt found the lock held by another holder");
         Error::lease_lost(self.label.clone(), holder, LossReason::EntryGone)
@@ -1378,6 +1750,7 @@ impl<C: Competitor> fmt::Debug for Synchronizer<C> {
         f.debug_struct("Synchronizer")
             .field("label", &self.label)
             .field("owner", &st.owner)
+            .field("shared", &st.readers.0)
             .field("waiters", &st.queue.len())
             .field("spin_wait", &self.spin_wait)
             .finish_non_exhaustive()

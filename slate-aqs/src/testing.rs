@@ -1,12 +1,14 @@
 //! An in-memory remote lock and a scriptable competitor, for tests and benchmarks
 //! (feature `test-util`).
 //!
-//! - [`MemoryRemote`] stands in for the Redis hash: one holder with a re-entry count, and
-//!   "pub/sub" listeners called when the count reaches zero.
+//! - [`MemoryRemote`] stands in for the Redis hash: one exclusive holder with a re-entry
+//!   count, or shared holders with theirs (a read-write lock), and "pub/sub" listeners called
+//!   when a count reaches zero.
 //! - [`MemoryCompetitor`] attempts against a `MemoryRemote`. Each attempt follows the next
 //!   [`Behavior`] of its script (then a default): try the remote, answer busy, fail, answer
 //!   late, or never answer. [`Stats`] counts attempts, grants, abandons and hook calls.
-//! - [`release`] is what a backend's unlock does: remote release, then local release.
+//! - [`release`] (and [`release_shared`]) is what a backend's unlock does: remote release,
+//!   then local release.
 //!
 //! Several synchronizers (several "processes") may share one remote.
 //!
@@ -63,8 +65,16 @@ type Listener = Arc<dyn Fn() + Send + Sync>;
 /// ```
 #[derive(Default)]
 pub struct MemoryRemote {
-    holder: Mutex<Option<(HolderId, u32)>>,
+    holder: Mutex<Held>,
     listeners: Mutex<Vec<Listener>>,
+}
+
+/// The remote's holders: at most one exclusive holder, and shared holders, which beside an
+/// exclusive holder can only be that holder (the read its write covers).
+#[derive(Debug, Default)]
+struct Held {
+    exclusive: Option<(HolderId, u32)>,
+    shared: Vec<(HolderId, u32)>,
 }
 
 impl std::fmt::Debug for MemoryRemote {
@@ -98,7 +108,129 @@ impl MemoryRemote {
     /// assert_eq!(remote.holder(), Some((me, 1)));
     /// ```
     pub fn holder(&self) -> Option<(HolderId, u32)> {
-        *self.holder.lock().unwrap_or_else(PoisonError::into_inner)
+        self.held().exclusive
+    }
+
+    /// The shared holders and their counts, in the order they first acquired.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let me = slate_aqs::HolderId::new();
+    /// remote.try_acquire_shared(me);
+    /// assert_eq!(remote.shared_holders(), vec![(me, 1)]);
+    /// ```
+    pub fn shared_holders(&self) -> Vec<(HolderId, u32)> {
+        self.held().shared.clone()
+    }
+
+    /// Acquires shared for `holder` unless another holder holds exclusively (a writer takes
+    /// the read its write covers); returns `holder`'s new shared count.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let (a, b) = (slate_aqs::HolderId::new(), slate_aqs::HolderId::new());
+    /// assert_eq!(remote.try_acquire_shared(a), Some(1));
+    /// assert_eq!(remote.try_acquire_shared(b), Some(1));
+    /// assert_eq!(remote.try_acquire(a), None); // readers exclude writers
+    /// ```
+    pub fn try_acquire_shared(&self, holder: HolderId) -> Option<u32> {
+        let mut held = self.held();
+        if held.exclusive.is_some_and(|(h, _)| h != holder) {
+            return None;
+        }
+        Some(add_level(&mut held.shared, holder))
+    }
+
+    /// Adds one shared level for `holder` if it holds shared or exclusively, and never
+    /// creates a hold; returns its new shared count.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let me = slate_aqs::HolderId::new();
+    /// assert_eq!(remote.try_reenter_shared(me), None);
+    /// remote.try_acquire(me);
+    /// assert_eq!(remote.try_reenter_shared(me), Some(1)); // covered by the write
+    /// ```
+    pub fn try_reenter_shared(&self, holder: HolderId) -> Option<u32> {
+        let mut held = self.held();
+        let holds = held.exclusive.is_some_and(|(h, _)| h == holder)
+            || held.shared.iter().any(|(h, _)| *h == holder);
+        holds.then(|| add_level(&mut held.shared, holder))
+    }
+
+    /// Releases one shared level for `holder`; at zero every listener is told. Returns the
+    /// remaining shared count.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let me = slate_aqs::HolderId::new();
+    /// remote.try_acquire_shared(me);
+    /// assert_eq!(remote.release_shared(me)?, 0);
+    /// # Ok::<(), slate_aqs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if `holder` holds no shared level.
+    pub fn release_shared(&self, holder: HolderId) -> Result<u32> {
+        let remaining = self.release_shared_silently(holder)?;
+        if remaining == 0 {
+            self.tell();
+        }
+        Ok(remaining)
+    }
+
+    /// As [`release_shared`](MemoryRemote::release_shared), without telling the listeners.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let remote = slate_aqs::testing::MemoryRemote::new();
+    /// let me = slate_aqs::HolderId::new();
+    /// remote.try_acquire_shared(me);
+    /// assert_eq!(remote.release_shared_silently(me)?, 0);
+    /// # Ok::<(), slate_aqs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if `holder` holds no shared level.
+    pub fn release_shared_silently(&self, holder: HolderId) -> Result<u32> {
+        let mut held = self.held();
+        let pos = held
+            .shared
+            .iter()
+            .position(|(h, _)| *h == holder)
+            .ok_or_else(|| Error::not_held("memory", holder))?;
+        held.shared[pos].1 -= 1;
+        let remaining = held.shared[pos].1;
+        if remaining == 0 {
+            held.shared.remove(pos);
+        }
+        Ok(remaining)
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.holder.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn tell(&self) {
+        let listeners = self
+            .listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for listener in listeners {
+            listener();
+        }
     }
 
     /// Acquires for `holder` if free or already held by it; returns the new count.
@@ -110,17 +242,19 @@ impl MemoryRemote {
     /// assert_eq!(remote.try_acquire(slate_aqs::HolderId::new()), Some(1));
     /// ```
     pub fn try_acquire(&self, holder: HolderId) -> Option<u32> {
-        let mut held = self.holder.lock().unwrap_or_else(PoisonError::into_inner);
-        match &mut *held {
+        let mut held = self.held();
+        let free = held.shared.is_empty();
+        match &mut held.exclusive {
             Some((h, count)) if *h == holder => {
                 *count += 1;
                 Some(*count)
             }
-            Some(_) => None,
-            None => {
-                *held = Some((holder, 1));
+            None if free => {
+                held.exclusive = Some((holder, 1));
                 Some(1)
             }
+            // Held by another holder, or shared (a reader does not upgrade).
+            _ => None,
         }
     }
 
@@ -137,8 +271,8 @@ impl MemoryRemote {
     /// assert_eq!(remote.try_reenter(me), Some(2));
     /// ```
     pub fn try_reenter(&self, holder: HolderId) -> Option<u32> {
-        let mut held = self.holder.lock().unwrap_or_else(PoisonError::into_inner);
-        match &mut *held {
+        let mut held = self.held();
+        match &mut held.exclusive {
             Some((h, count)) if *h == holder => {
                 *count += 1;
                 Some(*count)
@@ -166,14 +300,7 @@ impl MemoryRemote {
     pub fn release(&self, holder: HolderId) -> Result<u32> {
         let remaining = self.release_silently(holder)?;
         if remaining == 0 {
-            let listeners = self
-                .listeners
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            for listener in listeners {
-                listener();
-            }
+            self.tell();
         }
         Ok(remaining)
     }
@@ -195,13 +322,13 @@ impl MemoryRemote {
     ///
     /// [`Error::NotHeld`] if `holder` does not hold the lock.
     pub fn release_silently(&self, holder: HolderId) -> Result<u32> {
-        let mut held = self.holder.lock().unwrap_or_else(PoisonError::into_inner);
-        match &mut *held {
+        let mut held = self.held();
+        match &mut held.exclusive {
             Some((h, count)) if *h == holder => {
                 *count -= 1;
                 let remaining = *count;
                 if remaining == 0 {
-                    *held = None;
+                    held.exclusive = None;
                 }
                 Ok(remaining)
             }
@@ -232,6 +359,20 @@ impl MemoryRemote {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(Arc::new(listener));
+    }
+}
+
+/// One more level for `holder` in `levels`: its new count.
+fn add_level(levels: &mut Vec<(HolderId, u32)>, holder: HolderId) -> u32 {
+    match levels.iter_mut().find(|(h, _)| *h == holder) {
+        Some((_, n)) => {
+            *n += 1;
+            *n
+        }
+        None => {
+            levels.push((holder, 1));
+            1
+        }
     }
 }
 
@@ -266,7 +407,7 @@ pub enum Behavior {
 /// # Examples
 ///
 /// ```
-/// let g = slate_aqs::testing::MemoryGrant { holder: slate_aqs::HolderId::new(), count: 1, passed: false };
+/// let g = slate_aqs::testing::MemoryGrant { holder: slate_aqs::HolderId::new(), count: 1, passed: false, shared: false };
 /// assert_eq!(g.count, 1);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,6 +418,8 @@ pub struct MemoryGrant {
     pub count: u32,
     /// The hold came by a local pass, without a remote call.
     pub passed: bool,
+    /// A shared hold (`count` is then the holder's shared count).
+    pub shared: bool,
 }
 
 /// Counters of a [`MemoryCompetitor`] (a snapshot).
@@ -305,6 +448,8 @@ pub struct Stats {
     pub after_acquire: u64,
     /// `after_release` calls.
     pub after_release: u64,
+    /// `after_release_shared` calls.
+    pub after_release_shared: u64,
     /// `prepare_wait` calls.
     pub prepare_wait: u64,
     /// `queue_drained` calls.
@@ -325,6 +470,7 @@ struct Counters {
     abandoned: AtomicU64,
     after_acquire: AtomicU64,
     after_release: AtomicU64,
+    after_release_shared: AtomicU64,
     prepare_wait: AtomicU64,
     queue_drained: AtomicU64,
     passes_taken: AtomicU64,
@@ -500,6 +646,7 @@ impl MemoryCompetitor {
             abandoned: get(&c.abandoned),
             after_acquire: get(&c.after_acquire),
             after_release: get(&c.after_release),
+            after_release_shared: get(&c.after_release_shared),
             prepare_wait: get(&c.prepare_wait),
             queue_drained: get(&c.queue_drained),
             passes_taken: get(&c.passes_taken),
@@ -522,11 +669,13 @@ impl Drop for Live {
 }
 
 impl MemoryCompetitor {
-    /// One attempt following the plan; `reentry`: a re-entry that never creates a hold.
+    /// One attempt following the plan; `reentry`: a re-entry that never creates a hold;
+    /// `shared`: in shared mode.
     fn attempt_as(
         &self,
         holder: HolderId,
         reentry: bool,
+        shared: bool,
     ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
         let (behavior, retry_after) = {
             let mut plan = self.plan();
@@ -555,29 +704,38 @@ impl MemoryCompetitor {
                 bump(&counters.busy);
                 Ok(Attempt::Busy { retry_after })
             };
+            let acquired = |count| {
+                bump(&counters.acquired);
+                Ok(Attempt::Acquired(MemoryGrant {
+                    holder,
+                    count,
+                    passed: false,
+                    shared,
+                }))
+            };
             match behavior {
-                Behavior::Remote if reentry => match remote.try_reenter(holder) {
-                    Some(count) => {
-                        bump(&counters.acquired);
-                        Ok(Attempt::Acquired(MemoryGrant {
-                            holder,
-                            count,
-                            passed: false,
-                        }))
+                Behavior::Remote if reentry => {
+                    let count = if shared {
+                        remote.try_reenter_shared(holder)
+                    } else {
+                        remote.try_reenter(holder)
+                    };
+                    match count {
+                        Some(count) => acquired(count),
+                        None => Err(Error::lease_lost("memory", holder, LossReason::EntryGone)),
                     }
-                    None => Err(Error::lease_lost("memory", holder, LossReason::EntryGone)),
-                },
-                Behavior::Remote => match remote.try_acquire(holder) {
-                    Some(count) => {
-                        bump(&counters.acquired);
-                        Ok(Attempt::Acquired(MemoryGrant {
-                            holder,
-                            count,
-                            passed: false,
-                        }))
+                }
+                Behavior::Remote => {
+                    let count = if shared {
+                        remote.try_acquire_shared(holder)
+                    } else {
+                        remote.try_acquire(holder)
+                    };
+                    match count {
+                        Some(count) => acquired(count),
+                        None => busy(),
                     }
-                    None => busy(),
-                },
+                }
                 Behavior::Busy => busy(),
                 _ => {
                     bump(&counters.failed);
@@ -600,7 +758,7 @@ impl Competitor for MemoryCompetitor {
         &self,
         holder: HolderId,
     ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
-        self.attempt_as(holder, false)
+        self.attempt_as(holder, false, false)
     }
 
     /// As `attempt`, but a holder whose remote hold is gone gets [`Error::LeaseLost`].
@@ -608,7 +766,27 @@ impl Competitor for MemoryCompetitor {
         &self,
         holder: HolderId,
     ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
-        self.attempt_as(holder, true)
+        self.attempt_as(holder, true, false)
+    }
+
+    fn attempt_shared(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
+        self.attempt_as(holder, false, true)
+    }
+
+    /// As `attempt_shared`, but a holder that holds neither shared nor exclusively gets
+    /// [`Error::LeaseLost`].
+    fn reenter_shared(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
+        self.attempt_as(holder, true, true)
+    }
+
+    fn after_release_shared(&self, _holder: HolderId) {
+        bump(&self.counters.after_release_shared);
     }
 
     fn after_acquire(&self, _holder: HolderId, _grant: &MemoryGrant) {
@@ -619,14 +797,18 @@ impl Competitor for MemoryCompetitor {
         bump(&self.counters.after_release);
     }
 
-    fn abandon(&self, holder: HolderId, _grant: MemoryGrant) {
+    fn abandon(&self, holder: HolderId, grant: MemoryGrant) {
         bump(&self.counters.abandoned);
         // A grant nobody received: give its level back (and tell the listeners at zero).
-        let _ = self.remote.release(holder);
+        let _ = if grant.shared {
+            self.remote.release_shared(holder)
+        } else {
+            self.remote.release(holder)
+        };
     }
 
     fn pass_budget(&self, grant: &MemoryGrant) -> u32 {
-        if grant.count == 1 {
+        if grant.count == 1 && !grant.shared {
             self.plan().pass_budget
         } else {
             0
@@ -643,6 +825,7 @@ impl Competitor for MemoryCompetitor {
             holder: remote,
             count: 1,
             passed: true,
+            shared: false,
         })
     }
 
@@ -702,6 +885,31 @@ pub fn release(sync: &Synchronizer<MemoryCompetitor>, holder: HolderId) -> Resul
         .remote()
         .release(sync.remote_holder(holder));
     sync.release(holder);
+    remote
+}
+
+/// Releases one shared level of `holder` the way a backend's unlock does: remotely first,
+/// then locally (whatever the remote outcome). Returns the remote's remaining shared count.
+///
+/// # Examples
+///
+/// ```
+/// # use slate_aqs::{Synchronizer, testing::{self, MemoryCompetitor, MemoryRemote}};
+/// # use slate_aqs::{HolderId, Wait};
+/// # use std::time::Duration;
+/// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+/// let me = HolderId::new();
+/// sync.blocking_acquire_shared(me, Wait::Forever)?;
+/// assert_eq!(testing::release_shared(&sync, me)?, 0);
+/// # Ok::<(), slate_aqs::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::NotHeld`] from the remote (the local release happens anyway).
+pub fn release_shared(sync: &Synchronizer<MemoryCompetitor>, holder: HolderId) -> Result<u32> {
+    let remote = sync.competitor().remote().release_shared(holder);
+    sync.release_shared(holder);
     remote
 }
 

@@ -16,6 +16,7 @@ fn send_sync_static<T: Send + Sync + 'static>() {}
 fn generic<C: Competitor>(sync: &Synchronizer<C>) {
     send_sync(sync);
     send_sync(&sync.acquire(HolderId::new(), Wait::Forever));
+    send_sync(&sync.acquire_shared(HolderId::new(), Wait::Forever));
 }
 
 #[test]
@@ -53,6 +54,11 @@ fn a_parked_waiter_fits_in_256_bytes() {
     let slot = Synchronizer::<MemoryCompetitor>::queue_slot_bytes();
     let plain = std::mem::size_of_val(&sync.acquire(HolderId::new(), Wait::Forever));
     let passable = std::mem::size_of_val(&sync.acquire_passable(HolderId::new(), Wait::Forever));
+    let shared = std::mem::size_of_val(&sync.acquire_shared(HolderId::new(), Wait::Forever));
+    assert!(
+        shared + slot <= 256,
+        "acquire_shared: {shared} B + slot {slot} B"
+    );
     assert!(plain + slot <= 256, "acquire: {plain} B + slot {slot} B");
     assert!(
         passable + slot <= 256,

@@ -38,7 +38,8 @@ fn fast_path_attempts_once_and_records_the_owner() {
             MemoryGrant {
                 holder: me,
                 count: 1,
-                passed: false
+                passed: false,
+                shared: false,
             }
         );
         assert_eq!(sync.owner(), Some((me, 1)));

@@ -5,12 +5,14 @@
 //! Afterwards nothing may be left over: no owner, no waiter, no remote hold, every grant
 //! either returned to a caller (and released) or abandoned, exactly once.
 //!
-//! The whole matrix runs twice: with plain waiters, and with passable waiters over a
+//! The whole matrix runs three times: with plain waiters; with passable waiters over a
 //! competitor that allows local passes (lock cohorting), where a release hands the hold to
 //! the head and a drop can land at every step of a pass (before the pass, after it and
-//! before the receiver ran, while the receiver holds).
+//! before the receiver ran, while the receiver holds); and with shared waiters (readers)
+//! behind exclusive holders, local or remote.
 //!
-//! Then the same checks under random schedules: paused time (proptest), and real threads.
+//! Then the same checks under random schedules (readers and writers mixed): paused time
+//! (proptest), and real threads.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -89,7 +91,10 @@ enum Outcome {
 /// Shared by the parties of one run.
 #[derive(Default)]
 struct Tally {
+    /// An exclusive holder is inside.
     inside: AtomicBool,
+    /// Shared holders inside.
+    readers: AtomicU64,
     granted: AtomicU64,
 }
 
@@ -99,42 +104,63 @@ struct Held {
     sync: Arc<Sync>,
     me: HolderId,
     tally: Arc<Tally>,
+    shared: bool,
 }
 
 impl Held {
-    fn new(sync: &Arc<Sync>, me: HolderId, tally: &Arc<Tally>) -> Self {
-        assert!(
-            !tally.inside.swap(true, Ordering::SeqCst),
-            "two holders at once"
-        );
+    fn new(sync: &Arc<Sync>, me: HolderId, tally: &Arc<Tally>, shared: bool) -> Self {
+        if shared {
+            tally.readers.fetch_add(1, Ordering::SeqCst);
+            assert!(
+                !tally.inside.load(Ordering::SeqCst),
+                "a reader beside a writer"
+            );
+        } else {
+            assert!(
+                !tally.inside.swap(true, Ordering::SeqCst),
+                "two holders at once"
+            );
+            assert_eq!(
+                tally.readers.load(Ordering::SeqCst),
+                0,
+                "a writer beside readers"
+            );
+        }
         tally.granted.fetch_add(1, Ordering::SeqCst);
         Held {
             sync: Arc::clone(sync),
             me,
             tally: Arc::clone(tally),
+            shared,
         }
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.tally.inside.store(false, Ordering::SeqCst);
-        testing::release(&self.sync, self.me).unwrap();
+        if self.shared {
+            self.tally.readers.fetch_sub(1, Ordering::SeqCst);
+            testing::release_shared(&self.sync, self.me).unwrap();
+        } else {
+            self.tally.inside.store(false, Ordering::SeqCst);
+            testing::release(&self.sync, self.me).unwrap();
+        }
     }
 }
 
-/// A party that acquires, holds `hold`, releases; its acquire is dropped after `abort`, if
-/// given.
+/// A party that acquires (`shared` or not), holds `hold`, releases; its acquire is dropped
+/// after `abort`, if given.
 fn party(
     sync: &Arc<Sync>,
     abort: Option<Duration>,
     hold: Duration,
     tally: &Arc<Tally>,
+    shared: bool,
 ) -> JoinHandle<Outcome> {
     let (sync, tally) = (Arc::clone(sync), Arc::clone(tally));
     tokio::spawn(async move {
         let me = HolderId::new();
-        let acquire = acquire(&sync, me);
+        let acquire = acquire(&sync, me, shared);
         let acquired = match abort {
             Some(d) => timeout(d, acquire).await.ok(),
             None => Some(acquire.await),
@@ -145,7 +171,7 @@ fn party(
                 // others under their own id.
                 assert!(cohort(&sync) || grant.holder == me);
                 assert_eq!(sync.remote_holder(me), grant.holder);
-                let _held = Held::new(&sync, me, &tally);
+                let _held = Held::new(&sync, me, &tally, shared);
                 sleep(hold).await;
                 Outcome::Granted
             }
@@ -155,9 +181,12 @@ fn party(
     })
 }
 
-/// `acquire`, or `acquire_passable` when the competitor allows passes.
-async fn acquire(sync: &Sync, me: HolderId) -> Result<testing::MemoryGrant> {
-    if cohort(sync) {
+/// `acquire_shared` when `shared`, else `acquire_passable` when the competitor allows
+/// passes, else `acquire`.
+async fn acquire(sync: &Sync, me: HolderId, shared: bool) -> Result<testing::MemoryGrant> {
+    if shared {
+        sync.acquire_shared(me, Wait::Forever).await
+    } else if cohort(sync) {
         sync.acquire_passable(me, Wait::Forever).await
     } else {
         sync.acquire(me, Wait::Forever).await
@@ -170,6 +199,7 @@ fn cohort(sync: &Sync) -> bool {
         holder: HolderId::new(),
         count: 1,
         passed: false,
+        shared: false,
     }) > 0
 }
 
@@ -194,6 +224,14 @@ fn check_clean(
             format!("remote hold leaked: {:?}", remote.holder()),
         ),
         (
+            !sync.shared_holders().is_empty(),
+            format!("shared holders left: {:?}", sync.shared_holders()),
+        ),
+        (
+            !remote.shared_holders().is_empty(),
+            format!("remote shared holds leaked: {:?}", remote.shared_holders()),
+        ),
+        (
             s.acquired + s.passes_taken != s.after_acquire + s.abandoned,
             format!(
                 "grants {} + passes taken {} != after_acquire {} + abandoned {}",
@@ -209,10 +247,11 @@ fn check_clean(
         ),
         (
             // Every remote hold that reached a caller ends once: released, or a pass dropped.
-            s.after_release + s.passes_dropped != s.acquired - s.abandoned,
+            s.after_release + s.after_release_shared + s.passes_dropped != s.acquired - s.abandoned,
             format!(
-                "after_release {} + passes dropped {} != remote holds that reached a caller {}",
+                "after_release {} + after_release_shared {} + passes dropped {} != remote holds that reached a caller {}",
                 s.after_release,
+                s.after_release_shared,
                 s.passes_dropped,
                 s.acquired - s.abandoned
             ),
@@ -243,6 +282,7 @@ fn run_case(
     behavior: Behavior,
     abort: Abort,
     cohort: bool,
+    shared: bool,
 ) -> std::result::Result<Stats, String> {
     let rt = paused_runtime();
     let (remote, sync, granted) = rt.block_on(async {
@@ -266,7 +306,7 @@ fn run_case(
                 }
                 let queued = {
                     let sync = Arc::clone(&sync);
-                    tokio::spawn(async move { acquire(&sync, local).await })
+                    tokio::spawn(async move { acquire(&sync, local, false).await })
                 };
                 if cohort {
                     // A companion queued behind it makes its hold worth passing; it leaves
@@ -274,7 +314,7 @@ fn run_case(
                     tokio::task::yield_now().await;
                     let companion = {
                         let sync = Arc::clone(&sync);
-                        tokio::spawn(async move { acquire(&sync, HolderId::new()).await })
+                        tokio::spawn(async move { acquire(&sync, HolderId::new(), false).await })
                     };
                     tokio::task::yield_now().await;
                     testing::release(&sync, first).unwrap();
@@ -295,7 +335,7 @@ fn run_case(
         }
         sync.competitor().set_default(behavior);
         if let Scenario::SecondInLine = scenario {
-            others.push(party(&sync, Some(ms(40)), ms(2), &tally));
+            others.push(party(&sync, Some(ms(40)), ms(2), &tally, shared));
             tokio::task::yield_now().await;
         }
         // The victim.
@@ -303,9 +343,9 @@ fn run_case(
         let victim = match abort {
             Abort::AfterRelease => {
                 let me = HolderId::new();
-                let mut fut = Box::pin(Manual::new(acquire(&sync, me)));
+                let mut fut = Box::pin(Manual::new(acquire(&sync, me, shared)));
                 if let std::task::Poll::Ready(Ok(_)) = fut.poll() {
-                    drop(Held::new(&sync, me, &tally));
+                    drop(Held::new(&sync, me, &tally, shared));
                 } else {
                     parked = Some(fut);
                 }
@@ -313,15 +353,15 @@ fn run_case(
             }
             Abort::FirstPoll => {
                 let me = HolderId::new();
-                let mut fut = Manual::new(acquire(&sync, me));
+                let mut fut = Manual::new(acquire(&sync, me, shared));
                 let got = fut.poll();
                 drop(fut);
                 if let std::task::Poll::Ready(Ok(_)) = got {
-                    drop(Held::new(&sync, me, &tally));
+                    drop(Held::new(&sync, me, &tally, shared));
                 }
                 None
             }
-            Abort::After(d) => Some(party(&sync, Some(d), ms(2), &tally)),
+            Abort::After(d) => Some(party(&sync, Some(d), ms(2), &tally, shared)),
         };
         sleep(ms(5)).await;
         match scenario {
@@ -366,11 +406,12 @@ fn cancellation_matrix() {
     let mut failures = Vec::new();
     let mut cases = 0;
     let mut total = Stats::default();
-    for (scenario, cohort) in scenarios.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+    let modes = [(false, false), (true, false), (false, true)];
+    for (scenario, (cohort, shared)) in scenarios.into_iter().flat_map(|s| modes.map(|m| (s, m))) {
         for behavior in BEHAVIORS {
             for abort in ABORTS {
                 cases += 1;
-                let case = move || run_case(scenario, behavior, abort, cohort);
+                let case = move || run_case(scenario, behavior, abort, cohort, shared);
                 match common::with_watchdog(Duration::from_secs(20), case) {
                     Ok(s) => {
                         total.passes_taken += s.passes_taken;
@@ -380,18 +421,19 @@ fn cancellation_matrix() {
                         total.busy += s.busy;
                         total.prepare_wait += s.prepare_wait;
                         total.after_acquire += s.after_acquire;
+                        total.after_release_shared += s.after_release_shared;
                         total.queue_drained += s.queue_drained;
                     }
                     Err(e) => {
                         failures.push(format!(
-                            "{scenario:?} / cohort {cohort} / {behavior:?} / {abort:?}: {e}"
+                            "{scenario:?} / cohort {cohort} / shared {shared} / {behavior:?} / {abort:?}: {e}"
                         ));
                     }
                 }
             }
         }
     }
-    assert_eq!(cases, 420);
+    assert_eq!(cases, 630);
     // The matrix really goes through the paths it is about.
     for (what, n) in [
         ("grants abandoned after a drop", total.abandoned),
@@ -399,6 +441,7 @@ fn cancellation_matrix() {
         ("busy answers", total.busy),
         ("prepare_wait calls", total.prepare_wait),
         ("grants returned", total.after_acquire),
+        ("shared holds released", total.after_release_shared),
         ("queues drained", total.queue_drained),
         ("holds taken by a pass", total.passes_taken),
         (
@@ -545,11 +588,22 @@ struct Party {
     start: u64,
     abort: Option<u64>,
     hold: u64,
+    shared: bool,
 }
 
 fn party_strategy() -> impl Strategy<Value = Party> {
-    (0u64..30, prop::option::weighted(0.6, 0u64..40), 0u64..6)
-        .prop_map(|(start, abort, hold)| Party { start, abort, hold })
+    (
+        0u64..30,
+        prop::option::weighted(0.6, 0u64..40),
+        0u64..6,
+        any::<bool>(),
+    )
+        .prop_map(|(start, abort, hold, shared)| Party {
+            start,
+            abort,
+            hold,
+            shared,
+        })
 }
 
 fn behavior_strategy() -> impl Strategy<Value = Behavior> {
@@ -601,7 +655,7 @@ proptest! {
                 let p = p.clone();
                 tasks.push(tokio::spawn(async move {
                     sleep(ms(p.start)).await;
-                    let got = party(&sync, p.abort.map(ms), ms(p.hold), &tally).await.unwrap();
+                    let got = party(&sync, p.abort.map(ms), ms(p.hold), &tally, p.shared).await.unwrap();
                     results.lock().unwrap().push((p.abort.is_none(), got));
                 }));
             }
@@ -683,7 +737,14 @@ fn aborts_at_random_points_on_a_multi_threaded_runtime() {
                             0 => None,
                             _ => Some(Duration::from_micros(next(2000))),
                         };
-                        party(&sync, abort, Duration::from_micros(next(300)), &tally)
+                        let shared = next(2) == 0;
+                        party(
+                            &sync,
+                            abort,
+                            Duration::from_micros(next(300)),
+                            &tally,
+                            shared,
+                        )
                     })
                     .collect();
                 // Also abort some tasks from outside, at random points.

@@ -273,3 +273,89 @@ fn a_passed_receiver_dropped_before_it_runs() {
         assert_clean_after_passes(&sync, &remote);
     });
 }
+
+/// A shared acquire future that owns its synchronizer.
+fn acquire_shared(sync: &Arc<Sync>, holder: HolderId) -> Acquire {
+    let sync = Arc::clone(sync);
+    Box::pin(async move { sync.acquire_shared(holder, Wait::Forever).await })
+}
+
+/// Reads to completion on this loom thread, then releases.
+fn read_and_release(sync: &Arc<Sync>) {
+    let me = HolderId::new();
+    loom::future::block_on(acquire_shared(sync, me)).unwrap();
+    testing::release_shared(sync, me).unwrap();
+}
+
+/// Nothing held, nothing queued, nothing leaked, in either mode.
+fn assert_clean_shared(sync: &Sync, remote: &MemoryRemote) {
+    assert!(sync.shared_holders().is_empty());
+    assert!(remote.shared_holders().is_empty());
+    assert_eq!(sync.owner(), None);
+    assert_eq!(sync.waiters(), 0);
+    assert_eq!(remote.holder(), None);
+    sync.check_invariants().unwrap();
+    let s = sync.competitor().stats();
+    assert_eq!(s.acquired, s.after_acquire + s.abandoned);
+    assert_eq!(s.after_acquire, s.after_release + s.after_release_shared);
+}
+
+#[test]
+fn readers_and_a_writer_race_a_release() {
+    loom::model(|| {
+        let (remote, sync) = new_sync();
+        let holder = HolderId::new();
+        loom::future::block_on(sync.acquire(holder, Wait::Forever)).unwrap();
+
+        // Two readers and a writer arrive while a writer holds; whichever order they queue
+        // in, the release must reach them all (readers admitted one after the other, the
+        // writer after the readers before it have gone).
+        let s = sync.clone();
+        let reader = thread::spawn(move || read_and_release(&s));
+        let s = sync.clone();
+        let writer = thread::spawn(move || acquire_and_release(&s));
+        let s = sync.clone();
+        let releaser = thread::spawn(move || testing::release(&s, holder).unwrap());
+        read_and_release(&sync);
+
+        releaser.join().unwrap();
+        reader.join().unwrap();
+        writer.join().unwrap();
+        assert_clean_shared(&sync, &remote);
+    });
+}
+
+#[test]
+fn a_last_reader_leaving_races_the_queued_writers_cancel() {
+    loom::model(|| {
+        let (remote, sync) = new_sync();
+        let r = HolderId::new();
+        loom::future::block_on(sync.acquire_shared(r, Wait::Forever)).unwrap();
+
+        // A writer queues behind the reader; a second reader queues behind the writer (FIFO
+        // between modes). The first reader leaves while the writer is dropped: either way
+        // the second reader must get in.
+        let doomed = HolderId::new();
+        let mut writer = acquire(&sync, doomed);
+        assert!(!poll_once(&sync, &mut writer, doomed, Waker::noop()));
+        let later = HolderId::new();
+        let mut reader = acquire_shared(&sync, later);
+        let pending = reader
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending();
+        assert!(pending, "a reader queues behind a queued writer");
+        drop(reader);
+
+        let s = sync.clone();
+        let second = thread::spawn(move || read_and_release(&s));
+        let s = sync.clone();
+        let releaser = thread::spawn(move || testing::release_shared(&s, r).unwrap());
+        let canceller = thread::spawn(move || drop(writer));
+
+        releaser.join().unwrap();
+        canceller.join().unwrap();
+        second.join().unwrap();
+        assert_clean_shared(&sync, &remote);
+    });
+}
