@@ -240,7 +240,10 @@ pub trait Competitor: Send + Sync + 'static {
     }
 
     /// Called when the local queue became empty: no task of this process waits any more, so
-    /// notifications may be switched off (e.g. unsubscribe).
+    /// notifications may be switched off (e.g. unsubscribe), and a place the backend keeps
+    /// for this process among its waiters may be given up. Also called after a
+    /// [`Wait::Immediate`](slate_core::Wait::Immediate) attempt answered busy while nobody
+    /// is queued (that answer may have given the process such a place).
     ///
     /// Hooks run outside the synchronizer's lock, so this call may reach the backend after a
     /// newly arrived head's `prepare_wait` switched notifications back on. That head then

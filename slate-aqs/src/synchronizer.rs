@@ -1198,6 +1198,11 @@ impl<C: Competitor> Synchronizer<C> {
                             return self.grant(holder, remote, passable, &mut slot, grant);
                         }
                         (_, Ok(Attempt::Busy { retry_after })) if immediate => {
+                            // The busy answer may have put this process in the backend's
+                            // queue: with nobody queued here, nobody will claim that place.
+                            if self.waiters() == 0 {
+                                self.competitor.queue_drained();
+                            }
                             return Err(self.busy(retry_after));
                         }
                         (_, Ok(Attempt::Busy { .. })) if reentrant => {

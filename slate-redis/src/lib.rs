@@ -50,7 +50,10 @@ pub mod node;
 mod notify;
 mod renewal;
 mod request;
+mod rwlock;
 mod scripts;
+mod semaphore;
+mod shared;
 
 pub use client::{
     ClientOptions, ClientOptionsBuilder, ClientStats, DEFAULT_COMMAND_TIMEOUT, RedisClient,
@@ -58,6 +61,9 @@ pub use client::{
 pub use conn::Topology;
 pub use guard::SingleLockGuard;
 pub use lock::{ClientSource, SingleLock, SingleLockBuilder};
+pub use rwlock::{RwLock, RwLockBuilder, RwLockReadGuard, RwLockWriteGuard};
+pub use semaphore::{MAX_PERMITS, Semaphore, SemaphoreBuilder, SemaphorePermit};
+pub use shared::{SharedHolder, SharedMode, SharedStatus};
 // Everything the examples and a typical caller need, so that depending on `slate-redis` alone
 // is enough (the traits are only needed for generic code).
 pub use slate_core::{

@@ -31,7 +31,7 @@ use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
 ///
 /// The operations are inherent methods (`lock`, `try_lock`, `try_lock_for`, `lock_as`, the
 /// queries, and the blocking twins for threads); [`DistributedLock`] offers the same for
-/// generic code, and [`AnyLock`](slate_redis::AnyLock) for locks of several backends side by side.
+/// generic code, and [`AnyLock`](crate::AnyLock) for locks of several backends side by side.
 ///
 /// ## Behaviour
 ///
@@ -206,6 +206,7 @@ impl RedisCompetitor {
                 .fence_expiry()
                 .map(|idle| (self.keys.fence.clone(), idle)),
             alias: Some(self.keys.holder.clone()),
+            leases: None,
             holder,
             lease: self.options.lease(),
             period: self.options.renewal_period(),
@@ -846,7 +847,7 @@ impl Competitor for RedisCompetitor {
 /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
 /// # Ok(()) }
 /// ```
-pub struct ClientSource(RedisClient);
+pub struct ClientSource(pub(crate) RedisClient);
 
 impl From<RedisClient> for ClientSource {
     fn from(c: RedisClient) -> Self {
@@ -966,7 +967,7 @@ impl SingleLockBuilder {
 
     /// Lets the lock's fencing counter expire after `idle` without use, so that lock names
     /// used once do not keep Redis memory for ever (see
-    /// [`LockOptionsBuilder::fence_expiry`](slate_redis::LockOptionsBuilder::fence_expiry) for the guarantee and its condition).
+    /// [`LockOptionsBuilder::fence_expiry`](crate::LockOptionsBuilder::fence_expiry) for the guarantee and its condition).
     ///
     /// # Examples
     ///

@@ -491,7 +491,7 @@ impl RedisClient {
     }
 
     /// Deletes the lock on this server whoever holds it, and wakes its waiters. **Unsafe for
-    /// correctness** (see [`DistributedLock::force_unlock`](slate_redis::DistributedLock::force_unlock)).
+    /// correctness** (see [`DistributedLock::force_unlock`](crate::DistributedLock::force_unlock)).
     /// Returns whether there was an entry.
     ///
     /// # Errors
@@ -535,6 +535,7 @@ impl RedisClient {
                 turn: None,
                 fence: None,
                 alias: None,
+                leases: None,
                 holder,
                 lease: hold.lease,
                 period: hold.period,

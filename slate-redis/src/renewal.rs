@@ -63,6 +63,10 @@ pub(crate) struct Hold {
     /// Where renewals record the local holder a passed hold now serves (single lock; `None`
     /// for node entries): see `Keys::holder`.
     pub(crate) alias: Option<Arc<[u8]>>,
+    /// A shared-mode hold (read-write lock, semaphore): its leases key. `key` is then the
+    /// holders hash and the renewal runs `shared_renew.lua` (`turn`, `fence` and `alias` are
+    /// `None`).
+    pub(crate) leases: Option<Arc<[u8]>>,
     pub(crate) holder: HolderId,
     pub(crate) lease: Duration,
     pub(crate) period: Duration,
@@ -306,6 +310,7 @@ struct Due {
     turn: Option<Arc<[u8]>>,
     fence: Option<(Arc<[u8]>, Duration)>,
     alias: Option<(Arc<[u8]>, HolderId)>,
+    leases: Option<Arc<[u8]>>,
     generation: u64,
     lease: Duration,
 }
@@ -399,6 +404,7 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
                         turn: reg.hold.turn.clone(),
                         fence: reg.hold.fence.clone(),
                         alias: reg.hold.alias.clone().zip(reg.current),
+                        leases: reg.hold.leases.clone(),
                         generation: reg.generation,
                         lease: reg.hold.lease,
                     });
@@ -528,9 +534,10 @@ async fn renew_pipeline(
         return Ok(out);
     }
     let retry: Vec<&Due> = missing.iter().map(|&i| &batch[i]).collect();
-    // Load first, in the same round trip: the script is then known to every entry after it.
+    // Load first, in the same round trip: the scripts are then known to every entry after it.
     let mut pipe = redis::pipe();
     pipe.add_command(scripts::RENEW.load_cmd()).ignore();
+    pipe.add_command(scripts::SHARED_RENEW.load_cmd()).ignore();
     for due in retry {
         pipe.add_command(renew_cmd(due));
     }
@@ -548,6 +555,9 @@ async fn renew_pipeline(
 }
 
 fn renew_cmd(due: &Due) -> redis::Cmd {
+    if let Some(leases) = &due.leases {
+        return scripts::shared_renew_cmd(&due.key.0, leases, due.key.1, due.lease);
+    }
     scripts::renew_cmd(
         &due.key.0,
         due.turn.as_deref(),
@@ -683,7 +693,11 @@ async fn renew_cluster(
                 .exec("renewal", |mut c| async move {
                     let r = match cmd.query_async::<i64>(&mut c).await {
                         Err(e) if scripts::is_noscript(&e) => {
-                            scripts::RENEW.load_cmd().query_async::<()>(&mut c).await?;
+                            let script = match batch[i].leases {
+                                Some(_) => &scripts::SHARED_RENEW,
+                                None => &scripts::RENEW,
+                            };
+                            script.load_cmd().query_async::<()>(&mut c).await?;
                             cmd.query_async::<i64>(&mut c).await
                         }
                         r => r,
@@ -758,6 +772,7 @@ mod tests {
                 turn: None,
                 fence: None,
                 alias: None,
+                leases: None,
                 holder: HolderId::new(),
                 lease,
                 period,

@@ -61,12 +61,55 @@ pub(crate) static RENEW: LazyLock<SlateScript> =
 pub(crate) static FORCE_UNLOCK: LazyLock<SlateScript> =
     LazyLock::new(|| SlateScript::new(include_str!("scripts/force_unlock.lua")));
 
+/// The shared-mode scripts (read-write lock, semaphore): each is `shared_prelude.lua`
+/// followed by its body.
+macro_rules! shared_script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            SlateScript::new(concat!(
+                include_str!("scripts/shared_prelude.lua"),
+                include_str!(concat!("scripts/", $file))
+            ))
+        })
+    };
+}
+
+/// `shared_acquire.lua`: acquire or re-enter a read, write or permit hold.
+pub(crate) static SHARED_ACQUIRE: LazyLock<SlateScript> = shared_script!("shared_acquire.lua");
+/// `shared_release.lua`: release one level and wake the processes that now fit.
+pub(crate) static SHARED_RELEASE: LazyLock<SlateScript> = shared_script!("shared_release.lua");
+/// `shared_renew.lua`: renew a shared-mode holder's lease.
+pub(crate) static SHARED_RENEW: LazyLock<SlateScript> = shared_script!("shared_renew.lua");
+/// `shared_admin.lua`: inspect, clear, or set a semaphore's permits.
+pub(crate) static SHARED_ADMIN: LazyLock<SlateScript> = shared_script!("shared_admin.lua");
+
 /// Every script, for loading them on a new connection.
-pub(crate) static ALL: [&LazyLock<SlateScript>; 4] = [&ACQUIRE, &RELEASE, &RENEW, &FORCE_UNLOCK];
+pub(crate) static ALL: [&LazyLock<SlateScript>; 8] = [
+    &ACQUIRE,
+    &RELEASE,
+    &RENEW,
+    &FORCE_UNLOCK,
+    &SHARED_ACQUIRE,
+    &SHARED_RELEASE,
+    &SHARED_RENEW,
+    &SHARED_ADMIN,
+];
 
 /// A lease as the scripts' ARGV: whole milliseconds, at least 1.
 pub(crate) fn lease_ms(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The renewal of a shared-mode hold (holders `key`, leases `leases`), for a pipeline.
+pub(crate) fn shared_renew_cmd(
+    key: &[u8],
+    leases: &[u8],
+    holder: HolderId,
+    lease: Duration,
+) -> Cmd {
+    let holder = holder.to_string();
+    let ms = lease_ms(lease).to_string();
+    SHARED_RENEW.evalsha_cmd(&[key, leases], &[holder.as_bytes(), ms.as_bytes()])
 }
 
 /// The renewal of one hold, for a pipeline.
@@ -124,7 +167,7 @@ mod tests {
 
     #[test]
     fn every_script_states_keys_argv_and_replies() {
-        for s in [&ACQUIRE, &RELEASE, &RENEW, &FORCE_UNLOCK] {
+        for s in ALL {
             assert!(s.code.contains("KEYS[1]"));
             assert!(s.code.contains("ARGV"));
             assert!(s.code.contains("Replies"));

@@ -1,0 +1,991 @@
+//! The distributed read-write lock.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[cfg(doc)]
+use slate_core::Error;
+use slate_core::{
+    FencingToken, HolderId, LeaseWatch, LockGuard, LockName, LockOptions, LockOptionsBuilder,
+    LossReason, Result, Wait,
+};
+use tracing::Instrument;
+
+use crate::RedisClient;
+use crate::lock::ClientSource;
+use crate::shared::{HeldLevel, Kind, SharedCompetitor, SharedState, SharedStatus};
+
+/// A distributed read-write lock on one Redis deployment: many readers or one writer.
+///
+/// Built once with [`RwLock::builder`] and cloned wherever it is needed. Every handle built for
+/// the same name from one [`RedisClient`] shares one local queue, as the
+/// [`SingleLock`](crate::SingleLock)'s do.
+///
+/// ## Behaviour
+///
+/// - **Readers share, writers exclude**: any number of holders read at once (across
+///   processes); a writer holds alone. Redis keeps every holder's levels and permits in one
+///   hash (`<prefix>{<name>}:rw`, Redisson's layout: a read takes one permit, a write all of
+///   them) and each holder's lease in a sorted set beside it.
+/// - **Fair between modes**: waiting processes are served in arrival order (a sorted set of
+///   queue ids); a reader that arrives after a waiting writer waits behind it, so a stream of
+///   readers never starves a writer. All readers at the head of the queue come in together.
+///   Inside a process, the local queue keeps the same order (the synchronizer's shared mode).
+/// - **Reentrancy per holder**, in both modes (keyed by [`HolderId`]; re-enter through the
+///   guard or a [`HolderId::scope`]). A writer may take the read lock its write covers
+///   ([`RwLockWriteGuard::read`]) and **downgrade** ([`RwLockWriteGuard::downgrade`]) without
+///   letting another writer in between. A reader never upgrades: asking to write while
+///   reading is refused, since two readers doing it would wait for each other for ever.
+/// - **Fencing tokens**: each hold takes the next value of a persistent counter
+///   (`<prefix>{<name>}:rw:fence`), so a writer's token is above every earlier reader's and
+///   writer's; re-entries and covered reads keep the holder's token.
+/// - **Leases** are renewed by the client's renewal service and end with a loss signal, as
+///   the single lock's do (see [`RwLockReadGuard::lost`]); a crashed holder's hold ends with
+///   its lease.
+/// - **Release messages** wake exactly the waiting processes that now fit (the readers at the
+///   head, or the writer at the head), on `<prefix>{<name>}:rw:released`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use slate_redis::{RedisClient, RwLock};
+///
+/// # #[tokio::main] async fn main() -> slate_redis::Result<()> {
+/// let client = RedisClient::open("redis://127.0.0.1:6379")?;
+/// let config = RwLock::builder(&client, "config").build()?;
+/// let a = config.read().await?;
+/// let b = config.read().await?; // readers share
+/// assert!(config.try_write().await?.is_none());
+/// a.unlock().await?;
+/// b.unlock().await?;
+/// let w = config.write().await?;
+/// let r = w.downgrade().await?; // no writer can slip in between
+/// r.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RwLock {
+    state: Arc<SharedState>,
+}
+
+/// Builds a [`RwLock`] (see [`RwLock::builder`]).
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+/// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = slate_redis::RwLock::builder(&client, "config")
+///     .lease(std::time::Duration::from_secs(10))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until build() is called"]
+pub struct RwLockBuilder {
+    source: ClientSource,
+    name: Result<LockName>,
+    options: LockOptionsBuilder,
+}
+
+/// The builder setters shared by [`RwLockBuilder`] and [`SemaphoreBuilder`](crate::SemaphoreBuilder).
+macro_rules! shared_builder_options {
+    ($builder:ident, $example:literal) => {
+        impl $builder {
+            #[doc = concat!("Sets the lease (default 30 s, at least 30 ms).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .lease(std::time::Duration::from_secs(5))\n    .build()?;\n# Ok(()) }\n```")]
+            pub fn lease(mut self, lease: Duration) -> Self {
+                self.options = self.options.lease(lease);
+                self
+            }
+
+            #[doc = concat!("Sets the spin wait: the longest a waiter parks without a release message before it asks again (default 50 ms).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .spin_wait(std::time::Duration::from_millis(20))\n    .build()?;\n# Ok(()) }\n```")]
+            pub fn spin_wait(mut self, spin_wait: Duration) -> Self {
+                self.options = self.options.spin_wait(spin_wait);
+                self
+            }
+
+            #[doc = concat!("Caps how long a hold is renewed: at the cap renewal stops and the lease runs out (default: no cap).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .max_hold(std::time::Duration::from_secs(60))\n    .build()?;\n# Ok(()) }\n```")]
+            pub fn max_hold(mut self, max_hold: Duration) -> Self {
+                self.options = self.options.max_hold(max_hold);
+                self
+            }
+
+            #[doc = concat!("Sets the key prefix (default `slate:`).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .key_prefix(\"app:\")\n    .build()?;\n# Ok(()) }\n```")]
+            pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+                self.options = self.options.key_prefix(prefix);
+                self
+            }
+
+            #[doc = concat!("Replaces every option at once (a fence expiry is refused: these locks keep a persistent counter).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .options(slate_redis::LockOptions::default())\n    .build()?;\n# Ok(()) }\n```")]
+            pub fn options(mut self, options: LockOptions) -> Self {
+                self.options = LockOptionsBuilder::from(options);
+                self
+            }
+        }
+
+        impl fmt::Debug for $builder {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($builder))
+                    .field("name", &self.name.as_ref().ok())
+                    .field("options", &self.options)
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+pub(crate) use shared_builder_options;
+
+shared_builder_options!(
+    RwLockBuilder,
+    "slate_redis::RwLock::builder(&client, \"a\")"
+);
+
+impl RwLockBuilder {
+    /// Builds the lock (nothing is sent to Redis).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name or option, or a name this client already uses
+    /// for another kind of lock or with other options.
+    pub fn build(self) -> Result<RwLock> {
+        let name = self.name?;
+        let options = self.options.build()?;
+        let state = SharedCompetitor::state(&self.source.0, name, options, Kind::RwLock)?;
+        Ok(RwLock { state })
+    }
+}
+
+fn assert_not_in_runtime(what: &str) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        panic!(
+            "{what} was called inside a tokio runtime, where blocking would stall the runtime's \
+             threads; use the async method instead"
+        );
+    }
+}
+
+impl RwLock {
+    /// Starts building a read-write lock named `name` on `client` (a [`RedisClient`] or
+    /// `&RedisClient`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(client: impl Into<ClientSource>, name: impl AsRef<[u8]>) -> RwLockBuilder {
+        RwLockBuilder {
+            source: client.into(),
+            name: LockName::new(name),
+            options: LockOptionsBuilder::default(),
+        }
+    }
+
+    /// The lock's name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// assert_eq!(lock.name().to_string(), "config");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn name(&self) -> &LockName {
+        &self.state.competitor().name
+    }
+
+    /// The Redis key of the holders hash (`<prefix>{<name>}:rw`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// assert_eq!(lock.key(), b"slate:{config}:rw");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn key(&self) -> &[u8] {
+        &self.state.competitor().keys.holders
+    }
+
+    /// The options the lock was built with.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// assert_eq!(lock.options().lease(), std::time::Duration::from_secs(30));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn options(&self) -> &LockOptions {
+        &self.state.competitor().options
+    }
+
+    /// The client the lock talks through.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// assert_eq!(lock.client().address(), client.address());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn client(&self) -> &RedisClient {
+        &self.state.competitor().client
+    }
+
+    /// This process's local writer and its write depth, if one holds.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let w = lock.write().await?;
+    /// assert_eq!(lock.local_writer(), Some((w.holder(), 1)));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn local_writer(&self) -> Option<(HolderId, u32)> {
+        self.state.sync.owner()
+    }
+
+    /// This process's local readers and their read depths.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let r = lock.read().await?;
+    /// assert_eq!(lock.local_readers(), vec![(r.holder(), 1)]);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn local_readers(&self) -> Vec<(HolderId, u32)> {
+        self.state.sync.shared_holders()
+    }
+
+    fn holder(holder: Option<HolderId>) -> HolderId {
+        holder.or_else(HolderId::scoped).unwrap_or_default()
+    }
+
+    fn read_with(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+    ) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
+        let holder = Self::holder(holder);
+        let span = tracing::debug_span!("read", lock = %self.state.competitor().label, %holder);
+        async move {
+            let grant = self.state.sync.acquire_shared(holder, wait).await?;
+            Ok(RwLockReadGuard {
+                level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
+            })
+        }
+        .instrument(span)
+    }
+
+    fn write_with(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+    ) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
+        let holder = Self::holder(holder);
+        let span = tracing::debug_span!("write", lock = %self.state.competitor().label, %holder);
+        async move {
+            let grant = self.state.sync.acquire(holder, wait).await?;
+            Ok(RwLockWriteGuard {
+                level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
+            })
+        }
+        .instrument(span)
+    }
+
+    /// Takes the read lock, waiting as long as it takes.
+    ///
+    /// The holder is the current [`HolderId::scope`]'s, else a fresh one.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.read().await?;
+    /// guard.unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures ([`Error::Backend`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future leaves the local queue (passing a head's turn on),
+    /// and a grant that arrives after the drop is released in the background.
+    pub fn read(&self) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
+        self.read_with(None, Wait::Forever)
+    }
+
+    /// Takes the read lock for `holder` (re-entrant: a holder that reads or writes already
+    /// gets one more read level at once).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let me = slate_redis::HolderId::new();
+    /// let a = lock.read_as(me).await?;
+    /// let b = lock.read_as(me).await?;
+    /// assert_eq!(b.depth(), 2);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`read`](Self::read); [`Error::LeaseLost`] if `holder` held already and its hold
+    /// is gone from Redis.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read`](Self::read).
+    pub fn read_as(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
+        self.read_with(Some(holder), Wait::Forever)
+    }
+
+    /// Takes the read lock if it can without waiting (one round trip at most).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// if let Some(guard) = lock.try_read().await? {
+    ///     guard.unlock().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`read`](Self::read); busy is `Ok(None)`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read`](Self::read).
+    pub async fn try_read(&self) -> Result<Option<RwLockReadGuard>> {
+        slate_core::lock::busy_to_none(self.read_with(None, Wait::Immediate).await)
+    }
+
+    /// Takes the read lock, waiting at most `d` in the queue.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.try_read_for(std::time::Duration::from_secs(1)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`read`](Self::read); [`Error::Timeout`] when `d` passes first.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read`](Self::read).
+    pub fn try_read_for(
+        &self,
+        d: Duration,
+    ) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
+        self.read_with(None, Wait::for_duration(d))
+    }
+
+    /// Takes the write lock, waiting as long as it takes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.write().await?;
+    /// guard.unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures; [`Error::InvalidInput`] when the holder reads already (a read lock
+    /// is never upgraded).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read`](Self::read).
+    pub fn write(&self) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
+        self.write_with(None, Wait::Forever)
+    }
+
+    /// Takes the write lock for `holder` (re-entrant).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let me = slate_redis::HolderId::new();
+    /// let w = lock.write_as(me).await?;
+    /// let r = lock.read_as(me).await?; // the read its write covers
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write); [`Error::LeaseLost`] if `holder` wrote already and its
+    /// hold is gone from Redis.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read`](Self::read).
+    pub fn write_as(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
+        self.write_with(Some(holder), Wait::Forever)
+    }
+
+    /// Takes the write lock if it can without waiting (one round trip at most).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// assert!(lock.try_write().await?.is_some());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write); busy is `Ok(None)`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read`](Self::read).
+    pub async fn try_write(&self) -> Result<Option<RwLockWriteGuard>> {
+        slate_core::lock::busy_to_none(self.write_with(None, Wait::Immediate).await)
+    }
+
+    /// Takes the write lock, waiting at most `d` in the queue.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.try_write_for(std::time::Duration::from_secs(1)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write); [`Error::Timeout`] when `d` passes first.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read`](Self::read).
+    pub fn try_write_for(
+        &self,
+        d: Duration,
+    ) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
+        self.write_with(None, Wait::for_duration(d))
+    }
+
+    /// The blocking twin of [`read`](Self::read), for threads.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.blocking_read()?;
+    /// guard.blocking_unlock()?;
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`read`](Self::read).
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime (use `read().await` there).
+    pub fn blocking_read(&self) -> Result<RwLockReadGuard> {
+        self.blocking_try_read_until(None)
+    }
+
+    /// The blocking twin of [`try_read_for`](Self::try_read_for).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.blocking_try_read_for(std::time::Duration::from_secs(1))?;
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`try_read_for`](Self::try_read_for).
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_try_read_for(&self, d: Duration) -> Result<RwLockReadGuard> {
+        self.blocking_try_read_until(Some(d))
+    }
+
+    fn blocking_try_read_until(&self, d: Option<Duration>) -> Result<RwLockReadGuard> {
+        assert_not_in_runtime("RwLock::blocking_read");
+        let holder = Self::holder(None);
+        let wait = d.map_or(Wait::Forever, Wait::for_duration);
+        let grant = self.state.sync.blocking_acquire_shared(holder, wait)?;
+        Ok(RwLockReadGuard {
+            level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
+        })
+    }
+
+    /// The blocking twin of [`write`](Self::write), for threads.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.blocking_write()?;
+    /// guard.blocking_unlock()?;
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write).
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime (use `write().await` there).
+    pub fn blocking_write(&self) -> Result<RwLockWriteGuard> {
+        self.blocking_try_write_until(None)
+    }
+
+    /// The blocking twin of [`try_write_for`](Self::try_write_for).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.blocking_try_write_for(std::time::Duration::from_secs(1))?;
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`try_write_for`](Self::try_write_for).
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_try_write_for(&self, d: Duration) -> Result<RwLockWriteGuard> {
+        self.blocking_try_write_until(Some(d))
+    }
+
+    fn blocking_try_write_until(&self, d: Option<Duration>) -> Result<RwLockWriteGuard> {
+        assert_not_in_runtime("RwLock::blocking_write");
+        let holder = Self::holder(None);
+        let wait = d.map_or(Wait::Forever, Wait::for_duration);
+        let grant = self.state.sync.blocking_acquire(holder, wait)?;
+        Ok(RwLockWriteGuard {
+            level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
+        })
+    }
+
+    /// Who holds the lock, as the server sees it (expired leases left out).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let _r = lock.read().await?;
+    /// assert_eq!(lock.status().await?.readers(), 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn status(&self) -> Result<SharedStatus> {
+        self.state.competitor().inspect().await
+    }
+
+    /// Drops every holder (an operator's action: their next renewal reports the loss) and
+    /// wakes every waiter; answers how many holders there were.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let dropped = lock.force_unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: one script call, applied whole or not at all.
+    pub async fn force_unlock(&self) -> Result<u64> {
+        let dropped: u64 = self.state.competitor().admin("clear", 0).await?;
+        tracing::warn!(lock = %self.state.competitor().label, dropped, "force unlock");
+        Ok(dropped)
+    }
+}
+
+impl fmt::Debug for RwLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.state.competitor();
+        f.debug_struct("RwLock")
+            .field("name", &c.name)
+            .field("options", &c.options)
+            .field("address", &c.client.address())
+            .finish()
+    }
+}
+
+/// The methods every shared-lock guard has (read, write, permit).
+macro_rules! shared_guard_methods {
+    ($guard:ident, $get:literal, $get_blocking:literal) => {
+        impl $guard {
+            #[doc = concat!("The holder this guard holds for.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nprintln!(\"{}\", guard.holder());\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn holder(&self) -> HolderId {
+                self.level.holder
+            }
+
+            #[doc = concat!("The fencing token of this hold: above every earlier holder's (re-entries keep it).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert!(guard.fencing_token().get() > 0);\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn fencing_token(&self) -> FencingToken {
+                self.level.token
+            }
+
+            #[doc = concat!("The holder's levels in this mode when this guard was granted.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert_eq!(guard.depth(), 1);\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn depth(&self) -> u32 {
+                self.level.depth
+            }
+
+            #[doc = concat!("The watch on this hold's lease (deadline and loss signal).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert!(!guard.lease().is_lost());\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn lease(&self) -> &LeaseWatch {
+                &self.level.watch
+            }
+
+            #[doc = concat!("Until when the hold is known valid (moved by every renewal).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert!(guard.lease_deadline() > std::time::Instant::now());\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn lease_deadline(&self) -> Instant {
+                self.level.watch.deadline()
+            }
+
+            #[doc = concat!("Whether the hold is lost (its lease ended, or it was dropped by an operator).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert!(!guard.is_lost());\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn is_lost(&self) -> bool {
+                self.level.watch.is_lost()
+            }
+
+            #[doc = concat!("Resolves when the hold is lost, with the reason; stop touching the protected resource then.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\ntokio::select! {\n    reason = guard.lost() => eprintln!(\"lost: {reason}\"),\n    () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}\n}\n# Ok(()) }\n```\n\n# Cancel safety\n\nCancel safe: it only watches.")]
+            pub async fn lost(&self) -> LossReason {
+                self.level.watch.lost().await
+            }
+
+            #[doc = concat!("Releases this level and answers the holder's levels left in this mode.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert_eq!(guard.unlock().await?, 0);\n# Ok(()) }\n```\n\n# Errors\n\n[`Error::NotHeld`] when the hold had already ended in Redis (lease lost, force-unlocked); backend failures (the hold then ends with its lease). The local queue moves on either way.\n\n# Cancel safety\n\nThe release runs to completion whether or not the future is polled again: it was started when this was called.")]
+            pub fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
+                self.level.release()
+            }
+
+            #[doc = concat!("The blocking twin of `unlock`, for threads.\n\n# Examples\n\n```no_run\n# fn main() -> slate_redis::Result<()> {\n", $get_blocking, "\nguard.blocking_unlock()?;\n# Ok(()) }\n```\n\n# Errors\n\nAs `unlock`.\n\n# Panics\n\nInside a tokio runtime (use `unlock().await` there).")]
+            pub fn blocking_unlock(mut self) -> Result<u32> {
+                self.level
+                    .blocking_release(concat!(stringify!($guard), "::blocking_unlock"))
+            }
+        }
+
+        impl LockGuard for $guard {
+            fn holder(&self) -> HolderId {
+                self.level.holder
+            }
+
+            fn fencing_token(&self) -> FencingToken {
+                self.level.token
+            }
+
+            fn lease(&self) -> &LeaseWatch {
+                &self.level.watch
+            }
+
+            fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
+                self.level.release()
+            }
+        }
+
+        impl fmt::Debug for $guard {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($guard))
+                    .field("lock", &self.level.label())
+                    .field("holder", &self.level.holder)
+                    .field("token", &self.level.token)
+                    .field("depth", &self.level.depth)
+                    .field("deadline", &self.level.watch.deadline())
+                    .finish()
+            }
+        }
+    };
+}
+pub(crate) use shared_guard_methods;
+
+/// One read level of a [`RwLock`] hold.
+///
+/// Release it with [`unlock`](Self::unlock) (or [`blocking_unlock`](Self::blocking_unlock));
+/// dropped without either, it is released by a task on the client's runtime.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+/// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+/// let guard = lock.read().await?;
+/// let again = guard.reenter().await?;
+/// again.unlock().await?;
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping the guard releases the lock in the background; call unlock().await to see the outcome"]
+pub struct RwLockReadGuard {
+    level: HeldLevel,
+}
+
+/// One write level of a [`RwLock`] hold.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+/// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+/// let guard = lock.write().await?;
+/// let read = guard.downgrade().await?;
+/// read.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping the guard releases the lock in the background; call unlock().await to see the outcome"]
+pub struct RwLockWriteGuard {
+    level: HeldLevel,
+}
+
+shared_guard_methods!(
+    RwLockReadGuard,
+    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.read().await?;",
+    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.blocking_read()?;"
+);
+shared_guard_methods!(
+    RwLockWriteGuard,
+    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.write().await?;",
+    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.blocking_write()?;"
+);
+
+impl RwLockReadGuard {
+    /// One more read level for this guard's holder, at once (re-entry never queues).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.read().await?;
+    /// assert_eq!(guard.reenter().await?.depth(), 2);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the hold is gone from Redis; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; a level granted after the drop is released in the background.
+    pub fn reenter(&self) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
+        let state = &self.level.state;
+        let holder = self.level.holder;
+        async move {
+            let grant = state.sync.acquire_shared(holder, Wait::Forever).await?;
+            Ok(RwLockReadGuard {
+                level: HeldLevel::new(Arc::clone(state), holder, &grant),
+            })
+        }
+    }
+}
+
+impl RwLockWriteGuard {
+    /// One more write level for this guard's holder, at once.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.write().await?;
+    /// assert_eq!(guard.reenter().await?.depth(), 2);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the hold is gone from Redis; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; a level granted after the drop is released in the background.
+    pub fn reenter(&self) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
+        let state = &self.level.state;
+        let holder = self.level.holder;
+        async move {
+            let grant = state.sync.acquire(holder, Wait::Forever).await?;
+            Ok(RwLockWriteGuard {
+                level: HeldLevel::new(Arc::clone(state), holder, &grant),
+            })
+        }
+    }
+
+    /// Takes the read lock this write lock covers, at once (the holder then reads and writes;
+    /// releasing the write keeps the read: see [`downgrade`](Self::downgrade)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let w = lock.write().await?;
+    /// let r = w.read().await?;
+    /// assert_eq!(r.fencing_token(), w.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the hold is gone from Redis; backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; a level granted after the drop is released in the background.
+    pub fn read(&self) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
+        let state = &self.level.state;
+        let holder = self.level.holder;
+        async move {
+            let grant = state.sync.acquire_shared(holder, Wait::Forever).await?;
+            Ok(RwLockReadGuard {
+                level: HeldLevel::new(Arc::clone(state), holder, &grant),
+            })
+        }
+    }
+
+    /// Turns this write level into a read level without a gap: the holder takes the read its
+    /// write covers, then releases this write level. No writer gets in between; the readers
+    /// waiting at the head of the queue come in as the holder's last write level ends (at
+    /// once, unless it holds other write levels through other guards). Two round trips.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let w = lock.write().await?;
+    /// let r = w.downgrade().await?;
+    /// assert!(lock.try_write().await?.is_none());
+    /// r.unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the hold is gone; backend failures. On an error, the levels
+    /// this call held are released in the background.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe in one respect: dropped between its two steps, the holder keeps
+    /// neither (both are released in the background), so the caller must take the lock again.
+    pub async fn downgrade(mut self) -> Result<RwLockReadGuard> {
+        let state = Arc::clone(&self.level.state);
+        let holder = self.level.holder;
+        let grant = state.sync.acquire_shared(holder, Wait::Forever).await?;
+        let read = RwLockReadGuard {
+            level: HeldLevel::new(Arc::clone(&state), holder, &grant),
+        };
+        self.level.release().await?;
+        Ok(read)
+    }
+}

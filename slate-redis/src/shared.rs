@@ -1,0 +1,970 @@
+//! Shared mode on Redis: the machinery under [`RwLock`](crate::RwLock) and
+//! [`Semaphore`](crate::Semaphore).
+//!
+//! One Redis hash per lock keeps every holder's permits and levels, a sorted set their
+//! leases, and a sorted set plus a hash the processes that wait, in arrival order (see
+//! `scripts/shared_prelude.lua`). A read hold takes one permit and a write hold the whole
+//! capacity (the *write weight*), so a read-write lock is a semaphore whose writers ask for
+//! everything; a semaphore's holds take the permits they ask for. The local
+//! [`Synchronizer`]'s shared mode sits in front: inside a process, readers hold together
+//! and writers queue in one FIFO with them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
+use slate_core::{
+    BackendKind, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions, LossReason,
+    Result,
+};
+use tracing::Instrument;
+
+use crate::client::{LockEntry, RedisClient, lock, unexpected_reply};
+use crate::keys::Keys;
+use crate::lock::min_validity;
+use crate::notify::ReleaseTarget;
+use crate::renewal::{self, Hold};
+use crate::request;
+use crate::scripts::{self, SHARED_ACQUIRE, SHARED_ADMIN, SHARED_RELEASE};
+
+/// The permits a write hold of a read-write lock takes: all of them. Readers are counted
+/// against it, so a read-write lock admits up to 2^30 - 1 readers at once.
+pub(crate) const WRITE_WEIGHT: u32 = 1 << 30;
+
+/// Which primitive a shared lock is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A read-write lock: reads take one permit, writes all of them.
+    RwLock,
+    /// A semaphore; `permits` is the capacity it starts with if none is stored yet.
+    Semaphore { permits: u32 },
+}
+
+impl Kind {
+    /// The capacity argument of the scripts.
+    fn capacity(self) -> u32 {
+        match self {
+            Kind::RwLock => WRITE_WEIGHT,
+            Kind::Semaphore { permits } => permits,
+        }
+    }
+}
+
+/// The keys of one shared lock (see `scripts/shared_prelude.lua`).
+#[derive(Clone, Debug)]
+pub(crate) struct SharedKeys {
+    /// The holders hash: `<prefix>{<name>}:rw` or `<prefix>{<name>}:sem`.
+    pub(crate) holders: Arc<[u8]>,
+    pub(crate) leases: Arc<[u8]>,
+    pub(crate) queue: Arc<[u8]>,
+    pub(crate) wants: Arc<[u8]>,
+    pub(crate) fence: Arc<[u8]>,
+    pub(crate) channel: Arc<[u8]>,
+    /// The semaphore's capacity (persistent); `None` for a read-write lock.
+    pub(crate) permits: Option<Arc<[u8]>>,
+}
+
+impl SharedKeys {
+    pub(crate) fn new(prefix: &str, name: &LockName, kind: Kind) -> Self {
+        let base = Keys::new(prefix, name).lock;
+        let mut holders = base.to_vec();
+        holders.extend_from_slice(match kind {
+            Kind::RwLock => b":rw",
+            Kind::Semaphore { .. } => b":sem",
+        });
+        let with = |suffix: &[u8]| -> Arc<[u8]> {
+            let mut k = holders.clone();
+            k.extend_from_slice(suffix);
+            Arc::from(k)
+        };
+        SharedKeys {
+            leases: with(b":leases"),
+            queue: with(b":queue"),
+            wants: with(b":wants"),
+            fence: with(b":fence"),
+            channel: with(b":released"),
+            permits: matches!(kind, Kind::Semaphore { .. }).then(|| with(b":permits")),
+            holders: Arc::from(holders),
+        }
+    }
+
+    /// A holder's request record.
+    pub(crate) fn record(&self, holder: &str) -> Vec<u8> {
+        let mut k = self.holders.to_vec();
+        k.extend_from_slice(b":req:");
+        k.extend_from_slice(holder.as_bytes());
+        k
+    }
+}
+
+/// What every handle of one shared lock (in one client) shares.
+pub(crate) struct SharedState {
+    pub(crate) sync: Synchronizer<SharedCompetitor>,
+}
+
+impl SharedState {
+    pub(crate) fn competitor(&self) -> &SharedCompetitor {
+        self.sync.competitor()
+    }
+}
+
+impl LockEntry for SharedState {
+    fn waiters(&self) -> usize {
+        self.sync.waiters()
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+impl ReleaseTarget for SharedState {
+    fn released(&self) {
+        self.sync.notify_released();
+    }
+
+    fn queue_id(&self) -> &str {
+        &self.sync.competitor().queue_id
+    }
+}
+
+/// What a successful attempt yields.
+pub(crate) struct SharedGrant {
+    pub(crate) token: FencingToken,
+    /// The holder's levels in the attempt's mode.
+    pub(crate) count: u32,
+    /// The holder held nothing before: a new lease (and token).
+    pub(crate) fresh: bool,
+    pub(crate) write: bool,
+    pub(crate) deadline: Instant,
+    pub(crate) watch: OnceLock<LeaseWatch>,
+}
+
+/// The Redis side of a shared lock, driven by the synchronizer's shared mode.
+pub(crate) struct SharedCompetitor {
+    pub(crate) client: RedisClient,
+    pub(crate) keys: SharedKeys,
+    pub(crate) name: LockName,
+    pub(crate) label: Arc<str>,
+    pub(crate) options: LockOptions,
+    pub(crate) kind: Kind,
+    me: Weak<SharedState>,
+    last_attempt: Arc<Mutex<Option<Instant>>>,
+    /// This process's entry in the waiting processes.
+    pub(crate) queue_id: Arc<str>,
+    /// How long a busy answer keeps this process's place while it waits for a message.
+    claim: Duration,
+    /// The permits each pending semaphore holder asks for (holders are minted per call).
+    wants: Mutex<HashMap<HolderId, u32>>,
+    /// A busy answer queued this process and no grant has taken it out since.
+    queued: AtomicBool,
+}
+
+/// How long a busy answer keeps a process's place in the queue: past its spin wait (the
+/// longest it parks without a message) with room for a slow round trip.
+fn claim_window(options: &LockOptions) -> Duration {
+    (options.spin_wait() * 2 + Duration::from_millis(200)).min(options.lease())
+}
+
+impl SharedCompetitor {
+    /// The state shared by every handle of the lock named `name` in `client`: the existing
+    /// one, or a new one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] if the name is used by another kind of lock, or with other
+    /// options, in this client.
+    pub(crate) fn state(
+        client: &RedisClient,
+        name: LockName,
+        options: LockOptions,
+        kind: Kind,
+    ) -> Result<Arc<SharedState>> {
+        if options.fence_expiry().is_some() {
+            return Err(Error::invalid_input(
+                "fence expiry",
+                format!(
+                    "{name}: read-write locks and semaphores keep a persistent fencing counter"
+                ),
+                "leave fence_expiry unset",
+            ));
+        }
+        let keys = SharedKeys::new(options.key_prefix(), &name, kind);
+        let mut registry = lock(&client.inner.locks);
+        if let Some(existing) = registry.get(&keys.holders).and_then(Weak::upgrade) {
+            let Ok(state) = existing.into_any().downcast::<SharedState>() else {
+                return Err(Error::invalid_input(
+                    "lock name",
+                    format!("{name} is used by another kind of lock in this client"),
+                    "use another name or key prefix",
+                ));
+            };
+            let c = state.competitor();
+            if c.options != options || c.kind != kind {
+                return Err(Error::invalid_input(
+                    "options",
+                    format!(
+                        "{name} already exists in this client with other options ({:?}, {:?})",
+                        c.options, c.kind
+                    ),
+                    "build every handle of one lock with the same options (or clone the first \
+                     handle)",
+                ));
+            }
+            return Ok(state);
+        }
+        let label: Arc<str> = Arc::from(name.to_string());
+        let spin_wait = options.spin_wait();
+        let state = Arc::new_cyclic(|me: &Weak<SharedState>| SharedState {
+            sync: Synchronizer::new(
+                Arc::clone(&label),
+                SharedCompetitor {
+                    client: client.clone(),
+                    keys: keys.clone(),
+                    name,
+                    label,
+                    claim: claim_window(&options),
+                    options,
+                    kind,
+                    me: me.clone(),
+                    last_attempt: Arc::new(Mutex::new(None)),
+                    queue_id: Arc::from(HolderId::new().to_string()),
+                    wants: Mutex::new(HashMap::new()),
+                    queued: AtomicBool::new(false),
+                },
+                spin_wait,
+            ),
+        });
+        if registry.len() >= 64 && registry.len().is_power_of_two() {
+            registry.retain(|_, w| w.strong_count() > 0);
+        }
+        let entry: Weak<dyn LockEntry> = Arc::downgrade(&state) as Weak<SharedState>;
+        registry.insert(keys.holders, entry);
+        Ok(state)
+    }
+
+    /// Records that `holder` (minted for one semaphore call) asks for `permits`; the returned
+    /// guard forgets it.
+    pub(crate) fn want(&self, holder: HolderId, permits: u32) -> Wanting<'_> {
+        lock(&self.wants).insert(holder, permits);
+        Wanting {
+            competitor: self,
+            holder,
+        }
+    }
+
+    fn permits_for(&self, holder: HolderId) -> u32 {
+        lock(&self.wants).get(&holder).copied().unwrap_or(1)
+    }
+
+    fn hold(&self, holder: HolderId, grant: &SharedGrant) -> Hold {
+        Hold {
+            key: self.keys.holders.clone(),
+            turn: None,
+            fence: None,
+            alias: None,
+            leases: Some(self.keys.leases.clone()),
+            holder,
+            lease: self.options.lease(),
+            period: self.options.renewal_period(),
+            max_hold: self.options.max_hold(),
+            deadline: grant.deadline,
+            label: self.label.clone(),
+        }
+    }
+
+    /// The lease watch of a grant (set by `after_acquire`).
+    pub(crate) fn watch(&self, holder: HolderId, grant: &SharedGrant) -> LeaseWatch {
+        match grant.watch.get() {
+            Some(w) => w.clone(),
+            None => self.client.inner.renewal.register_hold(
+                &self.client,
+                self.hold(holder, grant),
+                grant.fresh,
+            ),
+        }
+    }
+
+    /// Ends `holder`'s renewal unless it still holds in the other mode.
+    fn end_hold(&self, holder: HolderId, still_holds: impl FnOnce(&SharedState) -> bool) {
+        if self.me.upgrade().is_some_and(|s| still_holds(&s)) {
+            return;
+        }
+        self.client
+            .inner
+            .renewal
+            .deregister(&self.keys.holders, holder);
+    }
+
+    /// One acquire script call for `holder` (see `scripts/shared_acquire.lua`).
+    fn attempt_remote(
+        &self,
+        holder: HolderId,
+        write: bool,
+        reentry: bool,
+    ) -> impl std::future::Future<Output = Result<Attempt<SharedGrant>>> + Send + 'static {
+        let permits = if write { 0 } else { self.permits_for(holder) };
+        let call = Call::of(self);
+        let last = self.last_attempt.clone();
+        let me = self.me.clone();
+        let (label, claim, queue_id) = (self.label.clone(), self.claim, self.queue_id.clone());
+        self.client.clone().on_runtime(async move {
+            let sent = Instant::now();
+            *lock(&last) = Some(sent);
+            let request = request::next_id();
+            let args = AcquireArgs {
+                holder,
+                write,
+                permits,
+                reentry,
+                request,
+                queue_id: &queue_id,
+                claim,
+            };
+            let reply = match call.acquire(&args).await {
+                Ok(r) => r,
+                Err(e) => {
+                    // No reply: the script may have run (or may still run). Undo it by id.
+                    if matches!(
+                        e.backend_kind(),
+                        Some(BackendKind::Timeout | BackendKind::Io)
+                    ) {
+                        call.undo(holder, write, request).await;
+                    }
+                    return Err(e);
+                }
+            };
+            let lease = call.lease;
+            match reply.as_slice() {
+                [1, token, count, fresh] => {
+                    let (Ok(token), Ok(count)) = (u64::try_from(*token), u32::try_from(*count))
+                    else {
+                        return Err(unexpected_reply(
+                            "shared acquire script",
+                            call.client.address(),
+                            &reply,
+                        ));
+                    };
+                    let deadline = renewal::deadline(sent, lease);
+                    if deadline < Instant::now() + min_validity(lease) {
+                        // The reply came too late to hold anything: give the level back.
+                        let round_trip = sent.elapsed();
+                        call.release_in_background(&me, holder, write, "a late grant");
+                        return Err(Error::backend(
+                            BackendKind::Timeout,
+                            Some(call.client.address().to_owned()),
+                            format!(
+                                "the acquire script answered after {round_trip:?}, leaving less \
+                                 than the minimum validity ({:?}) of a {lease:?} lease; the level \
+                                 was given back. Raise the lease (or the network's speed)",
+                                min_validity(lease)
+                            ),
+                            None,
+                        ));
+                    }
+                    // A fresh hold took this process out of the waiting processes.
+                    if *fresh == 1
+                        && let Some(s) = me.upgrade()
+                    {
+                        s.competitor().queued.store(false, Ordering::Relaxed);
+                    }
+                    tracing::debug!(lock = %label, %holder, token, count, write, "acquired");
+                    Ok(Attempt::Acquired(SharedGrant {
+                        token: FencingToken::new(token),
+                        count,
+                        fresh: *fresh == 1,
+                        write,
+                        deadline,
+                        watch: OnceLock::new(),
+                    }))
+                }
+                [0, ms] => {
+                    if let Some(s) = me.upgrade() {
+                        s.competitor().queued.store(true, Ordering::Relaxed);
+                    }
+                    tracing::trace!(lock = %label, %holder, ms, "busy");
+                    let retry_after = u64::try_from(*ms).ok().map(Duration::from_millis);
+                    Ok(Attempt::Busy { retry_after })
+                }
+                // Only a request that was undone answers this, and nobody awaits it then.
+                [-3] => Ok(Attempt::Busy { retry_after: None }),
+                [-4] => {
+                    tracing::debug!(lock = %label, %holder, "re-entry found the hold gone");
+                    let renewal = &call.client.inner.renewal;
+                    renewal.lose(&call.keys.holders, holder, LossReason::EntryGone);
+                    Err(Error::lease_lost(
+                        Arc::clone(&label),
+                        holder,
+                        LossReason::EntryGone,
+                    ))
+                }
+                [-5, capacity] => Err(Error::invalid_input(
+                    "permits",
+                    format!(
+                        "{permits} permits were asked of semaphore {label}, which has {capacity}"
+                    ),
+                    "ask for at most the semaphore's permits, or raise them with \
+                     Semaphore::set_permits",
+                )),
+                [-6] => Err(Error::invalid_input(
+                    "upgrade",
+                    format!(
+                        "{holder} holds {label} to read (in another process) and asked to write"
+                    ),
+                    "release the read lock first; a read lock is never upgraded",
+                )),
+                _ => Err(unexpected_reply(
+                    "shared acquire script",
+                    call.client.address(),
+                    &reply,
+                )),
+            }
+        })
+    }
+
+    /// Releases one level of `holder` (write or shared) remotely: `-1` not held, else the
+    /// levels left in that mode. Retried once with the same request id if the connection
+    /// breaks.
+    pub(crate) async fn release_remote(&self, holder: HolderId, write: bool) -> Result<i64> {
+        Call::of(self).release(holder, write, None).await
+    }
+
+    /// The operator's view: who holds, with what (see `scripts/shared_admin.lua`).
+    pub(crate) async fn inspect(&self) -> Result<SharedStatus> {
+        let reply: redis::Value = self.admin("inspect", 0).await?;
+        parse_status(&reply)
+            .ok_or_else(|| unexpected_reply("shared inspect script", self.client.address(), &reply))
+    }
+
+    /// An admin script call: `clear` or `permits` (with `n`), or `inspect`.
+    pub(crate) async fn admin<T: redis::FromRedisValue>(&self, op: &str, n: u32) -> Result<T> {
+        let keys = &self.keys;
+        let publish = self.client.publish_arg();
+        self.client
+            .exec("shared admin script", |mut c| {
+                let mut invocation = SHARED_ADMIN.script.prepare_invoke();
+                invocation
+                    .key(&*keys.holders)
+                    .key(&*keys.leases)
+                    .key(&*keys.channel);
+                if let Some(permits) = &keys.permits {
+                    invocation.key(&**permits);
+                }
+                invocation.arg(op).arg(n).arg(publish);
+                async move { invocation.invoke_async(&mut c).await }
+            })
+            .await
+    }
+}
+
+/// Forgets a pending semaphore holder's permits when its call ends (however it ends).
+pub(crate) struct Wanting<'a> {
+    competitor: &'a SharedCompetitor,
+    holder: HolderId,
+}
+
+impl Drop for Wanting<'_> {
+    fn drop(&mut self) {
+        lock(&self.competitor.wants).remove(&self.holder);
+    }
+}
+
+/// One acquire request.
+struct AcquireArgs<'a> {
+    holder: HolderId,
+    write: bool,
+    permits: u32,
+    reentry: bool,
+    request: u64,
+    queue_id: &'a str,
+    claim: Duration,
+}
+
+/// What a script call needs, owned (attempts run in `'static` futures).
+#[derive(Clone)]
+struct Call {
+    client: RedisClient,
+    keys: SharedKeys,
+    kind: Kind,
+    lease: Duration,
+    label: Arc<str>,
+}
+
+impl Call {
+    fn of(c: &SharedCompetitor) -> Self {
+        Call {
+            client: c.client.clone(),
+            keys: c.keys.clone(),
+            kind: c.kind,
+            lease: c.options.lease(),
+            label: c.label.clone(),
+        }
+    }
+
+    async fn acquire(&self, a: &AcquireArgs<'_>) -> Result<Vec<i64>> {
+        let holder = a.holder.to_string();
+        let record = self.keys.record(&holder);
+        let keys = &self.keys;
+        let record_ms = request::record_ttl_ms(self.client.command_timeout());
+        let lease_ms = scripts::lease_ms(self.lease);
+        let claim_ms = scripts::lease_ms(a.claim);
+        let capacity = self.kind.capacity();
+        self.client
+            .exec("shared acquire script", |mut c| {
+                let mut invocation = SHARED_ACQUIRE.script.prepare_invoke();
+                invocation
+                    .key(&*keys.holders)
+                    .key(&*keys.leases)
+                    .key(&*keys.queue)
+                    .key(&*keys.wants)
+                    .key(&*keys.fence)
+                    .key(&*record);
+                if let Some(permits) = &keys.permits {
+                    invocation.key(&**permits);
+                }
+                invocation
+                    .arg(&holder)
+                    .arg(if a.write { "w" } else { "r" })
+                    .arg(a.permits)
+                    .arg(lease_ms)
+                    .arg(a.queue_id)
+                    .arg(claim_ms)
+                    .arg(a.request)
+                    .arg(record_ms)
+                    .arg(if a.reentry { "1" } else { "" })
+                    .arg(capacity);
+                async move { invocation.invoke_async(&mut c).await }
+            })
+            .await
+    }
+
+    async fn release(&self, holder: HolderId, write: bool, undo: Option<u64>) -> Result<i64> {
+        let holder = holder.to_string();
+        let record = self.keys.record(&holder);
+        let keys = &self.keys;
+        let record_ms = request::record_ttl_ms(self.client.command_timeout());
+        let lease_ms = scripts::lease_ms(self.lease);
+        let request = request::next_id();
+        let undo = undo.map(|id| id.to_string()).unwrap_or_default();
+        let publish = self.client.publish_arg();
+        let capacity = self.kind.capacity();
+        self.client
+            .exec("shared release script", |mut c| {
+                let mut invocation = SHARED_RELEASE.script.prepare_invoke();
+                invocation
+                    .key(&*keys.holders)
+                    .key(&*keys.leases)
+                    .key(&*keys.queue)
+                    .key(&*keys.wants)
+                    .key(&*keys.channel)
+                    .key(&*record);
+                if let Some(permits) = &keys.permits {
+                    invocation.key(&**permits);
+                }
+                invocation
+                    .arg(&holder)
+                    .arg(if write { "w" } else { "r" })
+                    .arg(lease_ms)
+                    .arg(request)
+                    .arg(record_ms)
+                    .arg(&undo)
+                    .arg(publish)
+                    .arg(capacity);
+                async move { invocation.invoke_async(&mut c).await }
+            })
+            .await
+    }
+
+    /// After an acquire whose reply never came, undoes it by its request id (releases the
+    /// level if it ran, else marks it cancelled). The undo is put on the connection behind
+    /// the acquire before this returns; a failed undo leaves the hold to its lease.
+    async fn undo(&self, holder: HolderId, write: bool, request: u64) {
+        let call = self.clone();
+        let mut undo = Box::pin(async move {
+            match call.release(holder, write, Some(request)).await {
+                Ok(-2) => tracing::debug!(%holder, "cancelled an acquire that had not run"),
+                Ok(n) => {
+                    tracing::info!(%holder, left = n, "undid an acquire whose reply never came")
+                }
+                Err(e) => tracing::warn!(%holder, error = %e,
+                    "could not undo a timed-out acquire; if it ran, its hold ends with its lease"),
+            }
+        });
+        if futures::poll!(undo.as_mut()).is_pending() {
+            self.client.spawn(undo);
+        }
+    }
+
+    /// Releases one level in the background (a grant nobody can use: `why`), then wakes the
+    /// local queue's head.
+    fn release_in_background(
+        &self,
+        me: &Weak<SharedState>,
+        holder: HolderId,
+        write: bool,
+        why: &'static str,
+    ) {
+        let (call, me) = (self.clone(), me.clone());
+        self.client.spawn(async move {
+            if let Err(e) = call.release(holder, write, None).await {
+                tracing::warn!(lock = %call.label, %holder, error = %e,
+                    "release of {why} failed; the hold ends with its lease");
+            }
+            if let Some(state) = me.upgrade() {
+                state.sync.notify_released();
+            }
+        });
+    }
+}
+
+impl Competitor for SharedCompetitor {
+    type Grant = SharedGrant;
+
+    fn attempt(
+        &self,
+        holder: HolderId,
+    ) -> impl std::future::Future<Output = Result<Attempt<SharedGrant>>> + Send + 'static {
+        self.attempt_remote(holder, true, false)
+    }
+
+    fn reenter(
+        &self,
+        holder: HolderId,
+    ) -> impl std::future::Future<Output = Result<Attempt<SharedGrant>>> + Send + 'static {
+        self.attempt_remote(holder, true, true)
+    }
+
+    fn attempt_shared(
+        &self,
+        holder: HolderId,
+    ) -> impl std::future::Future<Output = Result<Attempt<SharedGrant>>> + Send + 'static {
+        self.attempt_remote(holder, false, false)
+    }
+
+    fn reenter_shared(
+        &self,
+        holder: HolderId,
+    ) -> impl std::future::Future<Output = Result<Attempt<SharedGrant>>> + Send + 'static {
+        self.attempt_remote(holder, false, true)
+    }
+
+    fn after_acquire(&self, holder: HolderId, grant: &SharedGrant) {
+        let watch = self.client.inner.renewal.register_hold(
+            &self.client,
+            self.hold(holder, grant),
+            grant.fresh,
+        );
+        let _ = grant.watch.set(watch);
+    }
+
+    /// The write levels ended; the renewal goes on while the holder still reads (a
+    /// downgrade).
+    fn after_release(&self, holder: HolderId) {
+        self.end_hold(holder, |s| s.sync.shared_depth(holder) > 0);
+    }
+
+    /// The shared levels ended; the renewal goes on while the holder still writes (it read
+    /// under its write).
+    fn after_release_shared(&self, holder: HolderId) {
+        self.end_hold(holder, |s| {
+            s.sync.owner().is_some_and(|(owner, _)| owner == holder)
+        });
+    }
+
+    fn abandon(&self, holder: HolderId, grant: SharedGrant) {
+        tracing::debug!(lock = %self.label, %holder, token = grant.token.get(), "releasing an abandoned grant");
+        Call::of(self).release_in_background(&self.me, holder, grant.write, "an abandoned grant");
+    }
+
+    fn prepare_wait(&self) -> impl std::future::Future<Output = Notifications> + Send {
+        let target: Weak<dyn ReleaseTarget> = self.me.clone();
+        let last = *lock(&self.last_attempt);
+        self.client
+            .subscribe_releases(self.keys.channel.clone(), target, last)
+    }
+
+    /// Unsubscribes, and takes this process out of the waiting processes if a busy answer
+    /// put it there (its waiters gave up: nobody should wait for it to claim its place).
+    fn queue_drained(&self) {
+        self.client
+            .inner
+            .notifier
+            .unsubscribe(&self.client, &self.keys.channel);
+        if self.queued.swap(false, Ordering::Relaxed) {
+            let (client, keys, id) = (
+                self.client.clone(),
+                self.keys.clone(),
+                self.queue_id.clone(),
+            );
+            self.client.spawn(async move {
+                let left = client
+                    .exec("leaving the queue", |mut c| {
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("ZREM").arg(&*keys.queue).arg(&*id).ignore();
+                        pipe.cmd("HDEL").arg(&*keys.wants).arg(&*id).ignore();
+                        async move { pipe.query_async::<()>(&mut c).await }
+                    })
+                    .await;
+                if let Err(e) = left {
+                    tracing::debug!(error = %e, "leaving the queue failed; the entry ends with its claim window");
+                }
+            });
+        }
+    }
+}
+
+/// What a shared lock's holders hold, as the server sees it: the operator's view of a
+/// [`RwLock`](crate::RwLock) or a [`Semaphore`](crate::Semaphore).
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+/// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+/// let status = lock.status().await?;
+/// println!("{:?}: {} readers", status.mode(), status.readers());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedStatus {
+    /// Permits in use (a read-write lock: one per reader, 2^30 for a writer).
+    pub in_use: u64,
+    /// A semaphore's capacity (`None` for a read-write lock, or a semaphore never used).
+    pub capacity: Option<u64>,
+    /// Every holder, soonest lease end first.
+    pub holders: Vec<SharedHolder>,
+}
+
+/// One holder in a [`SharedStatus`].
+///
+/// # Examples
+///
+/// ```
+/// use slate_redis::SharedHolder;
+/// use std::time::Duration;
+/// let h = SharedHolder { holder: "h".into(), permits: 1, reads: 1, writes: 0, token: 7, lease_left: Duration::from_secs(3) };
+/// assert!(!h.writes());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedHolder {
+    /// The holder id, as the client wrote it.
+    pub holder: String,
+    /// The permits it holds.
+    pub permits: u64,
+    /// Its read levels (a semaphore holder: 1).
+    pub reads: u32,
+    /// Its write levels.
+    pub writes: u32,
+    /// Its fencing token.
+    pub token: u64,
+    /// What is left of its lease.
+    pub lease_left: Duration,
+}
+
+impl SharedHolder {
+    /// Whether it holds the write lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_redis::SharedHolder;
+    /// # use std::time::Duration;
+    /// let h = SharedHolder { holder: "h".into(), permits: 1 << 30, reads: 0, writes: 1, token: 7, lease_left: Duration::ZERO };
+    /// assert!(h.writes());
+    /// ```
+    #[must_use]
+    pub fn writes(&self) -> bool {
+        self.writes > 0
+    }
+}
+
+/// How a read-write lock is held.
+///
+/// # Examples
+///
+/// ```
+/// assert_ne!(slate_redis::SharedMode::Free, slate_redis::SharedMode::Read);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedMode {
+    /// Nobody holds it.
+    Free,
+    /// Readers (or permit holders) hold it.
+    Read,
+    /// A writer holds it (possibly reading under its write).
+    Write,
+}
+
+impl SharedStatus {
+    /// How it is held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let s = slate_redis::SharedStatus { in_use: 0, capacity: None, holders: vec![] };
+    /// assert_eq!(s.mode(), slate_redis::SharedMode::Free);
+    /// ```
+    #[must_use]
+    pub fn mode(&self) -> SharedMode {
+        if self.holders.iter().any(SharedHolder::writes) {
+            SharedMode::Write
+        } else if self.holders.is_empty() {
+            SharedMode::Free
+        } else {
+            SharedMode::Read
+        }
+    }
+
+    /// How many holders read (or hold permits) without writing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let s = slate_redis::SharedStatus { in_use: 0, capacity: None, holders: vec![] };
+    /// assert_eq!(s.readers(), 0);
+    /// ```
+    #[must_use]
+    pub fn readers(&self) -> usize {
+        self.holders.iter().filter(|h| !h.writes()).count()
+    }
+}
+
+fn parse_status(v: &redis::Value) -> Option<SharedStatus> {
+    use redis::Value;
+    let int = |v: &Value| match v {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    };
+    let Value::Array(top) = v else { return None };
+    let [in_use, capacity, Value::Array(holders)] = top.as_slice() else {
+        return None;
+    };
+    let mut out = Vec::with_capacity(holders.len());
+    for h in holders {
+        let Value::Array(f) = h else { return None };
+        let [Value::BulkString(id), permits, reads, writes, token, left] = f.as_slice() else {
+            return None;
+        };
+        out.push(SharedHolder {
+            holder: String::from_utf8_lossy(id).into_owned(),
+            permits: u64::try_from(int(permits)?).ok()?,
+            reads: u32::try_from(int(reads)?).ok()?,
+            writes: u32::try_from(int(writes)?).ok()?,
+            token: u64::try_from(int(token)?).ok()?,
+            lease_left: Duration::from_millis(u64::try_from(int(left)?.max(0)).ok()?),
+        });
+    }
+    Some(SharedStatus {
+        in_use: u64::try_from(int(in_use)?).ok()?,
+        capacity: u64::try_from(int(capacity)?).ok(),
+        holders: out,
+    })
+}
+
+/// One held level of a shared lock, as its guard keeps it: the common part of
+/// [`RwLockReadGuard`](crate::RwLockReadGuard), [`RwLockWriteGuard`](crate::RwLockWriteGuard)
+/// and [`SemaphorePermit`](crate::SemaphorePermit). Dropped without `release`, it releases in
+/// a task on the client's runtime.
+pub(crate) struct HeldLevel {
+    pub(crate) state: Arc<SharedState>,
+    pub(crate) holder: HolderId,
+    pub(crate) token: FencingToken,
+    pub(crate) depth: u32,
+    pub(crate) watch: LeaseWatch,
+    pub(crate) write: bool,
+    released: bool,
+}
+
+impl HeldLevel {
+    pub(crate) fn new(state: Arc<SharedState>, holder: HolderId, grant: &SharedGrant) -> Self {
+        let watch = state.competitor().watch(holder, grant);
+        HeldLevel {
+            holder,
+            token: grant.token,
+            depth: grant.count,
+            watch,
+            write: grant.write,
+            released: false,
+            state,
+        }
+    }
+
+    pub(crate) fn label(&self) -> &str {
+        &self.state.competitor().label
+    }
+
+    /// Releases this level (once): remotely, then locally whatever the outcome.
+    pub(crate) fn release(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<u32>> + Send + use<> {
+        self.released = true;
+        release(Arc::clone(&self.state), self.holder, self.write)
+    }
+
+    /// As [`release`](Self::release), from a thread: blocks until the release is done.
+    pub(crate) fn blocking_release(&mut self, what: &str) -> Result<u32> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            panic!(
+                "{what} was called inside a tokio runtime, where blocking would stall the \
+                 runtime's threads; use the async method instead"
+            );
+        }
+        let release = self.release();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.state.competitor().client.spawn(async move {
+            let _ = tx.send(release.await);
+        });
+        rx.recv()
+            .unwrap_or(Err(Error::closed("the client's tokio runtime")))
+    }
+}
+
+impl Drop for HeldLevel {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        tracing::debug!(lock = %self.label(), holder = %self.holder,
+            "guard dropped without unlock; releasing in the background");
+        let release = self.release();
+        self.state.competitor().client.spawn(async move {
+            let _ = release.await;
+        });
+    }
+}
+
+/// Releases one level of `holder` (`write` or shared): remotely, then locally whatever the
+/// outcome; answers the levels the holder still holds in that mode locally.
+async fn release(state: Arc<SharedState>, holder: HolderId, write: bool) -> Result<u32> {
+    let c = state.competitor();
+    let span = tracing::debug_span!("release", lock = %c.label, %holder, write);
+    async {
+        let renewal = &c.client.inner.renewal;
+        renewal.begin_release(&c.keys.holders, holder);
+        let result = c.release_remote(holder, write).await;
+        renewal.end_release(&c.keys.holders, holder);
+        let remaining = if write {
+            state.sync.release(holder)
+        } else {
+            state.sync.release_shared(holder)
+        };
+        match result {
+            Ok(-1) => Err(Error::not_held(Arc::clone(&c.label), holder)),
+            Ok(n) if n >= 0 => Ok(remaining),
+            Ok(n) => Err(unexpected_reply(
+                "shared release script",
+                c.client.address(),
+                n,
+            )),
+            Err(e) => {
+                tracing::warn!(error = %e, "release failed; the hold ends with its lease");
+                Err(e)
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
