@@ -344,6 +344,7 @@ impl Sim {
                             depth,
                             deadline,
                             nodes: vec![],
+                            permits: None,
                         };
                         self.emit(id, lock, kind);
                         self.procs[p].held = Some(Held {

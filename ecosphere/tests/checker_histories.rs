@@ -49,6 +49,7 @@ impl B {
             depth,
             deadline: T0 + dl * MS,
             nodes: vec![],
+            permits: None,
         };
         self.push(t, proc, kind);
     }

@@ -46,6 +46,7 @@ fn worker(rec: Recorder, lock: Guarded, rounds: u64) -> Result<(), HistoryError>
                 depth: 1,
                 deadline,
                 nodes: vec![],
+                permits: None,
             },
         )?;
         // Non-atomic read-modify-write, as the scenario's counter does it.
@@ -186,6 +187,7 @@ fn every_event_kind_round_trips() -> TestResult {
             depth: 1,
             deadline: 5,
             nodes: vec![0, 2],
+            permits: None,
         },
         EventKind::AcqFail {
             attempt: 2,
@@ -341,6 +343,7 @@ fn loading_100k_events_is_quick() -> TestResult {
                 depth: 1,
                 deadline: now_ns() + 1_000_000_000,
                 nodes: vec![],
+                permits: None,
             };
             rec.record(i, "L", kind)?;
         }

@@ -62,6 +62,7 @@ async fn try_recorded(
                     depth: 1,
                     deadline: to_mono_ns(g.lease().deadline()),
                     nodes: g.nodes().to_vec(),
+                    permits: None,
                 },
             )
             .unwrap();

@@ -300,6 +300,7 @@ impl Contention {
                     depth: g.depth(),
                     deadline: to_mono_ns(g.lease_deadline()),
                     nodes: vec![],
+                    permits: None,
                 },
             );
             let mut con = self.resource.clone();

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use slate_combination::CombinationGuard;
 use slate_core::{Error, LockGuard};
-use slate_redis::SingleLockGuard;
+use slate_redis::{RwLockReadGuard, RwLockWriteGuard, SemaphorePermit, SingleLockGuard};
 
 use crate::clock::to_mono_ns;
 use crate::history::{EventKind, HistoryError, Recorder};
@@ -41,6 +41,56 @@ pub trait Observed: LockGuard {
     fn level(&self) -> u32;
     /// The nodes held (empty for a single lock).
     fn held_nodes(&self) -> Vec<usize>;
+    /// Shared mode: the permits the hold takes (see `EventKind::AcqOk::permits`); `None` for
+    /// an exclusive lock.
+    fn permits(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The permits a write hold of a read-write lock takes (its whole capacity).
+pub const WRITE_PERMITS: u64 = 1 << 30;
+
+impl Observed for RwLockReadGuard {
+    fn level(&self) -> u32 {
+        self.depth()
+    }
+
+    fn held_nodes(&self) -> Vec<usize> {
+        Vec::new()
+    }
+
+    fn permits(&self) -> Option<u64> {
+        Some(1)
+    }
+}
+
+impl Observed for RwLockWriteGuard {
+    fn level(&self) -> u32 {
+        self.depth()
+    }
+
+    fn held_nodes(&self) -> Vec<usize> {
+        Vec::new()
+    }
+
+    fn permits(&self) -> Option<u64> {
+        Some(WRITE_PERMITS)
+    }
+}
+
+impl Observed for SemaphorePermit {
+    fn level(&self) -> u32 {
+        self.depth()
+    }
+
+    fn held_nodes(&self) -> Vec<usize> {
+        Vec::new()
+    }
+
+    fn permits(&self) -> Option<u64> {
+        Some(u64::from(SemaphorePermit::permits(self)))
+    }
 }
 
 impl Observed for SingleLockGuard {
@@ -171,6 +221,7 @@ impl<'a> Log<'a> {
             depth: held.depth,
             deadline: held.deadline,
             nodes: held.nodes.clone(),
+            permits: guard.permits(),
         })?;
         Ok(held)
     }

@@ -482,3 +482,91 @@ async fn names_are_checked_and_kinds_do_not_mix() {
         "one name, one set of options in a client"
     );
 }
+
+/// S10 for the shared scripts: a reply lost after the script ran is answered from the
+/// request record on the retry (one level, not two; a last release answers 0, not *not
+/// held*), and an acquire that got no reply at all is undone by its request id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_replies_are_answered_from_the_request_record() {
+    use ecosphere::proxy::{FaultProxy, Mode};
+    let server = common::server();
+    let proxy = FaultProxy::start(server.addr()).expect("proxy");
+    let client = RedisClient::open_with(
+        proxy.url(),
+        slate_redis::ClientOptions::builder()
+            .command_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    client.ping().await.unwrap();
+    let lock = rw(&client, "rw-s10");
+    let reads = |h: HolderId| -> i64 {
+        let v = server
+            .command(&["HGET", "slate:{rw-s10}:rw", &format!("r:{h}")])
+            .unwrap();
+        redis::from_redis_value::<Option<i64>>(v)
+            .unwrap()
+            .unwrap_or(0)
+    };
+    let lose_once = async |what: &str, done: &dyn Fn() -> bool| {
+        eventually(what, Duration::from_secs(5), async || done()).await;
+        proxy.set_mode(Mode::Pass).unwrap();
+        proxy.reset_all().unwrap();
+    };
+    let me = HolderId::new();
+    proxy.set_mode(Mode::DropReplies).unwrap();
+    let acquire = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.read_as(me).await })
+    };
+    lose_once("the read to run", &|| reads(me) == 1).await;
+    let guard = acquire
+        .await
+        .unwrap()
+        .expect("the retry answers the first run");
+    assert_eq!((guard.depth(), reads(me)), (1, 1), "one read, not two");
+    assert!(proxy.connections_accepted() >= 2);
+
+    proxy.set_mode(Mode::DropReplies).unwrap();
+    let release = tokio::spawn(async move { guard.unlock().await });
+    lose_once("the release to run", &|| reads(me) == 0).await;
+    assert_eq!(
+        release
+            .await
+            .unwrap()
+            .expect("no spurious not-held after a lost reply"),
+        0
+    );
+
+    // No reply at all: the read is undone by its request id.
+    let quick = RedisClient::open_with(
+        proxy.url(),
+        slate_redis::ClientOptions::builder()
+            .command_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    quick.ping().await.unwrap();
+    let quick_lock = rw(&quick, "rw-s10");
+    proxy.set_mode(Mode::DropReplies).unwrap();
+    let err = quick_lock.read().await.unwrap_err();
+    assert_eq!(
+        err.backend_kind(),
+        Some(slate_redis::BackendKind::Timeout),
+        "{err}"
+    );
+    proxy.set_mode(Mode::Pass).unwrap();
+    proxy.reset_all().unwrap();
+    eventually(
+        "the timed-out read to be undone",
+        Duration::from_secs(5),
+        async || int(&server, &["EXISTS", "slate:{rw-s10}:rw:leases"]) == 0,
+    )
+    .await;
+    assert!(
+        lock.try_write().await.unwrap().is_some(),
+        "nothing was left holding"
+    );
+}

@@ -295,6 +295,7 @@ impl Client {
                         depth: guard.depth(),
                         deadline,
                         nodes: guard.nodes().to_vec(),
+                        permits: None,
                     },
                 );
                 Outcome::Acquired(Held {
@@ -476,6 +477,7 @@ impl Held {
                 depth: guard.depth(),
                 deadline,
                 nodes: guard.nodes().to_vec(),
+                permits: None,
             },
         );
         Held {

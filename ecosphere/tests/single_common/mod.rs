@@ -64,6 +64,8 @@ pub struct Worker {
     pub synced_replicas: Option<(usize, Duration)>,
     /// `--tolerate-errors` (contend).
     pub tolerate_errors: bool,
+    /// Further arguments, appended as they are (e.g. `--shared rw`).
+    pub extra: Vec<String>,
 }
 
 impl Worker {
@@ -100,6 +102,7 @@ impl Worker {
             sentinel_master: None,
             synced_replicas: None,
             tolerate_errors: false,
+            extra: Vec::new(),
         }
     }
 
@@ -191,6 +194,7 @@ impl Worker {
         if self.unsafe_skip_lock {
             a.push("--unsafe-skip-lock".into());
         }
+        a.extend(self.extra.iter().cloned());
         a
     }
 

@@ -71,6 +71,14 @@ pub struct CheckConfig {
     pub zombie_grace: Duration,
     /// Number of surrounding events shown with a counterexample. Default 10.
     pub context_events: usize,
+    /// Shared mode (read-write lock, semaphore): the lock's capacity in permits, and every
+    /// `acq_ok` says how many its hold takes (`permits`; a read-write lock's read takes 1 and
+    /// its write the whole capacity). I1 then checks that the permits of the windows open at
+    /// any instant never exceed the capacity (readers may overlap each other, never a
+    /// writer), and I3 that every fresh hold's token is above every token acknowledged
+    /// before its `acq_invoke` (concurrent readers' replies may arrive in any order). `None`:
+    /// an exclusive lock.
+    pub capacity: Option<u64>,
 }
 
 impl Default for CheckConfig {
@@ -89,6 +97,7 @@ impl Default for CheckConfig {
             ttl_bump_tolerance: Duration::from_millis(5),
             zombie_grace: Duration::ZERO,
             context_events: 10,
+            capacity: None,
         }
     }
 }
@@ -215,6 +224,8 @@ struct Win {
     deadline: u64,
     deadline_idx: usize,
     close: Option<(u64, usize, Cause)>,
+    /// The permits the hold takes (shared mode; exclusive windows: 1).
+    permits: u64,
 }
 
 impl Win {
@@ -297,6 +308,10 @@ struct Checker<'h> {
     waiting: Vec<usize>,
     ghosts: HashSet<(u32, u64, usize)>,
     last_first_level: Vec<Option<(u64, usize)>>,
+    /// Shared mode: the highest token acknowledged so far per lock, and its event.
+    max_acked: Vec<Option<(u64, usize)>>,
+    /// Shared mode: `max_acked` of the lock when each pending acquire was invoked.
+    acked_at_invoke: HashMap<(u32, usize, u64), (u64, usize)>,
     last_observe: HashMap<(usize, usize), usize>,
     latencies: Vec<u64>,
     res_ops: Vec<usize>,
@@ -334,6 +349,8 @@ impl<'h> Checker<'h> {
             waiting: Vec::new(),
             ghosts: HashSet::new(),
             last_first_level: Vec::new(),
+            max_acked: Vec::new(),
+            acked_at_invoke: HashMap::new(),
             last_observe: HashMap::new(),
             latencies: Vec::new(),
             res_ops: Vec::new(),
@@ -367,6 +384,7 @@ impl<'h> Checker<'h> {
                 self.lock_names.push(name);
                 self.waiting.push(0);
                 self.last_first_level.push(None);
+                self.max_acked.push(None);
                 id
             }
         }
@@ -493,6 +511,9 @@ impl<'h> Checker<'h> {
         let lock = self.lock_id(&e.lock);
         match &e.kind {
             EventKind::AcqInvoke { attempt, .. } => {
+                if let Some(max) = self.max_acked[lock] {
+                    self.acked_at_invoke.insert((e.proc, lock, *attempt), max);
+                }
                 if self.pending.insert((e.proc, lock, *attempt), i).is_none() {
                     self.waiting[lock] += 1;
                     self.stats.max_waiters = self.stats.max_waiters.max(self.waiting[lock]);
@@ -507,9 +528,11 @@ impl<'h> Checker<'h> {
                 token,
                 depth,
                 deadline,
+                permits,
                 ..
             } => {
-                self.acq_ok(i, e, lock, *attempt, holder, *token, *depth, *deadline);
+                let grant = (*token, *depth, *deadline, *permits);
+                self.acq_ok(i, e, lock, *attempt, holder, grant);
             }
             EventKind::AcqFail { attempt, .. } | EventKind::AcqInfo { attempt, .. } => {
                 if self.pending.remove(&(e.proc, lock, *attempt)).is_some() {
@@ -596,7 +619,7 @@ impl<'h> Checker<'h> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// `grant`: (token, depth, deadline, permits) of the `acq_ok`.
     fn acq_ok(
         &mut self,
         i: usize,
@@ -604,11 +627,11 @@ impl<'h> Checker<'h> {
         lock: usize,
         attempt: u64,
         holder: &'h str,
-        token: u64,
-        depth: u32,
-        deadline: u64,
+        grant: (u64, u32, u64, Option<u64>),
     ) {
+        let (token, depth, deadline, permits) = grant;
         self.stats.acquisitions += 1;
+        let acked_before = self.acked_at_invoke.remove(&(e.proc, lock, attempt));
         let invoke = self.pending.remove(&(e.proc, lock, attempt));
         if invoke.is_some() {
             self.waiting[lock] -= 1;
@@ -704,7 +727,27 @@ impl<'h> Checker<'h> {
             });
         }
         // I3: tokens.
-        if depth <= 1 {
+        if depth <= 1 && self.cfg.capacity.is_some() {
+            // Shared mode: above every token acknowledged before this call was invoked.
+            self.stats.first_level_acquisitions += 1;
+            if let Some((prev, pidx)) = acked_before
+                && token <= prev
+            {
+                let msg = format!(
+                    "lock {:?}: holder {holder:?} acquired with token {token}, not greater than \
+                     token {prev}, acknowledged before this acquisition was invoked",
+                    self.lock_names[lock]
+                );
+                self.tokens.add(|| Finding {
+                    message: msg,
+                    events: vec![pidx, i],
+                    anchor: i,
+                });
+            }
+            if self.max_acked[lock].is_none_or(|(max, _)| token > max) {
+                self.max_acked[lock] = Some((token, i));
+            }
+        } else if depth <= 1 {
             self.stats.first_level_acquisitions += 1;
             if let Some((prev, pidx)) = self.last_first_level[lock]
                 && token <= prev
@@ -777,6 +820,7 @@ impl<'h> Checker<'h> {
                     deadline,
                     deadline_idx: i,
                     close: None,
+                    permits: permits.unwrap_or(1),
                 });
             }
         }
@@ -1013,6 +1057,10 @@ impl<'h> Checker<'h> {
     /// I1: per lock, sort windows by start; a window starting before the latest end among
     /// earlier windows of *other* holders is a violation.
     fn sweep(&mut self) {
+        if let Some(capacity) = self.cfg.capacity {
+            self.shared_sweep(capacity);
+            return;
+        }
         let mut per_lock: Vec<Vec<usize>> = vec![Vec::new(); self.lock_names.len()];
         for (w, win) in self.wins.iter().enumerate() {
             let (end, _, cause) = win.end();
@@ -1061,6 +1109,57 @@ impl<'h> Checker<'h> {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// I1 in shared mode: at every window start, the permits of the windows open (of every
+    /// holder) must fit in `capacity`. The finding names the new window and the open window
+    /// of another holder that takes the most permits.
+    fn shared_sweep(&mut self, capacity: u64) {
+        let mut per_lock: Vec<Vec<(u64, bool, usize)>> = vec![Vec::new(); self.lock_names.len()];
+        for (w, win) in self.wins.iter().enumerate() {
+            let (end, _, cause) = win.end();
+            self.stats.windows_closed[match cause {
+                Cause::Release => 0,
+                Cause::Lost => 1,
+                Cause::Deadline => 2,
+                Cause::Kill => 3,
+            }] += 1;
+            if end > win.start {
+                // Ends sort before starts at the same instant: touching windows do not overlap.
+                per_lock[win.lock].push((win.start, true, w));
+                per_lock[win.lock].push((end, false, w));
+            }
+        }
+        self.stats.windows = self.wins.len();
+        self.stats.locks = per_lock.iter().filter(|v| !v.is_empty()).count();
+        for points in &mut per_lock {
+            points.sort_by_key(|&(t, start, w)| (t, start, self.wins[w].start_idx));
+            let mut open: Vec<usize> = Vec::new();
+            let mut used = 0u64;
+            for &(_, start, w) in points.iter() {
+                let permits = self.wins[w].permits;
+                if !start {
+                    open.retain(|&o| o != w);
+                    used = used.saturating_sub(permits);
+                    continue;
+                }
+                used = used.saturating_add(permits);
+                if used > capacity {
+                    let holder = self.wins[w].holder;
+                    let other = open
+                        .iter()
+                        .copied()
+                        .filter(|&o| self.wins[o].holder != holder)
+                        .max_by_key(|&o| self.wins[o].permits);
+                    if let Some(o) = other {
+                        let mut f = self.overlap_finding(o, w);
+                        f.message = format!("{} ({used} permits in use of {capacity})", f.message);
+                        self.excl.add(|| f);
+                    }
+                }
+                open.push(w);
             }
         }
     }
@@ -1472,6 +1571,7 @@ mod tests {
 
     fn win(deadline: u64, close: Option<(u64, usize, Cause)>) -> Win {
         Win {
+            permits: 1,
             lock: 0,
             holder: 0,
             start: 10,
@@ -1624,5 +1724,111 @@ mod tests {
         assert_eq!(c.zombie_grace, Duration::from_secs(2));
         assert_eq!(c.deadline_tolerance, Duration::from_millis(1));
         assert_eq!(CheckConfig::default().lease, None);
+    }
+
+    /// One hold of `holder` (proc `p`) with `permits`, from `t` to `t + len` ms.
+    fn hold(p: u32, holder: &str, token: u64, permits: u64, t: u64, len: u64) -> Vec<Event> {
+        let ms = 1_000_000;
+        vec![
+            Event::new(
+                t * ms,
+                p,
+                0,
+                "rw",
+                EventKind::AcqInvoke {
+                    attempt: token,
+                    budget_ms: None,
+                },
+            ),
+            Event::new(
+                t * ms + 1,
+                p,
+                0,
+                "rw",
+                EventKind::AcqOk {
+                    attempt: token,
+                    holder: holder.into(),
+                    token,
+                    depth: 1,
+                    deadline: (t + 10_000) * ms,
+                    nodes: vec![],
+                    permits: Some(permits),
+                },
+            ),
+            Event::new(
+                (t + len) * ms,
+                p,
+                0,
+                "rw",
+                EventKind::RelInvoke {
+                    holder: holder.into(),
+                    depth_before: 1,
+                },
+            ),
+            Event::new(
+                (t + len) * ms + 1,
+                p,
+                0,
+                "rw",
+                EventKind::RelOk {
+                    holder: holder.into(),
+                    depth_after: 0,
+                },
+            ),
+        ]
+    }
+
+    fn shared(mut events: Vec<Event>, capacity: u64) -> Report {
+        events.sort_by_key(|e| e.t);
+        let cfg = CheckConfig {
+            capacity: Some(capacity),
+            ..CheckConfig::default()
+        };
+        check(&History::from_events(events), &cfg)
+    }
+
+    const W: u64 = 1 << 30;
+
+    #[test]
+    fn shared_mode_lets_readers_overlap_and_catches_a_writer_among_them() {
+        let readers = [hold(1, "r1", 1, 1, 0, 50), hold(2, "r2", 2, 1, 10, 50)].concat();
+        let ok = shared(readers.clone(), W);
+        assert_eq!(ok.status(CheckId::Exclusion), &Status::Pass, "{ok}");
+        assert_eq!(ok.status(CheckId::Tokens), &Status::Pass, "{ok}");
+        // A writer that starts while r2 still reads.
+        let bad = shared([readers, hold(3, "w", 3, W, 40, 10)].concat(), W);
+        assert_eq!(bad.failed(), vec![CheckId::Exclusion], "{bad}");
+        assert!(format!("{bad}").contains("permits in use"), "{bad}");
+        // The same writer after both readers left passes.
+        let after = shared(
+            [hold(1, "r1", 1, 1, 0, 50), hold(3, "w", 3, W, 60, 10)].concat(),
+            W,
+        );
+        assert_eq!(after.status(CheckId::Exclusion), &Status::Pass, "{after}");
+    }
+
+    #[test]
+    fn shared_mode_counts_permits_against_the_capacity() {
+        let three = [hold(1, "a", 1, 2, 0, 50), hold(2, "b", 2, 1, 5, 50)].concat();
+        assert_eq!(
+            shared(three.clone(), 3).status(CheckId::Exclusion),
+            &Status::Pass
+        );
+        let four = shared([three, hold(3, "c", 3, 1, 10, 5)].concat(), 3);
+        assert_eq!(four.failed(), vec![CheckId::Exclusion], "{four}");
+    }
+
+    #[test]
+    fn shared_mode_tokens_must_exceed_every_token_acknowledged_before_the_invoke() {
+        // Two readers whose replies cross: token order differs from reply order, fine.
+        let mut crossed = hold(1, "r1", 2, 1, 0, 50);
+        crossed.extend(hold(2, "r2", 1, 1, 0, 50));
+        assert_eq!(shared(crossed, W).status(CheckId::Tokens), &Status::Pass);
+        // A writer invoked after a reader was acknowledged with a higher token.
+        let bad = shared(
+            [hold(1, "r1", 5, 1, 0, 10), hold(2, "w", 4, W, 20, 10)].concat(),
+            W,
+        );
+        assert_eq!(bad.failed(), vec![CheckId::Tokens], "{bad}");
     }
 }

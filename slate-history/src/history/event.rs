@@ -222,6 +222,11 @@ pub enum EventKind {
         deadline: u64,
         /// Nodes held (combination lock); empty for the single lock.
         nodes: Vec<usize>,
+        /// Shared mode (read-write lock, semaphore): the permits this hold takes (a read 1, a
+        /// write the whole capacity, see [`CheckConfig::capacity`](crate::history::CheckConfig::capacity)).
+        /// `None` for exclusive locks: the hold takes everything.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        permits: Option<u64>,
     },
     /// Definitely not acquired (busy, timed out waiting, insufficient nodes).
     AcqFail {
