@@ -42,7 +42,7 @@ use ecosphere::server::{Data, RedisServer, ServerBuilder};
 use single_common::{Worker, check, finish_ok, get_u64, go, lock_keys, wait_line_all};
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{BackendKind, Error, LockGuard, LossReason};
-use slate_redis::{ClientOptions, RedisClient, SingleLock};
+use slate_redis::{ClientOptions, RedisClient, RwLock, Semaphore, SingleLock};
 
 /// The library's acquire script (to ask the server whether its cache holds it).
 const ACQUIRE_LUA: &str = include_str!("../../slate-redis/src/scripts/acquire.lua");
@@ -87,6 +87,13 @@ const NEEDED: &[&str] = &[
     "zadd",
     "zrem",
     "zrange",
+    // the read-write lock and the semaphore (their scripts; HDEL and ZREM also at top level,
+    // where a waiting process gives up its place)
+    "hdel",
+    "zscore",
+    "zcard",
+    "zrangebyscore",
+    "zremrangebyscore",
 ];
 
 /// What the client's connection handshake sends on servers that have it: redis-rs names its
@@ -369,6 +376,93 @@ async fn single_run(url: &str, prefix: &str, name: &str) -> Step<SingleRun> {
     })
 }
 
+/// The read-write lock and the semaphore as the user of `url`, on `<prefix>{<name>}:rw` and
+/// `:sem`: a holder whose lease ended (written by `admin`) purged by the next script, a
+/// reader, a writer of another client turned away (`try_write`: it gives up its place) then
+/// woken by the release message, renewal across leases, the status read, a semaphore's
+/// permits, a capacity change and an operator's clear.
+async fn shared_run(url: &str, admin: &RedisServer, prefix: &str, name: &str) -> Step<()> {
+    let opts = ClientOptions::builder()
+        .command_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let a = at("open client", RedisClient::open_with(url, opts.clone()))?;
+    let b = at("open client", RedisClient::open_with(url, opts))?;
+    let lease = Duration::from_millis(900);
+    let build = |c: &RedisClient| {
+        RwLock::builder(c, name)
+            .lease(lease)
+            .spin_wait(Duration::from_secs(5))
+            .key_prefix(prefix)
+            .build()
+    };
+    let (la, lb) = (
+        at("build rwlock", build(&a))?,
+        at("build rwlock", build(&b))?,
+    );
+    let key = format!("{prefix}{{{name}}}:rw");
+    let ghost = "ghost";
+    admin
+        .command(&[
+            "HSET", &key, "n", "1", "p:ghost", "1", "r:ghost", "1", "t:ghost", "1",
+        ])
+        .expect("HSET ghost");
+    admin
+        .command(&["ZADD", &format!("{key}:leases"), "1", ghost])
+        .expect("ZADD ghost");
+    let r = bounded("read", Duration::from_secs(3), la.read()).await?;
+    let busy = bounded("try_write", Duration::from_secs(3), lb.try_write()).await?;
+    ensure(
+        "try_write",
+        busy.is_none(),
+        "a writer got in beside a reader",
+    )?;
+    let writer = tokio::spawn(async move {
+        let w = lb.try_write_for(Duration::from_secs(15)).await;
+        (w, Instant::now())
+    });
+    hold_for("shared renewal", &r, lease * 3).await?;
+    let status = bounded("status", Duration::from_secs(3), la.status()).await?;
+    ensure(
+        "status",
+        status.readers() == 1 && status.in_use == 1,
+        format!("the ended lease was purged: {status:?}"),
+    )?;
+    let released = Instant::now();
+    bounded("release read", Duration::from_secs(3), r.unlock()).await?;
+    let (w, at_) = writer.await.expect("writer task");
+    let w = at("writer", w)?;
+    ensure(
+        "shared notification",
+        at_.saturating_duration_since(released) < WAKE_BOUND,
+        "the writer was woken by the release message",
+    )?;
+    bounded("release write", Duration::from_secs(3), w.unlock()).await?;
+    let sem = at(
+        "build semaphore",
+        Semaphore::builder(&a, name, 3)
+            .lease(lease)
+            .key_prefix(prefix)
+            .build(),
+    )?;
+    let p = bounded("permits", Duration::from_secs(3), sem.acquire(2)).await?;
+    bounded("set_permits", Duration::from_secs(3), sem.set_permits(4)).await?;
+    let s = bounded("semaphore status", Duration::from_secs(3), sem.status()).await?;
+    ensure(
+        "semaphore status",
+        s.in_use == 2 && s.capacity == Some(4),
+        format!("{s:?}"),
+    )?;
+    let cleared = bounded("clear", Duration::from_secs(3), sem.force_release_all()).await?;
+    ensure("clear", cleared == 1, "one holder dropped")?;
+    let after = p.unlock().await;
+    ensure(
+        "clear",
+        after.as_ref().is_err_and(Error::is_not_held),
+        format!("unlock after the clear answered {after:?}"),
+    )
+}
+
 /// Node-set options for the tests (adoption instead of quarantine; loaded machine margins).
 fn node_opts() -> NodeSetOptions {
     NodeSetOptions::builder()
@@ -508,6 +602,9 @@ async fn x1_least_privilege_user_runs_both_locks_with_an_empty_acl_log() {
     combination_run(urls.clone(), &servers, "slate:", "x1-comb")
         .await
         .unwrap_or_else(|e| fail("combination lock", e));
+    shared_run(&urls[0], &servers[0], "slate:", "x1-shared")
+        .await
+        .unwrap_or_else(|e| fail("read-write lock and semaphore", e));
     for (i, s) in servers.iter().enumerate() {
         assert_eq!(acl_log(s), [], "ACL LOG of node {i}");
     }
@@ -642,6 +739,7 @@ struct Minus {
     missing: &'static str,
     single: Step<SingleRun>,
     combination: Step<()>,
+    shared: Step<()>,
     /// That user's `ACL LOG` entries on all three servers.
     log: Vec<AclEntry>,
 }
@@ -659,6 +757,9 @@ impl Minus {
             v.push(e);
         }
         if let Err((_, e)) = &self.combination {
+            v.push(e);
+        }
+        if let Err((_, e)) = &self.shared {
             v.push(e);
         }
         v
@@ -687,13 +788,14 @@ async fn minus_matrix(missing: &[&'static str]) -> Vec<Minus> {
                 .collect();
             let prefix = format!("slate:{user}:");
             let single = single_run(&urls[0], &prefix, "m").await;
+            let shared = shared_run(&urls[0], &servers[0], &prefix, "ms").await;
             let combination = combination_run(urls, &servers, &prefix, "mc").await;
-            (m, single, combination)
+            (m, single, combination, shared)
         });
     }
     let mut results = Vec::new();
     while let Some(r) = runs.join_next().await {
-        let (missing, single, combination) = r.expect("run task");
+        let (missing, single, combination, shared) = r.expect("run task");
         let user = minus_user(missing);
         let log = servers
             .iter()
@@ -704,17 +806,20 @@ async fn minus_matrix(missing: &[&'static str]) -> Vec<Minus> {
             missing,
             single,
             combination,
+            shared,
             log,
         });
     }
     results.sort_by_key(|m| NEEDED.iter().position(|c| *c == m.missing));
     for m in &results {
         println!(
-            "without {:<12} single: {}\n{:21}combination: {}\n{:21}ACL LOG: {:?}",
+            "without {:<12} single: {}\n{:21}combination: {}\n{:21}shared: {}\n{:21}ACL LOG: {:?}",
             m.missing,
             show(&m.single),
             "",
             show(&m.combination),
+            "",
+            show(&m.shared),
             "",
             m.log
                 .iter()
@@ -763,7 +868,7 @@ async fn x1_every_listed_command_is_needed_and_a_missing_one_is_reported() {
         // Every missing command but UNSUBSCRIBE breaks something the user can see.
         if m.missing != "unsubscribe" {
             assert!(
-                m.single.is_err() || m.combination.is_err(),
+                m.single.is_err() || m.combination.is_err() || m.shared.is_err(),
                 "without {}: both runs passed",
                 m.missing
             );
@@ -871,9 +976,12 @@ async fn x1_a_user_granted_what_the_permission_hint_says_runs_the_lock() {
     single_run(&urls[0], "slate:", "hinted")
         .await
         .unwrap_or_else(|e| fail(&format!("single lock as a user granted {grants:?}"), e));
-    combination_run(urls, &servers, "slate:", "hinted-comb")
+    combination_run(urls.clone(), &servers, "slate:", "hinted-comb")
         .await
         .unwrap_or_else(|e| fail(&format!("combination lock as a user granted {grants:?}"), e));
+    shared_run(&urls[0], &servers[0], "slate:", "hinted-shared")
+        .await
+        .unwrap_or_else(|e| fail(&format!("shared locks as a user granted {grants:?}"), e));
 }
 
 /// A password with every character a URL must escape, for the rendering checks.

@@ -17,7 +17,11 @@
 //!   history and counter: the checker decides I1 (exclusion), I3 (tokens), I5/I6 and the
 //!   counter per name;
 //! - one lock's release and force unlock leave its look-alike's entry, lease, fencing counter
-//!   and guard untouched.
+//!   and guard untouched;
+//! - the read-write lock and the semaphore (issue 16) refuse the same names and use the
+//!   accepted ones verbatim under their own suffixes (`:rw`, `:sem` and their side keys),
+//!   which never coincide with any name's single-lock keys; a writer on one name never
+//!   blocks its look-alike.
 //!
 //! The holder-id half of X3 is `ecosphere/fork-probe/tests/holder_ids.rs` (fork needs `unsafe`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -42,7 +46,7 @@ use redis::aio::MultiplexedConnection;
 use single_common::{WORKER, Worker, check, finish_ok, go, server, wait_line_all};
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{LossReason, MAX_NAME_LEN};
-use slate_redis::{ClientOptions, RedisClient, SingleLock, SingleLockGuard};
+use slate_redis::{ClientOptions, RedisClient, RwLock, Semaphore, SingleLock, SingleLockGuard};
 
 /// The lock key of `name` under the default prefix: the name's exact bytes in braces, with one
 /// more `{` in front of a name that is `{`* then `}` (whose tag would otherwise be empty: issue
@@ -630,6 +634,117 @@ async fn x3_release_and_force_unlock_never_touch_a_look_alike() {
                 .await
                 .expect_err("y was force-unlocked")
                 .is_not_held()
+        );
+    }
+}
+
+/// The keys the read-write lock (`:rw`) and the semaphore (`:sem`) derive from a lock key.
+fn shared_derived(lock_key: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for kind in [&b":rw"[..], b":sem"] {
+        let mut base = lock_key.to_vec();
+        base.extend_from_slice(kind);
+        out.push(base.clone());
+        for suffix in [
+            &b":leases"[..],
+            b":queue",
+            b":wants",
+            b":fence",
+            b":released",
+            b":permits",
+            b":req:",
+        ] {
+            let mut k = base.clone();
+            k.extend_from_slice(suffix);
+            out.push(k);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x3_read_write_locks_and_semaphores_take_hostile_names_verbatim() {
+    let server = server();
+    let client = RedisClient::open(server.url()).expect("client");
+    let other = RedisClient::open(server.url()).expect("client");
+    for (what, name, says) in [
+        ("empty", vec![], "empty"),
+        ("1025 bytes", vec![b'x'; MAX_NAME_LEN + 1], "1025 bytes"),
+    ] {
+        let e = RwLock::builder(&client, &name)
+            .build()
+            .expect_err("refused");
+        assert!(
+            e.is_invalid_input() && e.to_string().contains(says),
+            "{what}: {e}"
+        );
+        let e = Semaphore::builder(&client, &name, 2)
+            .build()
+            .expect_err("refused");
+        assert!(
+            e.is_invalid_input() && e.to_string().contains(says),
+            "{what}: {e}"
+        );
+    }
+    let names = accepted_names();
+    let mut all_keys: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    for name in &names {
+        for k in derived(&lock_key(name))
+            .into_iter()
+            .chain(shared_derived(&lock_key(name)))
+        {
+            if let Some(prev) = all_keys.insert(k.clone(), name.clone()) {
+                panic!(
+                    "names {:?} and {:?} share the key {:?}",
+                    String::from_utf8_lossy(&prev),
+                    String::from_utf8_lossy(name),
+                    String::from_utf8_lossy(&k)
+                );
+            }
+        }
+    }
+    let lease = Duration::from_secs(2);
+    for pair in names.chunks(2) {
+        for (i, name) in pair.iter().enumerate() {
+            let label = String::from_utf8_lossy(name);
+            let rw = RwLock::builder(&client, name)
+                .lease(lease)
+                .build()
+                .expect("rw");
+            let mut key = lock_key(name);
+            key.extend_from_slice(b":rw");
+            assert_eq!(rw.key(), key.as_slice(), "{label:?}");
+            let w = rw.write().await.expect("write");
+            let fields = raw_hgetall(&server, &key);
+            assert_eq!(fields.get("n"), Some(&(1 << 30)), "{label:?}: {fields:?}");
+            // The look-alike is free while this name is written.
+            if let Some(twin) = pair.get(1 - i) {
+                let twin_lock = RwLock::builder(&other, twin)
+                    .lease(lease)
+                    .build()
+                    .expect("rw");
+                let g = twin_lock.try_write().await.expect("try_write");
+                assert!(g.is_some(), "{label:?} blocked its look-alike");
+            }
+            let r = w.downgrade().await.expect("downgrade");
+            assert_eq!(r.unlock().await.expect("unlock"), 0);
+            let sem = Semaphore::builder(&client, name, 2)
+                .lease(lease)
+                .build()
+                .expect("sem");
+            let p = sem.acquire(2).await.expect("permits");
+            assert_eq!(sem.status().await.expect("status").in_use, 2, "{label:?}");
+            assert_eq!(p.unlock().await.expect("unlock"), 0);
+        }
+    }
+    // Nothing left but each name's persistent keys (fences, capacities) and request records.
+    for k in raw_keys(&server) {
+        let persistent = k.ends_with(b":fence") || k.ends_with(b":permits");
+        let record = k.windows(5).any(|w| w == b":req:");
+        assert!(
+            persistent || record,
+            "left behind: {:?}",
+            String::from_utf8_lossy(&k)
         );
     }
 }

@@ -77,7 +77,8 @@ fn hint(kind: BackendKind) -> &'static str {
         BackendKind::Permission => {
             "; grant the ACL user EVALSHA, SCRIPT LOAD, PING, SUBSCRIBE, UNSUBSCRIBE, EXISTS, HGET, \
              PTTL, INFO, SET, HSET, HEXISTS, HINCRBY, HMGET, HGETALL, DEL, PEXPIRE, GET, INCR, \
-             INCRBY, PUBLISH, TIME, ZADD, ZREM, ZRANGE on the lock keys and channels (for the \
+             INCRBY, PUBLISH, TIME, ZADD, ZREM, ZRANGE, HDEL, ZSCORE, ZCARD, ZRANGEBYSCORE, \
+             ZREMRANGEBYSCORE on the lock keys and channels (for the \
              default prefix: ~slate:* &slate:*); the scripts run most of them (README: ACL); \
              on a cluster also SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE, CLUSTER SLOTS, COMMAND INFO; with \
              ClientOptionsBuilder::synced_replicas also WAIT; on Redis 7.2+ and Valkey, CLIENT \
