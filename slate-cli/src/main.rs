@@ -2,7 +2,8 @@
 //! inspect and clear locks, and a live demo that needs nothing but `redis-server`.
 //!
 //! ```text
-//! slate run --lock NAME [--redis URL]... [--lease 30s] [--wait 10s] [--on-lost kill|term|ignore] -- CMD [ARGS]...
+//! slate run --lock NAME [--redis URL]... [--lease 30s] [--wait 10s] [--on-lost kill|term|ignore]
+//!           [--read | --write | --permits K --of N] -- CMD [ARGS]...
 //! slate status NAME [--redis URL]... [--json]
 //! slate unlock --force NAME [--redis URL]...
 //!   (instead of --redis: --cluster URL... for a Redis Cluster, or --sentinel URL...
@@ -68,6 +69,10 @@ once, before another holder can get the lock. When CMD exits, anything it left r
 group is killed before the lock is released.\n\n\
 CMD gets SLATE_LOCK, SLATE_FENCING_TOKEN (strictly increasing across holders: pass it to the \
 storage you write to) and SLATE_HOLDER in its environment.\n\n\
+By default (or with --write) CMD runs alone. With --read it runs beside the other --read jobs \
+of the name, never beside a writer; a writer waits for the readers inside to leave and keeps new \
+ones out meanwhile. With --permits K --of N it takes K of the N permits of a semaphore named \
+by --lock.\n\n\
 Example, a cron job that must not overlap across machines:\n  \
 */5 * * * *  slate run --lock nightly-report --redis redis://redis.internal:6379 --wait 0s -- /usr/local/bin/report",
         after_help = exit::TABLE
@@ -183,6 +188,23 @@ struct RunArgs {
     /// Print acquisition (with the fencing token) and release on stderr.
     #[arg(short, long)]
     verbose: bool,
+    /// Take the lock to read: jobs run with --read on the same name run together, never
+    /// beside a writer (a job without --read, or with --write). Needs one Redis deployment
+    /// (one --redis, --cluster or --sentinel).
+    #[arg(long, conflicts_with_all = ["write", "permits"])]
+    read: bool,
+    /// Take the lock to write, alone (the default): waits for the readers (--read) of the
+    /// same name to leave, and keeps new ones out meanwhile.
+    #[arg(long, conflicts_with = "permits")]
+    write: bool,
+    /// Take K permits of a semaphore of N (--of N) named by --lock: the jobs holding its
+    /// permits never hold more than N together. Needs one Redis deployment.
+    #[arg(long, value_name = "K", requires = "of", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+    /// The semaphore's permits (with --permits). The first job to use the name stores it;
+    /// an existing semaphore keeps the count it has (`slate status` shows it).
+    #[arg(long, value_name = "N", requires = "permits", value_parser = clap::value_parser!(u32).range(1..))]
+    of: Option<u32>,
     /// The command to run and its arguments (after `--`).
     #[arg(
         value_name = "CMD",
@@ -324,6 +346,11 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
                 wait: args.wait,
                 on_lost: args.on_lost,
                 verbose: args.verbose,
+                mode: match (args.read, args.permits.zip(args.of)) {
+                    (true, _) => run::Mode::Read,
+                    (false, Some((permits, of))) => run::Mode::Permits { permits, of },
+                    (false, None) => run::Mode::Write,
+                },
                 command: args.command,
             };
             let rt = runtime()?;

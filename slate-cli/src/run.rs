@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 use nix::sys::signal::Signal;
 use slate_core::{
-    BackendKind, DistributedLock, Error, HolderId, LockGuard, LossReason, NodeState, TimeoutKind,
-    Wait,
+    BackendKind, Error, HolderId, LockGuard, LossReason, NodeState, TimeoutKind, Wait,
 };
+use slate_redis::{RedisClient, RwLock, Semaphore, SingleLock};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
 
@@ -38,6 +38,23 @@ pub enum OnLost {
     Ignore,
 }
 
+/// How `slate run` takes the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Alone (the default, `--write`): the lock of the name, after any readers of the name
+    /// left.
+    Write,
+    /// With the other readers of the name (`--read`).
+    Read,
+    /// `permits` of a semaphore of `of` (`--permits K --of N`).
+    Permits {
+        /// Permits taken.
+        permits: u32,
+        /// The semaphore's capacity (if it has none yet).
+        of: u32,
+    },
+}
+
 /// Everything `slate run` needs once arguments are parsed.
 #[derive(Debug)]
 pub struct RunSpec {
@@ -56,6 +73,8 @@ pub struct RunSpec {
     pub on_lost: OnLost,
     /// Print acquisition and release on stderr.
     pub verbose: bool,
+    /// How the lock is taken.
+    pub mode: Mode,
     /// The command and its arguments (non-empty).
     pub command: Vec<OsString>,
 }
@@ -88,9 +107,136 @@ pub async fn run(spec: RunSpec) -> u8 {
         eprintln!("slate: {e}");
         return exit::USAGE;
     }
-    match target {
-        Target::Single(lock) => run_locked(&lock, &spec).await,
-        Target::Combination(lock) => run_locked(&lock, &spec).await,
+    let shared = |client: &RedisClient| -> Result<RwLock, Error> {
+        RwLock::builder(client, &spec.name)
+            .lease(spec.lease)
+            .key_prefix(&spec.prefix)
+            .spin_wait(DRAIN_POLL)
+            .exclude_single_lock(true)
+            .build()
+    };
+    let built = match (&target, spec.mode) {
+        (Target::Combination(_), Mode::Write) => Ok(None),
+        (Target::Combination(_), _) => Err(Error::invalid_input(
+            "--read/--permits",
+            "read locks and semaphores live on one Redis deployment, and several --redis \
+             make a combination lock over independent masters",
+            "give one --redis (or --cluster, or --sentinel with --master-name)",
+        )),
+        (Target::Single(lock), Mode::Write | Mode::Read) => shared(lock.client()).map(Some),
+        (Target::Single(_), Mode::Permits { .. }) => Ok(None),
+    };
+    let readers = match built {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("slate: {e}");
+            return exit::USAGE;
+        }
+    };
+    let lease_note = async |lock: &SingleLock| match lock.remaining_lease().await {
+        Ok(Some(d)) if d != Duration::MAX => format!(", whose lease ends in {}", human(d)),
+        _ => String::new(),
+    };
+    match (target, spec.mode) {
+        (Target::Combination(lock), _) => {
+            let busy = async || match lock.remaining_lease().await {
+                Ok(Some(d)) if d != Duration::MAX => {
+                    format!("held by another holder, whose lease ends in {}", human(d))
+                }
+                _ => "held by another holder".to_owned(),
+            };
+            run_locked(async |h, w| lock.acquire(h, w).await, busy, &spec).await
+        }
+        (Target::Single(lock), Mode::Write) => {
+            let Some(readers) = readers else {
+                unreachable!("built above")
+            };
+            let take = async |h, w| {
+                let guard = lock.acquire(h, w).await?;
+                match drain(&readers, w, &spec.name).await {
+                    Ok(()) => Ok(guard),
+                    Err(e) => {
+                        let _ = guard.unlock().await;
+                        Err(e)
+                    }
+                }
+            };
+            let busy = async || {
+                let held = format!("held by another holder{}", lease_note(&lock).await);
+                match readers.status().await {
+                    Ok(s) if s.readers() > 0 => format!("{} readers hold it", s.readers()),
+                    _ => held,
+                }
+            };
+            run_locked(take, busy, &spec).await
+        }
+        (Target::Single(lock), Mode::Read) => {
+            let Some(readers) = readers else {
+                unreachable!("built above")
+            };
+            let busy = async || format!("a writer holds it{}", lease_note(&lock).await);
+            run_locked(async |h, w| readers.acquire_read(h, w).await, busy, &spec).await
+        }
+        (Target::Single(lock), Mode::Permits { permits, of }) => {
+            let sem = match Semaphore::builder(lock.client(), &spec.name, of)
+                .lease(spec.lease)
+                .key_prefix(&spec.prefix)
+                .build()
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("slate: {e}");
+                    return exit::USAGE;
+                }
+            };
+            let busy = async || match sem.status().await {
+                Ok(s) => format!(
+                    "{} of {} permits in use",
+                    s.in_use,
+                    s.capacity.map_or_else(|| of.to_string(), |c| c.to_string())
+                ),
+                Err(_) => "no permits free".to_owned(),
+            };
+            run_locked(
+                async |_, w| sem.acquire_waiting(permits, w).await,
+                busy,
+                &spec,
+            )
+            .await
+        }
+    }
+}
+
+/// How often a writer that holds the lock checks whether the readers left.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+/// After a writer took the lock of the name (which keeps new readers out), waits within
+/// `wait` until the readers already in have left.
+async fn drain(readers: &RwLock, wait: Wait, name: &str) -> Result<(), Error> {
+    let start = Instant::now();
+    loop {
+        let status = readers.status().await?;
+        if status.holders.is_empty() {
+            return Ok(());
+        }
+        let out_of_time = match wait {
+            Wait::Immediate => true,
+            Wait::Until(t) => Instant::now() + DRAIN_POLL >= t,
+            _ => false,
+        };
+        if out_of_time {
+            let budget = match wait {
+                Wait::Until(t) => t.saturating_duration_since(start),
+                _ => Duration::ZERO,
+            };
+            return Err(Error::timeout(
+                name.to_owned(),
+                TimeoutKind::Wait,
+                budget,
+                start.elapsed(),
+            ));
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
     }
 }
 
@@ -166,7 +312,14 @@ fn acquire_error_code(e: &Error) -> u8 {
     }
 }
 
-async fn run_locked<L: DistributedLock>(lock: &L, spec: &RunSpec) -> u8 {
+/// Takes the lock with `take` (retrying transient failures within `--wait`), runs CMD and
+/// releases; `busy` says who holds the lock when the wait runs out.
+async fn run_locked<G, T, B>(take: T, busy: B, spec: &RunSpec) -> u8
+where
+    G: LockGuard,
+    T: AsyncFn(HolderId, Wait) -> Result<G, Error>,
+    B: AsyncFn() -> String,
+{
     let mut signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => {
@@ -190,7 +343,7 @@ async fn run_locked<L: DistributedLock>(lock: &L, spec: &RunSpec) -> u8 {
             Some(_) => Wait::Immediate,
         };
         let acquired = tokio::select! {
-            r = lock.acquire(holder, wait) => r,
+            r = take(holder, wait) => r,
             sig = signals.next() => {
                 eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
                 return signal_exit(sig);
@@ -221,15 +374,10 @@ async fn run_locked<L: DistributedLock>(lock: &L, spec: &RunSpec) -> u8 {
         }
         let code = acquire_error_code(&e);
         if code == exit::BUSY {
-            let lease = match lock.remaining_lease().await {
-                Ok(Some(d)) if d != Duration::MAX => {
-                    format!(", whose lease ends in {}", human(d))
-                }
-                _ => String::new(),
-            };
             eprintln!(
-                "slate: lock {name:?} not acquired within {}: held by another holder{lease}",
-                spec.wait
+                "slate: lock {name:?} not acquired within {}: {}",
+                spec.wait,
+                busy().await
             );
         } else {
             eprintln!("slate: cannot take lock {name:?}: {e}");

@@ -34,6 +34,99 @@ pub struct StatusReport {
     pub current_holder: Option<String>,
     /// Per node, in the order given.
     pub nodes: Vec<NodeStatus>,
+    /// The name's read-write lock (`slate run --read`, and the readers a writer waits for);
+    /// `null` for a combination lock or when the read could not be made.
+    pub read_write: Option<SharedReport>,
+    /// The name's semaphore (`slate run --permits`); `null` when it was never used (or for
+    /// a combination lock).
+    pub semaphore: Option<SharedReport>,
+}
+
+/// The holders of a read-write lock or a semaphore (`slate status --json`).
+#[derive(Debug, Serialize)]
+pub struct SharedReport {
+    /// `"free"`, `"read"` (readers, or permit holders) or `"write"`.
+    pub mode: &'static str,
+    /// Permits in use (a read-write lock: one per reader, 2^30 for a writer).
+    pub in_use: u64,
+    /// A semaphore's permits.
+    pub capacity: Option<u64>,
+    /// Every holder, soonest lease end first.
+    pub holders: Vec<SharedHolderReport>,
+}
+
+/// One holder in a [`SharedReport`].
+#[derive(Debug, Serialize)]
+pub struct SharedHolderReport {
+    /// Holder id.
+    pub holder: String,
+    /// Permits it holds.
+    pub permits: u64,
+    /// Read levels (1 for a permit holder).
+    pub reads: u32,
+    /// Write levels.
+    pub writes: u32,
+    /// Its fencing token.
+    pub token: u64,
+    /// What is left of its lease, in ms.
+    pub ttl_ms: u64,
+}
+
+impl From<slate_redis::SharedStatus> for SharedReport {
+    fn from(s: slate_redis::SharedStatus) -> Self {
+        SharedReport {
+            mode: match s.mode() {
+                slate_redis::SharedMode::Free => "free",
+                slate_redis::SharedMode::Read => "read",
+                slate_redis::SharedMode::Write => "write",
+            },
+            in_use: s.in_use,
+            capacity: s.capacity,
+            holders: s
+                .holders
+                .into_iter()
+                .map(|h| SharedHolderReport {
+                    holder: h.holder,
+                    permits: h.permits,
+                    reads: h.reads,
+                    writes: h.writes,
+                    token: h.token,
+                    ttl_ms: u64::try_from(h.lease_left.as_millis()).unwrap_or(u64::MAX),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The read-write lock's and the semaphore's holders of `name`, read through `client`
+/// (each `None` when its read failed; the semaphore also when it was never used).
+async fn shared_status(
+    client: &RedisClient,
+    name: &str,
+    prefix: &str,
+) -> (Option<SharedReport>, Option<SharedReport>) {
+    let rw = slate_redis::RwLock::builder(client, name)
+        .key_prefix(prefix)
+        .build();
+    let sem = slate_redis::Semaphore::builder(client, name, 1)
+        .key_prefix(prefix)
+        .build();
+    let read_write = match rw {
+        Ok(l) => tokio::time::timeout(INSPECT_BUDGET, l.status())
+            .await
+            .ok()
+            .and_then(Result::ok),
+        Err(_) => None,
+    };
+    let semaphore = match sem {
+        Ok(s) => tokio::time::timeout(INSPECT_BUDGET, s.status())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .filter(|s| s.capacity.is_some() || !s.holders.is_empty()),
+        Err(_) => None,
+    };
+    (read_write.map(Into::into), semaphore.map(Into::into))
 }
 
 /// One node of a [`StatusReport`].
@@ -139,6 +232,15 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
         other => vec![other.describe()],
     };
     let mut tasks = tokio::task::JoinSet::new();
+    let shared_client = match (&one, urls.as_slice()) {
+        (Some(c), _) => Some(c.clone()),
+        (None, [url]) => RedisClient::open(url).ok(),
+        (None, _) => None,
+    };
+    let (read_write, semaphore) = match &shared_client {
+        Some(c) => shared_status(c, name, prefix).await,
+        None => (None, None),
+    };
     match one {
         // A cluster or a Sentinel group is one node: the client finds the lock's master.
         Some(client) => {
@@ -247,6 +349,8 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
         holder,
         current_holder,
         nodes,
+        read_write,
+        semaphore,
     })
 }
 
@@ -332,7 +436,51 @@ pub fn render(report: &StatusReport) -> String {
         .collect();
     let header = ["node", "address", "holder", "count", "ttl", "fence"].map(str::to_owned);
     out.push_str(&table(&header, &rows));
+    if let Some(rw) = report.read_write.as_ref().filter(|r| !r.holders.is_empty()) {
+        let who = match rw.mode {
+            "write" => "written by".to_owned(),
+            _ => format!("read by {} holder(s):", rw.holders.len()),
+        };
+        out.push_str(&format!("read-write lock: {who}\n"));
+        out.push_str(&shared_table(rw));
+    }
+    if let Some(sem) = &report.semaphore {
+        out.push_str(&format!(
+            "semaphore: {} of {} permits in use\n",
+            sem.in_use,
+            sem.capacity
+                .map_or_else(|| "?".to_owned(), |c| c.to_string())
+        ));
+        if !sem.holders.is_empty() {
+            out.push_str(&shared_table(sem));
+        }
+    }
     out
+}
+
+/// The holders of a read-write lock or a semaphore, as a table.
+fn shared_table(r: &SharedReport) -> String {
+    let rows: Vec<[String; 4]> = r
+        .holders
+        .iter()
+        .map(|h| {
+            let what = if h.writes > 0 {
+                format!("write x{}", h.writes)
+            } else if r.capacity.is_some() {
+                format!("{} permit(s)", h.permits)
+            } else {
+                format!("read x{}", h.reads)
+            };
+            [
+                format!("  {}", h.holder),
+                what,
+                h.token.to_string(),
+                human(Duration::from_millis(h.ttl_ms)),
+            ]
+        })
+        .collect();
+    let header = ["  holder", "holds", "token", "ttl"].map(str::to_owned);
+    table(&header, &rows)
 }
 
 /// A plain left-aligned text table (the last column is not padded).
@@ -527,6 +675,8 @@ mod tests {
             holder: Some("minted:1".to_owned()),
             current_holder: Some(passed_to.unwrap_or("minted:1").to_owned()),
             nodes: vec![node(passed_to)],
+            read_write: None,
+            semaphore: None,
         };
         let passed = render(&report(Some("task:7")));
         assert!(

@@ -838,3 +838,263 @@ fn completions_and_man_pages_are_generated() {
         "no page for an internal command"
     );
 }
+
+/// `slate run --read`: readers of one name run together; a plain run (a writer) waits for
+/// them and keeps new readers out; `slate status` shows the readers.
+#[test]
+fn readers_run_together_and_a_writer_waits_for_them() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    // Reader 1 waits (bounded) for reader 2's file: only possible if both hold at once.
+    let wait_for = |mine: &Path, theirs: &Path| {
+        format!(
+            "touch {}; i=0; while [ ! -e {} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; [ -e {} ]",
+            mine.display(),
+            theirs.display(),
+            theirs.display()
+        )
+    };
+    let r1 = Running::start(&[
+        "run",
+        "--lock",
+        "shared",
+        "--redis",
+        &url,
+        "--read",
+        "-v",
+        "--",
+        "sh",
+        "-c",
+        &wait_for(&a, &b),
+    ]);
+    r1.err_line(|l| l.contains("acquired lock"));
+    // While a reader holds: a writer (plain run) is turned away at once, naming the readers.
+    let out = output(&[
+        "run", "--lock", "shared", "--redis", &url, "--wait", "0s", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("1 readers hold it"),
+        "{}",
+        text(&out.stderr)
+    );
+    let status = status_json(&[&url], "shared");
+    assert_eq!(status["read_write"]["mode"], "read", "{status}");
+    assert_eq!(
+        status["read_write"]["holders"].as_array().map(Vec::len),
+        Some(1)
+    );
+    let r2 = Running::start(&[
+        "run",
+        "--lock",
+        "shared",
+        "--redis",
+        &url,
+        "--read",
+        "--",
+        "sh",
+        "-c",
+        &wait_for(&b, &a),
+    ]);
+    assert_eq!(r1.finish().0, Some(0), "reader 1 saw reader 2 inside");
+    assert_eq!(r2.finish().0, Some(0), "reader 2 saw reader 1 inside");
+
+    // A writer holds: a reader is turned away; a waiting writer gets in after a reader.
+    let w = Running::start(&[
+        "run",
+        "--lock",
+        "shared",
+        "--redis",
+        &url,
+        "--write",
+        "-v",
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.5",
+    ]);
+    w.err_line(|l| l.contains("acquired lock"));
+    let out = output(&[
+        "run", "--lock", "shared", "--redis", &url, "--read", "--wait", "0s", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("a writer holds it"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(w.finish().0, Some(0));
+    let out = output(&[
+        "run", "--lock", "shared", "--redis", &url, "--read", "--wait", "5s", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(status_json(&[&url], "shared")["read_write"]["mode"], "free");
+
+    // A writer that finds a reader inside takes the lock (new readers are kept out) and
+    // waits for the reader to leave before its command runs.
+    let done = dir.path().join("reader-done");
+    let reader = Running::start(&[
+        "run",
+        "--lock",
+        "shared",
+        "--redis",
+        &url,
+        "--read",
+        "-v",
+        "--",
+        "sh",
+        "-c",
+        &format!("sleep 0.8; touch {}", done.display()),
+    ]);
+    reader.err_line(|l| l.contains("acquired lock"));
+    let writer = Running::start(&[
+        "run",
+        "--lock",
+        "shared",
+        "--redis",
+        &url,
+        "--wait",
+        "10s",
+        "--",
+        "sh",
+        "-c",
+        &format!("[ -e {} ]", done.display()),
+    ]);
+    std::thread::sleep(Duration::from_millis(200));
+    let out = output(&[
+        "run", "--lock", "shared", "--redis", &url, "--read", "--wait", "0s", "--", "true",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "a new reader is kept out: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(reader.finish().0, Some(0));
+    assert_eq!(
+        writer.finish().0,
+        Some(0),
+        "the writer ran after the reader left"
+    );
+}
+
+/// `slate run --permits K --of N`: at most N permits held together; status shows them.
+#[test]
+fn permits_of_a_semaphore_bound_the_jobs() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let two = Running::start(&[
+        "run",
+        "--lock",
+        "pool",
+        "--redis",
+        &url,
+        "--permits",
+        "2",
+        "--of",
+        "3",
+        "-v",
+        "--",
+        "sh",
+        "-c",
+        "sleep 1",
+    ]);
+    two.err_line(|l| l.contains("acquired lock"));
+    let out = output(&[
+        "run",
+        "--lock",
+        "pool",
+        "--redis",
+        &url,
+        "--permits",
+        "2",
+        "--of",
+        "3",
+        "--wait",
+        "0s",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("2 of 3 permits in use"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = output(&[
+        "run",
+        "--lock",
+        "pool",
+        "--redis",
+        &url,
+        "--permits",
+        "1",
+        "--of",
+        "3",
+        "--wait",
+        "0s",
+        "--",
+        "true",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "one permit was free: {}",
+        text(&out.stderr)
+    );
+    let status = status_json(&[&url], "pool");
+    assert_eq!(status["semaphore"]["capacity"], 3, "{status}");
+    assert_eq!(status["semaphore"]["in_use"], 2, "{status}");
+    let table = text(&output(&["status", "pool", "--redis", &url]).stdout);
+    assert!(
+        table.contains("semaphore: 2 of 3 permits in use"),
+        "{table}"
+    );
+    assert_eq!(two.finish().0, Some(0));
+    // More permits than the semaphore has: a usage error naming the fix, not a wait.
+    let out = output(&[
+        "run",
+        "--lock",
+        "pool",
+        "--redis",
+        &url,
+        "--permits",
+        "4",
+        "--of",
+        "3",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("set_permits"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Shared modes need one deployment; --of needs --permits.
+    let other = LocalServer::start().expect("redis-server");
+    let out = output(&[
+        "run",
+        "--lock",
+        "pool",
+        "--redis",
+        &url,
+        "--redis",
+        &other.url(),
+        "--read",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("one --redis"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = output(&[
+        "run", "--lock", "pool", "--redis", &url, "--of", "3", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -87,6 +87,7 @@ pub struct RwLockBuilder {
     source: ClientSource,
     name: Result<LockName>,
     options: LockOptionsBuilder,
+    exclude_single: bool,
 }
 
 /// The builder setters shared by [`RwLockBuilder`] and [`SemaphoreBuilder`](crate::SemaphoreBuilder).
@@ -160,8 +161,38 @@ impl RwLockBuilder {
     pub fn build(self) -> Result<RwLock> {
         let name = self.name?;
         let options = self.options.build()?;
-        let state = SharedCompetitor::state(&self.source.0, name, options, Kind::RwLock)?;
+        let state = SharedCompetitor::state(
+            &self.source.0,
+            name,
+            options,
+            Kind::RwLock,
+            self.exclude_single,
+        )?;
         Ok(RwLock { state })
+    }
+
+    /// Treats the [`SingleLock`](crate::SingleLock) of the same name and prefix as a writer:
+    /// while it is held, no read or write hold is granted (a waiter asks again at its spin
+    /// wait, or when that lock's lease would end: its release messages go to its own
+    /// channel). This is how `slate run --read` waits for plain `slate run` jobs of the same
+    /// name; the other direction (a single-lock holder waiting for the readers to leave) is
+    /// the single lock's caller's to do, by holding it and waiting until
+    /// [`RwLock::status`] shows no holder: readers cannot come in meanwhile. Default: off
+    /// (the two locks of one name are independent).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::RwLock::builder(&client, "nightly")
+    ///     .exclude_single_lock(true)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn exclude_single_lock(mut self, on: bool) -> Self {
+        self.exclude_single = on;
+        self
     }
 }
 
@@ -191,6 +222,7 @@ impl RwLock {
             source: client.into(),
             name: LockName::new(name),
             options: LockOptionsBuilder::default(),
+            exclude_single: false,
         }
     }
 
@@ -294,6 +326,68 @@ impl RwLock {
 
     fn holder(holder: Option<HolderId>) -> HolderId {
         holder.or_else(HolderId::scoped).unwrap_or_default()
+    }
+
+    /// Takes the read lock for `holder`, waiting as `wait` allows: the general form behind
+    /// [`read`](Self::read), [`try_read`](Self::try_read) and
+    /// [`try_read_for`](Self::try_read_for), for callers that pick the holder and the wait
+    /// at run time (as `slate run --read` does).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// use slate_redis::{HolderId, Wait};
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.acquire_read(HolderId::new(), Wait::for_duration(std::time::Duration::from_secs(1))).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`read_as`](Self::read_as); [`Error::Busy`] under [`Wait::Immediate`],
+    /// [`Error::Timeout`] when the wait runs out.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read`](Self::read).
+    pub fn acquire_read(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
+        self.read_with(Some(holder), wait)
+    }
+
+    /// Takes the write lock for `holder`, waiting as `wait` allows (see
+    /// [`acquire_read`](Self::acquire_read)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// use slate_redis::{HolderId, Wait};
+    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+    /// let guard = lock.acquire_write(HolderId::new(), Wait::Immediate).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`write_as`](Self::write_as); [`Error::Busy`] under [`Wait::Immediate`],
+    /// [`Error::Timeout`] when the wait runs out.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read`](Self::read).
+    pub fn acquire_write(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
+        self.write_with(Some(holder), wait)
     }
 
     fn read_with(

@@ -104,7 +104,7 @@ impl SemaphoreBuilder {
         let kind = Kind::Semaphore {
             permits: self.permits,
         };
-        let state = SharedCompetitor::state(&self.source.0, name, options, kind)?;
+        let state = SharedCompetitor::state(&self.source.0, name, options, kind, false)?;
         Ok(Semaphore { state })
     }
 }
@@ -214,6 +214,37 @@ impl Semaphore {
     #[must_use]
     pub fn options(&self) -> &LockOptions {
         &self.state.competitor().options
+    }
+
+    /// Takes `permits` permits, waiting as `wait` allows: the general form behind
+    /// [`acquire`](Self::acquire), [`try_acquire`](Self::try_acquire) and
+    /// [`try_acquire_for`](Self::try_acquire_for), for callers that pick the wait at run time
+    /// (as `slate run --permits` does).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let sem = slate_redis::Semaphore::builder(&client, "downloads", 4).build()?;
+    /// let permit = sem.acquire_waiting(2, slate_redis::Wait::Forever).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire); [`Error::Busy`] under [`Wait::Immediate`],
+    /// [`Error::Timeout`] when the wait runs out.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub fn acquire_waiting(
+        &self,
+        permits: u32,
+        wait: Wait,
+    ) -> impl Future<Output = Result<SemaphorePermit>> + Send + '_ {
+        self.acquire_with(permits, wait)
     }
 
     fn acquire_with(

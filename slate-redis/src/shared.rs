@@ -64,11 +64,15 @@ pub(crate) struct SharedKeys {
     pub(crate) channel: Arc<[u8]>,
     /// The semaphore's capacity (persistent); `None` for a read-write lock.
     pub(crate) permits: Option<Arc<[u8]>>,
+    /// A read-write lock that treats the single lock of its name as a writer: that lock's
+    /// hash (see [`RwLockBuilder::exclude_single_lock`](crate::RwLockBuilder::exclude_single_lock)).
+    pub(crate) exclusive: Option<Arc<[u8]>>,
 }
 
 impl SharedKeys {
-    pub(crate) fn new(prefix: &str, name: &LockName, kind: Kind) -> Self {
+    pub(crate) fn new(prefix: &str, name: &LockName, kind: Kind, exclude_single: bool) -> Self {
         let base = Keys::new(prefix, name).lock;
+        let exclusive = exclude_single.then(|| base.clone());
         let mut holders = base.to_vec();
         holders.extend_from_slice(match kind {
             Kind::RwLock => b":rw",
@@ -86,6 +90,7 @@ impl SharedKeys {
             fence: with(b":fence"),
             channel: with(b":released"),
             permits: matches!(kind, Kind::Semaphore { .. }).then(|| with(b":permits")),
+            exclusive,
             holders: Arc::from(holders),
         }
     }
@@ -181,6 +186,7 @@ impl SharedCompetitor {
         name: LockName,
         options: LockOptions,
         kind: Kind,
+        exclude_single: bool,
     ) -> Result<Arc<SharedState>> {
         if options.fence_expiry().is_some() {
             return Err(Error::invalid_input(
@@ -191,7 +197,7 @@ impl SharedCompetitor {
                 "leave fence_expiry unset",
             ));
         }
-        let keys = SharedKeys::new(options.key_prefix(), &name, kind);
+        let keys = SharedKeys::new(options.key_prefix(), &name, kind, exclude_single);
         let mut registry = lock(&client.inner.locks);
         if let Some(existing) = registry.get(&keys.holders).and_then(Weak::upgrade) {
             let Ok(state) = existing.into_any().downcast::<SharedState>() else {
@@ -202,7 +208,7 @@ impl SharedCompetitor {
                 ));
             };
             let c = state.competitor();
-            if c.options != options || c.kind != kind {
+            if c.options != options || c.kind != kind || c.keys.exclusive != keys.exclusive {
                 return Err(Error::invalid_input(
                     "options",
                     format!(
@@ -521,8 +527,8 @@ impl Call {
                     .key(&*keys.wants)
                     .key(&*keys.fence)
                     .key(&*record);
-                if let Some(permits) = &keys.permits {
-                    invocation.key(&**permits);
+                if let Some(key) = keys.permits.as_ref().or(keys.exclusive.as_ref()) {
+                    invocation.key(&**key);
                 }
                 invocation
                     .arg(&holder)
@@ -535,6 +541,9 @@ impl Call {
                     .arg(record_ms)
                     .arg(if a.reentry { "1" } else { "" })
                     .arg(capacity);
+                if keys.exclusive.is_some() {
+                    invocation.arg("x");
+                }
                 async move { invocation.invoke_async(&mut c).await }
             })
             .await

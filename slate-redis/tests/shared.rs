@@ -570,3 +570,39 @@ async fn lost_replies_are_answered_from_the_request_record() {
         "nothing was left holding"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_lock_can_treat_the_single_lock_of_its_name_as_a_writer() {
+    let server = Deployment::standalone();
+    let (a, b) = (server.client(), server.client());
+    let single = slate_redis::SingleLock::builder(&a, "mixed-modes")
+        .build()
+        .unwrap();
+    let guarded = RwLock::builder(&b, "mixed-modes")
+        .exclude_single_lock(true)
+        .spin_wait(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let independent = RwLock::builder(&b, "mixed-modes").build();
+    assert!(independent.is_err(), "one name, one setting per client");
+    let g = single.lock().await.unwrap();
+    assert!(
+        guarded.try_read().await.unwrap().is_none(),
+        "the single lock holds"
+    );
+    assert!(guarded.try_write().await.unwrap().is_none());
+    let waiting = {
+        let guarded = guarded.clone();
+        tokio::spawn(async move { guarded.read().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished());
+    g.unlock().await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("in at the next spin wait")
+        .unwrap();
+    // The other way round is the single lock's caller's to check: readers hold.
+    assert_eq!(guarded.status().await.unwrap().readers(), 1);
+    r.unlock().await.unwrap();
+}

@@ -7,8 +7,10 @@
 -- KEYS[6]  the holder's request record: <KEYS[1]>:req:<holder>, '<request id> <kind> <a> <b>
 --          <c>' (kind 'a': acquired, a = token, b = count, c = 1 for a fresh hold; 'r':
 --          released, a = count left; 'c': cancelled, the request must do nothing)
--- KEYS[7]  (optional, semaphore) the capacity: <KEYS[1]>:permits (persistent; set to ARGV[10]
---          when absent)
+-- KEYS[7]  (optional) a semaphore's capacity: <KEYS[1]>:permits (persistent; set to ARGV[10]
+--          when absent); or, with ARGV[11] = 'x', the hash of the single lock of the same
+--          name (<prefix>{<name>}), which a read-write lock then treats as a writer: no fresh
+--          hold is granted while it exists
 -- ARGV[1]  holder id
 -- ARGV[2]  'w' a write hold (all the capacity), 'r' a shared hold (ARGV[3] permits)
 -- ARGV[3]  permits a fresh shared hold takes (1 for a read)
@@ -20,6 +22,7 @@
 -- ARGV[9]  '1': a re-entry only (the holder must hold; else {-4}, nothing touched)
 -- ARGV[10] the capacity: the write weight of a read-write lock, or a semaphore's permits
 --          when KEYS[7] is unset
+-- ARGV[11] (optional) 'x': KEYS[7] is a single lock to exclude (see KEYS[7])
 --
 -- A fresh hold of k permits is granted when the permits in use, plus those wanted by the
 -- live entries queued before the caller's process (all of them if it has none), plus k fit
@@ -83,7 +86,8 @@ if held then
     return {1, token, count, 0}
 end
 local cap = tonumber(ARGV[10])
-if #KEYS >= 7 then
+local exclusive = ARGV[11] == 'x'
+if #KEYS >= 7 and not exclusive then
     local c = redis.call('GET', KEYS[7])
     if c then
         cap = tonumber(c)
@@ -99,6 +103,11 @@ if k > cap then
     return {-5, cap}
 end
 local used = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+if exclusive and redis.call('EXISTS', KEYS[7]) == 1 then
+    -- The single lock of this name holds: as a writer would (its release message goes to its
+    -- own channel, so the hint is its remaining lease, capped by the caller's spin wait).
+    return {0, math.max(redis.call('PTTL', KEYS[7]), 0)}
+end
 local qid = ARGV[5]
 local ahead = 0
 if qid ~= '' then
