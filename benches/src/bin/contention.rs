@@ -48,6 +48,10 @@ struct Cli {
     /// `redis-server` / `valkey-server` on PATH, or SLATE_REDIS_SERVER when it is that kind).
     #[arg(long, value_delimiter = ',', default_value = "redis", value_parser = parse_server)]
     servers: Vec<ServerKind>,
+    /// Percent of the critical sections that only read (GET); the others write (GET, SET).
+    /// `slate-rw` shares the reads; every other implementation takes its lock for both.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+    read_percent: u8,
 }
 
 fn parse_server(s: &str) -> Result<ServerKind, String> {
@@ -73,6 +77,8 @@ enum Command {
         start_at_ns: u64,
         #[arg(long, default_value_t = 1)]
         locks: usize,
+        #[arg(long, default_value_t = 0)]
+        read_percent: u8,
     },
 }
 
@@ -87,6 +93,7 @@ fn main() -> ExitCode {
             duration_ms,
             start_at_ns,
             locks,
+            read_percent,
         }) => {
             let args = WorkerArgs {
                 implementation,
@@ -96,6 +103,7 @@ fn main() -> ExitCode {
                 duration: Duration::from_millis(duration_ms),
                 start_at_ns,
                 locks,
+                read_percent,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -145,6 +153,7 @@ fn main() -> ExitCode {
                 progress: !cli.quiet,
                 locks: usize::try_from(cli.locks).unwrap_or(1),
                 servers: cli.servers,
+                read_percent: cli.read_percent,
             };
             let results = match runner::run_plan(&plan) {
                 Ok(r) => r,

@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
-use slate_redis::{RedisClient, SingleLock, SingleLockGuard};
+use slate_redis::{
+    RedisClient, RwLock, RwLockReadGuard, RwLockWriteGuard, SingleLock, SingleLockGuard,
+};
 
 use super::Impl;
 
@@ -24,6 +26,8 @@ pub enum Locker {
     Slate(Vec<SingleLock>),
     /// Slate's combination lock, one handle per lock name.
     SlateCombination(Vec<CombinationLock>),
+    /// Slate's read-write lock, one handle per lock name.
+    SlateRw(Vec<RwLock>),
     /// The `rslock` crate (Redlock), with its default retry settings.
     Rslock(rslock::LockManager),
     /// `SET NX PX`, sleeping 1 ms between failed attempts; compare-and-delete release.
@@ -41,6 +45,10 @@ pub enum Held {
     Slate(SingleLockGuard),
     /// Slate's combination guard.
     SlateCombination(CombinationGuard),
+    /// Slate's read guard.
+    SlateRead(RwLockReadGuard),
+    /// Slate's write guard.
+    SlateWrite(RwLockWriteGuard),
     /// rslock's lock.
     Rslock(rslock::Lock),
     /// The spin lock's random value.
@@ -101,6 +109,19 @@ impl Locker {
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(Locker::SlateCombination(locks))
             }
+            Impl::SlateRw => {
+                let client = RedisClient::open(&nodes[0]).map_err(|e| e.to_string())?;
+                let locks = names
+                    .iter()
+                    .map(|name| {
+                        RwLock::builder(&client, name.as_str())
+                            .lease(LEASE)
+                            .build()
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Locker::SlateRw(locks))
+            }
             Impl::Rslock1 | Impl::Rslock3 => {
                 Ok(Locker::Rslock(rslock::LockManager::new(nodes.to_vec())))
             }
@@ -118,7 +139,8 @@ impl Locker {
         }
     }
 
-    /// Acquires `name`, giving up at `give_up` (`Ok(None)`).
+    /// Acquires `name` (to `read` it, for the implementations that share reads), giving up
+    /// at `give_up` (`Ok(None)`).
     ///
     /// # Errors
     ///
@@ -128,8 +150,23 @@ impl Locker {
         index: usize,
         name: &str,
         give_up: Instant,
+        read: bool,
     ) -> Result<Option<Held>, String> {
+        let wait = slate_redis::Wait::Until(give_up);
         match self {
+            Locker::SlateRw(locks) => {
+                let holder = slate_redis::HolderId::new();
+                let held = if read {
+                    locks[index].acquire_read(holder, wait).await.map(Held::SlateRead)
+                } else {
+                    locks[index].acquire_write(holder, wait).await.map(Held::SlateWrite)
+                };
+                match held {
+                    Ok(h) => Ok(Some(h)),
+                    Err(e) if e.is_timeout() => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
             // What an application writes: a holder per call, minted by the lock (so that
             // queued tasks of a process may pass the hold between them, issue 14).
             Locker::Slate(locks) => match locks[index].try_lock_until(give_up).await {
@@ -191,6 +228,12 @@ impl Locker {
             (Locker::SlateCombination(_), Held::SlateCombination(g)) => {
                 g.unlock().await.map(drop).map_err(|e| e.to_string())
             }
+            (Locker::SlateRw(_), Held::SlateRead(g)) => {
+                g.unlock().await.map(drop).map_err(|e| e.to_string())
+            }
+            (Locker::SlateRw(_), Held::SlateWrite(g)) => {
+                g.unlock().await.map(drop).map_err(|e| e.to_string())
+            }
             (Locker::Rslock(lm), Held::Rslock(lock)) => {
                 lm.unlock(&lock).await;
                 Ok(())
@@ -220,7 +263,8 @@ fn rand_u128() -> u128 {
     u128::from_le_bytes(buf)
 }
 
-/// The workload: the deliberately non-atomic critical section, `GET counter; SET counter+1`.
+/// The workload: the deliberately non-atomic critical section, `GET counter; SET counter+1`,
+/// or for a reader `GET counter` alone.
 ///
 /// # Errors
 ///
@@ -228,8 +272,12 @@ fn rand_u128() -> u128 {
 pub async fn critical_section(
     resource: &mut MultiplexedConnection,
     key: &str,
+    read: bool,
 ) -> Result<(), String> {
     let v: Option<i64> = resource.get(key).await.map_err(|e| e.to_string())?;
+    if read {
+        return Ok(());
+    }
     let () = resource
         .set(key, v.unwrap_or(0) + 1)
         .await

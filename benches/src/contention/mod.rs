@@ -48,6 +48,8 @@ pub enum Impl {
     Spin,
     /// Slate's single lock on a 3-master Redis Cluster (each lock on the shard of its slot).
     SlateCluster,
+    /// Slate's read-write lock on one node: with `--read-percent`, reads share it.
+    SlateRw,
 }
 
 impl Impl {
@@ -60,6 +62,7 @@ impl Impl {
         Impl::Rslock3,
         Impl::Spin,
         Impl::SlateCluster,
+        Impl::SlateRw,
     ];
 
     /// How many lock nodes it uses.
@@ -67,7 +70,7 @@ impl Impl {
     pub fn nodes(self) -> usize {
         match self {
             Impl::Rslock3 | Impl::SlateComb3 | Impl::SlateComb3Pipelined | Impl::SlateCluster => 3,
-            Impl::Slate | Impl::Rslock1 | Impl::Spin => 1,
+            Impl::Slate | Impl::Rslock1 | Impl::Spin | Impl::SlateRw => 1,
         }
     }
 
@@ -82,6 +85,7 @@ impl Impl {
             Impl::Rslock3 => "rslock-3",
             Impl::Spin => "spin",
             Impl::SlateCluster => "slate-cluster",
+            Impl::SlateRw => "slate-rw",
         }
     }
 }
@@ -153,6 +157,12 @@ pub struct WorkerReport {
     pub waits_us: Vec<u32>,
     /// User + system CPU of the whole process, µs.
     pub cpu_us: u64,
+    /// Critical sections that wrote (incremented the counter), late ones included.
+    #[serde(default)]
+    pub writes: u64,
+    /// Wait of every write acquisition before the deadline, in µs (with `--read-percent`).
+    #[serde(default)]
+    pub write_waits_us: Vec<u32>,
 }
 
 /// One measured run of one implementation in one shape.
@@ -192,13 +202,17 @@ pub struct RunResult {
     pub wait_p99_ms: f64,
     /// Wait max, ms.
     pub wait_max_ms: f64,
+    /// Critical sections that wrote.
+    pub writes: u64,
+    /// Wait p99 of the write acquisitions, ms (NaN without writes).
+    pub write_wait_p99_ms: f64,
     /// Fewest acquisitions of one worker.
     pub worker_min: u64,
     /// Most acquisitions of one worker.
     pub worker_max: u64,
     /// The counter read at the end.
     pub counter: i64,
-    /// Whether the counter equals acquisitions + late.
+    /// Whether the counter equals the writes (every acquisition when nothing reads).
     pub mutex_ok: bool,
     /// Per-command calls on the lock nodes during the run (client-visible and script-internal).
     pub commandstats: BTreeMap<String, u64>,
@@ -218,7 +232,11 @@ pub fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
 #[must_use]
 pub fn client_commands(implementation: Impl, stats: &BTreeMap<String, u64>) -> u64 {
     match implementation {
-        Impl::Slate | Impl::SlateComb3 | Impl::SlateComb3Pipelined | Impl::SlateCluster => {
+        Impl::Slate
+        | Impl::SlateComb3
+        | Impl::SlateComb3Pipelined
+        | Impl::SlateCluster
+        | Impl::SlateRw => {
             ecosphere::commandstats::slate_lock_commands(stats)
         }
         Impl::Rslock1 | Impl::Rslock3 | Impl::Spin => ecosphere::commandstats::lock_commands(stats),
@@ -255,6 +273,14 @@ pub fn summarise(
         }
     };
     let ms = |q| stats::quantile(&waits, q).map_or(f64::NAN, |us| f64::from(us) / 1000.0);
+    let mut write_waits: Vec<u32> = reports
+        .iter()
+        .flat_map(|r| r.write_waits_us.iter().copied())
+        .collect();
+    write_waits.sort_unstable();
+    let writes: u64 = reports.iter().map(|r| r.writes).sum();
+    // Reports without a write count (a unit test's) wrote at every acquisition.
+    let expected = if writes == 0 { acquisitions + late } else { writes };
     let total_all: u64 = commandstats
         .iter()
         .filter(|(n, _)| !RUNNER_ONLY.contains(&n.split('|').next().unwrap_or(n)))
@@ -278,10 +304,13 @@ pub fn summarise(
         wait_p50_ms: ms(0.5),
         wait_p99_ms: ms(0.99),
         wait_max_ms: ms(1.0),
+        writes,
+        write_wait_p99_ms: stats::quantile(&write_waits, 0.99)
+            .map_or(f64::NAN, |us| f64::from(us) / 1000.0),
         worker_min: reports.iter().map(|r| r.acquisitions).min().unwrap_or(0),
         worker_max: reports.iter().map(|r| r.acquisitions).max().unwrap_or(0),
         counter,
-        mutex_ok: u64::try_from(counter).is_ok_and(|c| c == acquisitions + late),
+        mutex_ok: u64::try_from(counter).is_ok_and(|c| c == expected),
         commandstats,
         redirects,
     }
@@ -305,6 +334,9 @@ pub struct WorkerArgs {
     /// Lock names: `bench:lock` for one lock, `bench:lock:<i>` for several; each task takes
     /// them in turn, each protecting its own counter (`bench:counter[:<i>]`).
     pub locks: usize,
+    /// Percent of the critical sections that only read (`GET`); the others write (`GET`,
+    /// `SET`). Readers share `slate-rw`; every other implementation takes its lock for both.
+    pub read_percent: u8,
 }
 
 /// The name of lock `i` of `n`, and the counter it protects.
@@ -351,8 +383,10 @@ pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
         let locker = locker.clone();
         let mut resource = resource.clone();
         let names = names.clone();
+        let read_percent = u64::from(args.read_percent);
         handles.push(tokio::spawn(async move {
             let mut r = WorkerReport::default();
+            let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (offset as u64) << 20 ^ task as u64;
             let mut next = offset
                 .wrapping_mul(31)
                 .wrapping_add(task.wrapping_mul(7919));
@@ -360,8 +394,12 @@ pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
                 next = next.wrapping_add(1);
                 let index = next % names.len();
                 let (lock, counter) = (&names[index].0, &names[index].1);
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let read = rng % 100 < read_percent;
                 let t0 = Instant::now();
-                let held = match locker.acquire(index, lock, deadline + GRACE).await {
+                let held = match locker.acquire(index, lock, deadline + GRACE, read).await {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
                     Err(e) => {
@@ -375,11 +413,18 @@ pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
                 if acquired <= deadline {
                     r.acquisitions += 1;
                     let wait = acquired.duration_since(t0).as_micros();
-                    r.waits_us.push(u32::try_from(wait).unwrap_or(u32::MAX));
+                    let wait = u32::try_from(wait).unwrap_or(u32::MAX);
+                    r.waits_us.push(wait);
+                    if !read {
+                        r.write_waits_us.push(wait);
+                    }
                 } else {
                     r.late += 1;
                 }
-                if let Err(e) = impls::critical_section(&mut resource, counter).await {
+                if !read {
+                    r.writes += 1;
+                }
+                if let Err(e) = impls::critical_section(&mut resource, counter, read).await {
                     r.errors += 1;
                     r.first_error.get_or_insert(e);
                 }
@@ -401,6 +446,8 @@ pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
             total.first_error = r.first_error;
         }
         total.waits_us.extend(r.waits_us);
+        total.writes += r.writes;
+        total.write_waits_us.extend(r.write_waits_us);
     }
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
         .map_err(|e| format!("getrusage: {e}"))?;

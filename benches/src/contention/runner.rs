@@ -33,6 +33,8 @@ pub struct Plan {
     pub locks: usize,
     /// The servers to run on (Redis, Valkey), interleaved like the implementations.
     pub servers: Vec<ServerKind>,
+    /// Percent of the critical sections that only read (see `WorkerArgs::read_percent`).
+    pub read_percent: u8,
 }
 
 /// The servers of a session: three lock nodes, one resource server, and a 3-master Redis
@@ -175,6 +177,7 @@ pub fn run_once(
     let cpu_before = servers.server_cpu_us(which)?;
     let nodes: Vec<String> = servers.lock_nodes(which).iter().map(|s| s.url()).collect();
     let locks = plan.locks;
+    let read_percent = plan.read_percent;
     let resource = servers.resource.url();
     // Everyone starts together, after every worker had time to connect.
     let start_at = ecosphere::clock::now_ns() + 1_500_000_000;
@@ -199,6 +202,8 @@ pub fn run_once(
                 start_at.to_string(),
                 "--locks".into(),
                 locks.to_string(),
+                "--read-percent".into(),
+                read_percent.to_string(),
             ]
         })
         .spawn()
@@ -319,6 +324,8 @@ pub struct SummaryRow {
     pub wait_p99_ms: Option<Spread>,
     /// Wait max (ms).
     pub wait_max_ms: Option<Spread>,
+    /// Wait p99 of the writes (ms; with `--read-percent`).
+    pub write_wait_p99_ms: Option<Spread>,
     /// Per-worker min..max acquisitions of the median-throughput run.
     pub fairness: (u64, u64),
     /// Runs whose counter matched.
@@ -363,6 +370,7 @@ pub fn summary(results: &[RunResult]) -> Vec<SummaryRow> {
                 wait_p50_ms: spread(|r| r.wait_p50_ms),
                 wait_p99_ms: spread(|r| r.wait_p99_ms),
                 wait_max_ms: spread(|r| r.wait_max_ms),
+                write_wait_p99_ms: spread(|r| r.write_wait_p99_ms),
                 fairness: (median.worker_min, median.worker_max),
                 mutex_ok: runs.iter().filter(|r| r.mutex_ok).count(),
                 errors: runs.iter().map(|r| r.errors).sum(),
@@ -375,7 +383,7 @@ pub fn summary(results: &[RunResult]) -> Vec<SummaryRow> {
 #[must_use]
 pub fn markdown(rows: &[SummaryRow]) -> String {
     let mut out = String::from(
-        "| server | impl | procs x tasks | runs | acq/s | lock cmds/acq | server cmds/acq | redirects | client CPU µs/acq | server CPU µs/acq | wait p50 ms | wait p99 ms | wait max ms | per-worker min..max (median run) | mutex ok | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| server | impl | procs x tasks | runs | acq/s | lock cmds/acq | server cmds/acq | redirects | client CPU µs/acq | server CPU µs/acq | wait p50 ms | wait p99 ms | wait max ms | write wait p99 ms | per-worker min..max (median run) | mutex ok | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let cell = |s: &Option<Spread>, digits: usize| match s {
         Some(s) => format!(
@@ -390,7 +398,7 @@ pub fn markdown(rows: &[SummaryRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}..{} | {}/{} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}..{} | {}/{} | {} |",
             r.server,
             r.implementation,
             r.shape,
@@ -404,6 +412,7 @@ pub fn markdown(rows: &[SummaryRow]) -> String {
             cell(&r.wait_p50_ms, 2),
             cell(&r.wait_p99_ms, 1),
             cell(&r.wait_max_ms, 1),
+            cell(&r.write_wait_p99_ms, 1),
             r.fairness.0,
             r.fairness.1,
             r.mutex_ok,
