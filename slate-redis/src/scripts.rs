@@ -80,11 +80,13 @@ pub(crate) static SHARED_ACQUIRE: LazyLock<SlateScript> = shared_script!("shared
 pub(crate) static SHARED_RELEASE: LazyLock<SlateScript> = shared_script!("shared_release.lua");
 /// `shared_renew.lua`: renew a shared-mode holder's lease.
 pub(crate) static SHARED_RENEW: LazyLock<SlateScript> = shared_script!("shared_renew.lua");
+/// `shared_leave.lua`: a drained process gives up its place in the queue.
+pub(crate) static SHARED_LEAVE: LazyLock<SlateScript> = shared_script!("shared_leave.lua");
 /// `shared_admin.lua`: inspect, clear, or set a semaphore's permits.
 pub(crate) static SHARED_ADMIN: LazyLock<SlateScript> = shared_script!("shared_admin.lua");
 
 /// Every script, for loading them on a new connection.
-pub(crate) static ALL: [&LazyLock<SlateScript>; 8] = [
+pub(crate) static ALL: [&LazyLock<SlateScript>; 9] = [
     &ACQUIRE,
     &RELEASE,
     &RENEW,
@@ -93,6 +95,7 @@ pub(crate) static ALL: [&LazyLock<SlateScript>; 8] = [
     &SHARED_RELEASE,
     &SHARED_RENEW,
     &SHARED_ADMIN,
+    &SHARED_LEAVE,
 ];
 
 /// A lease as the scripts' ARGV: whole milliseconds, at least 1.

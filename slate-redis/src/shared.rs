@@ -10,7 +10,7 @@
 //! and writers queue in one FIFO with them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use crate::lock::min_validity;
 use crate::notify::ReleaseTarget;
 use crate::renewal::{self, Hold};
 use crate::request;
-use crate::scripts::{self, SHARED_ACQUIRE, SHARED_ADMIN, SHARED_RELEASE};
+use crate::scripts::{self, SHARED_ACQUIRE, SHARED_ADMIN, SHARED_LEAVE, SHARED_RELEASE};
 
 /// The permits a write hold of a read-write lock takes: all of them. Readers are counted
 /// against it, so a read-write lock admits up to 2^30 - 1 readers at once.
@@ -137,6 +137,11 @@ impl ReleaseTarget for SharedState {
 
 /// What a successful attempt yields.
 pub(crate) struct SharedGrant {
+    /// The holder whose Redis hold this is: the caller, or for a read of a read-write lock
+    /// the holder minted for the process's shared read hold (see [`Reads`]).
+    pub(crate) remote: HolderId,
+    /// The read joined the process's shared read hold: nothing was sent.
+    pub(crate) joined: bool,
     pub(crate) token: FencingToken,
     /// The holder's levels in the attempt's mode.
     pub(crate) count: u32,
@@ -165,6 +170,52 @@ pub(crate) struct SharedCompetitor {
     wants: Mutex<HashMap<HolderId, u32>>,
     /// A busy answer queued this process and no grant has taken it out since.
     queued: AtomicBool,
+    /// Attempts sent (their sequence numbers, see `scripts/shared_leave.lua`).
+    sent: Arc<AtomicU64>,
+    /// Attempts whose answer has not been processed yet.
+    in_flight: Arc<AtomicU64>,
+    /// The read holds this process's readers share (read-write lock only).
+    reads: Mutex<Reads>,
+}
+
+/// Read cohorting: the readers of one process share Redis read holds.
+///
+/// A read that finds no joinable hold acquires one in Redis under a holder id minted for it;
+/// later local reads **join** it without a round trip while it is young (less than
+/// [`join_window`]: after that, new reads ask Redis again, where a waiting writer of another
+/// process stops them, so a writer waits at most one such window plus the critical sections
+/// in it), its lease has at least the minimum validity left, and it served fewer than
+/// [`JOIN_BUDGET`] readers. Joined readers carry the hold's fencing token and lease watch; the
+/// last one to leave releases the hold in Redis. Exclusion is unchanged: Redis sees one
+/// reader for the process, and no writer, local or remote, is granted while it exists.
+#[derive(Default)]
+struct Reads {
+    /// Local reader → the Redis read hold it uses.
+    of: HashMap<HolderId, HolderId>,
+    /// The Redis read holds and their local members.
+    holds: HashMap<HolderId, ReadHold>,
+    /// The hold new reads may join.
+    current: Option<HolderId>,
+}
+
+struct ReadHold {
+    token: FencingToken,
+    /// Local readers using it now.
+    members: u32,
+    /// Local readers it served.
+    joins: u32,
+    since: Instant,
+    watch: LeaseWatch,
+}
+
+/// Readers one Redis read hold serves at most.
+const JOIN_BUDGET: u32 = 1024;
+
+/// How long after its acquisition a Redis read hold takes new local readers: a tenth of the
+/// spin wait (5 ms by default), at least 1 ms. It bounds what a writer of another process
+/// waits for beyond the critical sections already running.
+fn join_window(options: &LockOptions) -> Duration {
+    (options.spin_wait() / 10).max(Duration::from_millis(1))
 }
 
 /// How long a busy answer keeps a process's place in the queue: past its spin wait (the
@@ -239,6 +290,9 @@ impl SharedCompetitor {
                     queue_id: Arc::from(HolderId::new().to_string()),
                     wants: Mutex::new(HashMap::new()),
                     queued: AtomicBool::new(false),
+                    sent: Arc::new(AtomicU64::new(0)),
+                    in_flight: Arc::new(AtomicU64::new(0)),
+                    reads: Mutex::new(Reads::default()),
                 },
                 spin_wait,
             ),
@@ -304,6 +358,88 @@ impl SharedCompetitor {
             .deregister(&self.keys.holders, holder);
     }
 
+    /// A read of `holder` that joins the process's shared read hold, if one is joinable
+    /// (see [`Reads`]); `None`: ask Redis.
+    fn join(&self, holder: HolderId) -> Option<SharedGrant> {
+        let mut reads = lock(&self.reads);
+        let remote = reads.current?;
+        let min_validity = min_validity(self.options.lease());
+        let window = join_window(&self.options);
+        let joinable = reads.holds.get(&remote).is_some_and(|h| {
+            !h.watch.is_lost()
+                && h.watch.deadline() >= Instant::now() + min_validity
+                && h.joins < JOIN_BUDGET
+                && h.since.elapsed() < window
+        });
+        if !joinable {
+            reads.current = None;
+            return None;
+        }
+        let h = reads.holds.get_mut(&remote)?;
+        h.members += 1;
+        h.joins += 1;
+        let grant = SharedGrant {
+            remote,
+            joined: true,
+            token: h.token,
+            count: 1,
+            fresh: false,
+            write: false,
+            deadline: h.watch.deadline(),
+            watch: OnceLock::from(h.watch.clone()),
+        };
+        reads.of.insert(holder, remote);
+        Some(grant)
+    }
+
+    /// The shared read hold `holder` uses, if it reads through one.
+    pub(crate) fn read_hold_of(&self, holder: HolderId) -> Option<HolderId> {
+        lock(&self.reads).of.get(&holder).copied()
+    }
+
+    /// `holder` stopped reading: the hold it used, if it was the last member (then the caller
+    /// releases it in Redis; nobody can join it any more).
+    pub(crate) fn leave(&self, holder: HolderId) -> Option<HolderId> {
+        let mut reads = lock(&self.reads);
+        let remote = reads.of.remove(&holder)?;
+        let last = reads.holds.get_mut(&remote).is_none_or(|h| {
+            h.members = h.members.saturating_sub(1);
+            h.members == 0
+        });
+        if !last {
+            return None;
+        }
+        reads.holds.remove(&remote);
+        if reads.current == Some(remote) {
+            reads.current = None;
+        }
+        Some(remote)
+    }
+
+    /// One more read level of a reader that reads through a shared hold: nothing is sent
+    /// (its Redis hold counts one read for the process); a lost hold answers `LeaseLost`.
+    fn reenter_joined(&self, holder: HolderId, remote: HolderId) -> Result<Attempt<SharedGrant>> {
+        let reads = lock(&self.reads);
+        let Some(h) = reads.holds.get(&remote).filter(|h| !h.watch.is_lost()) else {
+            return Err(Error::lease_lost(
+                Arc::clone(&self.label),
+                holder,
+                LossReason::EntryGone,
+            ));
+        };
+        let depth = self.me.upgrade().map_or(0, |s| s.sync.shared_depth(holder));
+        Ok(Attempt::Acquired(SharedGrant {
+            remote,
+            joined: true,
+            token: h.token,
+            count: depth.saturating_add(1),
+            fresh: false,
+            write: false,
+            deadline: h.watch.deadline(),
+            watch: OnceLock::from(h.watch.clone()),
+        }))
+    }
+
     /// One acquire script call for `holder` (see `scripts/shared_acquire.lua`).
     fn attempt_remote(
         &self,
@@ -316,7 +452,11 @@ impl SharedCompetitor {
         let last = self.last_attempt.clone();
         let me = self.me.clone();
         let (label, claim, queue_id) = (self.label.clone(), self.claim, self.queue_id.clone());
+        let seq = self.sent.fetch_add(1, Ordering::SeqCst) + 1;
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let answered = Answered(Arc::clone(&self.in_flight));
         self.client.clone().on_runtime(async move {
+            let _answered = answered;
             let sent = Instant::now();
             *lock(&last) = Some(sent);
             let request = request::next_id();
@@ -328,6 +468,7 @@ impl SharedCompetitor {
                 request,
                 queue_id: &queue_id,
                 claim,
+                seq,
             };
             let reply = match call.acquire(&args).await {
                 Ok(r) => r,
@@ -378,6 +519,8 @@ impl SharedCompetitor {
                     }
                     tracing::debug!(lock = %label, %holder, token, count, write, "acquired");
                     Ok(Attempt::Acquired(SharedGrant {
+                        remote: holder,
+                        joined: false,
                         token: FencingToken::new(token),
                         count,
                         fresh: *fresh == 1,
@@ -477,6 +620,15 @@ impl Drop for Wanting<'_> {
     }
 }
 
+/// Counts an attempt as answered when dropped (see `SharedCompetitor::in_flight`).
+struct Answered(Arc<AtomicU64>);
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// One acquire request.
 struct AcquireArgs<'a> {
     holder: HolderId,
@@ -486,6 +638,8 @@ struct AcquireArgs<'a> {
     request: u64,
     queue_id: &'a str,
     claim: Duration,
+    /// This attempt's sequence number in its process.
+    seq: u64,
 }
 
 /// What a script call needs, owned (attempts run in `'static` futures).
@@ -517,6 +671,7 @@ impl Call {
         let lease_ms = scripts::lease_ms(self.lease);
         let claim_ms = scripts::lease_ms(a.claim);
         let capacity = self.kind.capacity();
+        let publish = self.client.publish_arg();
         self.client
             .exec("shared acquire script", |mut c| {
                 let mut invocation = SHARED_ACQUIRE.script.prepare_invoke();
@@ -526,7 +681,8 @@ impl Call {
                     .key(&*keys.queue)
                     .key(&*keys.wants)
                     .key(&*keys.fence)
-                    .key(&*record);
+                    .key(&*record)
+                    .key(&*keys.channel);
                 if let Some(key) = keys.permits.as_ref().or(keys.exclusive.as_ref()) {
                     invocation.key(&**key);
                 }
@@ -541,9 +697,10 @@ impl Call {
                     .arg(record_ms)
                     .arg(if a.reentry { "1" } else { "" })
                     .arg(capacity);
-                if keys.exclusive.is_some() {
-                    invocation.arg("x");
-                }
+                invocation
+                    .arg(if keys.exclusive.is_some() { "x" } else { "" })
+                    .arg(a.seq)
+                    .arg(publish);
                 async move { invocation.invoke_async(&mut c).await }
             })
             .await
@@ -645,27 +802,63 @@ impl Competitor for SharedCompetitor {
         self.attempt_remote(holder, true, true)
     }
 
+    /// A read of a read-write lock joins the process's shared read hold when it can (no
+    /// round trip), else acquires a new one under a minted holder (see [`Reads`]); a
+    /// semaphore's permits are always asked of Redis.
     fn attempt_shared(
         &self,
         holder: HolderId,
     ) -> impl std::future::Future<Output = Result<Attempt<SharedGrant>>> + Send + 'static {
-        self.attempt_remote(holder, false, false)
+        use futures::future::Either;
+        if self.kind != Kind::RwLock {
+            return Either::Right(self.attempt_remote(holder, false, false));
+        }
+        match self.join(holder) {
+            Some(grant) => Either::Left(std::future::ready(Ok(Attempt::Acquired(grant)))),
+            None => Either::Right(self.attempt_remote(HolderId::new(), false, false)),
+        }
     }
 
+    /// A reader that reads through a shared hold re-enters locally; a writer's covered read
+    /// (or a semaphore holder) asks Redis.
     fn reenter_shared(
         &self,
         holder: HolderId,
     ) -> impl std::future::Future<Output = Result<Attempt<SharedGrant>>> + Send + 'static {
-        self.attempt_remote(holder, false, true)
+        use futures::future::Either;
+        match self.read_hold_of(holder) {
+            Some(remote) => Either::Left(std::future::ready(self.reenter_joined(holder, remote))),
+            None => Either::Right(self.attempt_remote(holder, false, true)),
+        }
     }
 
     fn after_acquire(&self, holder: HolderId, grant: &SharedGrant) {
+        if grant.joined {
+            // Its hold's registration serves it (`join` set its watch).
+            return;
+        }
         let watch = self.client.inner.renewal.register_hold(
             &self.client,
-            self.hold(holder, grant),
+            self.hold(grant.remote, grant),
             grant.fresh,
         );
-        let _ = grant.watch.set(watch);
+        let _ = grant.watch.set(watch.clone());
+        if grant.remote != holder {
+            // A new shared read hold: its first member, and the one new reads join.
+            let mut reads = lock(&self.reads);
+            reads.holds.insert(
+                grant.remote,
+                ReadHold {
+                    token: grant.token,
+                    members: 1,
+                    joins: 1,
+                    since: Instant::now(),
+                    watch,
+                },
+            );
+            reads.of.insert(holder, grant.remote);
+            reads.current = Some(grant.remote);
+        }
     }
 
     /// The write levels ended; the renewal goes on while the holder still reads (a
@@ -675,8 +868,12 @@ impl Competitor for SharedCompetitor {
     }
 
     /// The shared levels ended; the renewal goes on while the holder still writes (it read
-    /// under its write).
+    /// under its write). A reader through a shared hold is left to its release, which
+    /// leaves the hold (and releases it in Redis if it was the last member).
     fn after_release_shared(&self, holder: HolderId) {
+        if self.read_hold_of(holder).is_some() {
+            return;
+        }
         self.end_hold(holder, |s| {
             s.sync.owner().is_some_and(|(owner, _)| owner == holder)
         });
@@ -684,7 +881,19 @@ impl Competitor for SharedCompetitor {
 
     fn abandon(&self, holder: HolderId, grant: SharedGrant) {
         tracing::debug!(lock = %self.label, %holder, token = grant.token.get(), "releasing an abandoned grant");
-        Call::of(self).release_in_background(&self.me, holder, grant.write, "an abandoned grant");
+        let remote = if grant.joined {
+            match self.leave(holder) {
+                Some(last) => last,
+                None => return,
+            }
+        } else {
+            grant.remote
+        };
+        self.client
+            .inner
+            .renewal
+            .deregister(&self.keys.holders, remote);
+        Call::of(self).release_in_background(&self.me, remote, grant.write, "an abandoned grant");
     }
 
     fn prepare_wait(&self) -> impl std::future::Future<Output = Notifications> + Send {
@@ -701,19 +910,36 @@ impl Competitor for SharedCompetitor {
             .inner
             .notifier
             .unsubscribe(&self.client, &self.keys.channel);
-        if self.queued.swap(false, Ordering::Relaxed) {
+        // An attempt still in flight may be a waiter's on its way into the queue (its busy
+        // answer renews the place it then waits in): the place stays; a later drain, or the
+        // claim window, ends it.
+        if self.in_flight.load(Ordering::SeqCst) == 0 && self.queued.swap(false, Ordering::Relaxed)
+        {
             let (client, keys, id) = (
                 self.client.clone(),
                 self.keys.clone(),
                 self.queue_id.clone(),
             );
+            // Only entries of attempts sent before now: a waiter that arrives meanwhile and
+            // gets busy keeps the place its answer renewed.
+            let seq = self.sent.load(Ordering::SeqCst);
+            let capacity = self.kind.capacity();
             self.client.spawn(async move {
+                let publish = client.publish_arg();
                 let left = client
                     .exec("leaving the queue", |mut c| {
-                        let mut pipe = redis::pipe();
-                        pipe.cmd("ZREM").arg(&*keys.queue).arg(&*id).ignore();
-                        pipe.cmd("HDEL").arg(&*keys.wants).arg(&*id).ignore();
-                        async move { pipe.query_async::<()>(&mut c).await }
+                        let mut invocation = SHARED_LEAVE.script.prepare_invoke();
+                        invocation
+                            .key(&*keys.holders)
+                            .key(&*keys.leases)
+                            .key(&*keys.queue)
+                            .key(&*keys.wants)
+                            .key(&*keys.channel);
+                        if let Some(permits) = &keys.permits {
+                            invocation.key(&**permits);
+                        }
+                        invocation.arg(&*id).arg(seq).arg(publish).arg(capacity);
+                        async move { invocation.invoke_async::<i64>(&mut c).await }
                     })
                     .await;
                 if let Err(e) = left {
@@ -952,6 +1178,35 @@ async fn release(state: Arc<SharedState>, holder: HolderId, write: bool) -> Resu
     let span = tracing::debug_span!("release", lock = %c.label, %holder, write);
     async {
         let renewal = &c.client.inner.renewal;
+        if !write && c.read_hold_of(holder).is_some() {
+            // A reader through the process's shared read hold. Its last level leaves the
+            // hold, and the hold's last member releases it in Redis first: the local release
+            // wakes a writer queued here, which must then find the hold gone.
+            if state.sync.shared_depth(holder) > 1 {
+                return Ok(state.sync.release_shared(holder));
+            }
+            let Some(remote) = c.leave(holder) else {
+                return Ok(state.sync.release_shared(holder));
+            };
+            renewal.begin_release(&c.keys.holders, remote);
+            let result = c.release_remote(remote, false).await;
+            renewal.end_release(&c.keys.holders, remote);
+            renewal.deregister(&c.keys.holders, remote);
+            let remaining = state.sync.release_shared(holder);
+            return match result {
+                Ok(-1) => Err(Error::not_held(Arc::clone(&c.label), holder)),
+                Ok(n) if n >= 0 => Ok(remaining),
+                Ok(n) => Err(unexpected_reply(
+                    "shared release script",
+                    c.client.address(),
+                    n,
+                )),
+                Err(e) => {
+                    tracing::warn!(error = %e, "release failed; the hold ends with its lease");
+                    Err(e)
+                }
+            };
+        }
         renewal.begin_release(&c.keys.holders, holder);
         let result = c.release_remote(holder, write).await;
         renewal.end_release(&c.keys.holders, holder);

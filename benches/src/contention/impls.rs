@@ -157,9 +157,15 @@ impl Locker {
             Locker::SlateRw(locks) => {
                 let holder = slate_redis::HolderId::new();
                 let held = if read {
-                    locks[index].acquire_read(holder, wait).await.map(Held::SlateRead)
+                    locks[index]
+                        .acquire_read(holder, wait)
+                        .await
+                        .map(Held::SlateRead)
                 } else {
-                    locks[index].acquire_write(holder, wait).await.map(Held::SlateWrite)
+                    locks[index]
+                        .acquire_write(holder, wait)
+                        .await
+                        .map(Held::SlateWrite)
                 };
                 match held {
                     Ok(h) => Ok(Some(h)),

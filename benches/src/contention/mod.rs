@@ -236,9 +236,7 @@ pub fn client_commands(implementation: Impl, stats: &BTreeMap<String, u64>) -> u
         | Impl::SlateComb3
         | Impl::SlateComb3Pipelined
         | Impl::SlateCluster
-        | Impl::SlateRw => {
-            ecosphere::commandstats::slate_lock_commands(stats)
-        }
+        | Impl::SlateRw => ecosphere::commandstats::slate_lock_commands(stats),
         Impl::Rslock1 | Impl::Rslock3 | Impl::Spin => ecosphere::commandstats::lock_commands(stats),
     }
 }
@@ -280,7 +278,11 @@ pub fn summarise(
     write_waits.sort_unstable();
     let writes: u64 = reports.iter().map(|r| r.writes).sum();
     // Reports without a write count (a unit test's) wrote at every acquisition.
-    let expected = if writes == 0 { acquisitions + late } else { writes };
+    let expected = if writes == 0 {
+        acquisitions + late
+    } else {
+        writes
+    };
     let total_all: u64 = commandstats
         .iter()
         .filter(|(n, _)| !RUNNER_ONLY.contains(&n.split('|').next().unwrap_or(n)))

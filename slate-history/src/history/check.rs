@@ -75,9 +75,11 @@ pub struct CheckConfig {
     /// `acq_ok` says how many its hold takes (`permits`; a read-write lock's read takes 1 and
     /// its write the whole capacity). I1 then checks that the permits of the windows open at
     /// any instant never exceed the capacity (readers may overlap each other, never a
-    /// writer), and I3 that every fresh hold's token is above every token acknowledged
-    /// before its `acq_invoke` (concurrent readers' replies may arrive in any order). `None`:
-    /// an exclusive lock.
+    /// writer), and I3 that a fresh hold taking the whole capacity (a writer) has a token
+    /// above every token acknowledged before its `acq_invoke`, and any other fresh hold one
+    /// above every such writer's (concurrent readers' replies may arrive in any order, and
+    /// the readers of one process may share one Redis hold and its token). `None`: an
+    /// exclusive lock.
     pub capacity: Option<u64>,
 }
 
@@ -293,6 +295,9 @@ fn dur_ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Shared mode: the highest token acknowledged (of any hold, of a writer's), and its event.
+type Acked = [Option<(u64, usize)>; 2];
+
 struct Checker<'h> {
     ev: &'h [Event],
     cfg: &'h CheckConfig,
@@ -308,10 +313,11 @@ struct Checker<'h> {
     waiting: Vec<usize>,
     ghosts: HashSet<(u32, u64, usize)>,
     last_first_level: Vec<Option<(u64, usize)>>,
-    /// Shared mode: the highest token acknowledged so far per lock, and its event.
-    max_acked: Vec<Option<(u64, usize)>>,
+    /// Shared mode: the highest token acknowledged so far per lock (of any hold, of a
+    /// writer's), and its event.
+    max_acked: Vec<Acked>,
     /// Shared mode: `max_acked` of the lock when each pending acquire was invoked.
-    acked_at_invoke: HashMap<(u32, usize, u64), (u64, usize)>,
+    acked_at_invoke: HashMap<(u32, usize, u64), Acked>,
     last_observe: HashMap<(usize, usize), usize>,
     latencies: Vec<u64>,
     res_ops: Vec<usize>,
@@ -384,7 +390,7 @@ impl<'h> Checker<'h> {
                 self.lock_names.push(name);
                 self.waiting.push(0);
                 self.last_first_level.push(None);
-                self.max_acked.push(None);
+                self.max_acked.push([None, None]);
                 id
             }
         }
@@ -511,8 +517,9 @@ impl<'h> Checker<'h> {
         let lock = self.lock_id(&e.lock);
         match &e.kind {
             EventKind::AcqInvoke { attempt, .. } => {
-                if let Some(max) = self.max_acked[lock] {
-                    self.acked_at_invoke.insert((e.proc, lock, *attempt), max);
+                if self.max_acked[lock] != [None, None] {
+                    self.acked_at_invoke
+                        .insert((e.proc, lock, *attempt), self.max_acked[lock]);
                 }
                 if self.pending.insert((e.proc, lock, *attempt), i).is_none() {
                     self.waiting[lock] += 1;
@@ -727,16 +734,21 @@ impl<'h> Checker<'h> {
             });
         }
         // I3: tokens.
-        if depth <= 1 && self.cfg.capacity.is_some() {
-            // Shared mode: above every token acknowledged before this call was invoked.
+        if let (true, Some(capacity)) = (depth <= 1, self.cfg.capacity) {
+            // Shared mode: a writer above every token acknowledged before this call was
+            // invoked, anyone else above every such writer's.
             self.stats.first_level_acquisitions += 1;
-            if let Some((prev, pidx)) = acked_before
+            let writer = permits.is_none_or(|p| p >= capacity);
+            let bound = acked_before.and_then(|[all, writes]| if writer { all } else { writes });
+            if let Some((prev, pidx)) = bound
                 && token <= prev
             {
                 let msg = format!(
-                    "lock {:?}: holder {holder:?} acquired with token {token}, not greater than \
-                     token {prev}, acknowledged before this acquisition was invoked",
-                    self.lock_names[lock]
+                    "lock {:?}: holder {holder:?} ({}) acquired with token {token}, not greater \
+                     than token {prev} of a {} acknowledged before this acquisition was invoked",
+                    self.lock_names[lock],
+                    if writer { "a writer" } else { "a reader" },
+                    if writer { "hold" } else { "writer" }
                 );
                 self.tokens.add(|| Finding {
                     message: msg,
@@ -744,8 +756,11 @@ impl<'h> Checker<'h> {
                     anchor: i,
                 });
             }
-            if self.max_acked[lock].is_none_or(|(max, _)| token > max) {
-                self.max_acked[lock] = Some((token, i));
+            let max = &mut self.max_acked[lock];
+            for (slot, counts) in max.iter_mut().zip([true, writer]) {
+                if counts && slot.is_none_or(|(m, _)| token > m) {
+                    *slot = Some((token, i));
+                }
             }
         } else if depth <= 1 {
             self.stats.first_level_acquisitions += 1;
@@ -1830,5 +1845,17 @@ mod tests {
             W,
         );
         assert_eq!(bad.failed(), vec![CheckId::Tokens], "{bad}");
+        // Readers sharing one Redis hold share its token: fine. A reader below an earlier
+        // writer's token is not.
+        let same = shared(
+            [hold(1, "r1", 5, 1, 0, 10), hold(1, "r2", 5, 1, 20, 10)].concat(),
+            W,
+        );
+        assert_eq!(same.status(CheckId::Tokens), &Status::Pass, "{same}");
+        let stale = shared(
+            [hold(1, "w", 5, W, 0, 10), hold(2, "r", 4, 1, 20, 10)].concat(),
+            W,
+        );
+        assert_eq!(stale.failed(), vec![CheckId::Tokens], "{stale}");
     }
 }

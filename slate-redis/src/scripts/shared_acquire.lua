@@ -7,7 +7,9 @@
 -- KEYS[6]  the holder's request record: <KEYS[1]>:req:<holder>, '<request id> <kind> <a> <b>
 --          <c>' (kind 'a': acquired, a = token, b = count, c = 1 for a fresh hold; 'r':
 --          released, a = count left; 'c': cancelled, the request must do nothing)
--- KEYS[7]  (optional) a semaphore's capacity: <KEYS[1]>:permits (persistent; set to ARGV[10]
+-- KEYS[7]  the release channel: <KEYS[1]>:released (a grant that takes the caller's process
+--          out of the queue tells the processes behind it that now fit)
+-- KEYS[8]  (optional) a semaphore's capacity: <KEYS[1]>:permits (persistent; set to ARGV[10]
 --          when absent); or, with ARGV[11] = 'x', the hash of the single lock of the same
 --          name (<prefix>{<name>}), which a read-write lock then treats as a writer: no fresh
 --          hold is granted while it exists
@@ -21,8 +23,11 @@
 -- ARGV[8]  how long the record is kept, in ms
 -- ARGV[9]  '1': a re-entry only (the holder must hold; else {-4}, nothing touched)
 -- ARGV[10] the capacity: the write weight of a read-write lock, or a semaphore's permits
---          when KEYS[7] is unset
--- ARGV[11] (optional) 'x': KEYS[7] is a single lock to exclude (see KEYS[7])
+--          when KEYS[8] is unset
+-- ARGV[11] 'x': KEYS[8] is a single lock to exclude (see KEYS[8]); '' otherwise
+-- ARGV[12] the sequence number of this attempt in its process (recorded with a busy
+--          answer's entry, so that shared_leave.lua only removes entries older than a drain)
+-- ARGV[13] 'SPUBLISH' on a Redis Cluster, anything else 'PUBLISH'
 --
 -- A fresh hold of k permits is granted when the permits in use, plus those wanted by the
 -- live entries queued before the caller's process (all of them if it has none), plus k fit
@@ -87,12 +92,12 @@ if held then
 end
 local cap = tonumber(ARGV[10])
 local exclusive = ARGV[11] == 'x'
-if #KEYS >= 7 and not exclusive then
-    local c = redis.call('GET', KEYS[7])
+if #KEYS >= 8 and not exclusive then
+    local c = redis.call('GET', KEYS[8])
     if c then
         cap = tonumber(c)
     else
-        redis.call('SET', KEYS[7], ARGV[10])
+        redis.call('SET', KEYS[8], ARGV[10])
     end
 end
 local k = tonumber(ARGV[3])
@@ -103,10 +108,10 @@ if k > cap then
     return {-5, cap}
 end
 local used = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-if exclusive and redis.call('EXISTS', KEYS[7]) == 1 then
+if exclusive and redis.call('EXISTS', KEYS[8]) == 1 then
     -- The single lock of this name holds: as a writer would (its release message goes to its
     -- own channel, so the hint is its remaining lease, capped by the caller's spin wait).
-    return {0, math.max(redis.call('PTTL', KEYS[7]), 0)}
+    return {0, math.max(redis.call('PTTL', KEYS[8]), 0)}
 end
 local qid = ARGV[5]
 local ahead = 0
@@ -120,9 +125,19 @@ if qid ~= '' then
 end
 if used + ahead + k > cap then
     local claim = tonumber(ARGV[6])
+    if qid ~= '' and not redis.call('ZSCORE', KEYS[3], qid) then
+        -- Last in line, strictly after everyone queued (a score tie would sort by queue id
+        -- and put a newcomer before entries it counted as ahead of it).
+        local t = redis.call('TIME')
+        local score = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+        if #last > 0 and tonumber(last[2]) >= score then
+            score = tonumber(last[2]) + 1
+        end
+        redis.call('ZADD', KEYS[3], score, qid)
+    end
     if qid ~= '' then
-        redis.call('ZADD', KEYS[3], 'NX', now, qid)
-        redis.call('HSET', KEYS[4], qid, k .. ' ' .. (now + claim))
+        redis.call('HSET', KEYS[4], qid, k .. ' ' .. (now + claim) .. ' ' .. (ARGV[12] or '0'))
         local keep = math.max(claim, tonumber(ARGV[4]))
         redis.call('PEXPIRE', KEYS[3], keep)
         redis.call('PEXPIRE', KEYS[4], keep)
@@ -136,8 +151,8 @@ if used + ahead + k > cap then
     end
     return {0, hint}
 end
-if qid ~= '' then
-    redis.call('ZREM', KEYS[3], qid)
+local left_queue = qid ~= '' and redis.call('ZREM', KEYS[3], qid) == 1
+if left_queue then
     redis.call('HDEL', KEYS[4], qid)
 end
 redis.call('HINCRBY', KEYS[1], 'n', k)
@@ -150,4 +165,8 @@ redis.call('HSET', KEYS[1], 'p:' .. h, k, levels .. h, 1, 't:' .. h, token)
 redis.call('ZADD', KEYS[2], lease_end, h)
 settle()
 remember(token, 1, 1)
+if left_queue then
+    -- The processes that waited behind this one may fit beside it now.
+    wake(KEYS[7], cap, ARGV[13])
+end
 return {1, token, 1, 1}

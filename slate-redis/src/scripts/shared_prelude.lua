@@ -44,8 +44,9 @@ local function settle()
     redis.call('PEXPIRE', KEYS[2], ttl)
 end
 -- The live entries of the waiting processes (KEYS[3], a sorted set: member = queue id,
--- score = server ms when it first got busy; KEYS[4], a hash: queue id -> '<permits wanted>
--- <server ms until which the entry waits for its process to ask again>'), oldest first, as
+-- score = server µs when it first got busy, strictly increasing along the queue; KEYS[4], a hash: queue id -> '<permits wanted>
+-- <server ms until which the entry waits for its process to ask again> <the sequence
+-- number of the attempt that wrote it>'), oldest first, as
 -- {id, wanted} pairs; entries whose process did not come back in time are removed.
 local function waiting()
     local out = {}
@@ -56,7 +57,7 @@ local function waiting()
         local want = redis.call('HGET', KEYS[4], e)
         local k, until_ms
         if want then
-            k, until_ms = string.match(want, '^(%d+) (%d+)$')
+            k, until_ms = string.match(want, '^(%d+) (%d+)')
         end
         if k and tonumber(until_ms) > now then
             out[#out + 1] = {e, tonumber(k)}
@@ -66,4 +67,29 @@ local function waiting()
         end
     end
     return out
+end
+-- Sends its queue id on `channel` to each waiting process that now fits, in queue order
+-- (the readers at the head together, or the writer at the head; up to 16, then an empty
+-- message: anyone may try). `cap`: the capacity; `publish`: 'SPUBLISH' on a cluster.
+local function wake(channel, cap, publish)
+    local queue = waiting()
+    if #queue == 0 then
+        return
+    end
+    local cmd = 'PUBLISH'
+    if publish == 'SPUBLISH' then
+        cmd = 'SPUBLISH'
+    end
+    local room = cap - tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+    for i, e in ipairs(queue) do
+        if e[2] > room then
+            break
+        end
+        if i > 16 then
+            redis.call(cmd, channel, '')
+            break
+        end
+        room = room - e[2]
+        redis.call(cmd, channel, e[1])
+    end
 end

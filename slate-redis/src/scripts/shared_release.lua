@@ -92,27 +92,9 @@ settle()
 if keep == p then
     return left
 end
-local queue = waiting()
-if #queue > 0 then
-    local publish = 'PUBLISH'
-    if ARGV[7] == 'SPUBLISH' then
-        publish = 'SPUBLISH'
-    end
-    local cap = tonumber(ARGV[8])
-    if #KEYS >= 7 then
-        cap = tonumber(redis.call('GET', KEYS[7]) or ARGV[8])
-    end
-    local room = cap - tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-    for i, e in ipairs(queue) do
-        if e[2] > room then
-            break
-        end
-        if i > 16 then
-            redis.call(publish, KEYS[5], '')
-            break
-        end
-        room = room - e[2]
-        redis.call(publish, KEYS[5], e[1])
-    end
+local cap = tonumber(ARGV[8])
+if #KEYS >= 7 then
+    cap = tonumber(redis.call('GET', KEYS[7]) or ARGV[8])
 end
+wake(KEYS[5], cap, ARGV[7])
 return left
