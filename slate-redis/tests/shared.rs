@@ -616,3 +616,96 @@ async fn a_read_write_lock_can_treat_the_single_lock_of_its_name_as_a_writer() {
     assert_eq!(guarded.status().await.unwrap().readers(), 1);
     r.unlock().await.unwrap();
 }
+
+/// Regression (found by the readers-heavy benchmark): a process that gets busy joins the
+/// queue behind every entry it counted as ahead of it, even one whose score is in its future
+/// (a score tie used to sort by queue id and put the newcomer first: two processes then
+/// waited for each other until their spin waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_newcomer_queues_behind_every_entry_it_counted() {
+    let server = Deployment::standalone();
+    let client = server.client();
+    let lock = rw(&client, "rw-order");
+    // Another process waits to write: an entry scored far in the future, with a long claim.
+    let until = i64::MAX / 4;
+    server
+        .command(&[
+            "ZADD",
+            "slate:{rw-order}:rw:queue",
+            "9000000000000000",
+            "~writer",
+        ])
+        .unwrap();
+    server
+        .command(&[
+            "HSET",
+            "slate:{rw-order}:rw:wants",
+            "~writer",
+            &format!("{} {until} 0", 1u32 << 30),
+        ])
+        .unwrap();
+    let waiting = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.try_read_for(Duration::from_millis(500)).await })
+    };
+    eventually("the reader to queue", Duration::from_secs(5), async || {
+        int(&server, &["ZCARD", "slate:{rw-order}:rw:queue"]) == 2
+    })
+    .await;
+    let v = server
+        .command(&["ZRANGE", "slate:{rw-order}:rw:queue", "0", "-1"])
+        .unwrap();
+    let order: Vec<String> = redis::from_redis_value(v).unwrap();
+    assert_eq!(
+        order.first().map(String::as_str),
+        Some("~writer"),
+        "{order:?}"
+    );
+    assert!(
+        waiting.await.unwrap().unwrap_err().is_timeout(),
+        "behind the waiting writer"
+    );
+}
+
+/// Regression: when a process gives up its place (its waiters left), the processes behind it
+/// that now fit are told at once instead of finding out at their spin wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_giving_up_its_place_wakes_the_ones_behind() {
+    let server = Deployment::standalone();
+    let (a, b, c) = (server.client(), server.client(), server.client());
+    let slow = |client: &RedisClient| {
+        RwLock::builder(client, "rw-leave")
+            .lease(LEASE)
+            .spin_wait(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let (la, lb, lc) = (slow(&a), slow(&b), slow(&c));
+    let r = la.read().await.unwrap();
+    // B's writer queues (behind A's reader), then C's reader queues behind B's writer.
+    let writer = tokio::spawn(async move { lb.try_write_for(Duration::from_millis(300)).await });
+    eventually("B to queue", Duration::from_secs(5), async || {
+        int(&server, &["ZCARD", "slate:{rw-leave}:rw:queue"]) == 1
+    })
+    .await;
+    let reader = tokio::spawn(async move {
+        let g = lc.read().await.unwrap();
+        let at = Instant::now();
+        g.unlock().await.unwrap();
+        at
+    });
+    eventually("C to queue", Duration::from_secs(5), async || {
+        int(&server, &["ZCARD", "slate:{rw-leave}:rw:queue"]) == 2
+    })
+    .await;
+    // B gives up: its place goes, and C, a reader beside A's reader, is told at once (its
+    // spin wait is 5 s).
+    assert!(writer.await.unwrap().unwrap_err().is_timeout());
+    let gave_up = Instant::now();
+    let in_at = tokio::time::timeout(Duration::from_secs(3), reader)
+        .await
+        .expect("C was woken when B left")
+        .unwrap();
+    assert!(in_at.duration_since(gave_up) < Duration::from_secs(2));
+    r.unlock().await.unwrap();
+}
