@@ -11,8 +11,8 @@
 //! - contention on a read-write lock (80 % reads) and on a semaphore;
 //! - the negative control: a semaphore run checked against a capacity one below the real one,
 //!   which the checker must fail;
-//! - a holder killed while writing, and one killed while holding permits: the others get in
-//!   after its lease, not before;
+//! - a holder killed while writing, one killed while reading and one killed while holding
+//!   permits: the others get in after its lease, not before;
 //! - the lock server paused mid-run (replies lost for a while): the workers go on, and the
 //!   history still passes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -270,6 +270,16 @@ fn a_killed_writer_gives_way_to_readers_after_its_lease() {
         "rw-kill",
         &["--shared", "rw", "--hold-as", "write"],
         &["--shared", "rw", "--hold-as", "read"],
+        WRITE,
+    );
+}
+
+#[test]
+fn a_killed_reader_gives_way_to_a_writer_after_its_lease() {
+    killed_holder(
+        "rw-kill-reader",
+        &["--shared", "rw", "--hold-as", "read"],
+        &["--shared", "rw", "--hold-as", "write"],
         WRITE,
     );
 }
