@@ -594,6 +594,16 @@ pub async fn unlock(servers: &Servers, name: &str, prefix: &str) -> u8 {
         Target::Single(l) => l.force_unlock().await,
         Target::Combination(l) => l.force_unlock().await,
     };
+    // On one deployment, the name's readers (`slate run --read`) and permit holders
+    // (`--permits`) are dropped too.
+    let shared = match &lock {
+        Target::Single(l) => force_shared(l.client(), name, prefix).await,
+        Target::Combination(_) => Ok(0),
+    };
+    let result = match (result, shared) {
+        (Ok(deleted), Ok(n)) => Ok(deleted || n > 0),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
     let holders: Vec<String> = before
         .map(|r| {
             let mut hs: Vec<String> = r
@@ -625,6 +635,18 @@ pub async fn unlock(servers: &Servers, name: &str, prefix: &str) -> u8 {
             exit::REDIS
         }
     }
+}
+
+/// Drops the holders of the name's read-write lock and semaphore; answers how many there
+/// were.
+async fn force_shared(client: &RedisClient, name: &str, prefix: &str) -> Result<u64, Error> {
+    let rw = slate_redis::RwLock::builder(client, name)
+        .key_prefix(prefix)
+        .build()?;
+    let sem = slate_redis::Semaphore::builder(client, name, 1)
+        .key_prefix(prefix)
+        .build()?;
+    Ok(rw.force_unlock().await? + sem.force_release_all().await?)
 }
 
 #[cfg(test)]

@@ -1097,4 +1097,54 @@ fn permits_of_a_semaphore_bound_the_jobs() {
         "run", "--lock", "pool", "--redis", &url, "--of", "3", "--", "true",
     ]);
     assert_eq!(out.status.code(), Some(2));
+
+    // `slate unlock --force` drops a stuck permit holder too (its lease is 30 s).
+    let stuck = Running::start(&[
+        "run",
+        "--lock",
+        "pool",
+        "--redis",
+        &url,
+        "--permits",
+        "3",
+        "--of",
+        "3",
+        "-v",
+        "--on-lost",
+        "ignore",
+        "--",
+        "sh",
+        "-c",
+        "sleep 2",
+    ]);
+    stuck.err_line(|l| l.contains("acquired lock"));
+    let out = output(&["unlock", "--force", "pool", "--redis", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("deleted lock"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = output(&[
+        "run",
+        "--lock",
+        "pool",
+        "--redis",
+        &url,
+        "--permits",
+        "3",
+        "--of",
+        "3",
+        "--wait",
+        "0s",
+        "--",
+        "true",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the permits came back: {}",
+        text(&out.stderr)
+    );
+    let _ = stuck.finish();
 }

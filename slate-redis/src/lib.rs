@@ -22,6 +22,18 @@
 //! - [`RedisClient`]: one per server and process; owns the connection pool, the renewal
 //!   service and the pub/sub connection, and shares them among its locks.
 //! - [`SingleLock`]: the lock (see its `## Behaviour` list); [`SingleLockGuard`]: one held level.
+//! - [`RwLock`]: a read-write lock (readers share, writers hold alone, fair between them;
+//!   re-entry in both modes, the read a write covers, downgrade); [`RwLockReadGuard`],
+//!   [`RwLockWriteGuard`].
+//! - [`Semaphore`]: `n` permits across processes, each acquisition's permits leased and
+//!   renewed (a crashed holder's come back); [`SemaphorePermit`].
+//!
+//! The read-write lock and the semaphore run on the synchronizer's shared mode and keep
+//! their holders in `<prefix>{<name>}:rw` (or `:sem`): a hash of every holder's permits and
+//! levels, a sorted set of their leases (`:leases`), the waiting processes in arrival order
+//! (`:queue`, `:wants`), a persistent fencing counter (`:fence`), a semaphore's capacity
+//! (`:permits`, persistent) and a release channel (`:released`); see
+//! `src/scripts/shared_prelude.lua`.
 //!
 //! ## Redis data
 //!

@@ -181,9 +181,9 @@ pub enum CounterExpectation {
 /// use slate_history::history::{check, CheckConfig, Event, EventKind::*, History};
 /// let h = History::from_events(vec![
 ///     Event::new(10, 0, 0, "l", AcqOk { attempt: 0, holder: "a".into(), token: 1, depth: 1,
-///         deadline: 1_000, nodes: vec![] }),
+///         deadline: 1_000, nodes: vec![], permits: None }),
 ///     Event::new(20, 1, 0, "l", AcqOk { attempt: 0, holder: "b".into(), token: 2, depth: 1,
-///         deadline: 1_000, nodes: vec![] }),
+///         deadline: 1_000, nodes: vec![], permits: None }),
 /// ]);
 /// assert!(!check(&h, &CheckConfig::default()).is_ok());
 /// ```

@@ -189,7 +189,7 @@ pub(crate) struct EventRef<'a> {
 /// use slate_history::history::EventKind;
 /// let k = EventKind::AcqOk {
 ///     attempt: 3, holder: "p1:t0".into(), token: 17, depth: 1, deadline: 2_000_000_000,
-///     nodes: vec![0, 1, 2],
+///     nodes: vec![0, 1, 2], permits: None,
 /// };
 /// assert!(serde_json::to_string(&k)?.starts_with(r#"{"kind":"acq_ok","attempt":3"#));
 /// # Ok::<(), serde_json::Error>(())

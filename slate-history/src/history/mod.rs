@@ -63,7 +63,8 @@
 //! let deadline = now_ns() + 2_000_000_000;
 //! rec.record(0, "l", EventKind::AcqOk {
 //!     attempt: 1, holder: "p0:t0".into(), token: 1, depth: 1, deadline, nodes: vec![],
-//!, permits: None })?;
+//!     permits: None,
+//! })?;
 //! rec.record(0, "l", EventKind::RelInvoke { holder: "p0:t0".into(), depth_before: 1 })?;
 //! rec.record(0, "l", EventKind::RelOk { holder: "p0:t0".into(), depth_after: 0 })?;
 //! let report = History::load(dir.path())?.check(&CheckConfig::new(Duration::from_secs(2)));

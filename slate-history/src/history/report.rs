@@ -394,6 +394,7 @@ impl Report {
     /// let deadline = now_ns() + 2_000_000_000;
     /// rec.record(0, "l", EventKind::AcqOk {
     ///     attempt: 1, holder: "p0:t0".into(), token: 1, depth: 1, deadline, nodes: vec![],
+    ///     permits: None,
     /// })?;
     /// let r = History::load(dir.path())?.check(&CheckConfig::new(Duration::from_secs(2)));
     /// r.assert_pass(&[CheckId::Exclusion, CheckId::Tokens]);
