@@ -224,7 +224,12 @@ fn killed_holder(lock: &str, holder_args: &[&str], waiter_args: &[&str], capacit
     b.extra = extra(waiter_args);
     let mut waiter = b.spawn(1);
     wait_line_all(&mut waiter, "READY", Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(300));
+    // B asks before A dies: its acquisition is under way (and busy) when the kill lands.
+    wait_history(history, Duration::from_secs(10), "B's acquisition", |h| {
+        h.events()
+            .iter()
+            .any(|e| e.proc == 1 && e.kind.name() == "acq_invoke")
+    });
     let rec = Recorder::create(history, HARNESS).expect("harness recorder");
     let t_kill = now_ns();
     holder.kill(0).expect("SIGKILL A");

@@ -1456,7 +1456,7 @@ impl<C: Competitor> Synchronizer<C> {
         } else {
             0
         };
-        let (new_owner, displaced, drained, unpassed) = {
+        let (new_owner, displaced, readers, drained, unpassed) = {
             let mut st = self.lock();
             let fresh = Owner {
                 holder: Some(holder),
@@ -1516,13 +1516,13 @@ impl<C: Competitor> Synchronizer<C> {
             st.debug_check();
             (
                 new_owner,
-                (displaced, readers),
+                displaced,
+                readers,
                 drained,
                 unpassed.into_iter().chain(timer),
             )
         };
         let (depth, remote) = (new_owner.depth, new_owner.remote);
-        let (displaced, readers) = displaced;
         if let Some(old) = displaced {
             tracing::debug!(lock = %self.label, %holder, displaced = %old, "grant displaced a local owner whose remote hold had ended");
             self.competitor.after_release(old);

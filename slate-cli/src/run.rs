@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 use nix::sys::signal::Signal;
 use slate_core::{
-    BackendKind, Error, HolderId, LockGuard, LossReason, NodeState, TimeoutKind, Wait,
+    BackendKind, DistributedLock, Error, HolderId, LockGuard, LossReason, NodeState, TimeoutKind,
+    Wait,
 };
-use slate_redis::{RedisClient, RwLock, Semaphore, SingleLock};
+use slate_redis::{RwLock, Semaphore};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
 
@@ -107,76 +108,17 @@ pub async fn run(spec: RunSpec) -> u8 {
         eprintln!("slate: {e}");
         return exit::USAGE;
     }
-    let shared = |client: &RedisClient| -> Result<RwLock, Error> {
-        RwLock::builder(client, &spec.name)
-            .lease(spec.lease)
-            .key_prefix(&spec.prefix)
-            .spin_wait(DRAIN_POLL)
-            .exclude_single_lock(true)
-            .build()
-    };
-    let built = match (&target, spec.mode) {
-        (Target::Combination(_), Mode::Write) => Ok(None),
-        (Target::Combination(_), _) => Err(Error::invalid_input(
+    match (target, spec.mode) {
+        (Target::Combination(lock), Mode::Write) => {
+            let busy = async || format!("held by another holder{}", lease_note(&lock).await);
+            run_locked(async |h, w| lock.acquire(h, w).await, busy, &spec).await
+        }
+        (Target::Combination(_), _) => usage(&Error::invalid_input(
             "--read/--permits",
             "read locks and semaphores live on one Redis deployment, and several --redis \
              make a combination lock over independent masters",
             "give one --redis (or --cluster, or --sentinel with --master-name)",
         )),
-        (Target::Single(lock), Mode::Write | Mode::Read) => shared(lock.client()).map(Some),
-        (Target::Single(_), Mode::Permits { .. }) => Ok(None),
-    };
-    let readers = match built {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("slate: {e}");
-            return exit::USAGE;
-        }
-    };
-    let lease_note = async |lock: &SingleLock| match lock.remaining_lease().await {
-        Ok(Some(d)) if d != Duration::MAX => format!(", whose lease ends in {}", human(d)),
-        _ => String::new(),
-    };
-    match (target, spec.mode) {
-        (Target::Combination(lock), _) => {
-            let busy = async || match lock.remaining_lease().await {
-                Ok(Some(d)) if d != Duration::MAX => {
-                    format!("held by another holder, whose lease ends in {}", human(d))
-                }
-                _ => "held by another holder".to_owned(),
-            };
-            run_locked(async |h, w| lock.acquire(h, w).await, busy, &spec).await
-        }
-        (Target::Single(lock), Mode::Write) => {
-            let Some(readers) = readers else {
-                unreachable!("built above")
-            };
-            let take = async |h, w| {
-                let guard = lock.acquire(h, w).await?;
-                match drain(&readers, w, &spec.name).await {
-                    Ok(()) => Ok(guard),
-                    Err(e) => {
-                        let _ = guard.unlock().await;
-                        Err(e)
-                    }
-                }
-            };
-            let busy = async || {
-                let held = format!("held by another holder{}", lease_note(&lock).await);
-                match readers.status().await {
-                    Ok(s) if s.readers() > 0 => format!("{} readers hold it", s.readers()),
-                    _ => held,
-                }
-            };
-            run_locked(take, busy, &spec).await
-        }
-        (Target::Single(lock), Mode::Read) => {
-            let Some(readers) = readers else {
-                unreachable!("built above")
-            };
-            let busy = async || format!("a writer holds it{}", lease_note(&lock).await);
-            run_locked(async |h, w| readers.acquire_read(h, w).await, busy, &spec).await
-        }
         (Target::Single(lock), Mode::Permits { permits, of }) => {
             let sem = match Semaphore::builder(lock.client(), &spec.name, of)
                 .lease(spec.lease)
@@ -184,10 +126,7 @@ pub async fn run(spec: RunSpec) -> u8 {
                 .build()
             {
                 Ok(s) => s,
-                Err(e) => {
-                    eprintln!("slate: {e}");
-                    return exit::USAGE;
-                }
+                Err(e) => return usage(&e),
             };
             let busy = async || match sem.status().await {
                 Ok(s) => format!(
@@ -204,6 +143,53 @@ pub async fn run(spec: RunSpec) -> u8 {
             )
             .await
         }
+        (Target::Single(lock), mode) => {
+            // The name's read-write lock, which treats its single lock as a writer.
+            let readers = match RwLock::builder(lock.client(), &spec.name)
+                .lease(spec.lease)
+                .key_prefix(&spec.prefix)
+                .spin_wait(DRAIN_POLL)
+                .exclude_single_lock(true)
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => return usage(&e),
+            };
+            if mode == Mode::Read {
+                let busy = async || format!("a writer holds it{}", lease_note(&lock).await);
+                return run_locked(async |h, w| readers.acquire_read(h, w).await, busy, &spec)
+                    .await;
+            }
+            let take = async |h, w| {
+                let guard = lock.acquire(h, w).await?;
+                match drain(&readers, w, &spec.name).await {
+                    Ok(()) => Ok(guard),
+                    Err(e) => {
+                        let _ = guard.unlock().await;
+                        Err(e)
+                    }
+                }
+            };
+            let busy = async || match readers.status().await {
+                Ok(s) if s.readers() > 0 => format!("{} readers hold it", s.readers()),
+                _ => format!("held by another holder{}", lease_note(&lock).await),
+            };
+            run_locked(take, busy, &spec).await
+        }
+    }
+}
+
+/// Reports a usage error.
+fn usage(e: &Error) -> u8 {
+    eprintln!("slate: {e}");
+    exit::USAGE
+}
+
+/// ", whose lease ends in …" when the lock's remaining lease is known, else nothing.
+async fn lease_note<L: DistributedLock>(lock: &L) -> String {
+    match lock.remaining_lease().await {
+        Ok(Some(d)) if d != Duration::MAX => format!(", whose lease ends in {}", human(d)),
+        _ => String::new(),
     }
 }
 

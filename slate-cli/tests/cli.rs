@@ -962,7 +962,12 @@ fn readers_run_together_and_a_writer_waits_for_them() {
         "-c",
         &format!("[ -e {} ]", done.display()),
     ]);
-    std::thread::sleep(Duration::from_millis(200));
+    // The writer holds the name's lock (and waits for the reader): `slate status` shows it.
+    let deadline = Instant::now() + PATIENCE;
+    while status_json(&[&url], "shared")["held"] != true {
+        assert!(Instant::now() < deadline, "the writer never took the lock");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let out = output(&[
         "run", "--lock", "shared", "--redis", &url, "--read", "--wait", "0s", "--", "true",
     ]);

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use crate::RedisClient;
 use crate::lock::ClientSource;
-use crate::shared::{HeldLevel, Kind, SharedCompetitor, SharedState, SharedStatus};
+use crate::shared::{HeldLevel, Kind, SharedCompetitor, SharedGrant, SharedState, SharedStatus};
 
 /// A distributed read-write lock on one Redis deployment: many readers or one writer.
 ///
@@ -397,13 +397,7 @@ impl RwLock {
     ) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
         let holder = Self::holder(holder);
         let span = tracing::debug_span!("read", lock = %self.state.competitor().label, %holder);
-        async move {
-            let grant = self.state.sync.acquire_shared(holder, wait).await?;
-            Ok(RwLockReadGuard {
-                level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
-            })
-        }
-        .instrument(span)
+        take_read(&self.state, holder, wait).instrument(span)
     }
 
     fn write_with(
@@ -413,13 +407,7 @@ impl RwLock {
     ) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
         let holder = Self::holder(holder);
         let span = tracing::debug_span!("write", lock = %self.state.competitor().label, %holder);
-        async move {
-            let grant = self.state.sync.acquire(holder, wait).await?;
-            Ok(RwLockWriteGuard {
-                level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
-            })
-        }
-        .instrument(span)
+        take_write(&self.state, holder, wait).instrument(span)
     }
 
     /// Takes the read lock, waiting as long as it takes.
@@ -684,9 +672,7 @@ impl RwLock {
         let holder = Self::holder(None);
         let wait = d.map_or(Wait::Forever, Wait::for_duration);
         let grant = self.state.sync.blocking_acquire_shared(holder, wait)?;
-        Ok(RwLockReadGuard {
-            level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
-        })
+        Ok(RwLockReadGuard::new(&self.state, holder, &grant))
     }
 
     /// The blocking twin of [`write`](Self::write), for threads.
@@ -739,9 +725,7 @@ impl RwLock {
         let holder = Self::holder(None);
         let wait = d.map_or(Wait::Forever, Wait::for_duration);
         let grant = self.state.sync.blocking_acquire(holder, wait)?;
-        Ok(RwLockWriteGuard {
-            level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
-        })
+        Ok(RwLockWriteGuard::new(&self.state, holder, &grant))
     }
 
     /// Who holds the lock, as the server sees it (expired leases left out).
@@ -947,7 +931,33 @@ shared_guard_methods!(
     "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.blocking_write()?;"
 );
 
+/// A read level for `holder` (a fresh read, a re-entry, or the read a write covers).
+async fn take_read(
+    state: &Arc<SharedState>,
+    holder: HolderId,
+    wait: Wait,
+) -> Result<RwLockReadGuard> {
+    let grant = state.sync.acquire_shared(holder, wait).await?;
+    Ok(RwLockReadGuard::new(state, holder, &grant))
+}
+
+/// A write level for `holder` (a fresh write or a re-entry).
+async fn take_write(
+    state: &Arc<SharedState>,
+    holder: HolderId,
+    wait: Wait,
+) -> Result<RwLockWriteGuard> {
+    let grant = state.sync.acquire(holder, wait).await?;
+    Ok(RwLockWriteGuard::new(state, holder, &grant))
+}
+
 impl RwLockReadGuard {
+    fn new(state: &Arc<SharedState>, holder: HolderId, grant: &SharedGrant) -> Self {
+        RwLockReadGuard {
+            level: HeldLevel::new(Arc::clone(state), holder, grant),
+        }
+    }
+
     /// One more read level for this guard's holder, at once (re-entry never queues).
     ///
     /// # Examples
@@ -969,18 +979,17 @@ impl RwLockReadGuard {
     ///
     /// Cancel safe; a level granted after the drop is released in the background.
     pub fn reenter(&self) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
-        let state = &self.level.state;
-        let holder = self.level.holder;
-        async move {
-            let grant = state.sync.acquire_shared(holder, Wait::Forever).await?;
-            Ok(RwLockReadGuard {
-                level: HeldLevel::new(Arc::clone(state), holder, &grant),
-            })
-        }
+        take_read(&self.level.state, self.level.holder, Wait::Forever)
     }
 }
 
 impl RwLockWriteGuard {
+    fn new(state: &Arc<SharedState>, holder: HolderId, grant: &SharedGrant) -> Self {
+        RwLockWriteGuard {
+            level: HeldLevel::new(Arc::clone(state), holder, grant),
+        }
+    }
+
     /// One more write level for this guard's holder, at once.
     ///
     /// # Examples
@@ -1002,14 +1011,7 @@ impl RwLockWriteGuard {
     ///
     /// Cancel safe; a level granted after the drop is released in the background.
     pub fn reenter(&self) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
-        let state = &self.level.state;
-        let holder = self.level.holder;
-        async move {
-            let grant = state.sync.acquire(holder, Wait::Forever).await?;
-            Ok(RwLockWriteGuard {
-                level: HeldLevel::new(Arc::clone(state), holder, &grant),
-            })
-        }
+        take_write(&self.level.state, self.level.holder, Wait::Forever)
     }
 
     /// Takes the read lock this write lock covers, at once (the holder then reads and writes;
@@ -1035,14 +1037,7 @@ impl RwLockWriteGuard {
     ///
     /// Cancel safe; a level granted after the drop is released in the background.
     pub fn read(&self) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
-        let state = &self.level.state;
-        let holder = self.level.holder;
-        async move {
-            let grant = state.sync.acquire_shared(holder, Wait::Forever).await?;
-            Ok(RwLockReadGuard {
-                level: HeldLevel::new(Arc::clone(state), holder, &grant),
-            })
-        }
+        take_read(&self.level.state, self.level.holder, Wait::Forever)
     }
 
     /// Turns this write level into a read level without a gap: the holder takes the read its
@@ -1073,12 +1068,7 @@ impl RwLockWriteGuard {
     /// Not cancel safe in one respect: dropped between its two steps, the holder keeps
     /// neither (both are released in the background), so the caller must take the lock again.
     pub async fn downgrade(mut self) -> Result<RwLockReadGuard> {
-        let state = Arc::clone(&self.level.state);
-        let holder = self.level.holder;
-        let grant = state.sync.acquire_shared(holder, Wait::Forever).await?;
-        let read = RwLockReadGuard {
-            level: HeldLevel::new(Arc::clone(&state), holder, &grant),
-        };
+        let read = take_read(&self.level.state, self.level.holder, Wait::Forever).await?;
         self.level.release().await?;
         Ok(read)
     }

@@ -171,7 +171,7 @@ pub(crate) struct SharedCompetitor {
     /// A busy answer queued this process and no grant has taken it out since.
     queued: AtomicBool,
     /// Attempts sent (their sequence numbers, see `scripts/shared_leave.lua`).
-    sent: Arc<AtomicU64>,
+    sent: AtomicU64,
     /// Attempts whose answer has not been processed yet.
     in_flight: Arc<AtomicU64>,
     /// The read holds this process's readers share (read-write lock only).
@@ -206,6 +206,23 @@ struct ReadHold {
     joins: u32,
     since: Instant,
     watch: LeaseWatch,
+}
+
+impl ReadHold {
+    /// The grant of a reader through this hold (`remote`), at `count` read levels: nothing
+    /// was sent, its token and lease watch are the hold's.
+    fn grant(&self, remote: HolderId, count: u32) -> SharedGrant {
+        SharedGrant {
+            remote,
+            joined: true,
+            token: self.token,
+            count,
+            fresh: false,
+            write: false,
+            deadline: self.watch.deadline(),
+            watch: OnceLock::from(self.watch.clone()),
+        }
+    }
 }
 
 /// Readers one Redis read hold serves at most.
@@ -290,7 +307,7 @@ impl SharedCompetitor {
                     queue_id: Arc::from(HolderId::new().to_string()),
                     wants: Mutex::new(HashMap::new()),
                     queued: AtomicBool::new(false),
-                    sent: Arc::new(AtomicU64::new(0)),
+                    sent: AtomicU64::new(0),
                     in_flight: Arc::new(AtomicU64::new(0)),
                     reads: Mutex::new(Reads::default()),
                 },
@@ -335,13 +352,14 @@ impl SharedCompetitor {
         }
     }
 
-    /// The lease watch of a grant (set by `after_acquire`).
-    pub(crate) fn watch(&self, holder: HolderId, grant: &SharedGrant) -> LeaseWatch {
+    /// The lease watch of a grant (set by `after_acquire`; registered here only if it was
+    /// not), renewed under the grant's Redis holder.
+    pub(crate) fn watch(&self, grant: &SharedGrant) -> LeaseWatch {
         match grant.watch.get() {
             Some(w) => w.clone(),
             None => self.client.inner.renewal.register_hold(
                 &self.client,
-                self.hold(holder, grant),
+                self.hold(grant.remote, grant),
                 grant.fresh,
             ),
         }
@@ -378,16 +396,7 @@ impl SharedCompetitor {
         let h = reads.holds.get_mut(&remote)?;
         h.members += 1;
         h.joins += 1;
-        let grant = SharedGrant {
-            remote,
-            joined: true,
-            token: h.token,
-            count: 1,
-            fresh: false,
-            write: false,
-            deadline: h.watch.deadline(),
-            watch: OnceLock::from(h.watch.clone()),
-        };
+        let grant = h.grant(remote, 1);
         reads.of.insert(holder, remote);
         Some(grant)
     }
@@ -428,16 +437,7 @@ impl SharedCompetitor {
             ));
         };
         let depth = self.me.upgrade().map_or(0, |s| s.sync.shared_depth(holder));
-        Ok(Attempt::Acquired(SharedGrant {
-            remote,
-            joined: true,
-            token: h.token,
-            count: depth.saturating_add(1),
-            fresh: false,
-            write: false,
-            deadline: h.watch.deadline(),
-            watch: OnceLock::from(h.watch.clone()),
-        }))
+        Ok(Attempt::Acquired(h.grant(remote, depth.saturating_add(1))))
     }
 
     /// One acquire script call for `holder` (see `scripts/shared_acquire.lua`).
@@ -447,7 +447,11 @@ impl SharedCompetitor {
         write: bool,
         reentry: bool,
     ) -> impl std::future::Future<Output = Result<Attempt<SharedGrant>>> + Send + 'static {
-        let permits = if write { 0 } else { self.permits_for(holder) };
+        let permits = match self.kind {
+            _ if write => 0,
+            Kind::Semaphore { .. } => self.permits_for(holder),
+            Kind::RwLock => 1,
+        };
         let call = Call::of(self);
         let last = self.last_attempt.clone();
         let me = self.me.clone();
@@ -743,6 +747,30 @@ impl Call {
             .await
     }
 
+    /// Takes the process `queue_id` out of the waiting processes, unless an attempt after
+    /// `seq` renewed its place (see `scripts/shared_leave.lua`).
+    async fn leave(&self, queue_id: &str, seq: u64) -> Result<i64> {
+        let keys = &self.keys;
+        let publish = self.client.publish_arg();
+        let capacity = self.kind.capacity();
+        self.client
+            .exec("leaving the queue", |mut c| {
+                let mut invocation = SHARED_LEAVE.script.prepare_invoke();
+                invocation
+                    .key(&*keys.holders)
+                    .key(&*keys.leases)
+                    .key(&*keys.queue)
+                    .key(&*keys.wants)
+                    .key(&*keys.channel);
+                if let Some(permits) = &keys.permits {
+                    invocation.key(&**permits);
+                }
+                invocation.arg(queue_id).arg(seq).arg(publish).arg(capacity);
+                async move { invocation.invoke_async(&mut c).await }
+            })
+            .await
+    }
+
     /// After an acquire whose reply never came, undoes it by its request id (releases the
     /// level if it ran, else marks it cancelled). The undo is put on the connection behind
     /// the acquire before this returns; a failed undo leaves the hold to its lease.
@@ -882,17 +910,20 @@ impl Competitor for SharedCompetitor {
     fn abandon(&self, holder: HolderId, grant: SharedGrant) {
         tracing::debug!(lock = %self.label, %holder, token = grant.token.get(), "releasing an abandoned grant");
         let remote = if grant.joined {
-            match self.leave(holder) {
-                Some(last) => last,
-                None => return,
-            }
+            // The last member of a shared read hold ends its renewal; any other abandoned
+            // grant never registered one (`after_acquire` did not run), and the holder may
+            // renew an earlier hold of its own (a write whose covered read was abandoned).
+            let Some(last) = self.leave(holder) else {
+                return;
+            };
+            self.client
+                .inner
+                .renewal
+                .deregister(&self.keys.holders, last);
+            last
         } else {
             grant.remote
         };
-        self.client
-            .inner
-            .renewal
-            .deregister(&self.keys.holders, remote);
         Call::of(self).release_in_background(&self.me, remote, grant.write, "an abandoned grant");
     }
 
@@ -915,34 +946,12 @@ impl Competitor for SharedCompetitor {
         // claim window, ends it.
         if self.in_flight.load(Ordering::SeqCst) == 0 && self.queued.swap(false, Ordering::Relaxed)
         {
-            let (client, keys, id) = (
-                self.client.clone(),
-                self.keys.clone(),
-                self.queue_id.clone(),
-            );
             // Only entries of attempts sent before now: a waiter that arrives meanwhile and
             // gets busy keeps the place its answer renewed.
             let seq = self.sent.load(Ordering::SeqCst);
-            let capacity = self.kind.capacity();
+            let (call, id) = (Call::of(self), self.queue_id.clone());
             self.client.spawn(async move {
-                let publish = client.publish_arg();
-                let left = client
-                    .exec("leaving the queue", |mut c| {
-                        let mut invocation = SHARED_LEAVE.script.prepare_invoke();
-                        invocation
-                            .key(&*keys.holders)
-                            .key(&*keys.leases)
-                            .key(&*keys.queue)
-                            .key(&*keys.wants)
-                            .key(&*keys.channel);
-                        if let Some(permits) = &keys.permits {
-                            invocation.key(&**permits);
-                        }
-                        invocation.arg(&*id).arg(seq).arg(publish).arg(capacity);
-                        async move { invocation.invoke_async::<i64>(&mut c).await }
-                    })
-                    .await;
-                if let Err(e) = left {
+                if let Err(e) = call.leave(&id, seq).await {
                     tracing::debug!(error = %e, "leaving the queue failed; the entry ends with its claim window");
                 }
             });
@@ -1115,7 +1124,7 @@ pub(crate) struct HeldLevel {
 
 impl HeldLevel {
     pub(crate) fn new(state: Arc<SharedState>, holder: HolderId, grant: &SharedGrant) -> Self {
-        let watch = state.competitor().watch(holder, grant);
+        let watch = state.competitor().watch(grant);
         HeldLevel {
             holder,
             token: grant.token,
@@ -1177,39 +1186,27 @@ async fn release(state: Arc<SharedState>, holder: HolderId, write: bool) -> Resu
     let c = state.competitor();
     let span = tracing::debug_span!("release", lock = %c.label, %holder, write);
     async {
-        let renewal = &c.client.inner.renewal;
-        if !write && c.read_hold_of(holder).is_some() {
-            // A reader through the process's shared read hold. Its last level leaves the
-            // hold, and the hold's last member releases it in Redis first: the local release
-            // wakes a writer queued here, which must then find the hold gone.
+        // A reader through the process's shared read hold releases nothing in Redis until
+        // its last level, and then only as the hold's last member. That release goes before
+        // the local one, which wakes a writer queued here: it must find the hold gone.
+        let remote = if !write && c.read_hold_of(holder).is_some() {
             if state.sync.shared_depth(holder) > 1 {
                 return Ok(state.sync.release_shared(holder));
             }
-            let Some(remote) = c.leave(holder) else {
-                return Ok(state.sync.release_shared(holder));
-            };
-            renewal.begin_release(&c.keys.holders, remote);
-            let result = c.release_remote(remote, false).await;
-            renewal.end_release(&c.keys.holders, remote);
+            match c.leave(holder) {
+                Some(last) => last,
+                None => return Ok(state.sync.release_shared(holder)),
+            }
+        } else {
+            holder
+        };
+        let renewal = &c.client.inner.renewal;
+        renewal.begin_release(&c.keys.holders, remote);
+        let result = c.release_remote(remote, write).await;
+        renewal.end_release(&c.keys.holders, remote);
+        if remote != holder {
             renewal.deregister(&c.keys.holders, remote);
-            let remaining = state.sync.release_shared(holder);
-            return match result {
-                Ok(-1) => Err(Error::not_held(Arc::clone(&c.label), holder)),
-                Ok(n) if n >= 0 => Ok(remaining),
-                Ok(n) => Err(unexpected_reply(
-                    "shared release script",
-                    c.client.address(),
-                    n,
-                )),
-                Err(e) => {
-                    tracing::warn!(error = %e, "release failed; the hold ends with its lease");
-                    Err(e)
-                }
-            };
         }
-        renewal.begin_release(&c.keys.holders, holder);
-        let result = c.release_remote(holder, write).await;
-        renewal.end_release(&c.keys.holders, holder);
         let remaining = if write {
             state.sync.release(holder)
         } else {

@@ -395,7 +395,12 @@ async fn semaphore_capacity_changes_and_bad_requests() {
     let (a, b) = (server.client(), server.client());
     let sa = Semaphore::builder(&a, "sem-admin", 4).build().unwrap();
     // The stored capacity wins over another builder's count.
-    let sb = Semaphore::builder(&b, "sem-admin", 100).build().unwrap();
+    // A spin wait past the wake-up bound below: only the capacity change's message can
+    // wake its waiter in time.
+    let sb = Semaphore::builder(&b, "sem-admin", 100)
+        .spin_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let three = sa.acquire(3).await.unwrap();
     assert_eq!(three.permits(), 3);
     assert!(sb.try_acquire(2).await.unwrap().is_none());
@@ -708,4 +713,46 @@ async fn a_process_giving_up_its_place_wakes_the_ones_behind() {
         .unwrap();
     assert!(in_at.duration_since(gave_up) < Duration::from_secs(2));
     r.unlock().await.unwrap();
+}
+
+/// Regression (found reading the change): a covered read whose acquire future is dropped
+/// while its attempt is in flight is given back in the background, and the writer it
+/// belonged to keeps renewing (the abandon used to end the writer's own renewal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_covered_read_leaves_the_writer_renewing() {
+    let server = Deployment::standalone();
+    let client = server.client();
+    let lease = Duration::from_millis(600);
+    let lock = RwLock::builder(&client, "rw-abandon")
+        .lease(lease)
+        .build()
+        .unwrap();
+    let w = lock.write().await.unwrap();
+    // Polled once (the attempt is on its way), then dropped: the grant is abandoned.
+    let mut read = Box::pin(w.read());
+    assert!(
+        futures::poll!(read.as_mut()).is_pending(),
+        "a covered read takes a round trip"
+    );
+    drop(read);
+    eventually(
+        "the abandoned read to be given back",
+        Duration::from_secs(5),
+        async || {
+            let v = server
+                .command(&[
+                    "HGET",
+                    "slate:{rw-abandon}:rw",
+                    &format!("r:{}", w.holder()),
+                ])
+                .unwrap();
+            redis::from_redis_value::<Option<i64>>(v).unwrap().is_none()
+        },
+    )
+    .await;
+    // Three leases later the write is still renewed and held.
+    tokio::time::sleep(lease * 3).await;
+    assert!(!w.is_lost(), "{:?}", w.lease().loss_reason());
+    assert_eq!(lock.status().await.unwrap().mode(), SharedMode::Write);
+    w.unlock().await.unwrap();
 }

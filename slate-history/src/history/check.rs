@@ -1071,11 +1071,9 @@ impl<'h> Checker<'h> {
 
     /// I1: per lock, sort windows by start; a window starting before the latest end among
     /// earlier windows of *other* holders is a violation.
-    fn sweep(&mut self) {
-        if let Some(capacity) = self.cfg.capacity {
-            self.shared_sweep(capacity);
-            return;
-        }
+    /// Counts the windows and how they closed; answers, per lock, the windows that are not
+    /// empty.
+    fn windows_per_lock(&mut self) -> Vec<Vec<usize>> {
         let mut per_lock: Vec<Vec<usize>> = vec![Vec::new(); self.lock_names.len()];
         for (w, win) in self.wins.iter().enumerate() {
             let (end, _, cause) = win.end();
@@ -1091,6 +1089,15 @@ impl<'h> Checker<'h> {
         }
         self.stats.windows = self.wins.len();
         self.stats.locks = per_lock.iter().filter(|v| !v.is_empty()).count();
+        per_lock
+    }
+
+    fn sweep(&mut self) {
+        if let Some(capacity) = self.cfg.capacity {
+            self.shared_sweep(capacity);
+            return;
+        }
+        let mut per_lock = self.windows_per_lock();
         for ws in &mut per_lock {
             ws.sort_by_key(|&w| (self.wins[w].start, self.wins[w].start_idx));
             // best: latest-ending window; second: latest-ending of a holder other than best's.
@@ -1132,24 +1139,17 @@ impl<'h> Checker<'h> {
     /// holder) must fit in `capacity`. The finding names the new window and the open window
     /// of another holder that takes the most permits.
     fn shared_sweep(&mut self, capacity: u64) {
-        let mut per_lock: Vec<Vec<(u64, bool, usize)>> = vec![Vec::new(); self.lock_names.len()];
-        for (w, win) in self.wins.iter().enumerate() {
-            let (end, _, cause) = win.end();
-            self.stats.windows_closed[match cause {
-                Cause::Release => 0,
-                Cause::Lost => 1,
-                Cause::Deadline => 2,
-                Cause::Kill => 3,
-            }] += 1;
-            if end > win.start {
-                // Ends sort before starts at the same instant: touching windows do not overlap.
-                per_lock[win.lock].push((win.start, true, w));
-                per_lock[win.lock].push((end, false, w));
-            }
-        }
-        self.stats.windows = self.wins.len();
-        self.stats.locks = per_lock.iter().filter(|v| !v.is_empty()).count();
-        for points in &mut per_lock {
+        for ws in self.windows_per_lock() {
+            // Ends sort before starts at the same instant: touching windows do not overlap.
+            let mut points: Vec<(u64, bool, usize)> = ws
+                .iter()
+                .flat_map(|&w| {
+                    [
+                        (self.wins[w].start, true, w),
+                        (self.wins[w].end().0, false, w),
+                    ]
+                })
+                .collect();
             points.sort_by_key(|&(t, start, w)| (t, start, self.wins[w].start_idx));
             let mut open: Vec<usize> = Vec::new();
             let mut used = 0u64;

@@ -91,8 +91,13 @@ if held then
     return {1, token, count, 0}
 end
 local cap = tonumber(ARGV[10])
-local exclusive = ARGV[11] == 'x'
-if #KEYS >= 8 and not exclusive then
+if ARGV[11] == 'x' then
+    if redis.call('EXISTS', KEYS[8]) == 1 then
+        -- The single lock of this name holds: as a writer would (its release message goes to
+        -- its own channel, so the hint is its remaining lease, capped by the spin wait).
+        return {0, math.max(redis.call('PTTL', KEYS[8]), 0)}
+    end
+elseif #KEYS >= 8 then
     local c = redis.call('GET', KEYS[8])
     if c then
         cap = tonumber(c)
@@ -108,11 +113,6 @@ if k > cap then
     return {-5, cap}
 end
 local used = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-if exclusive and redis.call('EXISTS', KEYS[8]) == 1 then
-    -- The single lock of this name holds: as a writer would (its release message goes to its
-    -- own channel, so the hint is its remaining lease, capped by the caller's spin wait).
-    return {0, math.max(redis.call('PTTL', KEYS[8]), 0)}
-end
 local qid = ARGV[5]
 local ahead = 0
 if qid ~= '' then
@@ -125,19 +125,18 @@ if qid ~= '' then
 end
 if used + ahead + k > cap then
     local claim = tonumber(ARGV[6])
-    if qid ~= '' and not redis.call('ZSCORE', KEYS[3], qid) then
-        -- Last in line, strictly after everyone queued (a score tie would sort by queue id
-        -- and put a newcomer before entries it counted as ahead of it).
-        local t = redis.call('TIME')
-        local score = tonumber(t[1]) * 1000000 + tonumber(t[2])
-        local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-        if #last > 0 and tonumber(last[2]) >= score then
-            score = tonumber(last[2]) + 1
-        end
-        redis.call('ZADD', KEYS[3], score, qid)
-    end
     if qid ~= '' then
-        redis.call('HSET', KEYS[4], qid, k .. ' ' .. (now + claim) .. ' ' .. (ARGV[12] or '0'))
+        if not redis.call('ZSCORE', KEYS[3], qid) then
+            -- Last in line, strictly after everyone queued (a score tie would sort by queue
+            -- id and put a newcomer before entries it counted as ahead of it).
+            local score = now_us
+            local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+            if #last > 0 and tonumber(last[2]) >= score then
+                score = tonumber(last[2]) + 1
+            end
+            redis.call('ZADD', KEYS[3], score, qid)
+        end
+        redis.call('HSET', KEYS[4], qid, k .. ' ' .. (now + claim) .. ' ' .. ARGV[12])
         local keep = math.max(claim, tonumber(ARGV[4]))
         redis.call('PEXPIRE', KEYS[3], keep)
         redis.call('PEXPIRE', KEYS[4], keep)

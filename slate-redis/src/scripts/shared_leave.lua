@@ -22,9 +22,5 @@ if seq and tonumber(seq) > tonumber(ARGV[2]) then
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
-local cap = tonumber(ARGV[4])
-if #KEYS >= 6 then
-    cap = tonumber(redis.call('GET', KEYS[6]) or ARGV[4])
-end
-wake(KEYS[5], cap, ARGV[3])
+wake(KEYS[5], capacity(KEYS[6], ARGV[4]), ARGV[3])
 return 1

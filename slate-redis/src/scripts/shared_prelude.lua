@@ -14,10 +14,12 @@
 -- holds.
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
-local now
+-- The server's time, in µs and in ms.
+local now_us, now
 do
     local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    now = math.floor(now_us / 1000)
 end
 do
     local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -67,6 +69,13 @@ local function waiting()
         end
     end
     return out
+end
+-- The capacity: a semaphore's stored in `key` (when given and set), else `default`.
+local function capacity(key, default)
+    if key then
+        return tonumber(redis.call('GET', key) or default)
+    end
+    return tonumber(default)
 end
 -- Sends its queue id on `channel` to each waiting process that now fits, in queue order
 -- (the readers at the head together, or the writer at the head; up to 16, then an empty

@@ -92,9 +92,5 @@ settle()
 if keep == p then
     return left
 end
-local cap = tonumber(ARGV[8])
-if #KEYS >= 7 then
-    cap = tonumber(redis.call('GET', KEYS[7]) or ARGV[8])
-end
-wake(KEYS[5], cap, ARGV[7])
+wake(KEYS[5], capacity(KEYS[7], ARGV[8]), ARGV[7])
 return left
