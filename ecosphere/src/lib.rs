@@ -1,7 +1,8 @@
 //! `ecosphere`: Slate's end-to-end scenario suite.
 //!
 //! The harness starts real `redis-server` processes on loopback (standalone [`server`]s, a Redis
-//! [`cluster`], a [`sentinel`] group) and breaks them on purpose ([`server`], [`proxy`]), runs multi-process workers ([`workers`]), and decides from recorded
+//! [`cluster`], a [`sentinel`] group) and real ZooKeeper servers (a standalone one and an
+//! ensemble, [`zookeeper`]) and breaks them on purpose ([`server`], [`proxy`]), runs multi-process workers ([`workers`]), and decides from recorded
 //! event histories whether a run kept mutual exclusion ([`history`]).
 //!
 //! The CI runs the smoke subset of the fault matrix; the full matrix (longer and rarer
@@ -19,6 +20,7 @@ pub mod seed;
 pub mod sentinel;
 pub mod server;
 pub mod workers;
+pub mod zookeeper;
 
 // The history recorder and checker, the shared clock and the command counts live in the
 // published crate `slate-history` (the `slate` command's demo uses them too).

@@ -1,0 +1,674 @@
+//! Real ZooKeeper servers on loopback: a standalone [`ZkServer`] for the smoke tests and a
+//! three-server [`ZkEnsemble`] for the fault scenarios (kill or pause a server, find the
+//! leader).
+//!
+//! The harness runs the Debian package's `zookeeper.jar` on the system JRE, one JVM per
+//! server, each in its own temporary directory with a fast tick (100 ms, so sessions of
+//! 0.2–60 s are allowed and a lost leader is replaced within about a second). A missing
+//! `java` or jar fails with an install hint; nothing skips.
+//!
+//! Environment: `SLATE_ZOOKEEPER_JAR` (default `/usr/share/java/zookeeper.jar`) and
+//! `SLATE_JAVA` (default `java` on the `PATH`).
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+
+use crate::server::{HarnessError, free_port};
+
+/// How to install ZooKeeper when it is missing.
+pub const INSTALL_HINT: &str = "install ZooKeeper and a JRE: `apt-get install -y zookeeper` \
+     (Debian/Ubuntu), or set SLATE_ZOOKEEPER_JAR to a zookeeper.jar whose manifest names its \
+     dependencies and SLATE_JAVA to a java binary";
+
+/// The tick of every harness server.
+pub const TICK: Duration = Duration::from_millis(100);
+
+const START_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// An I/O failure wrapper usable more than once.
+fn io_err(what: String) -> impl Fn(std::io::Error) -> HarnessError {
+    move |source| HarnessError::Io {
+        what: what.clone(),
+        source,
+    }
+}
+
+fn jar() -> Result<PathBuf, HarnessError> {
+    let jar = std::env::var_os("SLATE_ZOOKEEPER_JAR").map_or_else(
+        || PathBuf::from("/usr/share/java/zookeeper.jar"),
+        PathBuf::from,
+    );
+    if jar.is_file() {
+        Ok(jar)
+    } else {
+        Err(HarnessError::BinaryNotFound {
+            detail: format!("no ZooKeeper jar at {}", jar.display()),
+            hint: INSTALL_HINT,
+        })
+    }
+}
+
+fn java() -> Result<PathBuf, HarnessError> {
+    if let Some(j) = std::env::var_os("SLATE_JAVA") {
+        return Ok(PathBuf::from(j));
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("java"))
+        .find(|p| p.is_file())
+        .ok_or(HarnessError::BinaryNotFound {
+            detail: "no `java` on the PATH".into(),
+            hint: INSTALL_HINT,
+        })
+}
+
+/// Sends a four-letter-word command and returns the answer.
+///
+/// # Errors
+///
+/// [`HarnessError::Io`] when the server does not answer.
+pub fn four_letter(port: u16, cmd: &str) -> Result<String, HarnessError> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let io = io_err(format!("ZooKeeper `{cmd}` on port {port}"));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(&io)?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(&io)?;
+    s.write_all(cmd.as_bytes()).map_err(&io)?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).map_err(&io)?;
+    Ok(out)
+}
+
+/// One ZooKeeper server process.
+#[derive(Debug)]
+pub struct ZkServer {
+    id: usize,
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    pid: u32,
+}
+
+/// A started server's ports and files, before the process runs.
+struct Layout {
+    id: usize,
+    port: u16,
+    dir: PathBuf,
+}
+
+fn write_config(l: &Layout, peers: &[(u16, u16)], force_sync: bool) -> Result<(), HarnessError> {
+    let io = io_err(format!("writing the config of ZooKeeper server {}", l.id));
+    fs::create_dir_all(l.dir.join("data")).map_err(&io)?;
+    let mut cfg = format!(
+        "tickTime={}\ninitLimit=50\nsyncLimit=20\ndataDir={}\nclientPort={}\n\
+         clientPortAddress=127.0.0.1\nminSessionTimeout={}\nmaxSessionTimeout=60000\n\
+         admin.enableServer=false\n4lw.commands.whitelist=*\nforceSync={}\n\
+         maxClientCnxns=0\nznode.container.checkIntervalMs=1000\n",
+        TICK.as_millis(),
+        l.dir.join("data").display(),
+        l.port,
+        TICK.as_millis() * 2,
+        if force_sync { "yes" } else { "no" },
+    );
+    if peers.len() > 1 {
+        cfg.push_str("reconfigEnabled=false\nstandaloneEnabled=false\ncnxTimeout=500\n");
+        for (i, (peer, election)) in peers.iter().enumerate() {
+            cfg.push_str(&format!("server.{}=127.0.0.1:{peer}:{election}\n", i + 1));
+        }
+        fs::write(l.dir.join("data/myid"), format!("{}\n", l.id)).map_err(&io)?;
+    }
+    fs::write(l.dir.join("zoo.cfg"), cfg).map_err(&io)
+}
+
+impl ZkServer {
+    /// Starts a standalone server (fsync on, as ZooKeeper ships) and waits until it serves.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// println!("connect to {}", zk.connect_string());
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::BinaryNotFound`] with the install hint; [`HarnessError::StartFailed`]
+    /// when it does not serve within 40 s.
+    pub fn start() -> Result<ZkServer, HarnessError> {
+        Self::start_with(true)
+    }
+
+    /// Starts a standalone server, with or without fsync on every transaction (`forceSync`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let zk = ecosphere::zookeeper::ZkServer::start_with(false)?;
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with(force_sync: bool) -> Result<ZkServer, HarnessError> {
+        let l = Layout {
+            id: 1,
+            port: free_port()?,
+            dir: temp_dir("zk")?,
+        };
+        write_config(&l, &[], force_sync)?;
+        let mut server = ZkServer::spawn(l)?;
+        server.wait_serving(START_TIMEOUT, &["standalone"])?;
+        Ok(server)
+    }
+
+    fn spawn(l: Layout) -> Result<ZkServer, HarnessError> {
+        let mut server = ZkServer {
+            id: l.id,
+            port: l.port,
+            dir: l.dir,
+            child: None,
+            pid: 0,
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    fn launch(&mut self) -> Result<(), HarnessError> {
+        let jar = jar()?;
+        let java = java()?;
+        let mut classpath = jar.display().to_string();
+        // A logger binding, when installed, so that the server's log says what it did.
+        if Path::new("/usr/share/java/slf4j-simple.jar").is_file() {
+            classpath.push_str(":/usr/share/java/slf4j-simple.jar");
+        }
+        let io = io_err(format!("starting ZooKeeper server {}", self.id));
+        let log = fs::File::create(self.log_path()).map_err(&io)?;
+        let err = log.try_clone().map_err(&io)?;
+        let child = Command::new(&java)
+            .args([
+                "-Xmx192m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-Xshare:auto",
+                "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                "-Dorg.slf4j.simpleLogger.showDateTime=true",
+                "-Dzookeeper.admin.enableServer=false",
+                "-cp",
+                &classpath,
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            ])
+            .arg(self.dir.join("zoo.cfg"))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    HarnessError::BinaryNotFound {
+                        detail: format!("{} could not be run", java.display()),
+                        hint: INSTALL_HINT,
+                    }
+                } else {
+                    HarnessError::Io {
+                        what: format!("starting ZooKeeper server {}", self.id),
+                        source: e,
+                    }
+                }
+            })?;
+        self.pid = child.id();
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn wait_serving(&mut self, within: Duration, modes: &[&str]) -> Result<(), HarnessError> {
+        let until = Instant::now() + within;
+        loop {
+            if self.mode().is_some_and(|m| modes.contains(&m.as_str())) {
+                return Ok(());
+            }
+            if !self.is_running() {
+                return Err(self.failed("the process exited"));
+            }
+            if Instant::now() >= until {
+                return Err(self.failed(&format!("not serving as {modes:?} within {within:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn failed(&self, reason: &str) -> HarnessError {
+        HarnessError::StartFailed {
+            port: self.port,
+            reason: format!("ZooKeeper server {}: {reason}", self.id),
+            log_tail: self.log_tail(30),
+        }
+    }
+
+    /// The server's role from `srvr`: `standalone`, `leader` or `follower`; `None` when it
+    /// does not serve (down, paused, or without a quorum).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// assert_eq!(zk.mode().as_deref(), Some("standalone"));
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn mode(&self) -> Option<String> {
+        let out = four_letter(self.port, "srvr").ok()?;
+        out.lines()
+            .find_map(|l| l.strip_prefix("Mode: "))
+            .map(|m| m.trim().to_owned())
+    }
+
+    /// `host:port` of this server.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// assert!(zk.connect_string().starts_with("127.0.0.1:"));
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn connect_string(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The client port.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// assert_ne!(zk.port(), 0);
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The client address.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let proxy = ecosphere::proxy::FaultProxy::start(zk.addr())?;
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The JVM's process id.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// assert_ne!(zk.pid(), 0);
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether the process still runs.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// assert!(zk.is_running());
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    fn signal(&mut self, sig: Signal) -> Result<(), HarnessError> {
+        if !self.is_running() {
+            return Err(HarnessError::NotRunning {
+                what: format!("{sig} ZooKeeper server {}", self.id),
+            });
+        }
+        let pid = i32::try_from(self.pid)
+            .map_err(|_| HarnessError::Config(format!("pid {} out of range", self.pid)))?;
+        signal::kill(Pid::from_raw(pid), sig)
+            .map_err(HarnessError::signal(format!("{sig} ZooKeeper server")))
+    }
+
+    /// Stops the JVM with `SIGSTOP` (a hung server: connections stay open, nothing answers).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// zk.pause()?;
+    /// zk.resume()?;
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::NotRunning`] after a kill.
+    pub fn pause(&mut self) -> Result<(), HarnessError> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// Continues a paused server.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// zk.pause()?;
+    /// zk.resume()?;
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::NotRunning`] after a kill.
+    pub fn resume(&mut self) -> Result<(), HarnessError> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    /// Kills the JVM with `SIGKILL` and reaps it (a crashed server).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// zk.kill();
+    /// assert!(!zk.is_running());
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a killed server again on the same ports and data (it rejoins its ensemble).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// zk.kill();
+    /// zk.restart()?;
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start) (it waits until the server serves in some role).
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
+        self.kill();
+        self.launch()?;
+        self.wait_serving(START_TIMEOUT, &["standalone", "leader", "follower"])
+    }
+
+    /// The server's log file.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// println!("{}", zk.log_path().display());
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
+    /// The last `n` lines of the server's log.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// println!("{}", zk.log_tail(20));
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- ZooKeeper server {} (port {}, pid {}) log tail ---\n{}\n--- end ---",
+                self.id,
+                self.port,
+                self.pid,
+                self.log_tail(30)
+            );
+        }
+        // A paused JVM must be continued to die promptly on some kernels; SIGKILL works on a
+        // stopped process, so kill it directly.
+        self.kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A quorum of ZooKeeper servers on loopback (three by default).
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    servers: Vec<ZkServer>,
+    base: PathBuf,
+}
+
+impl Drop for ZkEnsemble {
+    fn drop(&mut self) {
+        self.servers.clear();
+        let _ = fs::remove_dir_all(&self.base);
+    }
+}
+
+impl ZkEnsemble {
+    /// Starts `n` servers (3 or 5 are the useful sizes) and waits until one leads and the
+    /// others follow.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// assert!(ensemble.leader().is_some());
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::BinaryNotFound`] with the install hint; [`HarnessError::StartFailed`]
+    /// when the quorum does not form within 40 s.
+    pub fn start(n: usize) -> Result<ZkEnsemble, HarnessError> {
+        if n < 2 {
+            return Err(HarnessError::Config(format!(
+                "an ensemble of {n} server(s): use ZkServer::start for one, or at least 3"
+            )));
+        }
+        let mut peers = Vec::with_capacity(n);
+        let mut layouts = Vec::with_capacity(n);
+        let base = temp_dir("zk-ensemble")?;
+        for id in 1..=n {
+            peers.push((free_port()?, free_port()?));
+            layouts.push(Layout {
+                id,
+                port: free_port()?,
+                dir: base.join(format!("s{id}")),
+            });
+        }
+        for l in &layouts {
+            write_config(l, &peers, false)?;
+        }
+        let mut servers = Vec::with_capacity(n);
+        for l in layouts {
+            servers.push(ZkServer::spawn(l)?);
+        }
+        let mut ensemble = ZkEnsemble { servers, base };
+        for s in &mut ensemble.servers {
+            s.wait_serving(START_TIMEOUT, &["leader", "follower"])?;
+        }
+        Ok(ensemble)
+    }
+
+    /// `host:port,host:port,…` of every server.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// assert_eq!(ensemble.connect_string().split(',').count(), 3);
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn connect_string(&self) -> String {
+        self.servers
+            .iter()
+            .map(ZkServer::connect_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The index of the current leader, if one serves.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// let leader = ensemble.leader().expect("a leader");
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn leader(&self) -> Option<usize> {
+        self.servers
+            .iter()
+            .position(|s| s.mode().as_deref() == Some("leader"))
+    }
+
+    /// Waits until a leader serves (after a kill or pause of the old one), and returns it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// let old = ensemble.leader().unwrap();
+    /// ensemble.server_mut(old).kill();
+    /// let new = ensemble.wait_leader(std::time::Duration::from_secs(20))?;
+    /// assert_ne!(new, old);
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::Timeout`] when no leader serves within `within`.
+    pub fn wait_leader(&self, within: Duration) -> Result<usize, HarnessError> {
+        let until = Instant::now() + within;
+        loop {
+            if let Some(i) = self.leader() {
+                return Ok(i);
+            }
+            if Instant::now() >= until {
+                return Err(HarnessError::Timeout {
+                    what: format!("a ZooKeeper leader within {within:?}"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// One server.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// println!("{}", ensemble.server(0).connect_string());
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn server(&self, i: usize) -> &ZkServer {
+        &self.servers[i]
+    }
+
+    /// One server, to break it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// ensemble.server_mut(2).pause()?;
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    pub fn server_mut(&mut self, i: usize) -> &mut ZkServer {
+        &mut self.servers[i]
+    }
+
+    /// How many servers the ensemble has.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// assert_eq!(ecosphere::zookeeper::ZkEnsemble::start(3)?.len(), 3);
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Never true for a started ensemble; here for the `len` convention.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// assert!(!ecosphere::zookeeper::ZkEnsemble::start(3)?.is_empty());
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+}
+
+fn temp_dir(what: &str) -> Result<PathBuf, HarnessError> {
+    let dir = std::env::temp_dir().join(format!(
+        "slate-{what}-{}-{}",
+        std::process::id(),
+        crate::zookeeper::next_id()
+    ));
+    fs::create_dir_all(&dir).map_err(HarnessError::io(format!("creating {}", dir.display())))?;
+    Ok(dir)
+}
+
+fn next_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}

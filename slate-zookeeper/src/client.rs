@@ -1,0 +1,615 @@
+//! [`ZkClient`]: one ZooKeeper session shared by every lock of a process, and the lease
+//! keeping that turns the session into each hold's lease.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use slate_core::{BackendKind, Error, LeaseKeeper, LossReason, Result};
+use tokio::runtime::Handle;
+use zookeeper_client as zk;
+
+use crate::error::{from_zk, op_timeout};
+use crate::lock::LockShared;
+
+/// The session timeout asked for when the builder names none.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A connection to a ZooKeeper ensemble: one session, shared by every [`ZkLock`] built on it.
+///
+/// The session is each hold's lease. ZooKeeper deletes a session's ephemeral znodes (its
+/// holds and its places in the lock queues) when the session expires: when no server of the
+/// ensemble heard from the client for the negotiated session timeout (a killed or paused
+/// process, a partition). The client pings on its own while the process runs; Slate adds a
+/// light check per held lock every third of the session timeout that moves each guard's
+/// lease deadline to *send time + session timeout*, so a guard knows it may have lost the
+/// lock **before** the ensemble can give it to anybody else.
+///
+/// An expired session is replaced by a new one at the next call; the guards of the old one
+/// are told at once ([`LossReason::EntryGone`]).
+///
+/// Clones share the session. Dropping the last clone closes it, which frees its holds at
+/// once.
+///
+/// # Examples
+///
+/// ```no_run
+/// use slate_zookeeper::{ZkClient, ZkLock};
+///
+/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// let client = ZkClient::builder("10.0.0.1:2181,10.0.0.2:2181,10.0.0.3:2181")
+///     .session_timeout(std::time::Duration::from_secs(6))
+///     .digest("billing", "secret")
+///     .connect()
+///     .await?;
+/// let lock = ZkLock::builder(&client, "invoices").build()?;
+/// let guard = lock.lock().await?;
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ZkClient {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    servers: String,
+    requested_timeout: Duration,
+    op_timeout: Option<Duration>,
+    auth: Option<(String, Vec<u8>)>,
+    pub(crate) runtime: Handle,
+    session: Mutex<Arc<Session>>,
+    reconnect: tokio::sync::Mutex<()>,
+    leases: Mutex<Leases>,
+    pub(crate) locks: Mutex<HashMap<String, Weak<LockShared>>>,
+}
+
+/// One ZooKeeper session.
+pub(crate) struct Session {
+    pub(crate) zk: zk::Client,
+    pub(crate) id: i64,
+    /// The negotiated session timeout.
+    pub(crate) timeout: Duration,
+}
+
+#[derive(Default)]
+struct Leases {
+    /// Znode path of a hold → its session and lease.
+    map: HashMap<String, (i64, Arc<LeaseKeeper>)>,
+    heartbeat: bool,
+}
+
+/// Builds a [`ZkClient`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// let client = slate_zookeeper::ZkClient::builder("127.0.0.1:2181/apps/billing")
+///     .session_timeout(std::time::Duration::from_secs(4))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ZkClientBuilder {
+    servers: String,
+    session_timeout: Duration,
+    op_timeout: Option<Duration>,
+    auth: Option<(String, Vec<u8>)>,
+    runtime: Option<Handle>,
+}
+
+impl fmt::Debug for ZkClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkClientBuilder")
+            .field("servers", &self.servers)
+            .field("session_timeout", &self.session_timeout)
+            .field("user", &self.auth.as_ref().map(|(u, _)| u))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZkClientBuilder {
+    /// The session timeout to ask the ensemble for (default 10 s). The servers clamp it to
+    /// their `minSessionTimeout`..`maxSessionTimeout` (2 to 20 ticks unless configured); the
+    /// negotiated value is [`ZkClient::session_timeout`]. It is the lease of every hold: a
+    /// dead holder's lock frees this long after the ensemble last heard from it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = slate_zookeeper::ZkClient::builder("127.0.0.1:2181")
+    ///     .session_timeout(std::time::Duration::from_secs(6));
+    /// ```
+    #[must_use]
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long one ZooKeeper request may go unanswered before the call fails with a timeout
+    /// (default: the session timeout; after that long the session is gone anyway).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = slate_zookeeper::ZkClient::builder("127.0.0.1:2181")
+    ///     .operation_timeout(std::time::Duration::from_secs(2));
+    /// ```
+    #[must_use]
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = Some(timeout);
+        self
+    }
+
+    /// Authenticates the session with ZooKeeper's `digest` scheme, and creates every znode
+    /// (the lock root, each lock's directory, each contender) with the `creator_all` ACL: only
+    /// sessions authenticated as the same user can see, take or clear these locks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = slate_zookeeper::ZkClient::builder("127.0.0.1:2181").digest("billing", "secret");
+    /// ```
+    #[must_use]
+    pub fn digest(mut self, user: impl Into<String>, password: impl AsRef<str>) -> Self {
+        let user = user.into();
+        let cred = format!("{user}:{}", password.as_ref()).into_bytes();
+        self.auth = Some((user, cred));
+        self
+    }
+
+    /// The tokio runtime for the client's background work (lease checks, releases of dropped
+    /// guards); default: the runtime `connect` runs on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let rt = tokio::runtime::Runtime::new().unwrap();
+    /// let b = slate_zookeeper::ZkClient::builder("127.0.0.1:2181").runtime(rt.handle().clone());
+    /// ```
+    #[must_use]
+    pub fn runtime(mut self, handle: Handle) -> Self {
+        self.runtime = Some(handle);
+        self
+    }
+
+    /// Connects: opens the session (waiting up to about the session timeout for a server).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for an empty server list or a zero timeout;
+    /// [`Error::Backend`] when no server answered ([`BackendKind::Io`] or `Timeout`) or the
+    /// credentials were refused ([`BackendKind::Auth`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a session opened for a dropped call is closed.
+    pub async fn connect(self) -> Result<ZkClient> {
+        if self.servers.trim().is_empty() {
+            return Err(Error::invalid_input(
+                "ZooKeeper servers",
+                "the server list is empty",
+                "pass host:port[,host:port…][/chroot], such as \"127.0.0.1:2181\"",
+            ));
+        }
+        if self.session_timeout.is_zero() || self.op_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::invalid_input(
+                "ZooKeeper timeouts",
+                "a timeout is zero",
+                "give the session and operation timeouts a positive duration (e.g. 10 s)",
+            ));
+        }
+        let runtime = match self.runtime {
+            Some(h) => h,
+            None => Handle::try_current().map_err(|_| {
+                Error::invalid_input(
+                    "runtime",
+                    "ZkClient::connect ran outside a tokio runtime",
+                    "call it from a tokio runtime, or pass one with ZkClientBuilder::runtime",
+                )
+            })?,
+        };
+        let session = open(
+            &self.servers,
+            self.session_timeout,
+            self.auth.as_ref().map(|(_, c)| c.as_slice()),
+        )
+        .await?;
+        let inner = Arc::new(Inner {
+            servers: self.servers,
+            requested_timeout: self.session_timeout,
+            op_timeout: self.op_timeout,
+            auth: self.auth,
+            runtime,
+            session: Mutex::new(Arc::clone(&session)),
+            reconnect: tokio::sync::Mutex::new(()),
+            leases: Mutex::default(),
+            locks: Mutex::default(),
+        });
+        watch_session(&inner, &session);
+        Ok(ZkClient { inner })
+    }
+}
+
+async fn open(servers: &str, timeout: Duration, auth: Option<&[u8]>) -> Result<Arc<Session>> {
+    let mut connector = zk::Client::connector().with_session_timeout(timeout);
+    if let Some(cred) = auth {
+        connector = connector.with_auth("digest", cred);
+    }
+    // The client gives up after about one session timeout; the outer bound only guards
+    // against a server that accepts the connection and never answers.
+    let connect = connector.connect(servers);
+    let zk = match tokio::time::timeout(timeout * 2 + Duration::from_secs(1), connect).await {
+        Ok(Ok(zk)) => zk,
+        Ok(Err(zk::Error::BadArguments(why))) => {
+            return Err(Error::invalid_input(
+                "ZooKeeper servers",
+                format!("{servers:?} is not a connection string: {why}"),
+                "pass host:port[,host:port…][/chroot], such as \"127.0.0.1:2181\"",
+            ));
+        }
+        Ok(Err(e)) => return Err(from_zk(e, servers, "connect")),
+        Err(_) => return Err(op_timeout(servers, "connect", timeout * 2)),
+    };
+    let id = zk.session_id().0;
+    let timeout = zk.session_timeout();
+    tracing::debug!(
+        servers,
+        session = format!("{id:#x}"),
+        ?timeout,
+        "ZooKeeper session opened"
+    );
+    Ok(Arc::new(Session { zk, id, timeout }))
+}
+
+/// Loses every lease of `session` as soon as the session ends (expired, closed, refused).
+fn watch_session(inner: &Arc<Inner>, session: &Session) {
+    let weak = Arc::downgrade(inner);
+    let mut states = session.zk.state_watcher();
+    let id = session.id;
+    inner.runtime.spawn(async move {
+        loop {
+            let state = states.changed().await;
+            tracing::debug!(
+                session = format!("{id:#x}"),
+                ?state,
+                "ZooKeeper session state"
+            );
+            if state.is_terminated() {
+                if let Some(inner) = weak.upgrade() {
+                    inner.lose_session(id);
+                }
+                return;
+            }
+        }
+    });
+}
+
+impl Inner {
+    fn lose_session(&self, id: i64) {
+        let lost: Vec<Arc<LeaseKeeper>> = {
+            let mut leases = lock(&self.leases);
+            let mut lost = Vec::new();
+            leases.map.retain(|_, (sid, keeper)| {
+                if *sid == id {
+                    lost.push(Arc::clone(keeper));
+                    false
+                } else {
+                    true
+                }
+            });
+            lost
+        };
+        for keeper in lost {
+            keeper.lose(LossReason::EntryGone);
+        }
+    }
+}
+
+impl ZkClient {
+    /// Starts building a client for `servers`: `host:port[,host:port…][/chroot]`, as
+    /// ZooKeeper's own clients take it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = slate_zookeeper::ZkClient::builder("zk1:2181,zk2:2181,zk3:2181");
+    /// ```
+    pub fn builder(servers: impl Into<String>) -> ZkClientBuilder {
+        ZkClientBuilder {
+            servers: servers.into(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            op_timeout: None,
+            auth: None,
+            runtime: None,
+        }
+    }
+
+    /// Connects to `servers` with the default options.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`ZkClientBuilder::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn connect(servers: &str) -> Result<ZkClient> {
+        ZkClient::builder(servers).connect().await
+    }
+
+    /// The connection string this client was built with.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
+    /// assert_eq!(client.servers(), "127.0.0.1:2181");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn servers(&self) -> &str {
+        &self.inner.servers
+    }
+
+    /// The negotiated session timeout of the current session: every hold's lease.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
+    /// println!("a dead holder frees its locks within {:?}", client.session_timeout());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn session_timeout(&self) -> Duration {
+        self.current().timeout
+    }
+
+    /// The id of the current session (it changes when an expired session is replaced).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
+    /// println!("session {:#x}", client.session_id());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn session_id(&self) -> i64 {
+        self.current().id
+    }
+
+    /// The digest user this client authenticates as, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// let client = slate_zookeeper::ZkClient::builder("127.0.0.1:2181").digest("ops", "pw").connect().await?;
+    /// assert_eq!(client.user(), Some("ops"));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn user(&self) -> Option<&str> {
+        self.inner.auth.as_ref().map(|(u, _)| u.as_str())
+    }
+
+    pub(crate) fn acls(&self) -> zk::Acls<'static> {
+        if self.inner.auth.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
+    pub(crate) fn current(&self) -> Arc<Session> {
+        Arc::clone(&lock(&self.inner.session))
+    }
+
+    /// The live session, replacing an ended one (expired, closed) by a new one.
+    pub(crate) async fn session(&self) -> Result<Arc<Session>> {
+        let current = self.current();
+        if !current.zk.state().is_terminated() {
+            return Ok(current);
+        }
+        let _one = self.inner.reconnect.lock().await;
+        let current = self.current();
+        match current.zk.state() {
+            zk::SessionState::AuthFailed => {
+                return Err(Error::backend(
+                    BackendKind::Auth,
+                    Some(self.inner.servers.clone()),
+                    "ZooKeeper refused the session's credentials; check the digest user and \
+                     password (ZkClientBuilder::digest)",
+                    None,
+                ));
+            }
+            state if !state.is_terminated() => return Ok(current),
+            state => tracing::info!(
+                servers = %self.inner.servers,
+                session = format!("{:#x}", current.id),
+                ?state,
+                "ZooKeeper session ended; opening a new one"
+            ),
+        }
+        self.inner.lose_session(current.id);
+        let fresh = open(
+            &self.inner.servers,
+            self.inner.requested_timeout,
+            self.inner.auth.as_ref().map(|(_, c)| c.as_slice()),
+        )
+        .await?;
+        watch_session(&self.inner, &fresh);
+        *lock(&self.inner.session) = Arc::clone(&fresh);
+        Ok(fresh)
+    }
+
+    /// How long one request may wait for its answer.
+    pub(crate) fn op_timeout(&self, session: &Session) -> Duration {
+        self.inner.op_timeout.unwrap_or(session.timeout)
+    }
+
+    /// Runs one request under the operation timeout. The outer error is the timeout; the
+    /// inner result is ZooKeeper's answer, for the caller to read (`NoNode`, `NodeExists`...).
+    pub(crate) async fn op<T>(
+        &self,
+        session: &Session,
+        what: &str,
+        request: impl Future<Output = std::result::Result<T, zk::Error>>,
+    ) -> Result<std::result::Result<T, zk::Error>> {
+        let limit = self.op_timeout(session);
+        tokio::time::timeout(limit, request)
+            .await
+            .map_err(|_| op_timeout(&self.inner.servers, what, limit))
+    }
+
+    /// A ZooKeeper error as a Slate error.
+    pub(crate) fn error(&self, e: zk::Error, what: &str) -> Error {
+        from_zk(e, &self.inner.servers, what)
+    }
+
+    /// Runs `fut` on the client's runtime (directly when already inside a runtime).
+    pub(crate) fn on_runtime<T, F>(
+        &self,
+        fut: F,
+    ) -> impl Future<Output = Result<T>> + Send + 'static + use<T, F>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        let handle = self.inner.runtime.clone();
+        async move {
+            if Handle::try_current().is_ok() {
+                fut.await
+            } else {
+                match handle.spawn(fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::closed("the client's tokio runtime")),
+                }
+            }
+        }
+    }
+
+    /// Spawns background work on the client's runtime.
+    pub(crate) fn spawn<F>(&self, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        drop(self.inner.runtime.spawn(fut));
+    }
+
+    pub(crate) fn runtime(&self) -> &Handle {
+        &self.inner.runtime
+    }
+
+    /// Starts keeping the lease of the hold at `path` (of `session`).
+    pub(crate) fn keep_lease(&self, path: String, session: i64, keeper: Arc<LeaseKeeper>) {
+        let start = {
+            let mut leases = lock(&self.inner.leases);
+            leases.map.insert(path, (session, keeper));
+            !std::mem::replace(&mut leases.heartbeat, true)
+        };
+        if start {
+            self.spawn(heartbeat(Arc::downgrade(&self.inner)));
+        }
+    }
+
+    /// Stops keeping the lease of the hold at `path` (released).
+    pub(crate) fn drop_lease(&self, path: &str) {
+        lock(&self.inner.leases).map.remove(path);
+    }
+}
+
+/// Confirms every held znode once per third of the session timeout, moving each lease's
+/// deadline to *send time + session timeout*, and signals a znode found gone (force-unlocked,
+/// or its session ended). Runs while there are holds.
+async fn heartbeat(inner: Weak<Inner>) {
+    loop {
+        let period = match inner.upgrade() {
+            Some(i) => lock(&i.session).timeout / 3,
+            None => return,
+        };
+        tokio::time::sleep(period).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let client = ZkClient { inner };
+        let holds: Vec<(String, i64, Arc<LeaseKeeper>)> = {
+            let mut leases = lock(&client.inner.leases);
+            leases.map.retain(|_, (_, k)| !k.is_lost());
+            if leases.map.is_empty() {
+                leases.heartbeat = false;
+                return;
+            }
+            leases
+                .map
+                .iter()
+                .map(|(p, (s, k))| (p.clone(), *s, Arc::clone(k)))
+                .collect()
+        };
+        let session = client.current();
+        let sent = Instant::now();
+        let checks = holds.iter().map(|(path, sid, _)| {
+            let (session, client) = (&session, &client);
+            async move {
+                if *sid != session.id {
+                    return Some(false);
+                }
+                match client
+                    .op(session, "lease check", session.zk.check_stat(path))
+                    .await
+                {
+                    Ok(Ok(Some(stat))) => Some(stat.ephemeral_owner == *sid),
+                    Ok(Ok(None) | Err(zk::Error::SessionExpired)) => Some(false),
+                    _ => None,
+                }
+            }
+        });
+        let answers = futures::future::join_all(checks).await;
+        for ((path, _, keeper), answer) in holds.iter().zip(answers) {
+            match answer {
+                Some(true) => keeper.extend(sent + session.timeout),
+                Some(false) => {
+                    tracing::warn!(%path, "the hold's znode is gone; the lock is lost");
+                    keeper.lose(LossReason::EntryGone);
+                    client.drop_lease(path);
+                }
+                None if Instant::now() >= keeper.deadline() => {
+                    tracing::warn!(%path, "no answer from ZooKeeper within the session timeout; the lock may be lost");
+                    keeper.lose(LossReason::DeadlineExpired);
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ZkClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.current();
+        f.debug_struct("ZkClient")
+            .field("servers", &self.inner.servers)
+            .field("session", &format_args!("{:#x}", s.id))
+            .field("session_timeout", &s.timeout)
+            .field("user", &self.user())
+            .finish()
+    }
+}

@@ -1,0 +1,425 @@
+//! The ZooKeeper lock against a real standalone ZooKeeper (started by the ecosphere harness).
+//!
+//! Each test function starts its own server; "processes" are separate `ZkClient`s, each with
+//! its own session, which is all ZooKeeper knows of a process.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ecosphere::proxy::{FaultProxy, Mode};
+use ecosphere::zookeeper::ZkServer;
+use slate_core::{BackendKind, DistributedLock, HolderId, LossReason, Wait};
+use slate_zookeeper::{ZkClient, ZkLock};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn client(zk: &ZkServer) -> ZkClient {
+    ZkClient::builder(zk.connect_string())
+        .session_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// Waits for `cond` with a deadline (never sleep-and-hope).
+async fn eventually<F, Fut>(what: &str, within: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + within;
+    while !cond().await {
+        assert!(Instant::now() < until, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_reenter_status_tokens_and_fifo_across_sessions() -> TestResult {
+    let zk = ZkServer::start()?;
+    let (a, b, c) = (client(&zk).await, client(&zk).await, client(&zk).await);
+    let la = ZkLock::builder(&a, "orders").build()?;
+    let lb = ZkLock::builder(&b, "orders").build()?;
+    let lc = ZkLock::builder(&c, "orders").build()?;
+    assert_eq!(la.path(), "/slate/orders");
+    assert!(!la.is_locked().await?);
+    assert_eq!(la.remaining_lease().await?, None);
+
+    // Lock, re-enter (same token, depth 2), status names the holder.
+    let outer = la.lock().await?;
+    let inner = outer.reenter().await?;
+    assert_eq!(inner.depth(), 2);
+    assert_eq!(inner.fencing_token(), outer.fencing_token());
+    assert_eq!(la.hold_count(outer.holder()).await?, 2);
+    assert_eq!(
+        lb.hold_count(outer.holder()).await?,
+        1,
+        "another process sees the holder, not its depth"
+    );
+    assert!(lb.is_locked().await?);
+    let status = lb.status().await?;
+    let holder = status.holder.expect("a holder");
+    assert_eq!(holder.holder, Some(outer.holder()));
+    assert_eq!(holder.pid, Some(std::process::id()));
+    assert_eq!(holder.token, outer.fencing_token());
+    assert_eq!(holder.session, a.session_id());
+    assert!(status.waiters.is_empty());
+    assert_eq!(lb.remaining_lease().await?, Some(a.session_timeout()));
+
+    // Another session: try_lock says busy, and leaves no contender behind.
+    assert!(lb.try_lock().await?.is_none());
+    eventually(
+        "the busy try_lock's contender is deleted",
+        Duration::from_secs(5),
+        || async { la.status().await.is_ok_and(|s| s.waiters.is_empty()) },
+    )
+    .await;
+    let e = lb
+        .try_lock_for(Duration::from_millis(200))
+        .await
+        .expect_err("busy");
+    assert!(e.is_timeout(), "{e}");
+
+    // B then C queue (in that order); releasing hands the lock to B, then C: FIFO by arrival.
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (o1, o2) = (order.clone(), order.clone());
+    let lb2 = lb.clone();
+    let tb = tokio::spawn(async move {
+        let g = lb2.lock().await.expect("b");
+        o1.lock().unwrap().push(("b", g.fencing_token()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        g.unlock().await.expect("b unlock");
+    });
+    eventually("B waits", Duration::from_secs(5), || async {
+        la.status().await.is_ok_and(|s| s.waiters.len() == 1)
+    })
+    .await;
+    let lc2 = lc.clone();
+    let tc = tokio::spawn(async move {
+        let g = lc2.lock().await.expect("c");
+        o2.lock().unwrap().push(("c", g.fencing_token()));
+        g.unlock().await.expect("c unlock");
+    });
+    eventually("C waits behind B", Duration::from_secs(5), || async {
+        la.status().await.is_ok_and(|s| s.waiters.len() == 2)
+    })
+    .await;
+    assert_eq!(inner.unlock().await?, 1);
+    assert_eq!(la.hold_count(outer.holder()).await?, 1);
+    let first = outer.fencing_token();
+    assert_eq!(outer.unlock().await?, 0);
+    tb.await?;
+    tc.await?;
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order.iter().map(|(w, _)| *w).collect::<Vec<_>>(),
+        ["b", "c"]
+    );
+    assert!(
+        first < order[0].1 && order[0].1 < order[1].1,
+        "tokens increase: {first} {order:?}"
+    );
+    eventually("the directory is empty", Duration::from_secs(5), || async {
+        !la.is_locked().await.unwrap_or(true)
+    })
+    .await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_queue_cancel_and_dropped_guard() -> TestResult {
+    let zk = ZkServer::start()?;
+    let (a, b) = (client(&zk).await, client(&zk).await);
+    let la = ZkLock::builder(&a, "q").build()?;
+    let lb = ZkLock::builder(&b, "q").build()?;
+
+    // Many tasks of one process: only one contender znode per process.
+    let held = lb.lock().await?;
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (l, d) = (la.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = l
+                .acquire(HolderId::new(), Wait::Forever)
+                .await
+                .expect("lock");
+            d.fetch_add(1, Ordering::SeqCst);
+            g.unlock().await.expect("unlock");
+        }));
+    }
+    eventually(
+        "the tasks queue locally",
+        Duration::from_secs(5),
+        || async { la.local_waiters() == 8 },
+    )
+    .await;
+    let status = lb.status().await?;
+    assert_eq!(
+        status.waiters.len(),
+        1,
+        "one contender for the whole process: {status:?}"
+    );
+    drop(held); // released in the background
+    for t in tasks {
+        t.await?;
+    }
+    assert_eq!(done.load(Ordering::SeqCst), 8);
+
+    // A waiter dropped while queued takes its contender with it.
+    let held = lb.lock().await?;
+    let waiting = tokio::spawn({
+        let la = la.clone();
+        async move { la.lock().await.map(drop) }
+    });
+    eventually("A waits", Duration::from_secs(5), || async {
+        lb.status().await.is_ok_and(|s| s.waiters.len() == 1)
+    })
+    .await;
+    waiting.abort();
+    eventually(
+        "the cancelled waiter's contender is deleted",
+        Duration::from_secs(5),
+        || async { lb.status().await.is_ok_and(|s| s.waiters.is_empty()) },
+    )
+    .await;
+    held.unlock().await?;
+
+    // A process that dies holding the lock (its runtime, with the session's connection, is
+    // gone at once): the ensemble frees the lock when the session expires.
+    let connect = zk.connect_string();
+    let holder = std::thread::spawn(move || -> Result<(), slate_core::Error> {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async {
+            let c = ZkClient::builder(connect)
+                .session_timeout(Duration::from_secs(2))
+                .connect()
+                .await?;
+            let l = ZkLock::builder(&c, "q").build()?;
+            std::mem::forget(l.lock().await?);
+            Ok::<_, slate_core::Error>(())
+        })?;
+        rt.shutdown_background();
+        Ok(())
+    });
+    holder.join().expect("holder thread")?;
+    assert!(
+        lb.is_locked().await?,
+        "the dead process's session still holds it"
+    );
+    let start = Instant::now();
+    let g = lb.try_lock_for(Duration::from_secs(15)).await?;
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "freed by the session's expiry: {:?}",
+        start.elapsed()
+    );
+    g.unlock().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_loses_the_lease_before_anyone_else_holds_and_force_unlock_signals() -> TestResult
+{
+    let zk = ZkServer::start()?;
+    let proxy = FaultProxy::start(zk.addr())?;
+    let a = ZkClient::builder(proxy.addr().to_string())
+        .session_timeout(Duration::from_secs(2))
+        .connect()
+        .await?;
+    let b = client(&zk).await;
+    let la = ZkLock::builder(&a, "p").build()?;
+    let lb = ZkLock::builder(&b, "p").build()?;
+
+    let ga = la.lock().await?;
+    let token_a = ga.fencing_token();
+    proxy.set_mode(Mode::Blackhole)?;
+    let cut = Instant::now();
+    let lb2 = lb.clone();
+    let waiter = tokio::spawn(async move {
+        let g = lb2
+            .try_lock_for(Duration::from_secs(20))
+            .await
+            .expect("B gets it after the expiry");
+        (Instant::now(), g)
+    });
+    let reason = tokio::time::timeout(Duration::from_secs(10), ga.lost()).await?;
+    let lost_at = Instant::now();
+    assert!(
+        matches!(reason, LossReason::DeadlineExpired | LossReason::EntryGone),
+        "{reason}"
+    );
+    let (granted_at, gb) = waiter.await?;
+    assert!(
+        lost_at <= granted_at,
+        "A knew it lost the lock ({:?}) before B held it ({:?})",
+        lost_at - cut,
+        granted_at - cut
+    );
+    assert!(gb.fencing_token() > token_a);
+    proxy.set_mode(Mode::Pass)?;
+    let e = la
+        .lock_as(ga.holder())
+        .await
+        .expect_err("a re-entry after a lost lease");
+    assert!(e.is_lease_lost(), "{e}");
+    assert!(
+        ga.unlock().await.is_err(),
+        "the lost hold's unlock reports it"
+    );
+    gb.unlock().await?;
+
+    // force_unlock: the holder's guard learns it within a third of its session timeout; the
+    // next contender holds at once.
+    let gb = lb.lock().await?;
+    let lb3 = lb.clone();
+    assert!(la.force_unlock().await?);
+    let reason = tokio::time::timeout(Duration::from_secs(5), gb.lost()).await?;
+    assert_eq!(reason, LossReason::EntryGone);
+    let e = lb3
+        .lock_as(gb.holder())
+        .await
+        .expect_err("re-entry of a force-unlocked hold");
+    assert!(e.is_lease_lost(), "{e}");
+    assert!(gb.unlock().await.is_err());
+    let again = la.lock().await?;
+    again.unlock().await?;
+    assert!(!la.force_unlock().await?);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_acls_invalid_input_and_unreachable_servers() -> TestResult {
+    let zk = ZkServer::start()?;
+    let owner = ZkClient::builder(zk.connect_string())
+        .digest("billing", "s3cret")
+        .connect()
+        .await?;
+    assert_eq!(owner.user(), Some("billing"));
+    let lock = ZkLock::builder(&owner, "invoices")
+        .root("/secure")
+        .build()?;
+    let g = lock.lock().await?;
+
+    // Anonymous and wrong-user sessions can neither see nor take nor clear it.
+    let anon = client(&zk).await;
+    let other = ZkClient::builder(zk.connect_string())
+        .digest("billing", "wrong")
+        .connect()
+        .await?;
+    for c in [&anon, &other] {
+        let l = ZkLock::builder(c, "invoices").root("/secure").build()?;
+        let e = l.try_lock().await.expect_err("no permission");
+        assert_eq!(e.backend_kind(), Some(BackendKind::Permission), "{e}");
+        assert!(
+            e.to_string().contains("digest"),
+            "the error names the fix: {e}"
+        );
+        assert!(l.force_unlock().await.is_err());
+    }
+    // The same user from another session may.
+    let same = ZkClient::builder(zk.connect_string())
+        .digest("billing", "s3cret")
+        .connect()
+        .await?;
+    let l = ZkLock::builder(&same, "invoices").root("/secure").build()?;
+    assert!(l.try_lock().await?.is_none());
+    g.unlock().await?;
+    let g2 = l.try_lock().await?.expect("free now");
+    g2.unlock().await?;
+
+    // Invalid input names the problem and the fix.
+    for root in ["relative", "/trailing/", "/zookeeper/x", "/a//b", "/"] {
+        let e = ZkLock::builder(&owner, "x")
+            .root(root)
+            .build()
+            .expect_err(root);
+        assert!(e.is_invalid_input(), "{root}: {e}");
+    }
+    assert!(
+        ZkLock::builder(&owner, "")
+            .build()
+            .expect_err("empty")
+            .is_invalid_input()
+    );
+    let e = ZkLock::builder(&owner, "x")
+        .spin_wait(Duration::ZERO)
+        .build()
+        .expect_err("zero");
+    assert!(e.is_invalid_input());
+    let e = ZkClient::connect("").await.expect_err("empty");
+    assert!(e.is_invalid_input(), "{e}");
+    let e = ZkClient::builder("127.0.0.1:2181")
+        .session_timeout(Duration::ZERO)
+        .connect()
+        .await
+        .expect_err("zero");
+    assert!(e.is_invalid_input(), "{e}");
+
+    // Names with any bytes get their own directory.
+    let odd = ZkLock::builder(&owner, b"a/b c\xff".as_slice())
+        .root("/secure")
+        .build()?;
+    assert_eq!(odd.path(), "/secure/a%2Fb%20c%FF");
+    odd.lock().await?.unlock().await?;
+
+    // Nobody listening: a clear connection error, within about the session timeout.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let start = Instant::now();
+    let e = ZkClient::builder(closed.to_string())
+        .session_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("nobody listens");
+    assert!(e.is_backend(), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    Ok(())
+}
+
+#[test]
+fn blocking_twins() -> TestResult {
+    let zk = ZkServer::start()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let c = rt.block_on(
+        ZkClient::builder(zk.connect_string())
+            .session_timeout(Duration::from_secs(2))
+            .connect(),
+    )?;
+    let l = ZkLock::builder(&c, "blocking").build()?;
+    let g = l.blocking_lock()?;
+    let inner = l.blocking_lock_as(g.holder())?;
+    assert_eq!(inner.depth(), 2);
+    let other = std::thread::spawn({
+        let l = l.clone();
+        move || l.blocking_try_lock().map(|g| g.is_none())
+    });
+    assert!(
+        other.join().expect("thread")?,
+        "another holder finds it busy"
+    );
+    let e = std::thread::spawn({
+        let l = l.clone();
+        move || {
+            l.blocking_try_lock_for(Duration::from_millis(100))
+                .map(drop)
+        }
+    })
+    .join()
+    .expect("thread")
+    .expect_err("busy");
+    assert!(e.is_timeout());
+    assert_eq!(inner.blocking_unlock()?, 1);
+    assert_eq!(g.blocking_unlock()?, 0);
+    // Through the trait, as the CLI and the checker use it.
+    let any = slate_core::AnyLock::new(l.clone());
+    let g = rt.block_on(async { any.lock().await })?;
+    assert!(rt.block_on(l.is_locked())?);
+    rt.block_on(g.unlock())?;
+    assert!(!rt.block_on(DistributedLock::is_locked(&l))?);
+    Ok(())
+}
