@@ -1293,6 +1293,30 @@ impl ZkLock {
         Ok(local.unwrap_or(1))
     }
 
+    /// Whether `holder` holds the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
+    /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(lock.is_held_by(guard.holder()).await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn is_held_by(&self, holder: HolderId) -> Result<bool> {
+        Ok(self.hold_count(holder).await? > 0)
+    }
+
     /// The longest the current hold can outlive its holder: its session's timeout (a dead
     /// holder's znode goes when its session expires). `None` when the lock is free.
     ///
