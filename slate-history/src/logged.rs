@@ -31,6 +31,7 @@ use std::time::Duration;
 use slate_combination::CombinationGuard;
 use slate_core::{Error, LockGuard};
 use slate_redis::{RwLockReadGuard, RwLockWriteGuard, SemaphorePermit, SingleLockGuard};
+use slate_zookeeper::ZkLockGuard;
 
 use crate::clock::to_mono_ns;
 use crate::history::{EventKind, HistoryError, Recorder};
@@ -94,6 +95,16 @@ impl Observed for SemaphorePermit {
 }
 
 impl Observed for SingleLockGuard {
+    fn level(&self) -> u32 {
+        self.depth()
+    }
+
+    fn held_nodes(&self) -> Vec<usize> {
+        Vec::new()
+    }
+}
+
+impl Observed for ZkLockGuard {
     fn level(&self) -> u32 {
         self.depth()
     }

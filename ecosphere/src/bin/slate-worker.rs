@@ -77,6 +77,12 @@
 //! `unlock()` future after its first poll (logged as `rel_info`, the release finishing in the
 //! background).
 //!
+//! **ZooKeeper lock** (`--zookeeper host:port[,host:port…]`, optionally `--zk-root PATH`):
+//! `contend` and `hold`, driven exactly as the combination lock is (the same code, through the
+//! `DistributedLock` contract); `--lease-ms` is the session timeout, `--command-timeout-ms` the
+//! operation timeout. With `--tolerate-errors`, acquisitions that fail with a retryable error
+//! (a leader election) are retried and failed releases counted (`incomplete_releases`).
+//!
 //! Exit code 0 on success; 1 with a message on stderr otherwise (bad arguments: 2). In `hold`
 //! and `wait`, lock errors are outcomes (recorded), not worker failures.
 
@@ -183,8 +189,17 @@ enum CombOrder {
 struct Args {
     /// URL of the Redis server that holds the lock; repeated (in node order): the nodes of a
     /// combination lock.
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "zookeeper")]
     redis_url: Vec<String>,
+    /// The ZooKeeper lock on this ensemble (`host:port[,host:port…]`) instead of a Redis lock
+    /// (`contend` and `hold`; `--lease-ms` is the session timeout, `--command-timeout-ms` the
+    /// operation timeout).
+    #[arg(long, conflicts_with_all = ["cluster", "sentinel_master", "shared"])]
+    zookeeper: Option<String>,
+    /// The ZooKeeper lock's root (library default if absent). Workers given different roots
+    /// do not exclude each other: the negative control of the ZooKeeper scenarios.
+    #[arg(long, requires = "zookeeper")]
+    zk_root: Option<String>,
     /// The `--redis-url`s are seed nodes of one Redis Cluster (a single lock on it).
     #[arg(long, conflicts_with = "sentinel_master")]
     cluster: bool,
@@ -698,12 +713,15 @@ async fn run(args: Args) -> Res<()> {
         );
     }
     let opts = opts.build().map_err(|e| format!("client options: {e}"))?;
+    if args.zookeeper.is_some() {
+        return generic::zookeeper(args, deadline, rec).await;
+    }
     let client = if args.cluster {
         RedisClient::open_cluster(&args.redis_url, opts)
     } else if let Some(master) = &args.sentinel_master {
         RedisClient::open_sentinel(&args.redis_url, master, opts)
     } else if args.redis_url.len() > 1 {
-        return combination::run(args, deadline, rec).await;
+        return generic::combination(args, deadline, rec).await;
     } else if args.shared.is_some() {
         let client = RedisClient::open_with(&args.redis_url[0], opts)
             .map_err(|e| format!("opening the lock client: {e}"))?;
@@ -1254,8 +1272,10 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
     }
 }
 
-/// The combination-lock worker (`--redis-url` repeated): `contend` only.
-mod combination {
+/// The worker of every lock driven through the `DistributedLock` contract alone: the
+/// combination lock (`--redis-url` repeated) and the ZooKeeper lock (`--zookeeper`), in
+/// `contend` and `hold`.
+mod generic {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::task::Poll;
@@ -1263,16 +1283,37 @@ mod combination {
 
     use ecosphere::history::{EventKind, OP_INCR, Recorder};
     use redis::aio::MultiplexedConnection;
-    use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
+    use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
+    use slate_core::{DistributedLock, LockGuard};
+    use slate_history::logged::Observed;
+    use slate_zookeeper::{ZkClient, ZkLock};
 
     use super::{
         Args, CombOrder, Fenced, Held, Log, Logged, Mode, Res, connect, late_word, reason_code, say,
     };
 
-    struct Comb {
+    /// A lock this worker can drive: any lock whose guard the history can observe.
+    trait Driven: DistributedLock<Guard: Observed> {
+        /// How many tasks of this process wait for the lock (the `STATS` line).
+        fn local_waiters(&self) -> usize;
+    }
+
+    impl Driven for CombinationLock {
+        fn local_waiters(&self) -> usize {
+            CombinationLock::local_waiters(self)
+        }
+    }
+
+    impl Driven for ZkLock {
+        fn local_waiters(&self) -> usize {
+            ZkLock::local_waiters(self)
+        }
+    }
+
+    struct Comb<L> {
         args: Args,
         rec: Recorder,
-        lock: CombinationLock,
+        lock: L,
         resource: Option<MultiplexedConnection>,
         fenced: Option<Fenced>,
         deadline: Instant,
@@ -1281,7 +1322,7 @@ mod combination {
         incomplete: AtomicU64,
     }
 
-    impl Comb {
+    impl<L> Comb<L> {
         fn record(&self, task: u64, kind: EventKind) -> Res<u64> {
             self.rec
                 .record(task, &self.args.lock, kind)
@@ -1298,14 +1339,19 @@ mod combination {
         }
     }
 
-    pub(super) async fn run(args: Args, deadline: Instant, rec: Recorder) -> Res<()> {
+    fn check_mode(args: &Args, what: &str) -> Res<()> {
         if !matches!(args.mode, Mode::Contend | Mode::Hold) || args.unsafe_skip_lock {
-            return Err(
-                "the combination lock supports --mode contend (without --unsafe-skip-lock) and \
-                 --mode hold only"
-                    .to_owned(),
-            );
+            return Err(format!(
+                "the {what} supports --mode contend (without --unsafe-skip-lock) and --mode hold \
+                 only"
+            ));
         }
+        Ok(())
+    }
+
+    /// The combination lock over the `--redis-url` nodes.
+    pub(super) async fn combination(args: Args, deadline: Instant, rec: Recorder) -> Res<()> {
+        check_mode(&args, "combination lock")?;
         let mut opts = NodeSetOptions::builder();
         if let Some(ms) = args.node_op_ms {
             opts = opts.node_operation_time(Duration::from_millis(ms));
@@ -1332,6 +1378,37 @@ mod combination {
         let lock = builder
             .build()
             .map_err(|e| format!("building the lock: {e}"))?;
+        drive(args, deadline, rec, lock).await
+    }
+
+    /// The ZooKeeper lock on the `--zookeeper` ensemble; `--lease-ms` is the session timeout
+    /// (the session is the lease).
+    pub(super) async fn zookeeper(args: Args, deadline: Instant, rec: Recorder) -> Res<()> {
+        check_mode(&args, "ZooKeeper lock")?;
+        let servers = args.zookeeper.clone().unwrap_or_default();
+        let mut client =
+            ZkClient::builder(servers).session_timeout(Duration::from_millis(args.lease_ms));
+        if let Some(ms) = args.command_timeout_ms {
+            client = client.operation_timeout(Duration::from_millis(ms));
+        }
+        let client = client
+            .connect()
+            .await
+            .map_err(|e| format!("connecting to ZooKeeper: {e}"))?;
+        let mut builder = ZkLock::builder(&client, &args.lock);
+        if let Some(root) = &args.zk_root {
+            builder = builder.root(root.clone());
+        }
+        if let Some(ms) = args.spin_wait_ms {
+            builder = builder.spin_wait(Duration::from_millis(ms));
+        }
+        let lock = builder
+            .build()
+            .map_err(|e| format!("building the lock: {e}"))?;
+        drive(args, deadline, rec, lock).await
+    }
+
+    async fn drive<L: Driven>(args: Args, deadline: Instant, rec: Recorder, lock: L) -> Res<()> {
         let resource = match &args.resource_url {
             Some(url) => Some(connect(url).await?),
             None if args.mode == Mode::Contend => {
@@ -1409,7 +1486,7 @@ mod combination {
 
     /// `lock()` until acquired (bounded by the run's deadline): `acq_invoke`, then `acq_ok`, or
     /// `acq_fail` and another attempt after the spin wait.
-    async fn acquire(ctx: &Comb, task: u64) -> Res<(CombinationGuard, Held)> {
+    async fn acquire<L: Driven>(ctx: &Comb<L>, task: u64) -> Res<(L::Guard, Held)> {
         let log = ctx.log(task);
         loop {
             let attempt = ctx.attempts.fetch_add(1, Ordering::Relaxed);
@@ -1428,7 +1505,11 @@ mod combination {
             match log.acquire(attempt, call).await.map_err(super::recording)? {
                 Ok(acquired) => return Ok(acquired),
                 // Nothing held (what was taken was released): `acq_fail`, and again.
-                Err(e) if e.is_insufficient_nodes() || e.is_timeout() => {
+                Err(e)
+                    if e.is_insufficient_nodes()
+                        || e.is_timeout()
+                        || (ctx.args.tolerate_errors && e.is_retryable()) =>
+                {
                     ctx.failed.fetch_add(1, Ordering::Relaxed);
                     let pause = Duration::from_millis(ctx.args.spin_wait_ms.unwrap_or(50));
                     tokio::time::sleep(pause.min(ctx.remaining())).await;
@@ -1441,7 +1522,7 @@ mod combination {
         }
     }
 
-    async fn contend_task(ctx: &Comb, task: u64) -> Res<u64> {
+    async fn contend_task<L: Driven>(ctx: &Comb<L>, task: u64) -> Res<u64> {
         let mut done = 0;
         for _ in 0..ctx.args.iterations {
             if Instant::now() >= ctx.deadline {
@@ -1455,6 +1536,10 @@ mod combination {
             match release(ctx, task, held, guard).await? {
                 Released::Ok(_) | Released::NotHeld | Released::Cancelled => {}
                 Released::Incomplete(_) => {
+                    ctx.incomplete.fetch_add(1, Ordering::Relaxed);
+                }
+                // A release that failed (a server going away) is finished in the background.
+                Released::Error(_) if ctx.args.tolerate_errors => {
                     ctx.incomplete.fetch_add(1, Ordering::Relaxed);
                 }
                 Released::Error(e) => return Err(format!("unlock failed: {e}")),
@@ -1477,11 +1562,11 @@ mod combination {
 
     /// `rel_invoke`, `unlock()`, then `rel_ok` / `rel_fail{not_held}` / `rel_info` (with
     /// `--cancel-unlock`, the unlock is given up after its first poll: `rel_info`).
-    async fn release(
-        ctx: &Comb,
+    async fn release<L: Driven>(
+        ctx: &Comb<L>,
         task: u64,
         mut held: Held,
-        guard: CombinationGuard,
+        guard: L::Guard,
     ) -> Res<Released> {
         let log = ctx.log(task);
         let released = if ctx.args.cancel_unlock {
@@ -1516,10 +1601,10 @@ mod combination {
     /// One resource operation: the fenced write (with `--fenced-key`), GET then SET+1 of the
     /// counter (non-atomic on purpose), then `renew_ok` if the deadline moved past `logged`, and
     /// the `res_op` events; a failed increment is recorded (`unknown:<error>`) and returned.
-    async fn resource_op(
-        ctx: &Comb,
+    async fn resource_op<L: Driven>(
+        ctx: &Comb<L>,
         task: u64,
-        guard: &CombinationGuard,
+        guard: &L::Guard,
         held: &mut Held,
     ) -> Res<()> {
         let token = held.token;
@@ -1554,9 +1639,9 @@ mod combination {
         }
     }
 
-    /// `hold` on the combination lock: acquire (retrying failed attempts), hold with resource
+    /// `hold`: acquire (retrying failed attempts), hold with resource
     /// operations until done or lost, unlock.
-    async fn hold(ctx: &Comb) -> Res<()> {
+    async fn hold<L: Driven>(ctx: &Comb<L>) -> Res<()> {
         let (guard, mut held) = acquire(ctx, 0).await?;
         let (holder, token) = (held.holder.clone(), held.token);
         say(&format!("HOLDING {holder} {token}"))?;

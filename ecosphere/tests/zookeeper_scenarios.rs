@@ -1,0 +1,434 @@
+//! The ZooKeeper lock under faults (issue 17; reliability.md Z1–Z5), multi-process, decided by
+//! the history checker with the same invariants as the Redis single lock.
+//!
+//! - **Z1** contention on a 3-server ensemble while the harness kills the leader, restarts
+//!   it, then pauses the new leader: I1 exclusion, I3 tokens (creation zxids, strictly
+//!   increasing across the elections), I5 ownership, validity, and the unfenced counter
+//!   equal to the acquisitions.
+//! - **Z2** a holder killed: its session expires, the waiter acquires after the holder's last
+//!   lease deadline and within session timeout + slack of the kill.
+//! - **Z3** a holder paused (SIGSTOP) past its session timeout: the waiter acquires; after the
+//!   resume the holder reports the loss, its late fenced write is rejected (I2), its unlock
+//!   answers not held.
+//! - **Z4** a holder partitioned from every server (blackholing proxies): it knows it lost the
+//!   lock (its deadline) before the waiter gets it.
+//! - **Z5** negative control: two workers on different roots "share" a name; the checker must
+//!   report the overlap (I1).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod single_common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ecosphere::clock::now_ns;
+use ecosphere::history::{
+    CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, Recorder, Status,
+};
+use ecosphere::proxy::{FaultProxy, Mode};
+use ecosphere::server::RedisServer;
+use ecosphere::zookeeper::ZkEnsemble;
+use single_common::*;
+
+const HARNESS: u32 = 99;
+
+/// A worker on the ZooKeeper lock at `servers` (the resource is a Redis server).
+fn zk_worker(
+    mode: &'static str,
+    resource: &RedisServer,
+    servers: &str,
+    lock: &str,
+    dir: &Path,
+) -> Worker {
+    let mut w = Worker::new(mode, resource, lock, dir);
+    w.resource_url = Some(resource.url());
+    w.extra = vec!["--zookeeper".into(), servers.to_owned()];
+    w
+}
+
+/// The contenders left under `/slate/<lock>`.
+fn contenders(servers: &str, lock: &str) -> Vec<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = slate_zookeeper::ZkClient::connect(servers).await.unwrap();
+        let l = slate_zookeeper::ZkLock::builder(&c, lock).build().unwrap();
+        let s = l.status().await.unwrap();
+        s.holder
+            .into_iter()
+            .chain(s.waiters)
+            .map(|c| c.znode)
+            .collect()
+    })
+}
+
+/// Waits until no contender is left (the workers' sessions closed or expired).
+fn wait_empty(servers: &str, lock: &str, within: Duration) -> Vec<String> {
+    let until = Instant::now() + within;
+    loop {
+        let left = contenders(servers, lock);
+        if left.is_empty() || Instant::now() > until {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn z1_contention_through_a_leader_kill_and_a_leader_pause() {
+    const PROCS: usize = 3;
+    const TASKS: u64 = 2;
+    const ITERATIONS: u64 = 40;
+    const LEASE: Duration = Duration::from_secs(4);
+    let mut ensemble = ZkEnsemble::start(3).expect("ZooKeeper ensemble");
+    let servers = ensemble.connect_string();
+    let resource = server();
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history");
+    std::fs::create_dir(&history).unwrap();
+    let go = dir.path().join("go");
+    let mut w = zk_worker("contend", &resource, &servers, "z1", &history);
+    w.tasks = TASKS;
+    w.iterations = ITERATIONS;
+    w.lease = LEASE;
+    w.spin_wait = Some(Duration::from_millis(200));
+    w.command_timeout = Some(Duration::from_secs(2));
+    w.max_duration = Duration::from_secs(90);
+    w.go_file = Some(go.clone());
+    w.extra.push("--tolerate-errors".into());
+    let mut workers = w.spawn(PROCS);
+    wait_line_all(&mut workers, "READY", Duration::from_secs(20));
+    let rec = Recorder::create(&history, HARNESS).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    go_file(&go);
+    let started = Instant::now();
+    let nemesis = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut faults = Vec::new();
+            let pause = |d: Duration| {
+                let until = Instant::now() + d;
+                while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            };
+            pause(Duration::from_millis(400));
+            let old = ensemble.leader().expect("a leader");
+            ensemble.server_mut(old).kill();
+            nemesis(&rec, now_ns(), "z1", "kill_server", &format!("zk:{old}"));
+            faults.push("kill leader");
+            let new = ensemble
+                .wait_leader(Duration::from_secs(20))
+                .expect("a new leader");
+            ensemble
+                .server_mut(old)
+                .restart()
+                .expect("restart the old leader");
+            nemesis(&rec, now_ns(), "z1", "restart_server", &format!("zk:{old}"));
+            pause(Duration::from_millis(300));
+            if !stop.load(Ordering::SeqCst) {
+                let leader = ensemble.leader().unwrap_or(new);
+                ensemble.server_mut(leader).pause().unwrap();
+                nemesis(
+                    &rec,
+                    now_ns(),
+                    "z1",
+                    "sigstop_server",
+                    &format!("zk:{leader}"),
+                );
+                faults.push("pause leader");
+                pause(Duration::from_millis(1500));
+                ensemble.server_mut(leader).resume().unwrap();
+                nemesis(&rec, now_ns(), "z1", "heal", &format!("zk:{leader}"));
+            }
+            (ensemble, faults)
+        })
+    };
+    let outputs = workers.wait_all(Duration::from_secs(100));
+    stop.store(true, Ordering::SeqCst);
+    let (ensemble, faults) = nemesis.join().expect("nemesis");
+    let outputs = outputs.expect("workers finish in time");
+    let mut incomplete = 0;
+    for out in &outputs {
+        assert!(
+            out.status.success(),
+            "worker {}: {}\n{}",
+            out.index,
+            out.stdout,
+            out.stderr
+        );
+        let done = out
+            .stdout_lines()
+            .find(|l| l.starts_with("DONE "))
+            .expect("DONE");
+        assert!(
+            done.starts_with(&format!("DONE acquisitions={} ", TASKS * ITERATIONS)),
+            "{done}"
+        );
+        incomplete += done
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("incomplete_releases="))
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+    }
+    let left = wait_empty(&ensemble.connect_string(), "z1", LEASE * 2);
+    let total = PROCS as u64 * TASKS * ITERATIONS;
+    let counter = get_u64(&resource, "counter");
+    let cfg = CheckConfig {
+        counter: Some(CounterCheck {
+            final_value: counter,
+            expected: CounterExpectation::FirstLevelAcquisitions,
+        }),
+        final_keys: Some(left),
+        ..CheckConfig::new(LEASE)
+    };
+    let (h, report) = check(&history, &cfg);
+    println!(
+        "{total} acquisitions in {:?} through {faults:?}; {incomplete} releases finished in \
+         the background",
+        started.elapsed()
+    );
+    report.assert_ok();
+    assert_eq!(report.stats.first_level_acquisitions, total as usize);
+    report.assert_pass(&[
+        CheckId::Exclusion,
+        CheckId::Tokens,
+        CheckId::Ownership,
+        CheckId::Validity,
+        CheckId::Counter,
+        CheckId::Quiescence,
+    ]);
+    assert!(
+        !faults.is_empty(),
+        "the workers finished before the leader was killed"
+    );
+    // The tokens span the elections: their high half (the epoch) grew.
+    let epochs: std::collections::BTreeSet<u64> = events(&h, "acq_ok")
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::AcqOk { token, .. } => Some(token >> 32),
+            _ => None,
+        })
+        .collect();
+    println!("epochs seen in the tokens: {epochs:?}");
+    assert!(epochs.len() >= 2, "the kill made a new epoch: {epochs:?}");
+}
+
+fn go_file(path: &Path) {
+    std::fs::write(path, b"go").unwrap();
+}
+
+/// Z2–Z5 on one ensemble, one after the other.
+#[test]
+fn z2_to_z5_killed_paused_and_partitioned_holders_and_the_negative_control() {
+    const LEASE: Duration = Duration::from_secs(2);
+    let ensemble = ZkEnsemble::start(3).expect("ZooKeeper ensemble");
+    let servers = ensemble.connect_string();
+    let resource = server();
+    let root = tempfile::tempdir().unwrap();
+
+    // --- Z2: the holder is killed.
+    {
+        let history = root.path().join("z2");
+        std::fs::create_dir(&history).unwrap();
+        let mut a = zk_worker("hold", &resource, &servers, "z2", &history);
+        a.lease = LEASE;
+        a.hold = Duration::from_secs(30);
+        a.max_duration = Duration::from_secs(40);
+        let mut holder = a.spawn(1);
+        let holding = wait_line(&mut holder, 0, "HOLDING ", Duration::from_secs(20));
+        let a_holder = holding.split(' ').nth(1).unwrap().to_owned();
+        let mut b = zk_worker("hold", &resource, &servers, "z2", &history);
+        b.lease = LEASE;
+        b.hold = Duration::from_millis(100);
+        b.proc_base = 1;
+        b.max_duration = Duration::from_secs(30);
+        let mut waiter = b.spawn(1);
+        wait_history(&history, Duration::from_secs(10), "B waits", |h| {
+            h.events()
+                .iter()
+                .any(|e| e.proc == 1 && e.kind.name() == "acq_invoke")
+        });
+        wait_history(
+            &history,
+            Duration::from_secs(10),
+            "a lease check by A",
+            |h| {
+                h.events()
+                    .iter()
+                    .any(|e| e.proc == 0 && e.kind.name() == "renew_ok")
+            },
+        );
+        let rec = Recorder::create(&history, HARNESS).unwrap();
+        let t_kill = now_ns();
+        holder.kill(0).unwrap();
+        rec.record_at(t_kill, 0, "z2", EventKind::kill_worker(0))
+            .unwrap();
+        let out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
+        assert!(out.stdout.contains("UNLOCK ok 0"), "{}", out.stdout);
+        let (h, report) = check_killed(&history, &CheckConfig::new(LEASE));
+        report.assert_ok();
+        report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Validity]);
+        let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
+        let a_deadline = last_deadline(&h, &a_holder);
+        println!(
+            "Z2: B acquired {:.0} ms after the kill; A's last deadline {:+.0} ms",
+            ms_between(t_kill, b_ok),
+            ms_between(t_kill, a_deadline)
+        );
+        assert!(b_ok >= a_deadline, "B acquired before A's lease ended");
+        assert!(
+            b_ok <= t_kill + ns(LEASE + Duration::from_secs(2)),
+            "B waited past the session timeout + slack"
+        );
+    }
+
+    // --- Z3: the holder is paused past its session timeout; fenced writes.
+    {
+        let history = root.path().join("z3");
+        std::fs::create_dir(&history).unwrap();
+        let mut a = zk_worker("hold", &resource, &servers, "z3", &history);
+        a.lease = LEASE;
+        a.hold = Duration::from_secs(30);
+        a.max_duration = Duration::from_secs(40);
+        a.fenced_key = Some("fenced".into());
+        a.late_write = true;
+        let mut holder = a.spawn(1);
+        wait_line(&mut holder, 0, "HOLDING ", Duration::from_secs(20));
+        let mut b = zk_worker("hold", &resource, &servers, "z3", &history);
+        b.lease = LEASE;
+        b.hold = Duration::from_millis(300);
+        b.proc_base = 1;
+        b.fenced_key = Some("fenced".into());
+        b.max_duration = Duration::from_secs(30);
+        let mut waiter = b.spawn(1);
+        wait_history(&history, Duration::from_secs(10), "B waits", |h| {
+            h.events()
+                .iter()
+                .any(|e| e.proc == 1 && e.kind.name() == "acq_invoke")
+        });
+        let rec = Recorder::create(&history, HARNESS).unwrap();
+        holder.pause(0).unwrap();
+        nemesis(&rec, now_ns(), "z3", "sigstop_worker", "proc:0");
+        wait_line(&mut waiter, 0, "HOLDING ", Duration::from_secs(15));
+        // B's token reached F before A wakes up with its old one.
+        wait_history(
+            &history,
+            Duration::from_secs(10),
+            "a fenced write by B",
+            |h| {
+                h.events().iter().any(|e| {
+                e.proc == 1
+                    && matches!(&e.kind, EventKind::ResOp { op, .. } if op == ecosphere::history::OP_FENCED_WRITE)
+            })
+            },
+        );
+        holder.resume(0).unwrap();
+        nemesis(&rec, now_ns(), "z3", "heal", "proc:0");
+        let a_out = finish_ok(&mut holder, Duration::from_secs(30)).remove(0);
+        let b_out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
+        assert!(a_out.stdout.contains("LOST "), "{}", a_out.stdout);
+        assert!(
+            a_out.stdout.contains("LATE rejected"),
+            "the late write is fenced off: {}",
+            a_out.stdout
+        );
+        assert!(a_out.stdout.contains("UNLOCK not_held"), "{}", a_out.stdout);
+        assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
+        let (_h, report) = check(&history, &CheckConfig::new(LEASE));
+        report.assert_ok();
+        report.assert_pass(&[
+            CheckId::Exclusion,
+            CheckId::FencedOrder,
+            CheckId::Tokens,
+            CheckId::Ownership,
+        ]);
+    }
+
+    // --- Z4: the holder is partitioned from every server.
+    {
+        let history = root.path().join("z4");
+        std::fs::create_dir(&history).unwrap();
+        let proxies: Vec<FaultProxy> = (0..ensemble.len())
+            .map(|i| FaultProxy::start(ensemble.server(i).addr()).unwrap())
+            .collect();
+        let through: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+        let unlock = root.path().join("z4-unlock");
+        let mut a = zk_worker("hold", &resource, &through.join(","), "z4", &history);
+        a.lease = LEASE;
+        a.hold = Duration::from_secs(30);
+        a.max_duration = Duration::from_secs(40);
+        a.unlock_file = Some(unlock.clone());
+        let mut holder = a.spawn(1);
+        wait_line(&mut holder, 0, "HOLDING ", Duration::from_secs(20));
+        let mut b = zk_worker("hold", &resource, &servers, "z4", &history);
+        b.lease = LEASE;
+        b.hold = Duration::from_millis(100);
+        b.proc_base = 1;
+        b.max_duration = Duration::from_secs(30);
+        let mut waiter = b.spawn(1);
+        wait_history(&history, Duration::from_secs(10), "B waits", |h| {
+            h.events()
+                .iter()
+                .any(|e| e.proc == 1 && e.kind.name() == "acq_invoke")
+        });
+        let rec = Recorder::create(&history, HARNESS).unwrap();
+        for p in &proxies {
+            p.set_mode(Mode::Blackhole).unwrap();
+        }
+        nemesis(&rec, now_ns(), "z4", "partition", "proc:0");
+        wait_line(&mut holder, 0, "LOST ", Duration::from_secs(15));
+        let b_out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
+        assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
+        for p in &proxies {
+            p.set_mode(Mode::Pass).unwrap();
+        }
+        nemesis(&rec, now_ns(), "z4", "heal", "proc:0");
+        go_file(&unlock);
+        let a_out = finish_ok(&mut holder, Duration::from_secs(30)).remove(0);
+        assert!(
+            a_out.stdout.contains("UNLOCK not_held") || a_out.stdout.contains("UNLOCK error"),
+            "{}",
+            a_out.stdout
+        );
+        let (h, report) = check(&history, &CheckConfig::new(LEASE));
+        report.assert_ok();
+        report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Ownership]);
+        let lost = first_of(&h, 0, "lost").expect("A logged the loss").t;
+        let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
+        println!("Z4: A knew {:.0} ms before B held", ms_between(lost, b_ok));
+        assert!(lost <= b_ok, "A learnt of the loss after B held the lock");
+    }
+
+    // --- Z5: the negative control: different roots do not exclude each other.
+    {
+        let history = root.path().join("z5");
+        std::fs::create_dir(&history).unwrap();
+        let mut w = zk_worker("contend", &resource, &servers, "z5", &history);
+        w.iterations = 30;
+        w.lease = LEASE;
+        w.hold = Duration::ZERO;
+        w.max_duration = Duration::from_secs(40);
+        let mut a = w.clone();
+        a.extra.extend(["--zk-root".into(), "/left".into()]);
+        let mut b = w;
+        b.extra.extend(["--zk-root".into(), "/right".into()]);
+        b.proc_base = 1;
+        let mut wa = a.spawn(1);
+        let mut wb = b.spawn(1);
+        finish_ok(&mut wa, Duration::from_secs(40));
+        finish_ok(&mut wb, Duration::from_secs(40));
+        let (_h, report) = check(&history, &CheckConfig::new(LEASE));
+        let exclusion = report.status(CheckId::Exclusion);
+        println!("Z5 (negative control): exclusion = {exclusion:?}");
+        assert!(
+            matches!(exclusion, Status::Fail(_)),
+            "the checker must catch two holders that do not exclude each other"
+        );
+    }
+}
