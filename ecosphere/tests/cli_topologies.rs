@@ -1,4 +1,5 @@
-//! The `slate` command on a Redis Cluster and on a Sentinel group (issue 13, item 8).
+//! The `slate` command on a Redis Cluster and on a Sentinel group (issue 13, item 8), and on
+//! a ZooKeeper ensemble (issue 17).
 //!
 //! `slate-cli` must not depend on the harness, so these tests live here and run the `slate`
 //! binary that the workspace build put next to this test binary.
@@ -9,6 +10,7 @@ use std::process::{Command, Output};
 
 use ecosphere::cluster::RedisCluster;
 use ecosphere::sentinel::SentinelGroup;
+use ecosphere::zookeeper::ZkEnsemble;
 
 /// `target/<profile>/slate`, beside `target/<profile>/deps/<this test>`.
 fn slate_binary() -> PathBuf {
@@ -146,4 +148,188 @@ fn run_and_status_on_a_sentinel_group() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// `slate run/status/unlock --zookeeper`: the job gets a fencing token (a zxid), a second run
+/// finds it busy with the holder named, status shows holder and waiters, a killed `slate`
+/// takes its command with it and the ensemble frees the lock when the session expires, and
+/// `unlock --force` clears a holder.
+#[test]
+fn run_status_and_unlock_on_a_zookeeper_ensemble() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let ensemble = ZkEnsemble::start(3).expect("ZooKeeper ensemble");
+    let zk = ensemble.connect_string();
+    let out = slate(&[
+        "run",
+        "--lock",
+        "nightly",
+        "--zookeeper",
+        &zk,
+        "--lease",
+        "4s",
+        "--",
+        "sh",
+        "-c",
+        "echo token=$SLATE_FENCING_TOKEN; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    let token: u64 = text(&out.stdout)
+        .trim()
+        .strip_prefix("token=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(token > 0);
+
+    // A holder that runs on; it prints its pid, then sleeps.
+    let mut first = Command::new(slate_binary())
+        .args([
+            "run",
+            "--lock",
+            "nightly",
+            "--zookeeper",
+            &zk,
+            "--lease",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            "echo pid $$; exec sleep 60",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(first.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let job: i32 = line.trim().strip_prefix("pid ").unwrap().parse().unwrap();
+
+    let busy = slate(&[
+        "run",
+        "--lock",
+        "nightly",
+        "--zookeeper",
+        &zk,
+        "--wait",
+        "0s",
+        "--",
+        "true",
+    ]);
+    assert_eq!(busy.status.code(), Some(75), "{}", text(&busy.stderr));
+    assert!(
+        text(&busy.stderr).contains("held by"),
+        "{}",
+        text(&busy.stderr)
+    );
+
+    let status = slate(&["status", "nightly", "--zookeeper", &zk, "--json"]);
+    assert_eq!(status.status.code(), Some(0), "{}", text(&status.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["kind"], "zookeeper");
+    assert_eq!(json["held"], true);
+    assert_eq!(json["path"], "/slate/nightly");
+    assert!(json["holder"]["token"].as_u64().unwrap() > token, "{json}");
+    let table = slate(&["status", "nightly", "--zookeeper", &zk]);
+    assert!(
+        text(&table.stdout).contains("holder"),
+        "{}",
+        text(&table.stdout)
+    );
+
+    // SIGKILL the holding slate: its guardian kills the job; the ensemble frees the lock when
+    // the session expires, and the next run gets it with a higher token.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{job}/stat")).is_ok_and(|s| !s.contains(") Z")) {
+        assert!(Instant::now() < until, "the job outlived its slate");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let next = slate(&[
+        "run",
+        "--lock",
+        "nightly",
+        "--zookeeper",
+        &zk,
+        "--wait",
+        "20s",
+        "--",
+        "sh",
+        "-c",
+        "echo $SLATE_FENCING_TOKEN",
+    ]);
+    assert_eq!(next.status.code(), Some(0), "{}", text(&next.stderr));
+    let next_token: u64 = text(&next.stdout).trim().parse().unwrap();
+    assert!(next_token > token);
+
+    // unlock --force on a free lock, and on a held one.
+    let free = slate(&["unlock", "--force", "nightly", "--zookeeper", &zk]);
+    assert_eq!(free.status.code(), Some(0), "{}", text(&free.stderr));
+    assert!(
+        text(&free.stdout).contains("not held"),
+        "{}",
+        text(&free.stdout)
+    );
+    let mut holder = Command::new(slate_binary())
+        .args([
+            "run",
+            "--lock",
+            "nightly",
+            "--zookeeper",
+            &zk,
+            "--",
+            "sh",
+            "-c",
+            "echo in; exec sleep 60",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let cleared = slate(&["unlock", "--force", "nightly", "--zookeeper", &zk]);
+    assert_eq!(cleared.status.code(), Some(0), "{}", text(&cleared.stderr));
+    assert!(
+        text(&cleared.stdout).contains("deleted lock"),
+        "{}",
+        text(&cleared.stdout)
+    );
+    // The holder learns it lost the lock and kills its job (exit 76).
+    let until = Instant::now() + Duration::from_secs(20);
+    let code = loop {
+        if let Some(s) = holder.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(Instant::now() < until, "the holder did not notice the loss");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(76));
+
+    // Usage errors name the fix.
+    let bad = slate(&[
+        "run",
+        "--lock",
+        "x",
+        "--zookeeper",
+        &zk,
+        "--read",
+        "--",
+        "true",
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("exclusive"),
+        "{}",
+        text(&bad.stderr)
+    );
+    let bad = slate(&["status", "x", "--zookeeper", &zk, "--prefix", "relative"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
 }

@@ -6,8 +6,9 @@
 //!           [--read | --write | --permits K --of N] -- CMD [ARGS]...
 //! slate status NAME [--redis URL]... [--json]
 //! slate unlock --force NAME [--redis URL]...
-//!   (instead of --redis: --cluster URL... for a Redis Cluster, or --sentinel URL...
-//!    --master-name NAME for a Sentinel-managed master)
+//!   (instead of --redis: --cluster URL... for a Redis Cluster, --sentinel URL...
+//!    --master-name NAME for a Sentinel-managed master, or --zookeeper HOST:PORT[,...] for the
+//!    ZooKeeper lock)
 //! slate nodes adopt [--redis URL]...
 //! slate completions bash|zsh|fish|elvish|powershell
 //! slate man
@@ -29,6 +30,7 @@ mod run;
 mod status;
 mod target;
 mod tree;
+mod zk;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -161,7 +163,16 @@ struct Common {
     /// The master's name as the Sentinels monitor it (with --sentinel).
     #[arg(long = "master-name", value_name = "NAME")]
     master_name: Option<String>,
-    /// Key prefix of the lock's Redis keys.
+    /// A ZooKeeper ensemble, host:port[,host:port...][/chroot]: the lock is the ZooKeeper lock
+    /// (the session is the lease; digest credentials from $SLATE_ZOOKEEPER_DIGEST=user:password).
+    #[arg(
+        long = "zookeeper",
+        value_name = "SERVERS",
+        conflicts_with_all = ["redis", "cluster", "sentinel", "master_name"]
+    )]
+    zookeeper: Option<String>,
+    /// Key prefix of the lock's Redis keys; with --zookeeper, the lock root path (default
+    /// /slate).
     #[arg(long, default_value = "slate:", value_name = "PREFIX")]
     prefix: String,
 }
@@ -253,6 +264,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, u8> {
 }
 
 fn servers(common: &Common) -> Result<target::Servers, u8> {
+    if let Some(zk) = &common.zookeeper {
+        return Ok(target::Servers::ZooKeeper(zk.clone()));
+    }
     target::Servers::resolve(
         &common.redis,
         &common.cluster,
@@ -368,12 +382,17 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
         Cmd::Status(args) => {
             let servers = servers(&args.common)?;
             let rt = runtime()?;
-            let code = rt.block_on(status::status(
-                &servers,
-                &args.name,
-                &args.common.prefix,
-                args.json,
-            ));
+            let code = match &servers {
+                target::Servers::ZooKeeper(zk) => {
+                    rt.block_on(zk::status(zk, &args.name, &args.common.prefix, args.json))
+                }
+                _ => rt.block_on(status::status(
+                    &servers,
+                    &args.name,
+                    &args.common.prefix,
+                    args.json,
+                )),
+            };
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)
         }
@@ -384,7 +403,12 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
             }
             let servers = servers(&args.common)?;
             let rt = runtime()?;
-            let code = rt.block_on(status::unlock(&servers, &args.name, &args.common.prefix));
+            let code = match &servers {
+                target::Servers::ZooKeeper(zk) => {
+                    rt.block_on(zk::unlock(zk, &args.name, &args.common.prefix))
+                }
+                _ => rt.block_on(status::unlock(&servers, &args.name, &args.common.prefix)),
+            };
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)
         }

@@ -82,7 +82,7 @@ pub struct RunSpec {
 
 /// Runs `slate run` and returns the exit code.
 pub async fn run(spec: RunSpec) -> u8 {
-    let target = match Target::build(&spec.servers, &spec.name, &spec.prefix, spec.lease) {
+    let target = match Target::build(&spec.servers, &spec.name, &spec.prefix, spec.lease).await {
         Ok(t) => t,
         Err(e) => {
             eprintln!("slate: {e}");
@@ -113,6 +113,29 @@ pub async fn run(spec: RunSpec) -> u8 {
             let busy = async || format!("held by another holder{}", lease_note(&lock).await);
             run_locked(async |h, w| lock.acquire(h, w).await, busy, &spec).await
         }
+        (Target::ZooKeeper(lock), Mode::Write) => {
+            let busy = async || match lock.status().await {
+                Ok(s) => match s.holder {
+                    Some(h) => format!(
+                        "held by {} (pid {} on {}; freed at the latest {} after that process \
+                         dies)",
+                        h.holder.map_or_else(|| "?".to_owned(), |h| h.to_string()),
+                        h.pid.map_or_else(|| "?".to_owned(), |p| p.to_string()),
+                        h.host.as_deref().unwrap_or("?"),
+                        h.session_timeout
+                            .map_or_else(|| "its session timeout".to_owned(), human)
+                    ),
+                    None => "held by another holder".to_owned(),
+                },
+                Err(_) => "held by another holder".to_owned(),
+            };
+            run_locked(async |h, w| lock.acquire(h, w).await, busy, &spec).await
+        }
+        (Target::ZooKeeper(_), _) => usage(&Error::invalid_input(
+            "--read/--permits",
+            "read locks and semaphores live on Redis; the ZooKeeper lock is exclusive",
+            "drop --read/--permits, or give --redis (or --cluster, or --sentinel)",
+        )),
         (Target::Combination(_), _) => usage(&Error::invalid_input(
             "--read/--permits",
             "read locks and semaphores live on one Redis deployment, and several --redis \

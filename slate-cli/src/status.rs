@@ -217,6 +217,13 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
     let keys = NodeKeys::new(prefix, &lock_name);
     let one = match servers {
         Servers::Masters(_) => None,
+        Servers::ZooKeeper(_) => {
+            return Err(Error::invalid_input(
+                "servers",
+                "this report reads Redis servers, and --zookeeper names a ZooKeeper ensemble",
+                "read a ZooKeeper lock's status with slate status NAME --zookeeper SERVERS",
+            ));
+        }
         Servers::Cluster(seeds) => Some(RedisClient::open_cluster(
             seeds,
             slate_redis::ClientOptions::default(),
@@ -579,7 +586,9 @@ pub async fn unlock(servers: &Servers, name: &str, prefix: &str) -> u8 {
         name,
         prefix,
         slate_core::LockOptions::default().lease(),
-    ) {
+    )
+    .await
+    {
         Ok(t) => t,
         Err(e) => {
             eprintln!("slate: {e}");
@@ -593,12 +602,13 @@ pub async fn unlock(servers: &Servers, name: &str, prefix: &str) -> u8 {
     let result = match &lock {
         Target::Single(l) => l.force_unlock().await,
         Target::Combination(l) => l.force_unlock().await,
+        Target::ZooKeeper(l) => l.force_unlock().await,
     };
     // On one deployment, the name's readers (`slate run --read`) and permit holders
     // (`--permits`) are dropped too.
     let shared = match &lock {
         Target::Single(l) => force_shared(l.client(), name, prefix).await,
-        Target::Combination(_) => Ok(0),
+        Target::Combination(_) | Target::ZooKeeper(_) => Ok(0),
     };
     let result = match (result, shared) {
         (Ok(deleted), Ok(n)) => Ok(deleted || n > 0),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{Error, LockName};
 use slate_redis::{ClientOptions, RedisClient, SingleLock};
+use slate_zookeeper::{ZkClient, ZkLock};
 
 /// The environment variable read when no `--redis` is given (comma-separated URLs).
 pub const REDIS_ENV: &str = "SLATE_REDIS_URL";
@@ -78,6 +79,8 @@ pub enum Servers {
         /// The monitored master's name.
         master: String,
     },
+    /// `--zookeeper`: a ZooKeeper ensemble's connection string.
+    ZooKeeper(String),
 }
 
 impl Servers {
@@ -131,6 +134,7 @@ impl Servers {
             Servers::Sentinel { sentinels, master } => {
                 format!("sentinel {master} via {}", list(sentinels))
             }
+            Servers::ZooKeeper(servers) => format!("zookeeper {servers}"),
         }
     }
 }
@@ -152,6 +156,43 @@ pub enum Target {
     Single(SingleLock),
     /// Several URLs.
     Combination(CombinationLock),
+    /// A ZooKeeper ensemble.
+    ZooKeeper(ZkLock),
+}
+
+/// The environment variable holding `user:password` for ZooKeeper's digest scheme.
+pub const ZK_DIGEST_ENV: &str = "SLATE_ZOOKEEPER_DIGEST";
+
+/// The ZooKeeper lock root for `--prefix`: the Redis default means the ZooKeeper default.
+#[must_use]
+pub fn zk_root(prefix: &str) -> &str {
+    if prefix == "slate:" {
+        slate_zookeeper::path::DEFAULT_ROOT
+    } else {
+        prefix
+    }
+}
+
+/// Connects to a ZooKeeper ensemble with `lease` as the session timeout and the digest
+/// credentials of [`ZK_DIGEST_ENV`], if set.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] for a bad connection string or credentials; backend errors when no
+/// server answers.
+pub async fn zk_client(servers: &str, lease: Duration) -> Result<ZkClient, Error> {
+    let mut builder = ZkClient::builder(servers).session_timeout(lease);
+    if let Ok(digest) = std::env::var(ZK_DIGEST_ENV) {
+        let Some((user, password)) = digest.split_once(':') else {
+            return Err(Error::invalid_input(
+                "ZooKeeper credentials",
+                format!("{ZK_DIGEST_ENV} is not user:password"),
+                format!("set {ZK_DIGEST_ENV}=user:password, or unset it"),
+            ));
+        };
+        builder = builder.digest(user, password);
+    }
+    builder.connect().await
 }
 
 impl Target {
@@ -163,18 +204,20 @@ impl Target {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a bad URL, name, lease or prefix.
-    pub fn build(
+    pub async fn build(
         servers: &Servers,
         name: &str,
         prefix: &str,
         lease: Duration,
     ) -> Result<Self, Error> {
         // The lease and prefix first, so that a bad one is reported as itself and not as the
-        // node-set setting derived from it (the quarantine follows the lease).
-        slate_core::LockOptions::builder()
-            .lease(lease)
-            .key_prefix(prefix)
-            .build()?;
+        // node-set setting derived from it (the quarantine follows the lease). With ZooKeeper
+        // the prefix is a root path, which the lock builder checks.
+        let options = slate_core::LockOptions::builder().lease(lease);
+        match servers {
+            Servers::ZooKeeper(_) => options.build()?,
+            _ => options.key_prefix(prefix).build()?,
+        };
         let single = |client: RedisClient| -> Result<Self, Error> {
             let lock = SingleLock::builder(&client, name)
                 .lease(lease)
@@ -184,6 +227,13 @@ impl Target {
         };
         let urls = match servers {
             Servers::Masters(urls) => urls,
+            Servers::ZooKeeper(servers) => {
+                let client = zk_client(servers, lease).await?;
+                let lock = ZkLock::builder(&client, name)
+                    .root(zk_root(prefix))
+                    .build()?;
+                return Ok(Target::ZooKeeper(lock));
+            }
             Servers::Cluster(seeds) => {
                 return single(RedisClient::open_cluster(seeds, ClientOptions::default())?);
             }
