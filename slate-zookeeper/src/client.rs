@@ -17,6 +17,14 @@ use crate::lock::LockShared;
 /// The session timeout asked for when the builder names none.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The lease deadline of a hold whose session was last confirmed by a request sent at `sent`:
+/// the ensemble cannot expire the session before `sent + timeout` (it counts from the last
+/// request it received, and rounds expiry up to its tick), less the clock-rate allowance the
+/// Redis locks use too (1 % of the timeout + 2 ms).
+pub(crate) fn lease_deadline(sent: Instant, timeout: Duration) -> Instant {
+    sent + timeout - (timeout / 100 + Duration::from_millis(2)).min(timeout / 2)
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -28,8 +36,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// ensemble heard from the client for the negotiated session timeout (a killed or paused
 /// process, a partition). The client pings on its own while the process runs; Slate adds a
 /// light check per held lock every third of the session timeout that moves each guard's
-/// lease deadline to *send time + session timeout*, so a guard knows it may have lost the
-/// lock **before** the ensemble can give it to anybody else.
+/// lease deadline to *send time + session timeout* (less a 1 % clock allowance), so a guard
+/// knows it may have lost the lock **before** the ensemble can give it to anybody else.
 ///
 /// An expired session is replaced by a new one at the next call; the guards of the old one
 /// are told at once ([`LossReason::EntryGone`]).
@@ -586,7 +594,7 @@ async fn heartbeat(inner: Weak<Inner>) {
         let answers = futures::future::join_all(checks).await;
         for ((path, _, keeper), answer) in holds.iter().zip(answers) {
             match answer {
-                Some(true) => keeper.extend(sent + session.timeout),
+                Some(true) => keeper.extend(lease_deadline(sent, session.timeout)),
                 Some(false) => {
                     tracing::warn!(%path, "the hold's znode is gone; the lock is lost");
                     keeper.lose(LossReason::EntryGone);

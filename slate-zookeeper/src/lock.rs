@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use slate_core::{
 use tracing::Instrument;
 use zookeeper_client as zk;
 
-use crate::client::{Session, ZkClient, lock};
+use crate::client::{Session, ZkClient, lease_deadline, lock};
 use crate::guard::ZkLockGuard;
 use crate::path::{DEFAULT_ROOT, contender_prefix, encode_name, parse_contender, validate_root};
 
@@ -138,6 +139,8 @@ pub(crate) struct ZkCompetitor {
     places: Arc<tokio::sync::Mutex<Places>>,
     /// The predecessor this process's place watches (one watch at a time).
     watched: Arc<Mutex<Option<String>>>,
+    /// The lock's directory is known to exist (no create of it before each contender).
+    dir_ready: Arc<AtomicBool>,
     holds: Mutex<HashMap<HolderId, LocalHold>>,
 }
 
@@ -177,6 +180,7 @@ struct Ctx {
     me: Weak<LockShared>,
     places: Arc<tokio::sync::Mutex<Places>>,
     watched: Arc<Mutex<Option<String>>>,
+    dir_ready: Arc<AtomicBool>,
 }
 
 impl ZkCompetitor {
@@ -188,6 +192,7 @@ impl ZkCompetitor {
             me: self.me.clone(),
             places: Arc::clone(&self.places),
             watched: Arc::clone(&self.watched),
+            dir_ready: Arc::clone(&self.dir_ready),
         }
     }
 
@@ -322,7 +327,10 @@ impl Ctx {
         }
         for _ in 0..64 {
             if places.place.is_none() {
-                self.ensure_dir(&s).await?;
+                if !self.dir_ready.load(Ordering::Relaxed) {
+                    self.ensure_dir(&s).await?;
+                    self.dir_ready.store(true, Ordering::Relaxed);
+                }
                 let id = u64::from_ne_bytes(random8());
                 let prefix = format!("{}/{}", self.dir, contender_prefix(id));
                 let data = record(holder, s.timeout);
@@ -343,9 +351,10 @@ impl Ctx {
                             holder,
                         });
                     }
-                    // The directory was removed (empty container) between the two calls.
+                    // The directory was removed (an empty container) since it was made.
                     Err(zk::Error::NoNode) => {
                         places.pending = None;
+                        self.dir_ready.store(false, Ordering::Relaxed);
                         continue;
                     }
                     Err(e) => return Err(self.client.error(e, "creating a contender")),
@@ -539,7 +548,7 @@ impl Competitor for ZkCompetitor {
                 keeper.lose(LossReason::EntryGone);
                 return lost(LossReason::EntryGone);
             }
-            keeper.extend(sent + s.timeout);
+            keeper.extend(lease_deadline(sent, s.timeout));
             Ok(Attempt::Acquired(Grant {
                 path,
                 session,
@@ -559,7 +568,7 @@ impl Competitor for ZkCompetitor {
             }
             return;
         }
-        let (keeper, watch) = lease::channel(grant.sent + grant.timeout);
+        let (keeper, watch) = lease::channel(lease_deadline(grant.sent, grant.timeout));
         let keeper = Arc::new(keeper);
         self.client
             .keep_lease(grant.path.clone(), grant.session, Arc::clone(&keeper));
@@ -714,6 +723,7 @@ impl ZkLockBuilder {
                     me: me.clone(),
                     places: Arc::default(),
                     watched: Arc::default(),
+                    dir_ready: Arc::default(),
                     holds: Mutex::default(),
                 },
                 self.spin_wait,

@@ -423,3 +423,129 @@ fn blocking_twins() -> TestResult {
     assert!(!rt.block_on(DistributedLock::is_locked(&l))?);
     Ok(())
 }
+
+/// Random schedules against a real server (seeded, replay with `SLATE_SEED`): three sessions
+/// × six tasks lock, try, wait with short deadlines, re-enter, get cancelled at random points
+/// (mid-attempt included) and drop guards without unlocking. Exclusion is checked directly
+/// (every "process" is in this one test process), and at the end no contender may be left:
+/// a cancelled waiter, an abandoned grant, a busy `try_lock` and a dropped guard each delete
+/// their znode, whichever await they were cut at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_schedules_keep_exclusion_and_leave_no_contender() -> TestResult {
+    let zk = ZkServer::start()?;
+    let seed = ecosphere::seed::Seed::for_scenario("zookeeper_random_schedules");
+    let mut locks = Vec::new();
+    for _ in 0..3 {
+        let c = ZkClient::builder(zk.connect_string())
+            .session_timeout(Duration::from_secs(4))
+            .connect()
+            .await?;
+        locks.push(
+            ZkLock::builder(&c, "random")
+                .spin_wait(Duration::from_millis(300))
+                .build()?,
+        );
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let granted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..18u64 {
+        let lock = locks[(t % 3) as usize].clone();
+        let mut rng = ecosphere::seed::Seed::with_value("task", seed.value() ^ (t * 0x9e37_79b9));
+        let (inside, overlaps, granted) = (inside.clone(), overlaps.clone(), granted.clone());
+        tasks.spawn(async move {
+            for _ in 0..12 {
+                let op = rng.below(6);
+                let cancel_after = rng.millis_between(0, 15);
+                let attempt = async {
+                    let guard = match op {
+                        0 => lock.try_lock().await.ok().flatten(),
+                        1 => lock.try_lock_for(rng.millis_between(1, 40)).await.ok(),
+                        _ => lock.acquire(HolderId::new(), Wait::Forever).await.ok(),
+                    };
+                    let Some(g) = guard else { return };
+                    // Leaves the critical section when dropped, before the guard (declared
+                    // later, so dropped first, on a cancel too).
+                    let in_cs = Inside::enter(&inside, &overlaps);
+                    granted.fetch_add(1, Ordering::SeqCst);
+                    let inner = if op == 5 {
+                        g.reenter().await.ok()
+                    } else {
+                        None
+                    };
+                    tokio::task::yield_now().await;
+                    drop(in_cs);
+                    drop(inner);
+                    if op == 4 {
+                        drop(g); // released in the background
+                    } else {
+                        let _ = g.unlock().await;
+                    }
+                };
+                // Some operations are cut short at a random point (dropped mid-await).
+                if op == 3 {
+                    let _ = tokio::time::timeout(cancel_after, attempt).await;
+                } else {
+                    let _ = tokio::time::timeout(Duration::from_secs(20), attempt).await;
+                }
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r?;
+    }
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two holders at once (seed {})",
+        seed.value()
+    );
+    assert!(
+        granted.load(Ordering::SeqCst) > 18,
+        "the schedules did acquire"
+    );
+    // Last, the paths that would leave a contender behind, for certain: a busy try_lock and a
+    // waiter cancelled mid-wait in each other process while the first one holds.
+    let g = locks[0].lock().await?;
+    for l in &locks[1..] {
+        assert!(l.try_lock().await?.is_none());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(30), l.lock())
+                .await
+                .is_err()
+        );
+    }
+    g.unlock().await?;
+    eventually(
+        "no contender is left behind",
+        Duration::from_secs(10),
+        || async {
+            locks[0]
+                .status()
+                .await
+                .is_ok_and(|s| s.holder.is_none() && s.waiters.is_empty())
+        },
+    )
+    .await;
+    Ok(())
+}
+
+/// Membership of the critical section, counted in `inside`; an entry while someone is inside is
+/// an overlap.
+struct Inside(Arc<AtomicUsize>);
+
+impl Inside {
+    fn enter(inside: &Arc<AtomicUsize>, overlaps: &AtomicUsize) -> Inside {
+        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        Inside(inside.clone())
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}

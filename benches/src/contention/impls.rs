@@ -9,6 +9,8 @@ use slate_redis::{
     RedisClient, RwLock, RwLockReadGuard, RwLockWriteGuard, SingleLock, SingleLockGuard,
 };
 
+use slate_zookeeper::{ZkClient, ZkLock, ZkLockGuard};
+
 use super::Impl;
 
 /// Lease given to every implementation (the perf anchors used 5 s).
@@ -28,6 +30,10 @@ pub enum Locker {
     SlateCombination(Vec<CombinationLock>),
     /// Slate's read-write lock, one handle per lock name.
     SlateRw(Vec<RwLock>),
+    /// Slate's ZooKeeper lock, one handle per lock name.
+    SlateZk(Vec<ZkLock>),
+    /// `zookeeper-client`'s lock recipe: one session per process, a contender per task.
+    ZkCurator(zookeeper_client::Client),
     /// The `rslock` crate (Redlock), with its default retry settings.
     Rslock(rslock::LockManager),
     /// `SET NX PX`, sleeping 1 ms between failed attempts; compare-and-delete release.
@@ -49,6 +55,10 @@ pub enum Held {
     SlateRead(RwLockReadGuard),
     /// Slate's write guard.
     SlateWrite(RwLockWriteGuard),
+    /// Slate's ZooKeeper guard.
+    SlateZk(ZkLockGuard),
+    /// The recipe's lock (its znode is deleted in the background when dropped).
+    ZkCurator(zookeeper_client::OwnedLockClient),
     /// rslock's lock.
     Rslock(rslock::Lock),
     /// The spin lock's random value.
@@ -122,6 +132,31 @@ impl Locker {
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(Locker::SlateRw(locks))
             }
+            Impl::SlateZk => {
+                // The session is the lease.
+                let client = ZkClient::builder(nodes[0].as_str())
+                    .session_timeout(LEASE)
+                    .connect()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let locks = names
+                    .iter()
+                    .map(|name| {
+                        ZkLock::builder(&client, name.as_str())
+                            .build()
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Locker::SlateZk(locks))
+            }
+            Impl::ZkCurator => {
+                let client = zookeeper_client::Client::connector()
+                    .with_session_timeout(LEASE)
+                    .connect(&nodes[0])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Locker::ZkCurator(client))
+            }
             Impl::Rslock1 | Impl::Rslock3 => {
                 Ok(Locker::Rslock(rslock::LockManager::new(nodes.to_vec())))
             }
@@ -185,6 +220,26 @@ impl Locker {
                 Err(e) if e.is_timeout() => Ok(None),
                 Err(e) => Err(e.to_string()),
             },
+            Locker::ZkCurator(client) => {
+                use zookeeper_client::{Acls, CreateMode, LockOptions, LockPrefix};
+                let dir = format!("/curator/{name}");
+                let prefix = LockPrefix::new_curator(&dir, "lock-").map_err(|e| e.to_string())?;
+                let options = LockOptions::new(Acls::anyone_all())
+                    .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))
+                    .map_err(|e| e.to_string())?;
+                // Cancel safe (the recipe's own promise): a timed-out contender is deleted.
+                let wait = give_up.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(wait, client.lock(prefix, b"", options)).await {
+                    Ok(Ok(lock)) => Ok(Some(Held::ZkCurator(lock.into_owned()))),
+                    Ok(Err(e)) => Err(format!("zookeeper-client lock: {e}")),
+                    Err(_) => Ok(None),
+                }
+            }
+            Locker::SlateZk(locks) => match locks[index].try_lock_until(give_up).await {
+                Ok(g) => Ok(Some(Held::SlateZk(g))),
+                Err(e) if e.is_timeout() => Ok(None),
+                Err(e) => Err(e.to_string()),
+            },
             Locker::Rslock(lm) => loop {
                 // Exactly `LockManager::acquire`, bounded by the deadline.
                 match lm.lock(name.as_bytes(), LEASE).await {
@@ -239,6 +294,14 @@ impl Locker {
             }
             (Locker::SlateRw(_), Held::SlateWrite(g)) => {
                 g.unlock().await.map(drop).map_err(|e| e.to_string())
+            }
+            (Locker::SlateZk(_), Held::SlateZk(g)) => {
+                g.unlock().await.map(drop).map_err(|e| e.to_string())
+            }
+            // The recipe's release: drop, which deletes the znode in the background.
+            (Locker::ZkCurator(_), Held::ZkCurator(lock)) => {
+                drop(lock);
+                Ok(())
             }
             (Locker::Rslock(lm), Held::Rslock(lock)) => {
                 lm.unlock(&lock).await;

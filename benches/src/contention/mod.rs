@@ -7,7 +7,8 @@
 //!   that complete after it ("late") still run the critical section and count in the
 //!   mutual-exclusion check.
 //! - **lock commands per acquisition**: the commands the clients sent to the lock nodes (from
-//!   `INFO commandstats`, summed over the nodes), without the commands that only ever run
+//!   `INFO commandstats`, summed over the nodes; for `slate-zk`, the requests the ZooKeeper
+//!   server received, `mntr`'s `zk_packets_received`, client pings included), without the commands that only ever run
 //!   inside Lua scripts and without the runner's own `INFO`/`CONFIG`/`FLUSHALL` and connection
 //!   setup (see `ecosphere::commandstats`). The workload's `GET`/`SET` go to the resource server, so none are on the lock
 //!   nodes.
@@ -50,6 +51,11 @@ pub enum Impl {
     SlateCluster,
     /// Slate's read-write lock on one node: with `--read-percent`, reads share it.
     SlateRw,
+    /// Slate's ZooKeeper lock on one standalone ZooKeeper server (fsync on, as shipped).
+    SlateZk,
+    /// The peer on ZooKeeper: `zookeeper-client`'s own lock recipe (Apache Curator's
+    /// `InterProcessMutex` layout), one contender znode per task, released by dropping it.
+    ZkCurator,
 }
 
 impl Impl {
@@ -63,6 +69,8 @@ impl Impl {
         Impl::Spin,
         Impl::SlateCluster,
         Impl::SlateRw,
+        Impl::SlateZk,
+        Impl::ZkCurator,
     ];
 
     /// How many lock nodes it uses.
@@ -70,8 +78,19 @@ impl Impl {
     pub fn nodes(self) -> usize {
         match self {
             Impl::Rslock3 | Impl::SlateComb3 | Impl::SlateComb3Pipelined | Impl::SlateCluster => 3,
-            Impl::Slate | Impl::Rslock1 | Impl::Spin | Impl::SlateRw => 1,
+            Impl::Slate
+            | Impl::Rslock1
+            | Impl::Spin
+            | Impl::SlateRw
+            | Impl::SlateZk
+            | Impl::ZkCurator => 1,
         }
+    }
+
+    /// Whether its lock lives on ZooKeeper (not on the Redis lock nodes).
+    #[must_use]
+    pub fn on_zookeeper(self) -> bool {
+        matches!(self, Impl::SlateZk | Impl::ZkCurator)
     }
 
     /// The name used on the command line and in reports.
@@ -86,6 +105,8 @@ impl Impl {
             Impl::Spin => "spin",
             Impl::SlateCluster => "slate-cluster",
             Impl::SlateRw => "slate-rw",
+            Impl::SlateZk => "slate-zk",
+            Impl::ZkCurator => "zk-curator",
         }
     }
 }
@@ -238,6 +259,8 @@ pub fn client_commands(implementation: Impl, stats: &BTreeMap<String, u64>) -> u
         | Impl::SlateCluster
         | Impl::SlateRw => ecosphere::commandstats::slate_lock_commands(stats),
         Impl::Rslock1 | Impl::Rslock3 | Impl::Spin => ecosphere::commandstats::lock_commands(stats),
+        // The ZooKeeper server's requests (`mntr`'s `zk_packets_received`, pings included).
+        Impl::SlateZk | Impl::ZkCurator => stats.values().sum(),
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use ecosphere::cluster::RedisCluster;
 use ecosphere::server::{RedisServer, ServerKind};
 use ecosphere::workers::WorkerSet;
+use ecosphere::zookeeper::{ZkServer, four_letter};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -48,6 +49,8 @@ pub struct Servers {
     pub resource: RedisServer,
     /// The cluster (3 masters, no replicas).
     pub cluster: Option<RedisCluster>,
+    /// A standalone ZooKeeper server, when a plan includes `slate-zk`.
+    pub zookeeper: Option<ZkServer>,
 }
 
 impl Servers {
@@ -56,7 +59,11 @@ impl Servers {
     /// # Errors
     ///
     /// Harness failures (e.g. no `redis-server`).
-    pub fn start(kind: ServerKind, with_cluster: bool) -> Result<Servers, String> {
+    pub fn start(
+        kind: ServerKind,
+        with_cluster: bool,
+        with_zookeeper: bool,
+    ) -> Result<Servers, String> {
         let builder = RedisServer::builder().binary(kind.locate().map_err(|e| e.to_string())?);
         let mut all = RedisServer::start_many_with(4, &builder).map_err(|e| e.to_string())?;
         let resource = all.pop().ok_or("no resource server")?;
@@ -65,11 +72,17 @@ impl Servers {
         } else {
             None
         };
+        let zookeeper = if with_zookeeper {
+            Some(ZkServer::start().map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
         Ok(Servers {
             label: resource.version().to_string(),
             nodes: all,
             resource,
             cluster,
+            zookeeper,
         })
     }
 
@@ -77,6 +90,7 @@ impl Servers {
     fn lock_nodes(&self, which: Impl) -> Vec<&RedisServer> {
         match (which, &self.cluster) {
             (Impl::SlateCluster, Some(c)) => (0..c.len()).map(|i| c.node(i)).collect(),
+            (which, _) if which.on_zookeeper() => Vec::new(),
             _ => self.nodes[..which.nodes()].iter().collect(),
         }
     }
@@ -91,10 +105,47 @@ impl Servers {
             s.command(&["CONFIG", "RESETSTAT"])
                 .map_err(|e| e.to_string())?;
         }
+        if let Some(zk) = &self.zookeeper {
+            four_letter(zk.port(), "srst").map_err(|e| e.to_string())?;
+        }
         Ok(())
     }
 
+    /// The ZooKeeper server's requests since the last reset (`mntr`), as a one-entry map.
+    fn zk_requests(&self) -> Result<BTreeMap<String, u64>, String> {
+        let zk = self.zookeeper.as_ref().ok_or("no ZooKeeper server")?;
+        let mntr = four_letter(zk.port(), "mntr").map_err(|e| e.to_string())?;
+        let received = mntr
+            .lines()
+            .find_map(|l| l.strip_prefix("zk_packets_received"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or("mntr has no zk_packets_received")?;
+        Ok(BTreeMap::from([("zk_requests".to_owned(), received)]))
+    }
+
+    /// The ZooKeeper JVM's CPU so far (`/proc/<pid>/stat` utime + stime), µs.
+    fn zk_cpu_us(&self) -> Result<f64, String> {
+        let zk = self.zookeeper.as_ref().ok_or("no ZooKeeper server")?;
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", zk.pid()))
+            .map_err(|e| e.to_string())?;
+        let fields: Vec<&str> = stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| rest.split(' ').collect())
+            .unwrap_or_default();
+        // After the command name: state is field 3, utime 14 and stime 15 (1-based).
+        let ticks = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<f64>().ok());
+        let (Some(user), Some(sys)) = (ticks(14), ticks(15)) else {
+            return Err("cannot read the ZooKeeper server's CPU".to_owned());
+        };
+        // `/proc` counts in USER_HZ clock ticks, 100 per second on Linux (every architecture
+        // the harness runs on).
+        Ok((user + sys) * 1e6 / 100.0)
+    }
+
     fn commandstats(&self, which: Impl) -> Result<BTreeMap<String, u64>, String> {
+        if which.on_zookeeper() {
+            return self.zk_requests();
+        }
         let mut total = BTreeMap::new();
         for s in self.lock_nodes(which) {
             let v = s
@@ -110,6 +161,9 @@ impl Servers {
 
     /// The lock nodes' own CPU so far (`used_cpu_sys` + `used_cpu_user` of `INFO cpu`), µs.
     fn server_cpu_us(&self, which: Impl) -> Result<f64, String> {
+        if which.on_zookeeper() {
+            return self.zk_cpu_us();
+        }
         let mut total = 0.0;
         for s in self.lock_nodes(which) {
             for field in ["used_cpu_sys", "used_cpu_user"] {
@@ -175,7 +229,10 @@ pub fn run_once(
 ) -> Result<RunResult, String> {
     servers.reset()?;
     let cpu_before = servers.server_cpu_us(which)?;
-    let nodes: Vec<String> = servers.lock_nodes(which).iter().map(|s| s.url()).collect();
+    let nodes: Vec<String> = match (which, &servers.zookeeper) {
+        (which, Some(zk)) if which.on_zookeeper() => vec![zk.connect_string()],
+        _ => servers.lock_nodes(which).iter().map(|s| s.url()).collect(),
+    };
     let locks = plan.locks;
     let read_percent = plan.read_percent;
     let resource = servers.resource.url();
@@ -249,10 +306,11 @@ pub fn run_once(
 /// The first failing run.
 pub fn run_plan(plan: &Plan) -> Result<Vec<RunResult>, String> {
     let with_cluster = plan.impls.contains(&Impl::SlateCluster);
+    let with_zookeeper = plan.impls.iter().any(|i| i.on_zookeeper());
     let sessions = plan
         .servers
         .iter()
-        .map(|&kind| Servers::start(kind, with_cluster))
+        .map(|&kind| Servers::start(kind, with_cluster, with_zookeeper))
         .collect::<Result<Vec<_>, _>>()?;
     let total = (plan.repeat * plan.shapes.len() * plan.impls.len() * sessions.len()) as u64;
     let bar = if plan.progress {
