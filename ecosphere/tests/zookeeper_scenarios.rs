@@ -14,6 +14,8 @@
 //!   lock (its deadline) before the waiter gets it.
 //! - **Z5** negative control: two workers on different roots "share" a name; the checker must
 //!   report the overlap (I1).
+//! - **Z6** re-entry to depth 3 and back (`hold_count` 3) while another process waits: I6, and
+//!   the waiter holds only after the last level is released.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod single_common;
@@ -223,9 +225,9 @@ fn go_file(path: &Path) {
     std::fs::write(path, b"go").unwrap();
 }
 
-/// Z2–Z5 on one ensemble, one after the other.
+/// Z2–Z6 on one ensemble, one after the other.
 #[test]
-fn z2_to_z5_killed_paused_and_partitioned_holders_and_the_negative_control() {
+fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_control() {
     const LEASE: Duration = Duration::from_secs(2);
     let ensemble = ZkEnsemble::start(3).expect("ZooKeeper ensemble");
     let servers = ensemble.connect_string();
@@ -403,6 +405,48 @@ fn z2_to_z5_killed_paused_and_partitioned_holders_and_the_negative_control() {
         let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
         println!("Z4: A knew {:.0} ms before B held", ms_between(lost, b_ok));
         assert!(lost <= b_ok, "A learnt of the loss after B held the lock");
+    }
+
+    // --- Z6: re-entry to depth 3 and back while another process waits.
+    {
+        let history = root.path().join("z6");
+        std::fs::create_dir(&history).unwrap();
+        let mut a = zk_worker("reenter", &resource, &servers, "z6", &history);
+        a.lease = LEASE;
+        a.hold = Duration::from_millis(300);
+        a.step = Duration::from_millis(100);
+        a.max_duration = Duration::from_secs(30);
+        let mut reentrant = a.spawn(1);
+        wait_line(&mut reentrant, 0, "DEPTH 3", Duration::from_secs(20));
+        let mut b = zk_worker("hold", &resource, &servers, "z6", &history);
+        b.lease = LEASE;
+        b.hold = Duration::from_millis(100);
+        b.proc_base = 1;
+        b.max_duration = Duration::from_secs(30);
+        let mut waiter = b.spawn(1);
+        let a_out = finish_ok(&mut reentrant, Duration::from_secs(30)).remove(0);
+        let b_out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
+        for line in ["HOLD_COUNT 3", "RELEASED 2", "RELEASED 1", "RELEASED 0"] {
+            assert!(a_out.stdout.contains(line), "{line}: {}", a_out.stdout);
+        }
+        assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
+        let (h, report) = check(&history, &CheckConfig::new(LEASE));
+        report.assert_ok();
+        report.assert_pass(&[
+            CheckId::Exclusion,
+            CheckId::Tokens,
+            CheckId::Ownership,
+            CheckId::Reentry,
+        ]);
+        let a_last = h
+            .events()
+            .iter()
+            .filter(|e| e.proc == 0 && e.kind.name() == "rel_ok")
+            .map(|e| e.t)
+            .max()
+            .expect("A released");
+        let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
+        assert!(b_ok >= a_last, "B held before A's last level was released");
     }
 
     // --- Z5: the negative control: different roots do not exclude each other.

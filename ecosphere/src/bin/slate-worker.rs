@@ -78,7 +78,7 @@
 //! background).
 //!
 //! **ZooKeeper lock** (`--zookeeper host:port[,host:port…]`, optionally `--zk-root PATH`):
-//! `contend` and `hold`, driven exactly as the combination lock is (the same code, through the
+//! `contend`, `hold` and `reenter` (depth 3 and back, without the extra release), driven exactly as the combination lock is (the same code, through the
 //! `DistributedLock` contract); `--lease-ms` is the session timeout, `--command-timeout-ms` the
 //! operation timeout. With `--tolerate-errors`, acquisitions that fail with a retryable error
 //! (a leader election) are retried and failed releases counted (`incomplete_releases`).
@@ -1340,10 +1340,11 @@ mod generic {
     }
 
     fn check_mode(args: &Args, what: &str) -> Res<()> {
-        if !matches!(args.mode, Mode::Contend | Mode::Hold) || args.unsafe_skip_lock {
+        if !matches!(args.mode, Mode::Contend | Mode::Hold | Mode::Reenter) || args.unsafe_skip_lock
+        {
             return Err(format!(
-                "the {what} supports --mode contend (without --unsafe-skip-lock) and --mode hold \
-                 only"
+                "the {what} supports --mode contend (without --unsafe-skip-lock), hold and \
+                 reenter only"
             ));
         }
         Ok(())
@@ -1446,6 +1447,10 @@ mod generic {
             if let Err(e) = hold(&ctx).await {
                 errors.push(e);
             }
+        } else if ctx.args.mode == Mode::Reenter {
+            if let Err(e) = reenter(&ctx).await {
+                errors.push(e);
+            }
         } else {
             let mut tasks = tokio::task::JoinSet::new();
             for task in 0..ctx.args.tasks {
@@ -1533,7 +1538,7 @@ mod generic {
             ctx.log(task)
                 .note_loss(&held, &guard)
                 .map_err(super::recording)?;
-            match release(ctx, task, held, guard).await? {
+            match release(ctx, task, &mut held, guard).await? {
                 Released::Ok(_) | Released::NotHeld | Released::Cancelled => {}
                 Released::Incomplete(_) => {
                     ctx.incomplete.fetch_add(1, Ordering::Relaxed);
@@ -1565,12 +1570,12 @@ mod generic {
     async fn release<L: Driven>(
         ctx: &Comb<L>,
         task: u64,
-        mut held: Held,
+        held: &mut Held,
         guard: L::Guard,
     ) -> Res<Released> {
         let log = ctx.log(task);
         let released = if ctx.args.cancel_unlock {
-            log.release_invoked(&held).map_err(super::recording)?;
+            log.release_invoked(held).map_err(super::recording)?;
             let mut unlock = Box::pin(guard.unlock());
             match futures::poll!(unlock.as_mut()) {
                 Poll::Pending => {
@@ -1578,16 +1583,16 @@ mod generic {
                     ctx.record(
                         task,
                         EventKind::RelInfo {
-                            holder: held.holder,
+                            holder: held.holder.clone(),
                             reason: "cancelled: unlock dropped after its first poll".to_owned(),
                         },
                     )?;
                     return Ok(Released::Cancelled);
                 }
-                Poll::Ready(outcome) => log.release_answered(&mut held, outcome),
+                Poll::Ready(outcome) => log.release_answered(held, outcome),
             }
         } else {
-            log.release(&mut held, guard, ctx.remaining()).await
+            log.release(held, guard, ctx.remaining()).await
         };
         Ok(match released.map_err(super::recording)? {
             Logged::Done(n) => Released::Ok(n),
@@ -1639,6 +1644,71 @@ mod generic {
         }
     }
 
+    /// `reenter`: acquire, re-enter twice as the same holder (`lock_as`), check the depth,
+    /// the token and `hold_count`, hold `--hold-ms`, then release level by level
+    /// (`RELEASED n`, `--step-ms` apart).
+    async fn reenter<L: Driven>(ctx: &Comb<L>) -> Res<()> {
+        let (g1, mut held) = acquire(ctx, 0).await?;
+        say(&format!("HOLDING {} {}", held.holder, held.token))?;
+        say("DEPTH 1")?;
+        let holder = g1.holder();
+        let mut guards = vec![g1];
+        for depth in 2..=3u32 {
+            let attempt = ctx.attempts.fetch_add(1, Ordering::Relaxed);
+            let call = async {
+                tokio::time::timeout(ctx.remaining(), ctx.lock.lock_as(holder))
+                    .await
+                    .unwrap_or(Err(super::MAX_DURATION))
+            };
+            let (g, h) = ctx
+                .log(0)
+                .acquire(attempt, call)
+                .await
+                .map_err(super::recording)?
+                .map_err(|e| format!("re-entry to depth {depth} failed: {e}"))?;
+            if h.depth != depth || h.token != held.token || h.holder != held.holder {
+                return Err(format!(
+                    "re-entry {depth}: depth {} token {} holder {} (first level: token {} \
+                     holder {})",
+                    h.depth, h.token, h.holder, held.token, held.holder
+                ));
+            }
+            held.deadline = held.deadline.max(h.deadline);
+            guards.push(g);
+            say(&format!("DEPTH {depth}"))?;
+        }
+        held.depth = 3;
+        let count = ctx
+            .lock
+            .hold_count(holder)
+            .await
+            .map_err(|e| format!("hold_count: {e}"))?;
+        say(&format!("HOLD_COUNT {count}"))?;
+        if count != 3 {
+            return Err(format!("hold_count is {count} at depth 3"));
+        }
+        let step = Duration::from_millis(ctx.args.step_ms);
+        let mut pause = Duration::from_millis(ctx.args.hold_ms);
+        while let Some(guard) = guards.pop() {
+            tokio::time::sleep(pause.min(ctx.remaining())).await;
+            pause = step;
+            ctx.log(0)
+                .note_renewal(&mut held, &guard)
+                .map_err(super::recording)?;
+            let expect = held.depth - 1;
+            match release(ctx, 0, &mut held, guard).await? {
+                Released::Ok(n) if n == expect => say(&format!("RELEASED {n}"))?,
+                Released::Ok(n) => return Err(format!("release to depth {expect} answered {n}")),
+                Released::NotHeld => return Err(format!("release to depth {expect}: not held")),
+                Released::Cancelled => return Err("a reentry release was cancelled".to_owned()),
+                Released::Incomplete(e) | Released::Error(e) => {
+                    return Err(format!("release to depth {expect}: {e}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `hold`: acquire (retrying failed attempts), hold with resource
     /// operations until done or lost, unlock.
     async fn hold<L: Driven>(ctx: &Comb<L>) -> Res<()> {
@@ -1685,7 +1755,7 @@ mod generic {
             }
         }
         super::wait_unlock_file(ctx.args.unlock_file.as_ref(), ctx.deadline).await?;
-        let line = match release(ctx, 0, held, guard).await? {
+        let line = match release(ctx, 0, &mut held, guard).await? {
             Released::Ok(n) => format!("ok {n}"),
             Released::NotHeld => "not_held".to_owned(),
             Released::Cancelled => "cancelled".to_owned(),
