@@ -7,11 +7,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The workspace crates a user could depend on, by their Rust name.
-const WORKSPACE: [&str; 4] = [
+const WORKSPACE: [&str; 5] = [
     "slate_core",
     "slate_aqs",
     "slate_redis",
     "slate_combination",
+    "slate_zookeeper",
 ];
 
 /// A code block a user reads: where it is, and its text.
@@ -109,7 +110,10 @@ fn violations(own: Option<&str>, block: &Block) -> Vec<String> {
     for other in WORKSPACE {
         let allowed = match own {
             Some(own) => own == other,
-            None => other == "slate_redis" || other == "slate_combination",
+            None => matches!(
+                other,
+                "slate_redis" | "slate_combination" | "slate_zookeeper"
+            ),
         };
         if !allowed
             && (block.text.contains(&format!("{other}::"))
@@ -170,6 +174,7 @@ fn examples_use_only_their_crate_and_need_no_trait_import() {
         ("slate-aqs", "slate_aqs"),
         ("slate-redis", "slate_redis"),
         ("slate-combination", "slate_combination"),
+        ("slate-zookeeper", "slate_zookeeper"),
     ] {
         for file in rust_files(&root.join(dir).join("src")) {
             let place = file

@@ -50,7 +50,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// ```no_run
 /// use slate_zookeeper::{ZkClient, ZkLock};
 ///
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
 /// let client = ZkClient::builder("10.0.0.1:2181,10.0.0.2:2181,10.0.0.3:2181")
 ///     .session_timeout(std::time::Duration::from_secs(6))
 ///     .digest("billing", "secret")
@@ -98,7 +98,7 @@ struct Leases {
 /// # Examples
 ///
 /// ```no_run
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
 /// let client = slate_zookeeper::ZkClient::builder("127.0.0.1:2181/apps/billing")
 ///     .session_timeout(std::time::Duration::from_secs(4))
 ///     .connect()
@@ -346,7 +346,7 @@ impl ZkClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # Ok(()) }
     /// ```
@@ -367,7 +367,7 @@ impl ZkClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// assert_eq!(client.servers(), "127.0.0.1:2181");
     /// # Ok(()) }
@@ -382,7 +382,7 @@ impl ZkClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// println!("a dead holder frees its locks within {:?}", client.session_timeout());
     /// # Ok(()) }
@@ -397,7 +397,7 @@ impl ZkClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// println!("session {:#x}", client.session_id());
     /// # Ok(()) }
@@ -412,7 +412,7 @@ impl ZkClient {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// let client = slate_zookeeper::ZkClient::builder("127.0.0.1:2181").digest("ops", "pw").connect().await?;
     /// assert_eq!(client.user(), Some("ops"));
     /// # Ok(()) }
@@ -489,6 +489,37 @@ impl ZkClient {
         tokio::time::timeout(limit, request)
             .await
             .map_err(|_| op_timeout(&self.inner.servers, what, limit))
+    }
+
+    /// Runs a **read** (or a watch registration, which is idempotent) under the operation
+    /// timeout, sending it again when the connection was lost before the answer: the client
+    /// is failing over to another server of the ensemble (a leader election, a server that
+    /// died). Writes are not repeated here: a create whose answer was lost is found by its
+    /// attempt id, a delete is retried by its own loop.
+    pub(crate) async fn read<T, F, Fut>(
+        &self,
+        session: &Session,
+        what: &str,
+        request: F,
+    ) -> Result<std::result::Result<T, zk::Error>>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = std::result::Result<T, zk::Error>>,
+    {
+        const PAUSE: Duration = Duration::from_millis(50);
+        let limit = self.op_timeout(session);
+        let until = Instant::now() + limit;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, request()).await {
+                Err(_) => return Err(op_timeout(&self.inner.servers, what, limit)),
+                Ok(Err(zk::Error::ConnectionLoss)) if Instant::now() + PAUSE < until => {
+                    tracing::debug!(what, "connection lost before the answer; asking again");
+                    tokio::time::sleep(PAUSE).await;
+                }
+                Ok(answer) => return Ok(answer),
+            }
+        }
     }
 
     /// A ZooKeeper error as a Slate error.
@@ -582,7 +613,7 @@ async fn heartbeat(inner: Weak<Inner>) {
                     return Some(false);
                 }
                 match client
-                    .op(session, "lease check", session.zk.check_stat(path))
+                    .read(session, "lease check", || session.zk.check_stat(path))
                     .await
                 {
                     Ok(Ok(Some(stat))) => Some(stat.ephemeral_owner == *sid),

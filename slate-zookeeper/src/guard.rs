@@ -25,7 +25,7 @@ use crate::lock::{ZkLock, delete_until_gone};
 ///
 /// ```no_run
 /// ///
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
 /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
 /// let lock = slate_zookeeper::ZkLock::builder(&client, "orders").build()?;
 /// let outer = lock.lock().await?;
@@ -51,7 +51,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// let guard = lock.lock().await?;
     /// assert!(lock.is_held_by(guard.holder()).await?);
@@ -68,7 +68,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// let guard = lock.lock().await?;
     /// println!("writing with token {}", guard.fencing_token());
@@ -84,7 +84,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// let guard = lock.lock().await?;
     /// let watch = guard.lease().clone(); // hand it to the code that must stop on a loss
@@ -100,7 +100,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// let guard = lock.lock().await?;
     /// assert!(guard.lease_deadline() > std::time::Instant::now());
@@ -116,7 +116,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// let guard = lock.lock().await?;
     /// assert!(!guard.is_lost());
@@ -132,7 +132,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// # async fn work() {}
     /// let guard = lock.lock().await?;
@@ -157,7 +157,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// let outer = lock.lock().await?;
     /// let inner = outer.reenter().await?;
@@ -208,7 +208,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// let guard = lock.lock().await?;
     /// assert_eq!(guard.depth(), 1);
@@ -224,7 +224,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// let guard = lock.lock().await?;
     /// assert_eq!(guard.lock().name(), lock.name());
@@ -241,7 +241,7 @@ impl ZkLockGuard {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let lock = slate_zookeeper::ZkLock::builder(&slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?, "a").build()?;
     /// let outer = lock.lock().await?;
     /// let inner = outer.reenter().await?;

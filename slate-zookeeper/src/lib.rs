@@ -1,5 +1,5 @@
 //! Slate's single lock on **ZooKeeper**: the lock Bedrock designed and never built, behind the
-//! same [`DistributedLock`] / [`LockGuard`](slate_core::LockGuard) contract as the Redis locks.
+//! same [`DistributedLock`] / [`LockGuard`] contract as the Redis locks.
 //!
 //! - [`ZkClient`]: one session per process, for every lock (an ensemble connection string,
 //!   an optional chroot, digest authentication with `creator_all` ACLs).
@@ -25,7 +25,7 @@
 //! ```no_run
 //! use slate_zookeeper::{ZkClient, ZkLock};
 //!
-//! # #[tokio::main] async fn main() -> slate_core::Result<()> {
+//! # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
 //! let client = ZkClient::connect("127.0.0.1:2181,127.0.0.1:2182,127.0.0.1:2183").await?;
 //! let lock = ZkLock::builder(&client, "nightly-report").build()?;
 //! let guard = lock.lock().await?;
@@ -48,4 +48,7 @@ pub mod path;
 pub use client::{DEFAULT_SESSION_TIMEOUT, ZkClient, ZkClientBuilder};
 pub use guard::ZkLockGuard;
 pub use lock::{DEFAULT_SPIN_WAIT, ZkContender, ZkLock, ZkLockBuilder, ZkStatus};
-pub use slate_core::{DistributedLock, Error, FencingToken, HolderId, LossReason, Result, Wait};
+pub use slate_core::{
+    BackendKind, DistributedLock, Error, FencingToken, HolderId, LockGuard, LockName, LossReason,
+    Result, Wait,
+};

@@ -64,7 +64,7 @@ pub const DEFAULT_SPIN_WAIT: Duration = Duration::from_secs(1);
 /// ```no_run
 /// use slate_zookeeper::{ZkClient, ZkLock};
 ///
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
 /// let client = ZkClient::connect("127.0.0.1:2181").await?;
 /// let lock = ZkLock::builder(&client, "orders").build()?;
 /// let guard = lock.lock().await?;
@@ -277,7 +277,7 @@ impl Ctx {
         }
         let children = match self
             .client
-            .op(s, "list", s.zk.list_children(&self.dir))
+            .read(s, "list", || s.zk.list_children(&self.dir))
             .await?
         {
             Ok(c) => c,
@@ -288,14 +288,17 @@ impl Ctx {
         let prefix = contender_prefix(id);
         if let Some(name) = children.iter().find(|c| c.starts_with(&prefix)) {
             let path = format!("{}/{name}", self.dir);
-            match self.client.op(s, "stat", s.zk.check_stat(&path)).await? {
+            match self
+                .client
+                .read(s, "stat", || s.zk.check_stat(&path))
+                .await?
+            {
                 Ok(Some(stat)) => {
                     let (seq, _) = parse_contender(name).unwrap_or((0, id));
-                    let data =
-                        s.zk.get_data(&path)
-                            .await
-                            .map(|(d, _)| d)
-                            .unwrap_or_default();
+                    let data = match self.client.read(s, "get", || s.zk.get_data(&path)).await? {
+                        Ok((d, _)) => d,
+                        Err(_) => Vec::new(),
+                    };
                     let holder = field(&String::from_utf8_lossy(&data), "holder")
                         .and_then(|h| h.parse().ok())
                         .unwrap_or_default();
@@ -363,7 +366,7 @@ impl Ctx {
             let sent = Instant::now();
             let children = match self
                 .client
-                .op(&s, "list", s.zk.list_children(&self.dir))
+                .read(&s, "list", || s.zk.list_children(&self.dir))
                 .await?
             {
                 Ok(c) => c,
@@ -406,7 +409,7 @@ impl Ctx {
             }
             match self
                 .client
-                .op(&s, "watch", s.zk.check_and_watch_stat(&predecessor))
+                .read(&s, "watch", || s.zk.check_and_watch_stat(&predecessor))
                 .await?
             {
                 Ok((Some(_), watcher)) => {
@@ -539,7 +542,7 @@ impl Competitor for ZkCompetitor {
             let s = client.session().await?;
             let sent = Instant::now();
             let owned = s.id == session
-                && match client.op(&s, "stat", s.zk.check_stat(&path)).await? {
+                && match client.read(&s, "stat", || s.zk.check_stat(&path)).await? {
                     Ok(stat) => stat.is_some_and(|st| st.ephemeral_owner == session),
                     Err(zk::Error::SessionExpired) => false,
                     Err(e) => return Err(client.error(e, "checking the hold")),
@@ -625,7 +628,7 @@ impl Competitor for ZkCompetitor {
 /// # Examples
 ///
 /// ```no_run
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
 /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
 /// let lock = slate_zookeeper::ZkLock::builder(&client, "orders")
 ///     .root("/apps/billing/locks")
@@ -657,7 +660,7 @@ impl ZkLockBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// let lock = slate_zookeeper::ZkLock::builder(&client, "a").root("/team/locks").build()?;
     /// assert_eq!(lock.path(), "/team/locks/a");
@@ -675,7 +678,7 @@ impl ZkLockBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// let lock = slate_zookeeper::ZkLock::builder(&client, "a")
     ///     .spin_wait(std::time::Duration::from_millis(200))
@@ -740,7 +743,7 @@ impl ZkLockBuilder {
 /// # Examples
 ///
 /// ```no_run
-/// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+/// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
 /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
 /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
 /// let status = lock.status().await?;
@@ -783,7 +786,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// let lock = slate_zookeeper::ZkLock::builder(&client, "orders").build()?;
     /// # Ok(()) }
@@ -802,7 +805,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// let lock = slate_zookeeper::ZkLock::builder(&client, "orders").build()?;
     /// assert_eq!(lock.name().as_bytes(), b"orders");
@@ -818,7 +821,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// let lock = slate_zookeeper::ZkLock::builder(&client, "a b").build()?;
     /// assert_eq!(lock.path(), "/slate/a%20b");
@@ -834,7 +837,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// assert_eq!(lock.client().servers(), client.servers());
@@ -850,7 +853,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// let guard = lock.lock().await?;
@@ -867,7 +870,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// assert_eq!(lock.local_waiters(), 0);
@@ -900,8 +903,8 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// use slate_core::{HolderId, Wait};
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// use slate_zookeeper::{HolderId, Wait};
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// let guard = lock.acquire(HolderId::new(), Wait::for_duration(std::time::Duration::from_secs(1))).await?;
@@ -936,7 +939,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// let guard = lock.lock().await?;
@@ -959,7 +962,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// let outer = lock.lock().await?;
@@ -987,7 +990,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// if let Some(guard) = lock.try_lock().await? {
@@ -1012,7 +1015,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// match lock.try_lock_for(std::time::Duration::from_secs(2)).await {
@@ -1042,7 +1045,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
@@ -1189,7 +1192,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// let guard = lock.lock().await?;
@@ -1210,7 +1213,7 @@ impl ZkLock {
         let (client, dir) = (c.client.clone(), c.dir.clone());
         self.client().on_runtime(async move {
             let s = client.session().await?;
-            let children = match client.op(&s, "list", s.zk.list_children(&dir)).await? {
+            let children = match client.read(&s, "list", || s.zk.list_children(&dir)).await? {
                 Ok(c) => c,
                 Err(zk::Error::NoNode) => Vec::new(),
                 Err(e) => return Err(client.error(e, "listing contenders")),
@@ -1218,7 +1221,7 @@ impl ZkLock {
             let mut all = Vec::new();
             for (_, name) in contenders(&children) {
                 let znode = format!("{dir}/{name}");
-                match client.op(&s, "get", s.zk.get_data(&znode)).await? {
+                match client.read(&s, "get", || s.zk.get_data(&znode)).await? {
                     Ok((data, stat)) => {
                         let data = String::from_utf8_lossy(&data);
                         all.push(ZkContender {
@@ -1250,7 +1253,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// assert!(!lock.is_locked().await?);
@@ -1274,7 +1277,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// let guard = lock.lock().await?;
@@ -1308,7 +1311,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// let guard = lock.lock().await?;
@@ -1333,7 +1336,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// assert_eq!(lock.remaining_lease().await?, None);
@@ -1363,7 +1366,7 @@ impl ZkLock {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main] async fn main() -> slate_core::Result<()> {
+    /// # #[tokio::main] async fn main() -> slate_zookeeper::Result<()> {
     /// # let client = slate_zookeeper::ZkClient::connect("127.0.0.1:2181").await?;
     /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
     /// let cleared = lock.force_unlock().await?;
@@ -1372,7 +1375,7 @@ impl ZkLock {
     ///
     /// # Errors
     ///
-    /// Backend failures ([`slate_core::BackendKind::Permission`] when the holder's znode
+    /// Backend failures ([`BackendKind::Permission`](crate::BackendKind::Permission) when the holder's znode
     /// belongs to another digest user).
     ///
     /// # Cancel safety

@@ -102,13 +102,13 @@ fn forbidden(c: char) -> bool {
 /// # Examples
 ///
 /// ```
-/// use slate_core::LockName;
+/// use slate_zookeeper::LockName;
 /// use slate_zookeeper::path::encode_name;
 ///
 /// assert_eq!(encode_name(&LockName::new("orders:42")?), "orders:42");
 /// assert_eq!(encode_name(&LockName::new("a/b c%")?), "a%2Fb%20c%25");
 /// assert_eq!(encode_name(&LockName::new("..")?), "%2E%2E");
-/// # Ok::<(), slate_core::Error>(())
+/// # Ok::<(), slate_zookeeper::Error>(())
 /// ```
 #[must_use]
 pub fn encode_name(name: &LockName) -> String {
