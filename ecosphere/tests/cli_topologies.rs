@@ -156,8 +156,6 @@ fn run_and_status_on_a_sentinel_group() {
 /// `unlock --force` clears a holder.
 #[test]
 fn run_status_and_unlock_on_a_zookeeper_ensemble() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     use std::time::{Duration, Instant};
 
     let ensemble = ZkEnsemble::start(3).expect("ZooKeeper ensemble");
@@ -185,28 +183,19 @@ fn run_status_and_unlock_on_a_zookeeper_ensemble() {
     assert!(token > 0);
 
     // A holder that runs on; it prints its pid, then sleeps.
-    let mut first = Command::new(slate_binary())
-        .args([
-            "run",
-            "--lock",
-            "nightly",
-            "--zookeeper",
-            &zk,
-            "--lease",
-            "2s",
-            "--",
-            "sh",
-            "-c",
-            "echo pid $$; exec sleep 60",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(first.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (mut first, line) = holding(&[
+        "run",
+        "--lock",
+        "nightly",
+        "--zookeeper",
+        &zk,
+        "--lease",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        "echo pid $$; exec sleep 60",
+    ]);
     let job: i32 = line.trim().strip_prefix("pid ").unwrap().parse().unwrap();
 
     let busy = slate(&[
@@ -275,26 +264,17 @@ fn run_status_and_unlock_on_a_zookeeper_ensemble() {
         "{}",
         text(&free.stdout)
     );
-    let mut holder = Command::new(slate_binary())
-        .args([
-            "run",
-            "--lock",
-            "nightly",
-            "--zookeeper",
-            &zk,
-            "--",
-            "sh",
-            "-c",
-            "echo in; exec sleep 60",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(holder.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (mut holder, _) = holding(&[
+        "run",
+        "--lock",
+        "nightly",
+        "--zookeeper",
+        &zk,
+        "--",
+        "sh",
+        "-c",
+        "echo in; exec sleep 60",
+    ]);
     let cleared = slate(&["unlock", "--force", "nightly", "--zookeeper", &zk]);
     assert_eq!(cleared.status.code(), Some(0), "{}", text(&cleared.stderr));
     assert!(
@@ -332,4 +312,21 @@ fn run_status_and_unlock_on_a_zookeeper_ensemble() {
     );
     let bad = slate(&["status", "x", "--zookeeper", &zk, "--prefix", "relative"]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+}
+
+/// Starts `slate` with `args` (a `run` whose command prints a line first) and returns it with
+/// that line, once the command runs under the lock.
+fn holding(args: &[&str]) -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(slate_binary())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
 }

@@ -20,14 +20,15 @@
 
 mod single_common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ecosphere::clock::now_ns;
 use ecosphere::history::{
-    CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, Recorder, Status,
+    CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, OP_FENCED_WRITE, Recorder,
+    Status,
 };
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
@@ -225,10 +226,75 @@ fn go_file(path: &Path) {
     std::fs::write(path, b"go").unwrap();
 }
 
+/// The session timeout (the lease) of Z2–Z6.
+const SESSION: Duration = Duration::from_secs(2);
+
+/// One phase of the Z2–Z6 run: a lock named after it, its own history directory, and the
+/// two processes every phase has.
+struct Phase<'a> {
+    name: &'static str,
+    history: PathBuf,
+    resource: &'a RedisServer,
+    servers: String,
+}
+
+impl<'a> Phase<'a> {
+    fn new(root: &Path, name: &'static str, resource: &'a RedisServer, servers: &str) -> Self {
+        let history = root.join(name);
+        std::fs::create_dir(&history).unwrap();
+        Phase {
+            name,
+            history,
+            resource,
+            servers: servers.to_owned(),
+        }
+    }
+
+    /// Process 0 in `mode`, on `servers` (the ensemble, or proxies in front of it); a `hold`
+    /// holds for 30 s unless it is killed, paused or cut off first.
+    fn first(&self, mode: &'static str, servers: &str) -> Worker {
+        let mut w = zk_worker(mode, self.resource, servers, self.name, &self.history);
+        w.lease = SESSION;
+        w.hold = Duration::from_secs(30);
+        w.max_duration = Duration::from_secs(40);
+        w
+    }
+
+    /// Process 1: waits for the lock, holds it for `hold`, releases it.
+    fn waiter(&self, hold: Duration) -> Worker {
+        let mut w = zk_worker(
+            "hold",
+            self.resource,
+            &self.servers,
+            self.name,
+            &self.history,
+        );
+        w.lease = SESSION;
+        w.hold = hold;
+        w.proc_base = 1;
+        w.max_duration = Duration::from_secs(30);
+        w
+    }
+
+    /// Waits until process `proc` has logged an event named `kind`.
+    fn wait_event(&self, proc: u32, kind: &str) {
+        wait_history(&self.history, Duration::from_secs(10), kind, |h| {
+            h.events()
+                .iter()
+                .any(|e| e.proc == proc && e.kind.name() == kind)
+        });
+    }
+
+    fn nemesis(&self, action: &str) -> Recorder {
+        let rec = Recorder::create(&self.history, HARNESS).unwrap();
+        nemesis(&rec, now_ns(), self.name, action, "proc:0");
+        rec
+    }
+}
+
 /// Z2–Z6 on one ensemble, one after the other.
 #[test]
 fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_control() {
-    const LEASE: Duration = Duration::from_secs(2);
     let ensemble = ZkEnsemble::start(3).expect("ZooKeeper ensemble");
     let servers = ensemble.connect_string();
     let resource = server();
@@ -236,44 +302,21 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
 
     // --- Z2: the holder is killed.
     {
-        let history = root.path().join("z2");
-        std::fs::create_dir(&history).unwrap();
-        let mut a = zk_worker("hold", &resource, &servers, "z2", &history);
-        a.lease = LEASE;
-        a.hold = Duration::from_secs(30);
-        a.max_duration = Duration::from_secs(40);
-        let mut holder = a.spawn(1);
+        let z = Phase::new(root.path(), "z2", &resource, &servers);
+        let mut holder = z.first("hold", &servers).spawn(1);
         let holding = wait_line(&mut holder, 0, "HOLDING ", Duration::from_secs(20));
         let a_holder = holding.split(' ').nth(1).unwrap().to_owned();
-        let mut b = zk_worker("hold", &resource, &servers, "z2", &history);
-        b.lease = LEASE;
-        b.hold = Duration::from_millis(100);
-        b.proc_base = 1;
-        b.max_duration = Duration::from_secs(30);
-        let mut waiter = b.spawn(1);
-        wait_history(&history, Duration::from_secs(10), "B waits", |h| {
-            h.events()
-                .iter()
-                .any(|e| e.proc == 1 && e.kind.name() == "acq_invoke")
-        });
-        wait_history(
-            &history,
-            Duration::from_secs(10),
-            "a lease check by A",
-            |h| {
-                h.events()
-                    .iter()
-                    .any(|e| e.proc == 0 && e.kind.name() == "renew_ok")
-            },
-        );
-        let rec = Recorder::create(&history, HARNESS).unwrap();
+        let mut waiter = z.waiter(Duration::from_millis(100)).spawn(1);
+        z.wait_event(1, "acq_invoke");
+        z.wait_event(0, "renew_ok");
+        let rec = Recorder::create(&z.history, HARNESS).unwrap();
         let t_kill = now_ns();
         holder.kill(0).unwrap();
-        rec.record_at(t_kill, 0, "z2", EventKind::kill_worker(0))
+        rec.record_at(t_kill, 0, z.name, EventKind::kill_worker(0))
             .unwrap();
         let out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
         assert!(out.stdout.contains("UNLOCK ok 0"), "{}", out.stdout);
-        let (h, report) = check_killed(&history, &CheckConfig::new(LEASE));
+        let (h, report) = check_killed(&z.history, &CheckConfig::new(SESSION));
         report.assert_ok();
         report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Validity]);
         let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
@@ -285,53 +328,40 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
         );
         assert!(b_ok >= a_deadline, "B acquired before A's lease ended");
         assert!(
-            b_ok <= t_kill + ns(LEASE + Duration::from_secs(2)),
+            b_ok <= t_kill + ns(SESSION + Duration::from_secs(2)),
             "B waited past the session timeout + slack"
         );
     }
 
     // --- Z3: the holder is paused past its session timeout; fenced writes.
     {
-        let history = root.path().join("z3");
-        std::fs::create_dir(&history).unwrap();
-        let mut a = zk_worker("hold", &resource, &servers, "z3", &history);
-        a.lease = LEASE;
-        a.hold = Duration::from_secs(30);
-        a.max_duration = Duration::from_secs(40);
+        let z = Phase::new(root.path(), "z3", &resource, &servers);
+        let mut a = z.first("hold", &servers);
         a.fenced_key = Some("fenced".into());
         a.late_write = true;
         let mut holder = a.spawn(1);
         wait_line(&mut holder, 0, "HOLDING ", Duration::from_secs(20));
-        let mut b = zk_worker("hold", &resource, &servers, "z3", &history);
-        b.lease = LEASE;
-        b.hold = Duration::from_millis(300);
-        b.proc_base = 1;
+        let mut b = z.waiter(Duration::from_millis(300));
         b.fenced_key = Some("fenced".into());
-        b.max_duration = Duration::from_secs(30);
         let mut waiter = b.spawn(1);
-        wait_history(&history, Duration::from_secs(10), "B waits", |h| {
-            h.events()
-                .iter()
-                .any(|e| e.proc == 1 && e.kind.name() == "acq_invoke")
-        });
-        let rec = Recorder::create(&history, HARNESS).unwrap();
+        z.wait_event(1, "acq_invoke");
         holder.pause(0).unwrap();
-        nemesis(&rec, now_ns(), "z3", "sigstop_worker", "proc:0");
+        let rec = z.nemesis("sigstop_worker");
         wait_line(&mut waiter, 0, "HOLDING ", Duration::from_secs(15));
         // B's token reached F before A wakes up with its old one.
         wait_history(
-            &history,
+            &z.history,
             Duration::from_secs(10),
             "a fenced write by B",
             |h| {
                 h.events().iter().any(|e| {
-                e.proc == 1
-                    && matches!(&e.kind, EventKind::ResOp { op, .. } if op == ecosphere::history::OP_FENCED_WRITE)
-            })
+                    e.proc == 1
+                        && matches!(&e.kind, EventKind::ResOp { op, .. } if op == OP_FENCED_WRITE)
+                })
             },
         );
         holder.resume(0).unwrap();
-        nemesis(&rec, now_ns(), "z3", "heal", "proc:0");
+        nemesis(&rec, now_ns(), z.name, "heal", "proc:0");
         let a_out = finish_ok(&mut holder, Duration::from_secs(30)).remove(0);
         let b_out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
         assert!(a_out.stdout.contains("LOST "), "{}", a_out.stdout);
@@ -342,7 +372,7 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
         );
         assert!(a_out.stdout.contains("UNLOCK not_held"), "{}", a_out.stdout);
         assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
-        let (_h, report) = check(&history, &CheckConfig::new(LEASE));
+        let (_h, report) = check(&z.history, &CheckConfig::new(SESSION));
         report.assert_ok();
         report.assert_pass(&[
             CheckId::Exclusion,
@@ -354,43 +384,29 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
 
     // --- Z4: the holder is partitioned from every server.
     {
-        let history = root.path().join("z4");
-        std::fs::create_dir(&history).unwrap();
+        let z = Phase::new(root.path(), "z4", &resource, &servers);
         let proxies: Vec<FaultProxy> = (0..ensemble.len())
             .map(|i| FaultProxy::start(ensemble.server(i).addr()).unwrap())
             .collect();
         let through: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
         let unlock = root.path().join("z4-unlock");
-        let mut a = zk_worker("hold", &resource, &through.join(","), "z4", &history);
-        a.lease = LEASE;
-        a.hold = Duration::from_secs(30);
-        a.max_duration = Duration::from_secs(40);
+        let mut a = z.first("hold", &through.join(","));
         a.unlock_file = Some(unlock.clone());
         let mut holder = a.spawn(1);
         wait_line(&mut holder, 0, "HOLDING ", Duration::from_secs(20));
-        let mut b = zk_worker("hold", &resource, &servers, "z4", &history);
-        b.lease = LEASE;
-        b.hold = Duration::from_millis(100);
-        b.proc_base = 1;
-        b.max_duration = Duration::from_secs(30);
-        let mut waiter = b.spawn(1);
-        wait_history(&history, Duration::from_secs(10), "B waits", |h| {
-            h.events()
-                .iter()
-                .any(|e| e.proc == 1 && e.kind.name() == "acq_invoke")
-        });
-        let rec = Recorder::create(&history, HARNESS).unwrap();
+        let mut waiter = z.waiter(Duration::from_millis(100)).spawn(1);
+        z.wait_event(1, "acq_invoke");
         for p in &proxies {
             p.set_mode(Mode::Blackhole).unwrap();
         }
-        nemesis(&rec, now_ns(), "z4", "partition", "proc:0");
+        let rec = z.nemesis("partition");
         wait_line(&mut holder, 0, "LOST ", Duration::from_secs(15));
         let b_out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
         assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
         for p in &proxies {
             p.set_mode(Mode::Pass).unwrap();
         }
-        nemesis(&rec, now_ns(), "z4", "heal", "proc:0");
+        nemesis(&rec, now_ns(), z.name, "heal", "proc:0");
         go_file(&unlock);
         let a_out = finish_ok(&mut holder, Duration::from_secs(30)).remove(0);
         assert!(
@@ -398,7 +414,7 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
             "{}",
             a_out.stdout
         );
-        let (h, report) = check(&history, &CheckConfig::new(LEASE));
+        let (h, report) = check(&z.history, &CheckConfig::new(SESSION));
         report.assert_ok();
         report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Ownership]);
         let lost = first_of(&h, 0, "lost").expect("A logged the loss").t;
@@ -409,28 +425,20 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
 
     // --- Z6: re-entry to depth 3 and back while another process waits.
     {
-        let history = root.path().join("z6");
-        std::fs::create_dir(&history).unwrap();
-        let mut a = zk_worker("reenter", &resource, &servers, "z6", &history);
-        a.lease = LEASE;
+        let z = Phase::new(root.path(), "z6", &resource, &servers);
+        let mut a = z.first("reenter", &servers);
         a.hold = Duration::from_millis(300);
         a.step = Duration::from_millis(100);
-        a.max_duration = Duration::from_secs(30);
         let mut reentrant = a.spawn(1);
         wait_line(&mut reentrant, 0, "DEPTH 3", Duration::from_secs(20));
-        let mut b = zk_worker("hold", &resource, &servers, "z6", &history);
-        b.lease = LEASE;
-        b.hold = Duration::from_millis(100);
-        b.proc_base = 1;
-        b.max_duration = Duration::from_secs(30);
-        let mut waiter = b.spawn(1);
+        let mut waiter = z.waiter(Duration::from_millis(100)).spawn(1);
         let a_out = finish_ok(&mut reentrant, Duration::from_secs(30)).remove(0);
         let b_out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
         for line in ["HOLD_COUNT 3", "RELEASED 2", "RELEASED 1", "RELEASED 0"] {
             assert!(a_out.stdout.contains(line), "{line}: {}", a_out.stdout);
         }
         assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
-        let (h, report) = check(&history, &CheckConfig::new(LEASE));
+        let (h, report) = check(&z.history, &CheckConfig::new(SESSION));
         report.assert_ok();
         report.assert_pass(&[
             CheckId::Exclusion,
@@ -451,13 +459,10 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
 
     // --- Z5: the negative control: different roots do not exclude each other.
     {
-        let history = root.path().join("z5");
-        std::fs::create_dir(&history).unwrap();
-        let mut w = zk_worker("contend", &resource, &servers, "z5", &history);
+        let z = Phase::new(root.path(), "z5", &resource, &servers);
+        let mut w = z.first("contend", &servers);
         w.iterations = 30;
-        w.lease = LEASE;
         w.hold = Duration::ZERO;
-        w.max_duration = Duration::from_secs(40);
         let mut a = w.clone();
         a.extra.extend(["--zk-root".into(), "/left".into()]);
         let mut b = w;
@@ -467,7 +472,7 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
         let mut wb = b.spawn(1);
         finish_ok(&mut wa, Duration::from_secs(40));
         finish_ok(&mut wb, Duration::from_secs(40));
-        let (_h, report) = check(&history, &CheckConfig::new(LEASE));
+        let (_h, report) = check(&z.history, &CheckConfig::new(SESSION));
         let exclusion = report.status(CheckId::Exclusion);
         println!("Z5 (negative control): exclusion = {exclusion:?}");
         assert!(

@@ -245,6 +245,12 @@ pub trait Competitor: Send + Sync + 'static {
     /// [`Wait::Immediate`](slate_core::Wait::Immediate) attempt answered busy while nobody
     /// is queued (that answer may have given the process such a place).
     ///
+    /// Also called when an attempt ends without a grant for a caller that was never queued (a
+    /// fast-path attempt busy past its deadline, or failed) while nobody is queued, and when
+    /// an attempt whose caller was dropped ends busy or failed in the background. The latter
+    /// runs whatever the queue holds by then: a backend that gives up a place here must check
+    /// that no local task waits (as `slate-zookeeper` does under its place's lock).
+    ///
     /// Hooks run outside the synchronizer's lock, so this call may reach the backend after a
     /// newly arrived head's `prepare_wait` switched notifications back on. That head then
     /// waits at most its spin wait, and its next `prepare_wait` switches them on again.

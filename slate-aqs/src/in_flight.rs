@@ -102,8 +102,13 @@ impl<C: Competitor> Drop for InFlight<'_, C> {
                     tracing::debug!(%holder, "abandoning a grant nobody will receive");
                     competitor.abandon(holder, grant);
                 }
-                Ok(Attempt::Busy { .. }) => {}
-                Err(e) => tracing::debug!(%holder, error = %e, "abandoned attempt failed"),
+                // The answer may have given the process a place in the backend's queue that
+                // nobody will claim: the hook gives it up if nobody waits by now.
+                Ok(Attempt::Busy { .. }) => competitor.queue_drained(),
+                Err(e) => {
+                    tracing::debug!(%holder, error = %e, "abandoned attempt failed");
+                    competitor.queue_drained();
+                }
             }
         };
         spawn_background(finish, self.sync.captured_handle());

@@ -103,7 +103,10 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 ///
 /// A runtime that is shutting down drops the background task with the attempt; a grant the
 /// backend made for it then lapses with its lease. When the queue becomes empty by any of
-/// these exits, [`Competitor::queue_drained`] runs.
+/// these exits, [`Competitor::queue_drained`] runs; it runs too when an attempt finished in
+/// the background ends busy or failed, and when a caller that attempted without queueing (the
+/// fast path) ends without a grant while nobody is queued, since its attempt may have left the
+/// process a place in the backend's queue.
 ///
 /// # Examples
 ///
@@ -1211,14 +1214,14 @@ impl<C: Competitor> Synchronizer<C> {
                         (_, Ok(Attempt::Busy { retry_after })) => {
                             let now = deadline.map(|_| timer.now());
                             if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
-                                slot.leave();
+                                slot.leave_after_attempt();
                                 return Err(self.timed_out(start, deadline, now));
                             }
                             tracing::trace!(lock = %self.label, %holder, ?retry_after, "busy");
                             retry = Retry::AfterBusy { epoch, retry_after };
                         }
                         (_, Err(e)) => {
-                            slot.leave();
+                            slot.leave_after_attempt();
                             tracing::debug!(lock = %self.label, %holder, error = %e, "attempt failed");
                             return Err(e);
                         }
@@ -1799,6 +1802,18 @@ impl<C: Competitor> QueueSlot<'_, C> {
     fn leave(&mut self) {
         if let Some(key) = self.key.take() {
             self.sync.leave(key);
+        }
+    }
+
+    /// Leaves after an attempt that did not grant (busy past the deadline, an error). A
+    /// queued caller's exit runs `queue_drained` when it empties the queue; a caller that
+    /// attempted on the fast path was never queued, so with nobody queued the hook runs here:
+    /// its busy answer may have given the process a place in the backend's queue.
+    fn leave_after_attempt(&mut self) {
+        if self.key.is_some() {
+            self.leave();
+        } else if self.sync.waiters() == 0 {
+            self.sync.competitor.queue_drained();
         }
     }
 }

@@ -423,6 +423,49 @@ fn the_queue_drained_hook_runs_when_the_last_waiter_leaves() {
     });
 }
 
+/// A caller that attempted on the fast path (nobody queued) and ends without a grant runs the
+/// hook too: its busy answer may have given the process a place in the backend's queue (a
+/// ZooKeeper contender) that nobody would claim. Before, only queued callers' exits did.
+#[test]
+fn a_fast_path_attempt_that_ends_without_a_grant_runs_the_queue_drained_hook() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        // Busy past its deadline.
+        sync.competitor().script([Behavior::SlowBusy(ms(20))]);
+        let e = within(sync.acquire(HolderId::new(), until_instant(ms(5))))
+            .await
+            .unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+        assert_eq!(sync.competitor().stats().queue_drained, 1);
+        // Failed.
+        sync.competitor().script([Behavior::Fail]);
+        let e = within(sync.acquire(HolderId::new(), Wait::Forever))
+            .await
+            .unwrap_err();
+        assert!(e.is_backend(), "{e}");
+        assert_eq!(sync.competitor().stats().queue_drained, 2);
+        assert_eq!(sync.waiters(), 0);
+    });
+}
+
+/// An attempt finished in the background after its caller was dropped runs the hook when it
+/// ends busy, whatever the queue holds (the backend checks).
+#[test]
+fn an_abandoned_attempt_that_ends_busy_runs_the_queue_drained_hook() {
+    paused(|| async move {
+        let (_remote, sync) = new_sync(SPIN);
+        sync.competitor().script([Behavior::SlowBusy(ms(20))]);
+        let w = spawn_acquire(&sync, HolderId::new(), Wait::Forever);
+        tokio::time::sleep(ms(5)).await;
+        w.abort();
+        until("the background attempt answered", LIMIT, || {
+            sync.competitor().stats().queue_drained >= 1
+        })
+        .await;
+        assert_eq!(sync.waiters(), 0);
+    });
+}
+
 #[test]
 fn a_woken_head_that_is_dropped_passes_its_wake_up_on() {
     paused(|| async move {

@@ -107,3 +107,41 @@ impl<T: Send + 'static> Drop for Detached<T> {
         }
     }
 }
+
+/// Runs `fut` on a client's runtime: directly when the caller is already inside a tokio
+/// runtime, otherwise as a task on `handle`, awaited from wherever the caller is (a plain
+/// thread's executor, a `block_on` of another runtime). Every backend client's calls go
+/// through it, so that their timers and I/O always run on a runtime.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let handle = tokio::runtime::Handle::current();
+/// let answer = slate_core::detach::on_runtime(handle, async { Ok(7) }).await;
+/// assert_eq!(answer.ok(), Some(7));
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// `fut`'s own errors; [`Error::Closed`](crate::Error::Closed) when the runtime shut down
+/// before the task finished.
+///
+/// # Cancel safety
+///
+/// Dropping the returned future drops `fut` when it ran directly; a spawned task runs on.
+pub async fn on_runtime<T, F>(handle: tokio::runtime::Handle, fut: F) -> crate::Result<T>
+where
+    T: Send + 'static,
+    F: Future<Output = crate::Result<T>> + Send + 'static,
+{
+    if tokio::runtime::Handle::try_current().is_ok() {
+        fut.await
+    } else {
+        match handle.spawn(fut).await {
+            Ok(r) => r,
+            Err(_) => Err(crate::Error::closed("the client's tokio runtime")),
+        }
+    }
+}

@@ -1491,17 +1491,7 @@ impl RedisClient {
         T: Send + 'static,
         F: Future<Output = Result<T>> + Send + 'static,
     {
-        let handle = self.inner.runtime.clone();
-        async move {
-            if Handle::try_current().is_ok() {
-                fut.await
-            } else {
-                match handle.spawn(fut).await {
-                    Ok(r) => r,
-                    Err(_) => Err(Error::closed("the client's tokio runtime")),
-                }
-            }
-        }
+        slate_core::detach::on_runtime(self.inner.runtime.clone(), fut)
     }
 
     /// Spawns background work on the client's runtime.

@@ -17,6 +17,9 @@ use crate::lock::LockShared;
 /// The session timeout asked for when the builder names none.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest session timeout the protocol carries (`i32::MAX` milliseconds, 24.8 days).
+pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
 /// The lease deadline of a hold whose session was last confirmed by a request sent at `sent`:
 /// the ensemble cannot expire the session before `sent + timeout` (it counts from the last
 /// request it received, and rounds expiry up to its tick), less the clock-rate allowance the
@@ -214,6 +217,20 @@ impl ZkClientBuilder {
                 "a timeout is zero",
                 "give the session and operation timeouts a positive duration (e.g. 10 s)",
             ));
+        }
+        if self.session_timeout > MAX_SESSION_TIMEOUT {
+            return Err(Error::invalid_input(
+                "session timeout",
+                format!(
+                    "{:?} is more than ZooKeeper's protocol carries (32-bit milliseconds)",
+                    self.session_timeout
+                ),
+                "use a session timeout of at most 24 days; servers clamp it to their \
+                 maxSessionTimeout anyway (20 ticks, 40 s, unless configured)",
+            ));
+        }
+        if let Some(t) = self.op_timeout {
+            slate_core::options::check_max_duration("operation timeout", t)?;
         }
         let runtime = match self.runtime {
             Some(h) => h,
@@ -536,17 +553,7 @@ impl ZkClient {
         T: Send + 'static,
         F: Future<Output = Result<T>> + Send + 'static,
     {
-        let handle = self.inner.runtime.clone();
-        async move {
-            if Handle::try_current().is_ok() {
-                fut.await
-            } else {
-                match handle.spawn(fut).await {
-                    Ok(r) => r,
-                    Err(_) => Err(Error::closed("the client's tokio runtime")),
-                }
-            }
-        }
+        slate_core::detach::on_runtime(self.inner.runtime.clone(), fut)
     }
 
     /// Spawns background work on the client's runtime.
@@ -625,6 +632,11 @@ async fn heartbeat(inner: Weak<Inner>) {
         let answers = futures::future::join_all(checks).await;
         for ((path, _, keeper), answer) in holds.iter().zip(answers) {
             match answer {
+                // Confirmed too late: the deadline passed first, and a loss is final.
+                Some(true) if Instant::now() >= keeper.deadline() => {
+                    keeper.lose(LossReason::DeadlineExpired);
+                    client.drop_lease(path);
+                }
                 Some(true) => keeper.extend(lease_deadline(sent, session.timeout)),
                 Some(false) => {
                     tracing::warn!(%path, "the hold's znode is gone; the lock is lost");

@@ -39,6 +39,8 @@ use crate::lock::{ZkLock, delete_until_gone};
 pub struct ZkLockGuard {
     lock: ZkLock,
     holder: HolderId,
+    /// The znode of the hold this guard is a level of.
+    path: Arc<str>,
     token: FencingToken,
     depth: u32,
     watch: LeaseWatch,
@@ -179,9 +181,11 @@ impl ZkLockGuard {
         self.released = true;
         let handle = self.lock.client().runtime().clone();
         Detached::new(
-            self.lock
-                .client()
-                .on_runtime(release(self.lock.clone(), self.holder)),
+            self.lock.client().on_runtime(release(
+                self.lock.clone(),
+                self.holder,
+                Arc::clone(&self.path),
+            )),
             handle,
         )
     }
@@ -189,6 +193,7 @@ impl ZkLockGuard {
     pub(crate) fn new(
         lock: ZkLock,
         holder: HolderId,
+        path: Arc<str>,
         token: FencingToken,
         depth: u32,
         watch: LeaseWatch,
@@ -196,6 +201,7 @@ impl ZkLockGuard {
         ZkLockGuard {
             lock,
             holder,
+            path,
             token,
             depth,
             watch,
@@ -291,7 +297,7 @@ impl ZkLockGuard {
         }
         self.released = true;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let release = release(self.lock.clone(), self.holder);
+        let release = release(self.lock.clone(), self.holder, Arc::clone(&self.path));
         self.lock.client().spawn(async move {
             let _ = tx.send(release.await);
         });
@@ -302,17 +308,22 @@ impl ZkLockGuard {
 
 /// Releases one level for `holder`: the last level deletes the holder's znode (which wakes
 /// the next process's watch), then the local release lets the next local waiter in.
-async fn release(lock: ZkLock, holder: HolderId) -> Result<u32> {
+async fn release(lock: ZkLock, holder: HolderId, path: Arc<str>) -> Result<u32> {
     let c = lock.shared.competitor();
     let span = tracing::debug_span!("release", lock = %c.label, %holder);
     async {
-        let result = match c.take_level(holder) {
-            Ok(None) => Ok(()),
-            Ok(Some((path, session))) => {
-                match delete_until_gone(c.client.clone(), path, session).await {
-                    Ok(true) => Ok(()),
-                    Ok(false) => {
-                        tracing::debug!("not held: the znode was already gone");
+        let result = match c.take_level(holder, &path) {
+            Ok(level) => {
+                let found = match level.delete {
+                    None => Ok(true),
+                    Some((znode, session)) => {
+                        delete_until_gone(c.client.clone(), znode, session).await
+                    }
+                };
+                match found {
+                    Ok(true) if level.held => Ok(()),
+                    Ok(_) => {
+                        tracing::debug!("not held: this guard's hold had ended");
                         Err(Error::not_held(Arc::clone(&c.label), holder))
                     }
                     Err(e) => Err(e),
@@ -353,7 +364,7 @@ impl Drop for ZkLockGuard {
         }
         tracing::debug!(lock = %self.lock.shared.competitor().label, holder = %self.holder,
             "guard dropped without unlock; releasing in the background");
-        let release = release(self.lock.clone(), self.holder);
+        let release = release(self.lock.clone(), self.holder, Arc::clone(&self.path));
         self.lock.client().spawn(async move {
             let _ = release.await;
         });

@@ -45,7 +45,7 @@ mod guard;
 mod lock;
 pub mod path;
 
-pub use client::{DEFAULT_SESSION_TIMEOUT, ZkClient, ZkClientBuilder};
+pub use client::{DEFAULT_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT, ZkClient, ZkClientBuilder};
 pub use guard::ZkLockGuard;
 pub use lock::{DEFAULT_SPIN_WAIT, ZkContender, ZkLock, ZkLockBuilder, ZkStatus};
 pub use slate_core::{

@@ -105,7 +105,6 @@ pub(crate) struct Grant {
 #[derive(Debug)]
 struct Place {
     name: String,
-    seq: i64,
     session: i64,
     czxid: i64,
     holder: HolderId,
@@ -118,6 +117,14 @@ struct Places {
     /// attempt (or the drain) finds it by that id, so it never outlives its use in a live
     /// session.
     pending: Option<(u64, i64)>,
+}
+
+/// What releasing one level does (see [`ZkCompetitor::take_level`]).
+pub(crate) struct Level {
+    /// The znode to delete (and its session) when this was the holder's last level.
+    pub(crate) delete: Option<(String, i64)>,
+    /// Whether the releasing guard's own hold was still the holder's live hold.
+    pub(crate) held: bool,
 }
 
 /// One holder's hold in this process.
@@ -146,9 +153,12 @@ pub(crate) struct ZkCompetitor {
 
 /// The data of a contender znode: who it is for, for `status` and operators (`zkCli get`).
 pub(crate) fn record(holder: HolderId, timeout: Duration) -> Vec<u8> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "?".into());
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let host = HOST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "?".into())
+    });
     format!(
         "holder={holder}\npid={}\nhost={host}\nsession_timeout_ms={}\n",
         std::process::id(),
@@ -196,30 +206,38 @@ impl ZkCompetitor {
         }
     }
 
-    /// The lease watch of `holder`'s hold, for a new guard.
-    pub(crate) fn watch(&self, holder: HolderId) -> Option<LeaseWatch> {
-        lock(&self.holds).get(&holder).map(|h| h.watch.clone())
+    /// The lease watch of `holder`'s hold at `path`, for a new guard; `None` when the holder's
+    /// hold is another znode by now (the guard's own hold ended).
+    pub(crate) fn watch(&self, holder: HolderId, path: &str) -> Option<LeaseWatch> {
+        lock(&self.holds)
+            .get(&holder)
+            .filter(|h| h.path == path)
+            .map(|h| h.watch.clone())
     }
 
-    /// Takes one level of `holder`'s hold: `Some(path, session)` when it was the last one (the
-    /// znode must go), `None` when levels remain. `Err` when there is no hold.
-    pub(crate) fn take_level(&self, holder: HolderId) -> Result<Option<(String, i64)>> {
+    /// Takes one level of `holder`'s hold, for a guard of the hold at `path`.
+    ///
+    /// The local depth counts every level the synchronizer counts, including those of guards
+    /// whose own hold ended and was replaced by a newer one of the same holder. The last level
+    /// returns the znode to delete, whichever guard releases it.
+    pub(crate) fn take_level(&self, holder: HolderId, path: &str) -> Result<Level> {
         let mut holds = lock(&self.holds);
-        match holds.get_mut(&holder) {
-            Some(h) if h.depth > 1 => {
-                h.depth -= 1;
-                if h.keeper.is_lost() {
-                    return Err(Error::not_held(Arc::clone(&self.label), holder));
-                }
-                Ok(None)
-            }
-            Some(_) => {
-                let h = holds.remove(&holder).expect("checked above");
-                self.client.drop_lease(&h.path);
-                Ok(Some((h.path, h.session)))
-            }
-            None => Err(Error::not_held(Arc::clone(&self.label), holder)),
+        let Some(h) = holds.get_mut(&holder) else {
+            return Err(Error::not_held(Arc::clone(&self.label), holder));
+        };
+        let held = h.path == path && !h.keeper.is_lost();
+        if h.depth > 1 {
+            h.depth -= 1;
+            return Ok(Level { delete: None, held });
         }
+        let Some(h) = holds.remove(&holder) else {
+            return Err(Error::not_held(Arc::clone(&self.label), holder));
+        };
+        self.client.drop_lease(&h.path);
+        Ok(Level {
+            held: h.path == path,
+            delete: Some((h.path, h.session)),
+        })
     }
 
     /// The local depth of `holder`'s hold (0 if none).
@@ -294,7 +312,6 @@ impl Ctx {
                 .await?
             {
                 Ok(Some(stat)) => {
-                    let (seq, _) = parse_contender(name).unwrap_or((0, id));
                     let data = match self.client.read(s, "get", || s.zk.get_data(&path)).await? {
                         Ok((d, _)) => d,
                         Err(_) => Vec::new(),
@@ -304,7 +321,6 @@ impl Ctx {
                         .unwrap_or_default();
                     places.place = Some(Place {
                         name: name.clone(),
-                        seq,
                         session,
                         czxid: stat.czxid,
                         holder,
@@ -348,7 +364,6 @@ impl Ctx {
                         places.pending = None;
                         places.place = Some(Place {
                             name: format!("{}{seq}", contender_prefix(id)),
-                            seq: seq.into_i64(),
                             session: s.id,
                             czxid: stat.czxid,
                             holder,
@@ -375,7 +390,7 @@ impl Ctx {
             };
             let queue = contenders(&children);
             let place = places.place.as_ref().expect("a place was made above");
-            let Some(at) = queue.iter().position(|(seq, _)| *seq == place.seq) else {
+            let Some(at) = queue.iter().position(|(_, name)| *name == place.name) else {
                 // Our place is gone (force-unlocked, or the session ended): take a new one.
                 tracing::debug!(lock = %self.label, "the place in the queue is gone; taking a new one");
                 places.place = None;
@@ -439,16 +454,34 @@ impl Ctx {
         Ok(Attempt::Busy { retry_after: None })
     }
 
-    /// Gives up this process's place when no task of it waits any more.
+    /// Gives up this process's place when no task of it waits any more. A contender whose
+    /// create lost its answer is looked for again (backing off) until it is found or known
+    /// absent, a waiter arrives, or the client is gone.
     async fn drain(self) {
-        let mut places = self.places.lock().await;
-        if self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0) {
-            return;
-        }
-        let s = self.client.current();
-        if self.find_pending(&s, &mut places).await.is_err() {
-            return;
-        }
+        let mut pause = Duration::from_millis(100);
+        let mut places = loop {
+            let mut places = self.places.lock().await;
+            // (A lock dropped meanwhile has nobody waiting: its place goes too.)
+            if self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0) {
+                return;
+            }
+            let s = self.client.current();
+            if s.zk.state().is_terminated() {
+                // Its contenders went with it.
+                places.place = None;
+                places.pending = None;
+                return;
+            }
+            match self.find_pending(&s, &mut places).await {
+                Ok(()) => break places,
+                Err(e) => {
+                    tracing::debug!(lock = %self.label, error = %e, "looking for a lost contender failed; again");
+                    drop(places);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        };
         if let Some(place) = places.place.take() {
             *lock(&self.watched) = None;
             let path = format!("{}/{}", self.dir, place.name);
@@ -470,9 +503,10 @@ fn random8() -> [u8; 8] {
 }
 
 /// Deletes a contender znode of `session`. A znode left behind in a live session would block
-/// the lock for every other process, so a failed delete is retried in the background until
-/// the znode is gone or its session is (at most twice the session timeout: by then an
-/// unreachable ensemble has expired the session, which deletes the znode).
+/// the lock for every other process, so a failed delete is retried in the background, backing
+/// off to one attempt a second, until the znode is gone, its session is (an unreachable
+/// ensemble expires it, which deletes the znode), or the client is dropped (which closes the
+/// session). The retry holds no reference to the client, so it never keeps a session alive.
 pub(crate) async fn delete_until_gone(
     client: ZkClient,
     path: String,
@@ -482,16 +516,20 @@ pub(crate) async fn delete_until_gone(
         Ok(found) => Ok(found),
         Err(e) => {
             tracing::warn!(znode = %path, error = %e, "delete failed; retrying in the background");
-            let retry = client.clone();
+            let weak = Arc::downgrade(&client.inner);
             client.spawn(async move {
-                let until = Instant::now() + retry.session_timeout() * 2;
-                while Instant::now() < until {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    if delete_once(&retry, &path, session).await.is_ok() {
-                        return;
+                let mut pause = Duration::from_millis(100);
+                for tries in 1u32.. {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    let Some(inner) = weak.upgrade() else { return };
+                    match delete_once(&ZkClient { inner }, &path, session).await {
+                        Ok(_) => return,
+                        Err(e) if tries % 30 == 0 => tracing::error!(znode = %path, error = %e,
+                            tries, "still cannot delete the znode; it blocks the lock until it goes"),
+                        Err(_) => {}
                     }
                 }
-                tracing::error!(znode = %path, "could not delete the znode; it ends with its session");
             });
             Err(e)
         }
@@ -551,6 +589,11 @@ impl Competitor for ZkCompetitor {
                 keeper.lose(LossReason::EntryGone);
                 return lost(LossReason::EntryGone);
             }
+            if Instant::now() >= keeper.deadline() {
+                // Confirmed too late: the lease had already run out (loss is final).
+                keeper.lose(LossReason::DeadlineExpired);
+                return lost(LossReason::DeadlineExpired);
+            }
             keeper.extend(lease_deadline(sent, s.timeout));
             Ok(Attempt::Acquired(Grant {
                 path,
@@ -566,6 +609,8 @@ impl Competitor for ZkCompetitor {
     fn after_acquire(&self, holder: HolderId, grant: &Grant) {
         let mut holds = lock(&self.holds);
         if !grant.fresh {
+            // A re-entry counts as a level whatever it found (the synchronizer counts it); a
+            // guard whose re-entry raced the hold's end is built lost (`ZkLock::guard`).
             if let Some(h) = holds.get_mut(&holder) {
                 h.depth += 1;
             }
@@ -573,15 +618,33 @@ impl Competitor for ZkCompetitor {
         }
         let (keeper, watch) = lease::channel(lease_deadline(grant.sent, grant.timeout));
         let keeper = Arc::new(keeper);
-        self.client
-            .keep_lease(grant.path.clone(), grant.session, Arc::clone(&keeper));
+        let current = self.client.current();
+        if current.id != grant.session || current.zk.state().is_terminated() {
+            // The session ended between the grant and here.
+            keeper.lose(LossReason::EntryGone);
+        } else {
+            self.client
+                .keep_lease(grant.path.clone(), grant.session, Arc::clone(&keeper));
+        }
+        // A fresh grant to a holder that already holds here: its older znode is gone (the new
+        // one is the lowest contender), so that hold is lost; its levels carry over.
+        let depth = match holds.remove(&holder) {
+            Some(old) => {
+                tracing::warn!(lock = %self.label, %holder, old = %old.path, new = %grant.path,
+                    "a fresh grant replaced the holder's lost hold");
+                old.keeper.lose(LossReason::EntryGone);
+                self.client.drop_lease(&old.path);
+                old.depth + 1
+            }
+            None => 1,
+        };
         holds.insert(
             holder,
             LocalHold {
                 path: grant.path.clone(),
                 session: grant.session,
                 token: grant.token,
-                depth: 1,
+                depth,
                 keeper,
                 watch,
             },
@@ -591,6 +654,7 @@ impl Competitor for ZkCompetitor {
     fn after_release(&self, holder: HolderId) {
         // Only a displaced holder is still here (its hold had already ended remotely).
         if let Some(h) = lock(&self.holds).remove(&holder) {
+            h.keeper.lose(LossReason::EntryGone);
             self.client.drop_lease(&h.path);
         }
     }
@@ -883,8 +947,9 @@ impl ZkLock {
 
     fn guard(&self, holder: HolderId, grant: &Grant) -> ZkLockGuard {
         let c = self.shared.competitor();
-        let watch = c.watch(holder).unwrap_or_else(|| {
-            // The hold ended between the grant and here; a lost lease says so.
+        let watch = c.watch(holder, &grant.path).unwrap_or_else(|| {
+            // The hold ended between the grant and here (a re-entry that raced the hold's end,
+            // now another znode or none): a lost lease says so.
             let (keeper, watch) = lease::channel(grant.sent);
             keeper.lose(LossReason::EntryGone);
             watch
@@ -892,6 +957,7 @@ impl ZkLock {
         ZkLockGuard::new(
             self.clone(),
             holder,
+            Arc::from(grant.path.as_str()),
             grant.token,
             c.local_depth(holder),
             watch,

@@ -350,6 +350,13 @@ async fn digest_acls_invalid_input_and_unreachable_servers() -> TestResult {
     assert!(e.is_invalid_input());
     let e = ZkClient::connect("").await.expect_err("empty");
     assert!(e.is_invalid_input(), "{e}");
+    for huge in [
+        ZkClient::builder(zk.connect_string()).session_timeout(Duration::MAX),
+        ZkClient::builder(zk.connect_string()).operation_timeout(Duration::MAX),
+    ] {
+        let e = huge.connect().await.expect_err("huge timeout");
+        assert!(e.is_invalid_input(), "{e}");
+    }
     let e = ZkClient::builder("127.0.0.1:2181")
         .session_timeout(Duration::ZERO)
         .connect()
@@ -548,4 +555,50 @@ impl Drop for Inside {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Callers that attempt on the fast path (nobody queued in their process) and end without a
+/// grant leave no contender behind: a timed wait whose attempt comes back busy after its
+/// deadline, and an acquire dropped while its attempt is in flight (the attempt is finished in
+/// the background). Either contender would otherwise become the lowest once the holder leaves,
+/// and block every other process while this one lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_attempts_that_end_without_a_grant_leave_no_contender() -> TestResult {
+    let zk = ZkServer::start()?;
+    let (a, b, c) = (client(&zk).await, client(&zk).await, client(&zk).await);
+    let la = ZkLock::builder(&a, "fast").build()?;
+    let lb = ZkLock::builder(&b, "fast").build()?;
+    let lc = ZkLock::builder(&c, "fast").build()?;
+    let g = lb.lock().await?;
+    // A wait shorter than one attempt (create, list, watch): busy after the deadline.
+    let e = la
+        .try_lock_for(Duration::from_micros(1))
+        .await
+        .expect_err("busy");
+    assert!(e.is_timeout(), "{e}");
+    let gone = || async { lb.status().await.is_ok_and(|s| s.waiters.is_empty()) };
+    eventually(
+        "the timed-out wait's contender is gone",
+        Duration::from_secs(5),
+        gone,
+    )
+    .await;
+    // An acquire dropped mid-attempt (each case alone: a later call would clean up after an
+    // earlier one).
+    assert!(
+        tokio::time::timeout(Duration::from_micros(50), la.lock())
+            .await
+            .is_err()
+    );
+    eventually(
+        "the dropped attempt's contender is gone",
+        Duration::from_secs(5),
+        gone,
+    )
+    .await;
+    g.unlock().await?;
+    // The next process gets the lock at once: nothing of A's is ahead of it.
+    let gc = lc.try_lock_for(Duration::from_secs(2)).await?;
+    gc.unlock().await?;
+    Ok(())
 }
