@@ -16,6 +16,10 @@
 //!   report the overlap (I1).
 //! - **Z6** re-entry to depth 3 and back (`hold_count` 3) while another process waits: I6, and
 //!   the waiter holds only after the last level is released.
+//! - **Z9** (full matrix) chaos on a 5-server ensemble: for 15 s, a seeded schedule kills,
+//!   restarts, pauses and resumes servers (the leader included; never more than two down at
+//!   once, so a quorum of three stands) while 4 processes × 4 tasks contend; the checker and
+//!   the counter decide, and nothing may be left behind.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod single_common;
@@ -480,4 +484,136 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
             "the checker must catch two holders that do not exclude each other"
         );
     }
+}
+
+/// Z9 (full matrix): seeded chaos on a 5-server ensemble while 4 × 4 tasks contend.
+#[test]
+#[cfg_attr(not(feature = "full-matrix"), ignore)]
+fn z9_seeded_server_chaos_on_a_five_server_ensemble() {
+    const PROCS: usize = 4;
+    const TASKS: u64 = 4;
+    const ITERATIONS: u64 = 120;
+    const LEASE: Duration = Duration::from_secs(4);
+    let mut seed = ecosphere::seed::Seed::for_scenario("z9_zookeeper_chaos");
+    let seed_value = seed.value();
+    let mut ensemble = ZkEnsemble::start(5).expect("ZooKeeper ensemble");
+    let servers = ensemble.connect_string();
+    let resource = server();
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history");
+    std::fs::create_dir(&history).unwrap();
+    let go = dir.path().join("go");
+    let mut w = zk_worker("contend", &resource, &servers, "z9", &history);
+    w.tasks = TASKS;
+    w.iterations = ITERATIONS;
+    w.lease = LEASE;
+    w.spin_wait = Some(Duration::from_millis(200));
+    w.command_timeout = Some(Duration::from_secs(2));
+    w.max_duration = Duration::from_secs(150);
+    w.go_file = Some(go.clone());
+    w.extra.push("--tolerate-errors".into());
+    let mut workers = w.spawn(PROCS);
+    wait_line_all(&mut workers, "READY", Duration::from_secs(30));
+    let rec = Recorder::create(&history, HARNESS).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    go_file(&go);
+    let nemesis_thread = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let end = Instant::now() + Duration::from_secs(15);
+            // Down (killed) or paused servers, at most two at a time.
+            let mut broken: Vec<(usize, bool)> = Vec::new();
+            let mut faults = 0;
+            while Instant::now() < end && !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(seed.millis_between(200, 900));
+                if broken.len() == 2 || (!broken.is_empty() && seed.below(2) == 0) {
+                    let (i, killed) = broken.remove(seed.below(broken.len() as u64) as usize);
+                    if killed {
+                        ensemble.server_mut(i).restart().expect("restart");
+                        nemesis(&rec, now_ns(), "z9", "restart_server", &format!("zk:{i}"));
+                    } else {
+                        ensemble.server_mut(i).resume().expect("resume");
+                        nemesis(&rec, now_ns(), "z9", "heal", &format!("zk:{i}"));
+                    }
+                    continue;
+                }
+                // Prefer the leader half of the time.
+                let up: Vec<usize> = (0..ensemble.len())
+                    .filter(|i| !broken.iter().any(|(b, _)| b == i))
+                    .collect();
+                let target = match ensemble.leader() {
+                    Some(l) if up.contains(&l) && seed.below(2) == 0 => l,
+                    _ => up[seed.below(up.len() as u64) as usize],
+                };
+                let kill = seed.below(2) == 0;
+                if kill {
+                    ensemble.server_mut(target).kill();
+                    nemesis(&rec, now_ns(), "z9", "kill_server", &format!("zk:{target}"));
+                } else {
+                    ensemble.server_mut(target).pause().expect("pause");
+                    nemesis(
+                        &rec,
+                        now_ns(),
+                        "z9",
+                        "sigstop_server",
+                        &format!("zk:{target}"),
+                    );
+                }
+                broken.push((target, kill));
+                faults += 1;
+            }
+            for (i, killed) in broken {
+                if killed {
+                    ensemble.server_mut(i).restart().expect("restart");
+                } else {
+                    ensemble.server_mut(i).resume().expect("resume");
+                }
+                nemesis(&rec, now_ns(), "z9", "heal", &format!("zk:{i}"));
+            }
+            (ensemble, faults)
+        })
+    };
+    let outputs = workers.wait_all(Duration::from_secs(160));
+    stop.store(true, Ordering::SeqCst);
+    let (ensemble, faults) = nemesis_thread.join().expect("nemesis");
+    let outputs = outputs.expect("workers finish in time");
+    for out in &outputs {
+        assert!(
+            out.status.success(),
+            "worker {}: {}\n{}",
+            out.index,
+            out.stdout,
+            out.stderr
+        );
+    }
+    let left = wait_empty(&ensemble.connect_string(), "z9", LEASE * 3);
+    let total = PROCS as u64 * TASKS * ITERATIONS;
+    let counter = get_u64(&resource, "counter");
+    let cfg = CheckConfig {
+        counter: Some(CounterCheck {
+            final_value: counter,
+            expected: CounterExpectation::FirstLevelAcquisitions,
+        }),
+        final_keys: Some(left),
+        ..CheckConfig::new(LEASE)
+    };
+    let (_h, report) = check(&history, &cfg);
+    println!(
+        "Z9: {total} acquisitions through {faults} server faults (seed {})",
+        seed_value
+    );
+    report.assert_ok();
+    assert_eq!(report.stats.first_level_acquisitions, total as usize);
+    report.assert_pass(&[
+        CheckId::Exclusion,
+        CheckId::Tokens,
+        CheckId::Ownership,
+        CheckId::Validity,
+        CheckId::Counter,
+        CheckId::Quiescence,
+    ]);
+    assert!(
+        faults >= 3,
+        "the workers finished before the chaos did much ({faults} faults)"
+    );
 }

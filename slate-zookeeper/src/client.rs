@@ -11,7 +11,7 @@ use slate_core::{BackendKind, Error, LeaseKeeper, LossReason, Result};
 use tokio::runtime::Handle;
 use zookeeper_client as zk;
 
-use crate::error::{from_zk, op_timeout};
+use crate::error::{from_zk, lost_connection, op_timeout};
 use crate::lock::LockShared;
 
 /// The session timeout asked for when the builder names none.
@@ -530,7 +530,7 @@ impl ZkClient {
             let left = until.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, request()).await {
                 Err(_) => return Err(op_timeout(&self.inner.servers, what, limit)),
-                Ok(Err(zk::Error::ConnectionLoss)) if Instant::now() + PAUSE < until => {
+                Ok(Err(e)) if lost_connection(&e) && Instant::now() + PAUSE < until => {
                     tracing::debug!(what, "connection lost before the answer; asking again");
                     tokio::time::sleep(PAUSE).await;
                 }

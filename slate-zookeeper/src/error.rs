@@ -3,11 +3,21 @@
 use slate_core::{BackendKind, Error};
 use zookeeper_client as zk;
 
+/// Whether a request that failed may be asked again as it is: the connection was lost before
+/// its answer (ZooKeeper's `ConnectionLoss`, or the error that broke the connection, which the
+/// client hands to every request in flight).
+pub(crate) fn lost_connection(e: &zk::Error) -> bool {
+    matches!(e, zk::Error::ConnectionLoss | zk::Error::Custom(_))
+}
+
 /// Classifies a ZooKeeper error by its kind (never by its text) and names the servers.
 pub(crate) fn from_zk(e: zk::Error, servers: &str, what: &str) -> Error {
     use zk::Error as Z;
     let kind = match &e {
         Z::ConnectionLoss | Z::NoHosts | Z::SessionMoved => BackendKind::Io,
+        // The client fails every request in flight with the error that broke its connection
+        // (an idle server, a reset, an I/O error): a connection loss under another name.
+        Z::Custom(_) => BackendKind::Io,
         // A session that expired is replaced by a new one on the next call.
         Z::SessionExpired => BackendKind::Io,
         Z::Timeout => BackendKind::Timeout,
