@@ -16,6 +16,7 @@ use tracing::Instrument;
 use zookeeper_client as zk;
 
 use crate::client::{Session, ZkClient, lease_deadline, lock};
+use crate::error::lost_connection;
 use crate::guard::ZkLockGuard;
 use crate::path::{DEFAULT_ROOT, contender_prefix, encode_name, parse_contender, validate_root};
 
@@ -345,6 +346,11 @@ impl Ctx {
             self.find_pending(&s, &mut places).await?;
         }
         for _ in 0..64 {
+            // The listing that decides. A new contender's create and this listing go out
+            // back to back (the client sends requests in call order and the server answers a
+            // session's requests in order, so the listing sees the contender): one round trip
+            // for an uncontended acquisition.
+            let mut pipelined = None;
             if places.place.is_none() {
                 if !self.dir_ready.load(Ordering::Relaxed) {
                     self.ensure_dir(&s).await?;
@@ -355,11 +361,10 @@ impl Ctx {
                 let data = record(holder, s.timeout);
                 let mode = zk::CreateMode::EphemeralSequential.with_acls(self.client.acls());
                 places.pending = Some((id, s.id));
-                match self
-                    .client
-                    .op(&s, "create", s.zk.create(&prefix, &data, &mode))
-                    .await?
-                {
+                let create = s.zk.create(&prefix, &data, &mode);
+                let sent = Instant::now();
+                let list = s.zk.list_children(&self.dir);
+                match self.client.op(&s, "create", create).await? {
                     Ok((stat, seq)) => {
                         places.pending = None;
                         places.place = Some(Place {
@@ -368,6 +373,7 @@ impl Ctx {
                             czxid: stat.czxid,
                             holder,
                         });
+                        pipelined = Some((sent, list));
                     }
                     // The directory was removed (an empty container) since it was made.
                     Err(zk::Error::NoNode) => {
@@ -378,12 +384,25 @@ impl Ctx {
                     Err(e) => return Err(self.client.error(e, "creating a contender")),
                 }
             }
-            let sent = Instant::now();
-            let children = match self
-                .client
-                .read(&s, "list", || s.zk.list_children(&self.dir))
-                .await?
-            {
+            let answer = match pipelined {
+                Some((sent, list)) => match self.client.op(&s, "list", list).await? {
+                    Err(e) if lost_connection(&e) => None,
+                    answer => Some((sent, answer)),
+                },
+                None => None,
+            };
+            let (sent, answer) = match answer {
+                Some(a) => a,
+                None => {
+                    let sent = Instant::now();
+                    let listed = self
+                        .client
+                        .read(&s, "list", || s.zk.list_children(&self.dir))
+                        .await?;
+                    (sent, listed)
+                }
+            };
+            let children = match answer {
                 Ok(c) => c,
                 Err(zk::Error::NoNode) => Vec::new(),
                 Err(e) => return Err(self.client.error(e, "listing contenders")),
