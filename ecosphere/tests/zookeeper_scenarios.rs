@@ -1,7 +1,7 @@
 //! The ZooKeeper lock under faults (issue 17; reliability.md Z1–Z5), multi-process, decided by
 //! the history checker with the same invariants as the Redis single lock.
 //!
-//! - **Z1** contention on a 3-server ensemble while the harness kills the leader, restarts
+//! - **Z1** contention (3 × 2 × 80 holds) on a 3-server ensemble while the harness kills the leader, restarts
 //!   it, then pauses the new leader: I1 exclusion, I3 tokens (creation zxids, strictly
 //!   increasing across the elections), I5 ownership, validity, and the unfenced counter
 //!   equal to the acquisitions.
@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use ecosphere::clock::now_ns;
 use ecosphere::history::{
-    CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, OP_FENCED_WRITE, Recorder,
-    Status,
+    CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, History, OP_FENCED_WRITE,
+    Recorder, Status,
 };
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
@@ -85,33 +85,116 @@ fn wait_empty(servers: &str, lock: &str, within: Duration) -> Vec<String> {
     }
 }
 
+/// The session timeout of the contention runs (Z1, Z9).
+const CONTENTION_SESSION: Duration = Duration::from_secs(4);
+
+/// A contention run on an ensemble: `procs` workers × `tasks` × `iterations` holds of one
+/// lock, released together, riding out server faults (`--tolerate-errors`).
+struct Contention {
+    lock: &'static str,
+    total: u64,
+    per_worker: u64,
+    resource: RedisServer,
+    history: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Contention {
+    /// Starts the workers and lets them go once all are ready; returns the run, the workers
+    /// and a recorder for the nemesis.
+    fn start(
+        servers: &str,
+        lock: &'static str,
+        procs: usize,
+        tasks: u64,
+        iterations: u64,
+    ) -> (Contention, ecosphere::workers::WorkerSet, Recorder) {
+        let resource = server();
+        let dir = tempfile::tempdir().unwrap();
+        let history = dir.path().join("history");
+        std::fs::create_dir(&history).unwrap();
+        let go = dir.path().join("go");
+        let mut w = zk_worker("contend", &resource, servers, lock, &history);
+        w.tasks = tasks;
+        w.iterations = iterations;
+        w.lease = CONTENTION_SESSION;
+        w.spin_wait = Some(Duration::from_millis(200));
+        w.command_timeout = Some(Duration::from_secs(2));
+        w.max_duration = Duration::from_secs(150);
+        w.go_file = Some(go.clone());
+        w.extra.push("--tolerate-errors".into());
+        let mut workers = w.spawn(procs);
+        wait_line_all(&mut workers, "READY", Duration::from_secs(30));
+        let rec = Recorder::create(&history, HARNESS).unwrap();
+        go_file(&go);
+        let run = Contention {
+            lock,
+            total: procs as u64 * tasks * iterations,
+            per_worker: tasks * iterations,
+            resource,
+            history,
+            _dir: dir,
+        };
+        (run, workers, rec)
+    }
+
+    /// Checks the finished run: every worker made all its acquisitions, no contender is left
+    /// on `servers`, and the checker passes I1, I3, I5, validity, the counter and quiescence.
+    /// Returns the history and the releases finished in the background.
+    fn check(&self, outputs: &[ecosphere::workers::WorkerOutput], servers: &str) -> (History, u64) {
+        let mut incomplete = 0;
+        for out in outputs {
+            assert!(
+                out.status.success(),
+                "worker {}: {}\n{}",
+                out.index,
+                out.stdout,
+                out.stderr
+            );
+            let done = out
+                .stdout_lines()
+                .find(|l| l.starts_with("DONE "))
+                .expect("DONE");
+            assert!(
+                done.starts_with(&format!("DONE acquisitions={} ", self.per_worker)),
+                "{done}"
+            );
+            incomplete += done
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("incomplete_releases="))
+                .unwrap()
+                .parse::<u64>()
+                .unwrap();
+        }
+        let left = wait_empty(servers, self.lock, CONTENTION_SESSION * 3);
+        let cfg = CheckConfig {
+            counter: Some(CounterCheck {
+                final_value: get_u64(&self.resource, "counter"),
+                expected: CounterExpectation::FirstLevelAcquisitions,
+            }),
+            final_keys: Some(left),
+            ..CheckConfig::new(CONTENTION_SESSION)
+        };
+        let (h, report) = check(&self.history, &cfg);
+        report.assert_ok();
+        assert_eq!(report.stats.first_level_acquisitions, self.total as usize);
+        report.assert_pass(&[
+            CheckId::Exclusion,
+            CheckId::Tokens,
+            CheckId::Ownership,
+            CheckId::Validity,
+            CheckId::Counter,
+            CheckId::Quiescence,
+        ]);
+        (h, incomplete)
+    }
+}
+
 #[test]
 fn z1_contention_through_a_leader_kill_and_a_leader_pause() {
-    const PROCS: usize = 3;
-    const TASKS: u64 = 2;
-    const ITERATIONS: u64 = 40;
-    const LEASE: Duration = Duration::from_secs(4);
     let mut ensemble = ZkEnsemble::start(3).expect("ZooKeeper ensemble");
-    let servers = ensemble.connect_string();
-    let resource = server();
-    let dir = tempfile::tempdir().unwrap();
-    let history = dir.path().join("history");
-    std::fs::create_dir(&history).unwrap();
-    let go = dir.path().join("go");
-    let mut w = zk_worker("contend", &resource, &servers, "z1", &history);
-    w.tasks = TASKS;
-    w.iterations = ITERATIONS;
-    w.lease = LEASE;
-    w.spin_wait = Some(Duration::from_millis(200));
-    w.command_timeout = Some(Duration::from_secs(2));
-    w.max_duration = Duration::from_secs(90);
-    w.go_file = Some(go.clone());
-    w.extra.push("--tolerate-errors".into());
-    let mut workers = w.spawn(PROCS);
-    wait_line_all(&mut workers, "READY", Duration::from_secs(20));
-    let rec = Recorder::create(&history, HARNESS).unwrap();
+    let (run, mut workers, rec) = Contention::start(&ensemble.connect_string(), "z1", 3, 2, 80);
     let stop = Arc::new(AtomicBool::new(false));
-    go_file(&go);
     let started = Instant::now();
     let nemesis = {
         let stop = stop.clone();
@@ -159,57 +242,13 @@ fn z1_contention_through_a_leader_kill_and_a_leader_pause() {
     stop.store(true, Ordering::SeqCst);
     let (ensemble, faults) = nemesis.join().expect("nemesis");
     let outputs = outputs.expect("workers finish in time");
-    let mut incomplete = 0;
-    for out in &outputs {
-        assert!(
-            out.status.success(),
-            "worker {}: {}\n{}",
-            out.index,
-            out.stdout,
-            out.stderr
-        );
-        let done = out
-            .stdout_lines()
-            .find(|l| l.starts_with("DONE "))
-            .expect("DONE");
-        assert!(
-            done.starts_with(&format!("DONE acquisitions={} ", TASKS * ITERATIONS)),
-            "{done}"
-        );
-        incomplete += done
-            .split_whitespace()
-            .find_map(|f| f.strip_prefix("incomplete_releases="))
-            .unwrap()
-            .parse::<u64>()
-            .unwrap();
-    }
-    let left = wait_empty(&ensemble.connect_string(), "z1", LEASE * 2);
-    let total = PROCS as u64 * TASKS * ITERATIONS;
-    let counter = get_u64(&resource, "counter");
-    let cfg = CheckConfig {
-        counter: Some(CounterCheck {
-            final_value: counter,
-            expected: CounterExpectation::FirstLevelAcquisitions,
-        }),
-        final_keys: Some(left),
-        ..CheckConfig::new(LEASE)
-    };
-    let (h, report) = check(&history, &cfg);
+    let (h, incomplete) = run.check(&outputs, &ensemble.connect_string());
     println!(
-        "{total} acquisitions in {:?} through {faults:?}; {incomplete} releases finished in \
-         the background",
+        "{} acquisitions in {:?} through {faults:?}; {incomplete} releases finished in the \
+         background",
+        run.total,
         started.elapsed()
     );
-    report.assert_ok();
-    assert_eq!(report.stats.first_level_acquisitions, total as usize);
-    report.assert_pass(&[
-        CheckId::Exclusion,
-        CheckId::Tokens,
-        CheckId::Ownership,
-        CheckId::Validity,
-        CheckId::Counter,
-        CheckId::Quiescence,
-    ]);
     assert!(
         !faults.is_empty(),
         "the workers finished before the leader was killed"
@@ -490,33 +529,11 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
 #[test]
 #[cfg_attr(not(feature = "full-matrix"), ignore)]
 fn z9_seeded_server_chaos_on_a_five_server_ensemble() {
-    const PROCS: usize = 4;
-    const TASKS: u64 = 4;
-    const ITERATIONS: u64 = 120;
-    const LEASE: Duration = Duration::from_secs(4);
     let mut seed = ecosphere::seed::Seed::for_scenario("z9_zookeeper_chaos");
     let seed_value = seed.value();
     let mut ensemble = ZkEnsemble::start(5).expect("ZooKeeper ensemble");
-    let servers = ensemble.connect_string();
-    let resource = server();
-    let dir = tempfile::tempdir().unwrap();
-    let history = dir.path().join("history");
-    std::fs::create_dir(&history).unwrap();
-    let go = dir.path().join("go");
-    let mut w = zk_worker("contend", &resource, &servers, "z9", &history);
-    w.tasks = TASKS;
-    w.iterations = ITERATIONS;
-    w.lease = LEASE;
-    w.spin_wait = Some(Duration::from_millis(200));
-    w.command_timeout = Some(Duration::from_secs(2));
-    w.max_duration = Duration::from_secs(150);
-    w.go_file = Some(go.clone());
-    w.extra.push("--tolerate-errors".into());
-    let mut workers = w.spawn(PROCS);
-    wait_line_all(&mut workers, "READY", Duration::from_secs(30));
-    let rec = Recorder::create(&history, HARNESS).unwrap();
+    let (run, mut workers, rec) = Contention::start(&ensemble.connect_string(), "z9", 4, 4, 120);
     let stop = Arc::new(AtomicBool::new(false));
-    go_file(&go);
     let nemesis_thread = {
         let stop = stop.clone();
         std::thread::spawn(move || {
@@ -577,41 +594,11 @@ fn z9_seeded_server_chaos_on_a_five_server_ensemble() {
     stop.store(true, Ordering::SeqCst);
     let (ensemble, faults) = nemesis_thread.join().expect("nemesis");
     let outputs = outputs.expect("workers finish in time");
-    for out in &outputs {
-        assert!(
-            out.status.success(),
-            "worker {}: {}\n{}",
-            out.index,
-            out.stdout,
-            out.stderr
-        );
-    }
-    let left = wait_empty(&ensemble.connect_string(), "z9", LEASE * 3);
-    let total = PROCS as u64 * TASKS * ITERATIONS;
-    let counter = get_u64(&resource, "counter");
-    let cfg = CheckConfig {
-        counter: Some(CounterCheck {
-            final_value: counter,
-            expected: CounterExpectation::FirstLevelAcquisitions,
-        }),
-        final_keys: Some(left),
-        ..CheckConfig::new(LEASE)
-    };
-    let (_h, report) = check(&history, &cfg);
+    run.check(&outputs, &ensemble.connect_string());
     println!(
-        "Z9: {total} acquisitions through {faults} server faults (seed {})",
-        seed_value
+        "Z9: {} acquisitions through {faults} server faults (seed {seed_value})",
+        run.total
     );
-    report.assert_ok();
-    assert_eq!(report.stats.first_level_acquisitions, total as usize);
-    report.assert_pass(&[
-        CheckId::Exclusion,
-        CheckId::Tokens,
-        CheckId::Ownership,
-        CheckId::Validity,
-        CheckId::Counter,
-        CheckId::Quiescence,
-    ]);
     assert!(
         faults >= 3,
         "the workers finished before the chaos did much ({faults} faults)"
