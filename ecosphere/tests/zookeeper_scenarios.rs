@@ -1,8 +1,8 @@
-//! The ZooKeeper lock under faults (issue 17; reliability.md Z1–Z5), multi-process, decided by
+//! The ZooKeeper lock under faults (issue 17; reliability.md Z1–Z9), multi-process, decided by
 //! the history checker with the same invariants as the Redis single lock.
 //!
-//! - **Z1** contention (3 × 2 × 80 holds) on a 3-server ensemble while the harness kills the leader, restarts
-//!   it, then pauses the new leader: I1 exclusion, I3 tokens (creation zxids, strictly
+//! - **Z1** contention (3 × 2 × 80 holds) on a 3-server ensemble while the harness kills the
+//!   leader, restarts it, then pauses the new leader: I1 exclusion, I3 tokens (creation zxids, strictly
 //!   increasing across the elections), I5 ownership, validity, and the unfenced counter
 //!   equal to the acquisitions.
 //! - **Z2** a holder killed: its session expires, the waiter acquires after the holder's last
