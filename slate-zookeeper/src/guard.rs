@@ -310,21 +310,21 @@ impl ZkLockGuard {
 /// the next process's watch), then the local release lets the next local waiter in.
 async fn release(lock: ZkLock, holder: HolderId, path: Arc<str>) -> Result<u32> {
     let c = lock.shared.competitor();
-    let span = tracing::debug_span!("release", lock = %c.label, %holder);
+    let span = tracing::debug_span!("release", lock = %c.ctx.label, %holder);
     async {
         let result = match c.take_level(holder, &path) {
             Ok(level) => {
                 let found = match level.delete {
                     None => Ok(true),
                     Some((znode, session)) => {
-                        delete_until_gone(c.client.clone(), znode, session).await
+                        delete_until_gone(c.ctx.client.clone(), znode, session).await
                     }
                 };
                 match found {
                     Ok(true) if level.held => Ok(()),
                     Ok(_) => {
                         tracing::debug!("not held: this guard's hold had ended");
-                        Err(Error::not_held(Arc::clone(&c.label), holder))
+                        Err(Error::not_held(Arc::clone(&c.ctx.label), holder))
                     }
                     Err(e) => Err(e),
                 }
@@ -362,7 +362,7 @@ impl Drop for ZkLockGuard {
         if self.released {
             return;
         }
-        tracing::debug!(lock = %self.lock.shared.competitor().label, holder = %self.holder,
+        tracing::debug!(lock = %self.lock.shared.competitor().ctx.label, holder = %self.holder,
             "guard dropped without unlock; releasing in the background");
         let release = release(self.lock.clone(), self.holder, Arc::clone(&self.path));
         self.lock.client().spawn(async move {
@@ -374,7 +374,7 @@ impl Drop for ZkLockGuard {
 impl fmt::Debug for ZkLockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkLockGuard")
-            .field("lock", &self.lock.shared.competitor().label)
+            .field("lock", &self.lock.shared.competitor().ctx.label)
             .field("holder", &self.holder)
             .field("token", &self.token)
             .field("depth", &self.depth)

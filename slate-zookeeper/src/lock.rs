@@ -139,16 +139,9 @@ struct LocalHold {
 }
 
 pub(crate) struct ZkCompetitor {
-    pub(crate) client: ZkClient,
-    pub(crate) dir: String,
+    /// What attempts and drains (futures that outlive the call) share.
+    pub(crate) ctx: Arc<Ctx>,
     pub(crate) name: LockName,
-    pub(crate) label: Arc<str>,
-    me: Weak<LockShared>,
-    places: Arc<tokio::sync::Mutex<Places>>,
-    /// The predecessor this process's place watches (one watch at a time).
-    watched: Arc<Mutex<Option<String>>>,
-    /// The lock's directory is known to exist (no create of it before each contender).
-    dir_ready: Arc<AtomicBool>,
     holds: Mutex<HashMap<HolderId, LocalHold>>,
 }
 
@@ -184,29 +177,20 @@ fn contenders(children: &[String]) -> Vec<(i64, &str)> {
     c
 }
 
-struct Ctx {
-    client: ZkClient,
-    dir: String,
-    label: Arc<str>,
+/// The part of a lock's competitor that its remote calls use.
+pub(crate) struct Ctx {
+    pub(crate) client: ZkClient,
+    pub(crate) dir: String,
+    pub(crate) label: Arc<str>,
     me: Weak<LockShared>,
-    places: Arc<tokio::sync::Mutex<Places>>,
-    watched: Arc<Mutex<Option<String>>>,
-    dir_ready: Arc<AtomicBool>,
+    places: tokio::sync::Mutex<Places>,
+    /// The predecessor this process's place watches (one watch at a time).
+    watched: Mutex<Option<String>>,
+    /// The lock's directory is known to exist (no create of it before each contender).
+    dir_ready: AtomicBool,
 }
 
 impl ZkCompetitor {
-    fn ctx(&self) -> Ctx {
-        Ctx {
-            client: self.client.clone(),
-            dir: self.dir.clone(),
-            label: Arc::clone(&self.label),
-            me: self.me.clone(),
-            places: Arc::clone(&self.places),
-            watched: Arc::clone(&self.watched),
-            dir_ready: Arc::clone(&self.dir_ready),
-        }
-    }
-
     /// The lease watch of `holder`'s hold at `path`, for a new guard; `None` when the holder's
     /// hold is another znode by now (the guard's own hold ended).
     pub(crate) fn watch(&self, holder: HolderId, path: &str) -> Option<LeaseWatch> {
@@ -224,7 +208,7 @@ impl ZkCompetitor {
     pub(crate) fn take_level(&self, holder: HolderId, path: &str) -> Result<Level> {
         let mut holds = lock(&self.holds);
         let Some(h) = holds.get_mut(&holder) else {
-            return Err(Error::not_held(Arc::clone(&self.label), holder));
+            return Err(Error::not_held(Arc::clone(&self.ctx.label), holder));
         };
         let held = h.path == path && !h.keeper.is_lost();
         if h.depth > 1 {
@@ -232,9 +216,9 @@ impl ZkCompetitor {
             return Ok(Level { delete: None, held });
         }
         let Some(h) = holds.remove(&holder) else {
-            return Err(Error::not_held(Arc::clone(&self.label), holder));
+            return Err(Error::not_held(Arc::clone(&self.ctx.label), holder));
         };
-        self.client.drop_lease(&h.path);
+        self.ctx.client.drop_lease(&h.path);
         Ok(Level {
             held: h.path == path,
             delete: Some((h.path, h.session)),
@@ -336,8 +320,8 @@ impl Ctx {
 
     /// One attempt: make sure this process has a place, then grant it if it is the lowest,
     /// else watch its predecessor.
-    async fn attempt(self, holder: HolderId) -> Result<Attempt<Grant>> {
-        let mut places = Arc::clone(&self.places).lock_owned().await;
+    async fn attempt(self: Arc<Self>, holder: HolderId) -> Result<Attempt<Grant>> {
+        let mut places = self.places.lock().await;
         let s = self.client.session().await?;
         if places.place.as_ref().is_some_and(|p| p.session != s.id) {
             places.place = None;
@@ -448,12 +432,13 @@ impl Ctx {
             {
                 Ok((Some(_), watcher)) => {
                     *lock(&self.watched) = Some(predecessor.clone());
-                    let (me, watched) = (self.me.clone(), Arc::clone(&self.watched));
+                    // Weak: a pending watch must not keep the client (its session) alive.
+                    let (me, ctx) = (self.me.clone(), Arc::downgrade(&self));
                     self.client.spawn(async move {
                         let event = watcher.changed().await;
                         tracing::trace!(?event.event_type, "predecessor watch fired");
-                        {
-                            let mut w = lock(&watched);
+                        if let Some(ctx) = ctx.upgrade() {
+                            let mut w = lock(&ctx.watched);
                             if w.as_deref() == Some(predecessor.as_str()) {
                                 *w = None;
                             }
@@ -476,7 +461,7 @@ impl Ctx {
     /// Gives up this process's place when no task of it waits any more. A contender whose
     /// create lost its answer is looked for again (backing off) until it is found or known
     /// absent, a waiter arrives, or the client is gone.
-    async fn drain(self) {
+    async fn drain(self: Arc<Self>) {
         let mut pause = Duration::from_millis(100);
         let mut places = loop {
             let mut places = self.places.lock().await;
@@ -575,8 +560,8 @@ impl Competitor for ZkCompetitor {
         &self,
         holder: HolderId,
     ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
-        let ctx = self.ctx();
-        self.client.on_runtime(ctx.attempt(holder))
+        let ctx = Arc::clone(&self.ctx);
+        self.ctx.client.on_runtime(ctx.attempt(holder))
     }
 
     fn reenter(
@@ -586,8 +571,8 @@ impl Competitor for ZkCompetitor {
         let hold = lock(&self.holds)
             .get(&holder)
             .map(|h| (h.path.clone(), h.session, h.token, Arc::clone(&h.keeper)));
-        let (client, label) = (self.client.clone(), Arc::clone(&self.label));
-        self.client.on_runtime(async move {
+        let (client, label) = (self.ctx.client.clone(), Arc::clone(&self.ctx.label));
+        self.ctx.client.on_runtime(async move {
             let lost = |reason| Err(Error::lease_lost(Arc::clone(&label), holder, reason));
             let Some((path, session, token, keeper)) = hold else {
                 return lost(LossReason::EntryGone);
@@ -637,22 +622,23 @@ impl Competitor for ZkCompetitor {
         }
         let (keeper, watch) = lease::channel(lease_deadline(grant.sent, grant.timeout));
         let keeper = Arc::new(keeper);
-        let current = self.client.current();
+        let current = self.ctx.client.current();
         if current.id != grant.session || current.zk.state().is_terminated() {
             // The session ended between the grant and here.
             keeper.lose(LossReason::EntryGone);
         } else {
-            self.client
+            self.ctx
+                .client
                 .keep_lease(grant.path.clone(), grant.session, Arc::clone(&keeper));
         }
         // A fresh grant to a holder that already holds here: its older znode is gone (the new
         // one is the lowest contender), so that hold is lost; its levels carry over.
         let depth = match holds.remove(&holder) {
             Some(old) => {
-                tracing::warn!(lock = %self.label, %holder, old = %old.path, new = %grant.path,
+                tracing::warn!(lock = %self.ctx.label, %holder, old = %old.path, new = %grant.path,
                     "a fresh grant replaced the holder's lost hold");
                 old.keeper.lose(LossReason::EntryGone);
-                self.client.drop_lease(&old.path);
+                self.ctx.client.drop_lease(&old.path);
                 old.depth + 1
             }
             None => 1,
@@ -674,7 +660,7 @@ impl Competitor for ZkCompetitor {
         // Only a displaced holder is still here (its hold had already ended remotely).
         if let Some(h) = lock(&self.holds).remove(&holder) {
             h.keeper.lose(LossReason::EntryGone);
-            self.client.drop_lease(&h.path);
+            self.ctx.client.drop_lease(&h.path);
         }
     }
 
@@ -682,9 +668,9 @@ impl Competitor for ZkCompetitor {
         if !grant.fresh {
             return;
         }
-        tracing::debug!(lock = %self.label, %holder, znode = %grant.path, "giving back an abandoned grant");
-        let (client, me) = (self.client.clone(), self.me.clone());
-        self.client.spawn(async move {
+        tracing::debug!(lock = %self.ctx.label, %holder, znode = %grant.path, "giving back an abandoned grant");
+        let (client, me) = (self.ctx.client.clone(), self.ctx.me.clone());
+        self.ctx.client.spawn(async move {
             let _ = delete_until_gone(client, grant.path, grant.session).await;
             if let Some(shared) = me.upgrade() {
                 shared.sync.notify_released();
@@ -693,7 +679,7 @@ impl Competitor for ZkCompetitor {
     }
 
     fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
-        let live = lock(&self.watched).is_some();
+        let live = lock(&self.ctx.watched).is_some();
         std::future::ready(if live {
             Notifications::Live
         } else {
@@ -702,7 +688,7 @@ impl Competitor for ZkCompetitor {
     }
 
     fn queue_drained(&self) {
-        self.client.spawn(self.ctx().drain());
+        self.ctx.client.spawn(Arc::clone(&self.ctx).drain());
     }
 }
 
@@ -802,14 +788,16 @@ impl ZkLockBuilder {
             sync: Synchronizer::new(
                 Arc::clone(&label),
                 ZkCompetitor {
-                    client,
-                    dir: dir.clone(),
+                    ctx: Arc::new(Ctx {
+                        client,
+                        dir: dir.clone(),
+                        label,
+                        me: me.clone(),
+                        places: tokio::sync::Mutex::default(),
+                        watched: Mutex::default(),
+                        dir_ready: AtomicBool::default(),
+                    }),
                     name,
-                    label,
-                    me: me.clone(),
-                    places: Arc::default(),
-                    watched: Arc::default(),
-                    dir_ready: Arc::default(),
                     holds: Mutex::default(),
                 },
                 self.spin_wait,
@@ -912,7 +900,7 @@ impl ZkLock {
     /// ```
     #[must_use]
     pub fn path(&self) -> &str {
-        &self.shared.competitor().dir
+        &self.shared.competitor().ctx.dir
     }
 
     /// The client this lock uses.
@@ -928,7 +916,7 @@ impl ZkLock {
     /// ```
     #[must_use]
     pub fn client(&self) -> &ZkClient {
-        &self.shared.competitor().client
+        &self.shared.competitor().ctx.client
     }
 
     /// The local owner (holder, depth) of this process, if any.
@@ -1011,7 +999,8 @@ impl ZkLock {
         holder: HolderId,
         wait: Wait,
     ) -> impl Future<Output = Result<ZkLockGuard>> + Send + '_ {
-        let span = tracing::debug_span!("acquire", lock = %self.shared.competitor().label, %holder);
+        let span =
+            tracing::debug_span!("acquire", lock = %self.shared.competitor().ctx.label, %holder);
         async move {
             let grant = self.shared.sync.acquire(holder, wait).await?;
             Ok(self.guard(holder, &grant))
@@ -1294,7 +1283,28 @@ impl ZkLock {
     ///
     /// Cancel safe (reads).
     pub fn status(&self) -> impl Future<Output = Result<ZkStatus>> + Send + 'static {
-        let c = self.shared.competitor();
+        let read = self.read_contenders(usize::MAX);
+        async move {
+            let mut all = read.await?.into_iter();
+            Ok(ZkStatus {
+                holder: all.next(),
+                waiters: all.collect(),
+            })
+        }
+    }
+
+    /// The holder: the lowest contender (one listing and one read).
+    async fn holder_contender(&self) -> Result<Option<ZkContender>> {
+        Ok(self.read_contenders(1).await?.into_iter().next())
+    }
+
+    /// The first `limit` contenders, lowest first: one listing, then one read per contender
+    /// until `limit` are found (a contender gone meanwhile is skipped).
+    fn read_contenders(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ZkContender>>> + Send + 'static {
+        let c = &self.shared.competitor().ctx;
         let (client, dir) = (c.client.clone(), c.dir.clone());
         self.client().on_runtime(async move {
             let s = client.session().await?;
@@ -1303,13 +1313,16 @@ impl ZkLock {
                 Err(zk::Error::NoNode) => Vec::new(),
                 Err(e) => return Err(client.error(e, "listing contenders")),
             };
-            let mut all = Vec::new();
+            let mut found = Vec::new();
             for (_, name) in contenders(&children) {
+                if found.len() == limit {
+                    break;
+                }
                 let znode = format!("{dir}/{name}");
                 match client.read(&s, "get", || s.zk.get_data(&znode)).await? {
                     Ok((data, stat)) => {
                         let data = String::from_utf8_lossy(&data);
-                        all.push(ZkContender {
+                        found.push(ZkContender {
                             holder: field(&data, "holder").and_then(|h| h.parse().ok()),
                             pid: field(&data, "pid").and_then(|p| p.parse().ok()),
                             host: field(&data, "host").map(str::to_owned),
@@ -1325,11 +1338,7 @@ impl ZkLock {
                     Err(e) => return Err(client.error(e, "reading a contender")),
                 }
             }
-            let mut all = all.into_iter();
-            Ok(ZkStatus {
-                holder: all.next(),
-                waiters: all.collect(),
-            })
+            Ok(found)
         })
     }
 
@@ -1353,7 +1362,7 @@ impl ZkLock {
     ///
     /// Cancel safe (a read).
     pub async fn is_locked(&self) -> Result<bool> {
-        Ok(self.status().await?.holder.is_some())
+        Ok(self.holder_contender().await?.is_some())
     }
 
     /// How many levels `holder` holds: its depth when it holds the lock in this process; 1
@@ -1378,8 +1387,9 @@ impl ZkLock {
     ///
     /// Cancel safe (a read).
     pub async fn hold_count(&self, holder: HolderId) -> Result<u32> {
-        let status = self.status().await?;
-        let Some(h) = status.holder else { return Ok(0) };
+        let Some(h) = self.holder_contender().await? else {
+            return Ok(0);
+        };
         if h.holder != Some(holder) {
             return Ok(0);
         }
@@ -1436,8 +1446,7 @@ impl ZkLock {
     ///
     /// Cancel safe (a read).
     pub async fn remaining_lease(&self) -> Result<Option<Duration>> {
-        let status = self.status().await?;
-        Ok(status.holder.map(|h| {
+        Ok(self.holder_contender().await?.map(|h| {
             h.session_timeout
                 .unwrap_or_else(|| self.client().session_timeout())
         }))
@@ -1467,8 +1476,7 @@ impl ZkLock {
     ///
     /// The deletion may or may not have happened when the future is dropped.
     pub async fn force_unlock(&self) -> Result<bool> {
-        let status = self.status().await?;
-        let Some(holder) = status.holder else {
+        let Some(holder) = self.holder_contender().await? else {
             return Ok(false);
         };
         let client = self.client().clone();
