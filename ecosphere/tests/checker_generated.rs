@@ -242,6 +242,7 @@ impl Sim {
                             token: h.token,
                             op: "incr".into(),
                             outcome: "ok".into(),
+                            invoked: None,
                         };
                         self.emit(id, lock, kind);
                     } else if r < 50 && h.depth < 3 {
@@ -502,7 +503,6 @@ impl Sim {
             self.observe(l);
         }
         CheckConfig {
-            fail_on_activity_past_validity: true,
             counter: Some(CounterCheck {
                 final_value: self.counter,
                 expected: CounterExpectation::AckedIncrements,

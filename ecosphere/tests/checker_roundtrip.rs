@@ -58,6 +58,7 @@ fn worker(rec: Recorder, lock: Guarded, rounds: u64) -> Result<(), HistoryError>
             token,
             op: "incr".into(),
             outcome: "ok".into(),
+            invoked: None,
         };
         rec.record(task, "L", kind)?;
         rec.record(
@@ -117,7 +118,6 @@ fn three_writers_merge_in_time_order_and_pass() -> TestResult {
             final_value,
             expected: CounterExpectation::AckedIncrements,
         }),
-        fail_on_activity_past_validity: true,
         strict_invoke_bound: false,
         ..CheckConfig::new(LEASE)
     };
@@ -231,6 +231,7 @@ fn every_event_kind_round_trips() -> TestResult {
             token: 3,
             op: "f_write".into(),
             outcome: "rejected".into(),
+            invoked: None,
         },
         EventKind::kill_worker(4),
         EventKind::Observe {

@@ -141,7 +141,6 @@ async fn scenario(n: usize, a_cut: &[usize], b_cut: &[usize], order: Order) -> (
             final_value: counter,
             expected: CounterExpectation::AckedIncrements,
         }),
-        fail_on_activity_past_validity: true,
         final_keys: Some(left),
         ..CheckConfig::new(LEASE)
     };

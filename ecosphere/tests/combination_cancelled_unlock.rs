@@ -92,7 +92,6 @@ fn cancelled_unlocks_still_release_across_processes() {
             final_value: counter,
             expected: CounterExpectation::FirstLevelAcquisitions,
         }),
-        fail_on_activity_past_validity: true,
         final_keys: Some(left),
         ..CheckConfig::new(LEASE)
     };

@@ -272,7 +272,6 @@ fn scenario(order: fn(usize) -> &'static str, chaos: Nemesis) -> (usize, usize) 
             expected: CounterExpectation::FirstLevelAcquisitions,
         }),
         min_validity: LEASE / 4,
-        fail_on_activity_past_validity: true,
         final_keys: Some(left),
         ..CheckConfig::new(LEASE)
     };

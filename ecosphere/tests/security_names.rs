@@ -320,6 +320,7 @@ impl Contention {
                     token,
                     op: OP_INCR.to_owned(),
                     outcome: OUTCOME_OK.to_owned(),
+                    invoked: None,
                 },
             );
             assert!(!g.is_lost(), "lease lost during a short critical section");

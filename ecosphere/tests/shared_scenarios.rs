@@ -68,7 +68,6 @@ fn shared_cfg(capacity: u64, lock_server: &ecosphere::server::RedisServer) -> Ch
     CheckConfig {
         capacity: Some(capacity),
         min_validity: LEASE / 2,
-        fail_on_activity_past_validity: true,
         final_keys: Some(leftovers(lock_server)),
         ..CheckConfig::new(LEASE)
     }

@@ -115,7 +115,6 @@ fn holder_killed_with_waiters(per_proc: u64) {
 
     let cfg = CheckConfig {
         final_keys: Some(lock_keys(&lock_server)),
-        fail_on_activity_past_validity: true,
         ..CheckConfig::new(LEASE)
     };
     let (h, report) = check_killed(history, &cfg);

@@ -76,7 +76,6 @@ fn five_hundred_waiters_finish_within_budget_without_a_polling_storm() {
             final_value: counter,
             expected: CounterExpectation::FirstLevelAcquisitions,
         }),
-        fail_on_activity_past_validity: true,
         final_keys: Some(lock_keys(&lock_server)),
         ..CheckConfig::new(LEASE)
     };

@@ -61,7 +61,6 @@ fn four_processes_keep_mutual_exclusion_and_count_every_increment() {
             expected: CounterExpectation::FirstLevelAcquisitions,
         }),
         min_validity: LEASE / 2,
-        fail_on_activity_past_validity: true,
         final_keys: Some(lock_keys(&lock_server)),
         ..CheckConfig::new(LEASE)
     };

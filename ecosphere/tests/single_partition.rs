@@ -131,7 +131,6 @@ fn partition(cut: Cut) {
 
     let cfg = CheckConfig {
         final_keys: Some(lock_keys(&lock_server)),
-        fail_on_activity_past_validity: true,
         ..CheckConfig::new(LEASE)
     };
     let (h, report) = check(&history, &cfg);

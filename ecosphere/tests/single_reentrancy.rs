@@ -76,7 +76,6 @@ fn depth_three_and_back_frees_the_lock_only_at_zero() {
             final_value: counter,
             expected: CounterExpectation::AckedIncrements,
         }),
-        fail_on_activity_past_validity: true,
         final_keys: Some(lock_keys(&lock_server)),
         ..CheckConfig::new(LEASE)
     };

@@ -72,7 +72,6 @@ fn reentry_after_an_expired_lease_fails_and_creates_nothing() {
             final_value: counter,
             expected: CounterExpectation::AckedIncrements,
         }),
-        fail_on_activity_past_validity: true,
         final_keys: Some(lock_keys(&lock_server)),
         ..CheckConfig::new(LEASE)
     };

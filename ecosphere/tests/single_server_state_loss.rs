@@ -453,7 +453,6 @@ fn lock_kept(how: Keep) {
     let counter = get_u64(&resource, "counter");
     let cfg = CheckConfig {
         final_keys: Some(lock_keys(&lock_server)),
-        fail_on_activity_past_validity: true,
         counter: Some(ecosphere::history::CounterCheck {
             final_value: counter,
             expected: ecosphere::history::CounterExpectation::AckedIncrements,

@@ -234,6 +234,22 @@ impl LeaseWatch {
         self.rx.borrow().deadline
     }
 
+    /// Whether the keeper is gone (the hold was released or dropped): the lease will not
+    /// change any more, and [`changed`](Self::changed) completes at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let (keeper, watch) = slate_core::lease::channel(std::time::Instant::now());
+    /// assert!(!watch.is_closed());
+    /// drop(keeper);
+    /// assert!(watch.is_closed());
+    /// ```
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.rx.has_changed().is_err()
+    }
+
     /// Whether the lease is lost: loss signalled, or the deadline passed.
     ///
     /// # Examples

@@ -26,6 +26,7 @@
 //! ```
 
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use slate_combination::CombinationGuard;
@@ -125,7 +126,7 @@ impl Observed for CombinationGuard {
 }
 
 /// What the history logged of one hold.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Held {
     /// The holder id, as the lock stores it.
     pub holder: String,
@@ -137,6 +138,77 @@ pub struct Held {
     pub deadline: u64,
     /// The nodes held (empty for a single lock).
     pub nodes: Vec<usize>,
+    /// Logs every move of the hold's deadline as it happens (see [`RenewalLog`]); `None` for
+    /// a hold made up by the caller or recorded outside a tokio runtime.
+    pub renewals: Option<Arc<RenewalLog>>,
+}
+
+/// Logs `renew_ok` each time a hold's lease deadline moves, from a task of its own, so that
+/// the history's window is as long as the holder believed, whatever the worker is doing
+/// (waiting, paused between operations, releasing). It stops when the release is invoked
+/// (under the same lock as the `rel_invoke` record, so no renewal is logged after it), when
+/// the lease is lost, and when the last [`Held`] clone holding it is dropped.
+#[derive(Debug)]
+pub struct RenewalLog {
+    stopped: Arc<Mutex<bool>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RenewalLog {
+    /// Starts logging the moves of `lease` for `holder`, from `logged` (the deadline already
+    /// recorded), or `None` outside a tokio runtime.
+    fn start(
+        rec: &Recorder,
+        lock: &str,
+        task: u64,
+        holder: &str,
+        mut lease: slate_core::LeaseWatch,
+        logged: u64,
+    ) -> Option<Self> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let stopped = Arc::new(Mutex::new(false));
+        let (rec, lock, holder) = (rec.clone(), lock.to_owned(), holder.to_owned());
+        let stop = Arc::clone(&stopped);
+        let task = rt.spawn(async move {
+            let mut last = logged;
+            loop {
+                lease.changed().await;
+                let stopped = stop.lock().unwrap_or_else(PoisonError::into_inner);
+                if *stopped || lease.is_lost() {
+                    return;
+                }
+                let d = to_mono_ns(lease.deadline());
+                if d != last {
+                    last = d;
+                    let kind = EventKind::RenewOk {
+                        holder: holder.clone(),
+                        deadline: d,
+                    };
+                    if rec.record(task, &lock, kind).is_err() {
+                        return;
+                    }
+                }
+                if lease.is_closed() {
+                    return;
+                }
+            }
+        });
+        Some(RenewalLog { stopped, task })
+    }
+
+    /// Stops logging; `then` runs under the same lock (the `rel_invoke` record).
+    fn stop<T>(&self, then: impl FnOnce() -> T) -> T {
+        let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        *stopped = true;
+        self.task.abort();
+        then()
+    }
+}
+
+impl Drop for RenewalLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// How a logged release ended.
@@ -218,12 +290,24 @@ impl<'a> Log<'a> {
     ///
     /// The history could not be written.
     pub fn acquired<G: Observed>(&self, attempt: u64, guard: &G) -> Result<Held, HistoryError> {
+        let deadline = to_mono_ns(guard.lease_deadline());
+        let holder = guard.holder().to_string();
+        let renewals = RenewalLog::start(
+            self.rec,
+            self.lock,
+            self.task,
+            &holder,
+            guard.lease().clone(),
+            deadline,
+        )
+        .map(Arc::new);
         let held = Held {
-            holder: guard.holder().to_string(),
+            holder,
             token: guard.fencing_token().get(),
             depth: guard.level(),
-            deadline: to_mono_ns(guard.lease_deadline()),
+            deadline,
             nodes: guard.held_nodes(),
+            renewals,
         };
         self.record(EventKind::AcqOk {
             attempt,
@@ -305,10 +389,16 @@ impl<'a> Log<'a> {
     ///
     /// The history could not be written.
     pub fn release_invoked(&self, held: &Held) -> Result<u64, HistoryError> {
-        self.record(EventKind::RelInvoke {
-            holder: held.holder.clone(),
-            depth_before: held.depth,
-        })
+        let record = || {
+            self.record(EventKind::RelInvoke {
+                holder: held.holder.clone(),
+                depth_before: held.depth,
+            })
+        };
+        match &held.renewals {
+            Some(r) if held.depth <= 1 => r.stop(record),
+            _ => record(),
+        }
     }
 
     /// Records what `unlock()` answered: `rel_ok`, `rel_fail` (not held) or `rel_info`;

@@ -426,6 +426,7 @@ impl Fenced {
     async fn write(&self, holder: &str, token: u64) -> EventKind {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let element = format!("{}:{n}:{token}", self.proc);
+        let invoked = now_ns();
         let mut conn = self.conn.clone();
         let reply: redis::RedisResult<(i64, u64)> = self
             .script
@@ -456,6 +457,7 @@ impl Fenced {
             token,
             op: OP_FENCED_WRITE.to_owned(),
             outcome: outcome.to_outcome(),
+            invoked: Some(invoked),
         }
     }
 
@@ -614,6 +616,7 @@ impl Ctx {
                 token: held.token,
                 op: OP_INCR.to_owned(),
                 outcome: incr_outcome(&counted),
+                invoked: None,
             },
         )?;
         counted
@@ -894,6 +897,7 @@ async fn unsafe_iteration(ctx: &Ctx, task: u64, i: u64) -> Res<()> {
         depth: 1,
         deadline: now_ns() + ctx.args.lease_ms * 1_000_000,
         nodes: Vec::new(),
+        renewals: None,
     };
     ctx.record(
         task,
@@ -1636,6 +1640,7 @@ mod generic {
                         token,
                         op: OP_INCR.to_owned(),
                         outcome: super::incr_outcome(&counted),
+                        invoked: None,
                     },
                 )?;
                 counted
@@ -1918,6 +1923,7 @@ mod shared {
                     token: held.token,
                     op,
                     outcome,
+                    invoked: None,
                 })
                 .map_err(recording)?;
             let _: i64 = conn

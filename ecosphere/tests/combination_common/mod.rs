@@ -448,6 +448,7 @@ impl Held {
                 token: self.guard.fencing_token().get(),
                 op: OP_INCR.to_owned(),
                 outcome: OUTCOME_OK.to_owned(),
+                invoked: None,
             },
         );
     }

@@ -303,6 +303,11 @@ pub enum EventKind {
         op: String,
         /// Outcome, e.g. [`OUTCOME_OK`], a [`FencedOutcome`] as text, a value read.
         outcome: String,
+        /// When the operation was sent (monotonic ns), if the worker stamped it; the event's
+        /// own `t` is after the reply. I2 needs it: a stale token sent after a newer grant was
+        /// acknowledged and still accepted is a violation.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        invoked: Option<u64>,
     },
     /// The harness injected or healed a fault (stamped at the moment it acts).
     Nemesis {

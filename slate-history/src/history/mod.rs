@@ -15,17 +15,23 @@
 //!
 //! - **I1 exclusion.** Per (lock, holder), a validity window opens at the `acq_ok` that finds the
 //!   holder without an open window (depth 0 → 1) and closes at the earliest of: `rel_invoke`
-//!   at depth 1, `lost`, a kill of its process (`kill_worker` nemesis or
-//!   [`CheckConfig::killed`]), and the latest deadline from `acq_ok`/`renew_ok` received before
-//!   that. Re-entrant nesting stays inside one window. Windows are swept by start per lock; a
+//!   at depth 1, `lost`, and the latest deadline from `acq_ok`/`renew_ok` received before
+//!   that (a deadline only moves back from the moment the holder was told, see
+//!   `renew_ok`). A kill of its process (`kill_worker` nemesis or [`CheckConfig::killed`])
+//!   does not close it: nobody released the lock, so the window runs to the last deadline the
+//!   holder knew, and a grant before it is an overlap. Workers log every move of the
+//!   deadline as it happens ([`crate::logged::RenewalLog`]). Re-entrant nesting stays inside
+//!   one window. Windows are swept by start per lock; a
 //!   window starting strictly before the latest end among earlier windows of *other* holders
 //!   is a violation. `acq_info` never opens a window (a ghost, §7.6). A `rel_info` or
 //!   `rel_fail{not_held}` that finds the window still open closes it at the holder's last
 //!   confirmed-holding time, as does a `rel_ok` to depth 0 with no `rel_invoke` before it.
-//! - **I2 fenced order.** The `res_op` events with op [`OP_FENCED_WRITE`] and an
-//!   `accepted:<seq>` outcome, per lock in accept order (`seq`), carry non-decreasing tokens
-//!   (the fenced resource accepted no token below one it had accepted before). Without such
-//!   events it passes vacuously (its note says so).
+//! - **I2 fenced order.** Over the `res_op` events with op [`OP_FENCED_WRITE`] and an
+//!   `accepted:<seq>` outcome: a write *sent* (its `invoked` stamp) after a grant with a
+//!   higher token was acknowledged, yet accepted, fails (the old holder acted after the lock
+//!   moved on and got through); so does one token accepted from two holders (exclusive
+//!   locks), and a token below one accepted earlier in the resource's accept order. Without
+//!   accepted writes it is unchecked.
 //! - **I3 tokens.** `acq_ok` with depth 1, in time order per lock: each token strictly greater
 //!   than the previous one (decreases only counted when [`CheckConfig::allow_token_reset`]).
 //!   Depth > 1 must repeat the holder's current token.
@@ -41,8 +47,16 @@
 //!   single-attempt calls (`budget_ms == Some(0)`, or every call with
 //!   [`CheckConfig::strict_invoke_bound`]), else `≤ acq_ok.t + L + tolerance`;
 //!   `deadline − acq_ok.t ≥ min_validity`; `renew_ok.deadline ≤ renew_ok.t + L + tolerance`.
-//! - **Activity.** Every `res_op` must lie inside a window of its holder (warning, or failure
-//!   with [`CheckConfig::fail_on_activity_past_validity`]).
+//!   With [`CheckConfig::reply_delay`] (a proxy that delays every reply), the bounds count
+//!   from `acq_ok.t − delay` and `renew_ok.t − delay`: a lease measured from the reply fails.
+//! - **Activity.** Every `res_op` must lie inside a window of its holder; one that does not
+//!   fails, unless [`CheckConfig::expected_late`] names its process and the count stays within
+//!   the number expected (a warning).
+//!
+//! A check with nothing to judge (one holder, no fenced write, no re-entry, no release) is
+//! [`Status::Unchecked`], which [`Report::assert_pass`] refuses; a scenario opts out with
+//! [`Report::assert_pass_or_unchecked`] and a reason. [`Report::assert_contention`] fails a
+//! scenario that stopped contending.
 //! - **Counter.** [`CheckConfig::counter`]: final value = expectation ([`CounterExpectation`]).
 //! - **I8 quiescence.** No `observe` at or after [`CheckConfig::quiescent_after`] shows the key
 //!   (fields or PTTL ≥ −1); [`CheckConfig::final_keys`] is empty; and, over the whole run, the
@@ -80,7 +94,7 @@ mod recorder;
 mod report;
 mod store;
 
-pub use check::{CheckConfig, CounterCheck, CounterExpectation, check};
+pub use check::{CheckConfig, CounterCheck, CounterExpectation, ExpectedLate, check};
 pub use event::{
     Event, EventKind, FencedOutcome, KILL_WORKER, OP_FENCED_WRITE, OP_INCR, OUTCOME_OK,
 };

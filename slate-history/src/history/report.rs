@@ -278,6 +278,8 @@ pub struct Stats {
     pub fenced_rejected: usize,
     /// Most acquire calls outstanding at once on one lock.
     pub max_waiters: usize,
+    /// `acq_ok` events per process.
+    pub acquisitions_per_proc: std::collections::BTreeMap<u32, usize>,
     /// Acquire latency.
     pub acquire_latency: Latency,
 }
@@ -396,8 +398,18 @@ impl Report {
     ///     attempt: 1, holder: "p0:t0".into(), token: 1, depth: 1, deadline, nodes: vec![],
     ///     permits: None,
     /// })?;
+    /// rec.record(0, "l", EventKind::RelInvoke { holder: "p0:t0".into(), depth_before: 1 })?;
+    /// rec.record(0, "l", EventKind::RelOk { holder: "p0:t0".into(), depth_after: 0 })?;
+    /// rec.record(1, "l", EventKind::AcqInvoke { attempt: 2, budget_ms: None })?;
+    /// let deadline = now_ns() + 2_000_000_000;
+    /// rec.record(1, "l", EventKind::AcqOk {
+    ///     attempt: 2, holder: "p0:t1".into(), token: 2, depth: 1, deadline, nodes: vec![],
+    ///     permits: None,
+    /// })?;
     /// let r = History::load(dir.path())?.check(&CheckConfig::new(Duration::from_secs(2)));
-    /// r.assert_pass(&[CheckId::Exclusion, CheckId::Tokens]);
+    /// r.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Ownership]);
+    /// // One holder alone has nobody to be excluded from: not a pass, unless opted out.
+    /// r.assert_pass_or_unchecked(CheckId::Reentry, "nobody re-enters here");
     /// // An empty history checks nothing: not a pass.
     /// let empty = History::default().check(&CheckConfig::new(Duration::from_secs(2)));
     /// assert!(std::panic::catch_unwind(|| empty.assert_pass(&[CheckId::Exclusion])).is_err());
@@ -421,6 +433,74 @@ impl Report {
                 self.status(id)
             );
         }
+    }
+
+    /// Panics unless `id` passed or had nothing to check; for a scenario that opts out of
+    /// that check, saying why (`because` is shown if it fails). A warning or a failure panics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_history::history::{CheckConfig, CheckId, History};
+    /// let r = History::default().check(&CheckConfig::default());
+    /// r.assert_pass_or_unchecked(CheckId::Reentry, "this scenario never re-enters");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// None.
+    ///
+    /// # Panics
+    ///
+    /// If the check warned or failed.
+    #[track_caller]
+    pub fn assert_pass_or_unchecked(&self, id: CheckId, because: &str) {
+        assert!(
+            matches!(self.status(id), Status::Pass | Status::Unchecked(_)),
+            "{} is {:?} (allowed to be unchecked: {because})\n{self}",
+            id.label(),
+            self.status(id)
+        );
+    }
+
+    /// Panics unless the scenario contended as it was built to: at least `processes`
+    /// processes each acquired at least `per_process` times, and at some instant at least
+    /// `waiters` acquire calls were outstanding on one lock. A scenario that stops contending
+    /// (every worker failing fast, one process doing all the work) would otherwise pass its
+    /// checks with nothing to compare.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_history::history::{CheckConfig, History};
+    /// let r = History::default().check(&CheckConfig::default());
+    /// assert!(std::panic::catch_unwind(|| r.assert_contention(2, 1, 2)).is_err());
+    /// r.assert_contention(0, 0, 0);
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// None.
+    ///
+    /// # Panics
+    ///
+    /// If the history shows less contention; the message gives the counts.
+    #[track_caller]
+    pub fn assert_contention(&self, processes: usize, per_process: usize, waiters: usize) {
+        let busy = self
+            .stats
+            .acquisitions_per_proc
+            .values()
+            .filter(|&&n| n >= per_process)
+            .count();
+        assert!(
+            busy >= processes && self.stats.max_waiters >= waiters,
+            "too little contention: {busy} process(es) with at least {per_process} \
+             acquisitions (wanted {processes}; per process: {:?}), at most {} outstanding \
+             acquire calls (wanted {waiters})",
+            self.stats.acquisitions_per_proc,
+            self.stats.max_waiters
+        );
     }
 
     /// Panics with the whole report if any check failed.
