@@ -111,10 +111,13 @@ fn cancelled_unlocks_still_release_across_processes() {
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,
-        CheckId::Ownership,
         CheckId::Validity,
         CheckId::Activity,
         CheckId::Counter,
         CheckId::Quiescence,
     ]);
+    report.assert_pass_or_unchecked(
+        CheckId::Ownership,
+        "every unlock here is cancelled: no release answer to judge",
+    );
 }

@@ -725,10 +725,10 @@ fn x1_worker_processes_as_the_acl_user_keep_exclusion_with_an_empty_acl_log() {
         CheckId::Exclusion,
         CheckId::Tokens,
         CheckId::Ownership,
-        CheckId::Reentry,
         CheckId::Counter,
         CheckId::Quiescence,
     ]);
+    report.assert_pass_or_unchecked(CheckId::Reentry, "this scenario never re-enters");
     assert_eq!(counter, PROCS as u64 * TASKS * ITERATIONS);
     assert_eq!(acl_log(&lock_server), [], "ACL LOG after the worker run");
 }

@@ -124,6 +124,13 @@ fn starve(burn_threads: u64) {
     let lost = a_out.stdout.contains("\nLOST ");
     let cfg = CheckConfig {
         final_keys: Some(lock_keys(&lock_server)),
+        expected_late: Some(ecosphere::history::ExpectedLate {
+            procs: vec![0],
+            max_ops: 4,
+            reason: "A is starved across its deadline: the operation it was in (a fenced write \
+                     and an increment) completes late, and it writes once more after its loss"
+                .into(),
+        }),
         ..CheckConfig::new(LEASE)
     };
     let (h, report) = check(history, &cfg);

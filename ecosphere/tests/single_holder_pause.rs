@@ -162,6 +162,10 @@ fn short_pause(mut pause: impl FnMut(u32) -> Pause) {
     let (h, report) = check(history, &cfg);
     report.assert_ok();
     for id in ecosphere::history::CheckId::ALL {
+        if id == CheckId::Reentry {
+            report.assert_pass_or_unchecked(id, "this scenario never re-enters");
+            continue;
+        }
         assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
     }
     assert_eq!(report.stats.losses, 0, "no loss signal");
@@ -263,6 +267,20 @@ fn long_pause(mut pause: impl FnMut(u32) -> Pause) {
     let counter = get_u64(&resource, "counter");
     let cfg = CheckConfig {
         final_keys: Some(lock_keys(&lock_server)),
+        expected_late: Some(ecosphere::history::ExpectedLate {
+            procs: vec![0],
+            max_ops: 3,
+            reason: "A is paused across its deadline: the operation it was in (a fenced write \
+                     and an increment) completes late, and it writes once more after its loss \
+                     on purpose"
+                .into(),
+        }),
+        counter: Some(ecosphere::history::CounterCheck {
+            final_value: counter,
+            expected: ecosphere::history::CounterExpectation::AckedIncrementsLosingToLate {
+                procs: vec![0],
+            },
+        }),
         ..CheckConfig::new(LEASE)
     };
     let (h, report) = check(history, &cfg);
@@ -272,10 +290,10 @@ fn long_pause(mut pause: impl FnMut(u32) -> Pause) {
         CheckId::FencedOrder,
         CheckId::Tokens,
         CheckId::Ownership,
-        CheckId::Reentry,
         CheckId::Validity,
         CheckId::Quiescence,
     ]);
+    report.assert_pass_or_unchecked(CheckId::Reentry, "this scenario never re-enters");
     // I4(F) and the late write.
     let (accepted, rejected) = assert_fenced_kept_everything(&h, &resource, FENCED);
     assert_eq!(rejected, 1, "exactly A's late write is rejected");
@@ -302,13 +320,7 @@ fn long_pause(mut pause: impl FnMut(u32) -> Pause) {
         counter <= acked,
         "counter {counter} above {acked} acknowledged increments"
     );
-    if counter < acked {
-        assert!(
-            report.stats.activity_past_validity > 0,
-            "{} lost increments without any operation past validity",
-            acked - counter
-        );
-    }
+    // Lost increments are excused by the checker only one for one with A's late increments.
     println!(
         "counter {counter} of {acked} acknowledged increments ({} lost to the pause hazard); \
          operations past validity: {}; F accepted {accepted}, rejected {rejected}",

@@ -85,11 +85,11 @@ fn five_hundred_waiters_finish_within_budget_without_a_polling_storm() {
         CheckId::Exclusion,
         CheckId::Tokens,
         CheckId::Ownership,
-        CheckId::Reentry,
         CheckId::Validity,
         CheckId::Counter,
         CheckId::Quiescence,
     ]);
+    report.assert_pass_or_unchecked(CheckId::Reentry, "this scenario never re-enters");
     assert_eq!(counter, acquired);
 
     // Every waiter came back within its budget + slack.

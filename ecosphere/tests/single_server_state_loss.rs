@@ -300,12 +300,25 @@ fn state_lost(loss: Loss) {
         "the overlap names A and B: {}",
         cx.message
     );
-    assert_eq!(
-        report.failed(),
-        vec![CheckId::Exclusion],
-        "only I1 may fail:\n{report}"
+    // The restart also resets the token counter: B's writes carry A's token, and the strict I2
+    // reports one token accepted from two holders.
+    let failed = report.failed();
+    assert!(
+        failed.contains(&CheckId::Exclusion)
+            && failed
+                .iter()
+                .all(|c| matches!(c, CheckId::Exclusion | CheckId::FencedOrder)),
+        "only I1 and I2 may fail:\n{report}"
     );
-    report.assert_pass(&[CheckId::FencedOrder, CheckId::Validity, CheckId::Reentry]);
+    if failed.contains(&CheckId::FencedOrder) {
+        let cx = report.status(CheckId::FencedOrder).counterexample();
+        assert!(
+            cx.is_some_and(|c| c.message.contains("from two holders")),
+            "I2 may fail only on the reused token:\n{report}"
+        );
+    }
+    report.assert_pass(&[CheckId::Validity]);
+    report.assert_pass_or_unchecked(CheckId::Reentry, "this scenario never re-enters");
     let (accepted, rejected) = assert_fenced_kept_everything(&h, &resource, FENCED);
     let b_acq = first_of(&h, 1, "acq_ok").expect("B acquired");
     let a_lost = first_of(&h, 0, "lost").expect("A's loss logged");
@@ -462,6 +475,10 @@ fn lock_kept(how: Keep) {
     let (h, report) = check(&history, &cfg);
     report.assert_ok();
     for id in CheckId::ALL {
+        if id == CheckId::Reentry {
+            report.assert_pass_or_unchecked(id, "this scenario never re-enters");
+            continue;
+        }
         assert_eq!(report.status(id), &Status::Pass, "{}", id.label());
     }
     assert_eq!(report.stats.losses, 0);

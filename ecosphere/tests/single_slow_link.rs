@@ -112,7 +112,11 @@ fn acquire_through(mode: Mode) {
         _ => None,
     });
     if acq.is_some() {
-        report.assert_pass(&[CheckId::Exclusion, CheckId::Validity]);
+        report.assert_pass(&[CheckId::Validity]);
+        report.assert_pass_or_unchecked(
+            CheckId::Exclusion,
+            "a single holder in this scenario: nobody to overlap with",
+        );
     }
     let invoke = first_of(&h, 0, "acq_invoke").expect("acq_invoke").t;
     let Mode::Delay {
@@ -235,12 +239,11 @@ fn s11c_renewal_slower_than_the_validity_is_reported_as_loss() {
     finish_ok(&mut holder, Duration::from_secs(20));
     let (h, report) = check(history, &cfg(&lock_server));
     report.assert_ok();
-    report.assert_pass(&[
+    report.assert_pass(&[CheckId::Ownership, CheckId::Validity, CheckId::Quiescence]);
+    report.assert_pass_or_unchecked(
         CheckId::Exclusion,
-        CheckId::Ownership,
-        CheckId::Validity,
-        CheckId::Quiescence,
-    ]);
+        "a single holder in this scenario: nobody to overlap with",
+    );
     let deadline = last_deadline(&h, &a_holder);
     let a_lost = first_of(&h, 0, "lost").expect("A's loss logged");
     assert!(

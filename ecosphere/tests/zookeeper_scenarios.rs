@@ -415,8 +415,18 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
         );
         assert!(a_out.stdout.contains("UNLOCK not_held"), "{}", a_out.stdout);
         assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
-        let (_h, report) = check(&z.history, &CheckConfig::new(SESSION));
+        let cfg = CheckConfig {
+            expected_late: Some(ecosphere::history::ExpectedLate {
+                procs: vec![0],
+                max_ops: 1,
+                reason: "A writes once after its loss, on purpose (the LATE line): F rejects it"
+                    .into(),
+            }),
+            ..CheckConfig::new(SESSION)
+        };
+        let (_h, report) = check(&z.history, &cfg);
         report.assert_ok();
+        assert_eq!(report.stats.activity_past_validity, 1, "{report}");
         report.assert_pass(&[
             CheckId::Exclusion,
             CheckId::FencedOrder,

@@ -25,6 +25,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use slate_core::mutant::{self, Mutant};
 use slate_core::{Error, NodeReport, NodeState, Result};
 use slate_redis::node::NodeKeys;
 use slate_redis::{ClientOptions, ClientOptionsBuilder, RedisClient};
@@ -732,6 +733,7 @@ impl NodeSet {
         // is asynchronous, so the promoted replica may lack grants its old master made; they
         // have all expired once a full quarantine (at least the longest lease) has passed.
         let replaced = restarted && !young;
+        let young = young && !mutant::active(Mutant::QuarantineAdmitsYoung);
         if opts.quarantine_enabled && (((restarted || !marked) && young) || replaced) {
             let wait = if replaced {
                 opts.quarantine

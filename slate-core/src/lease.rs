@@ -5,6 +5,8 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
+use crate::mutant::{self, Mutant};
+
 /// Why a lease was lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -45,6 +47,23 @@ impl fmt::Display for LossReason {
 /// the timers.
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
+}
+
+/// Whether `deadline` has passed (never, under the `lease-ignores-deadline` mutant).
+fn passed(deadline: Instant) -> bool {
+    !mutant::active(Mutant::LeaseIgnoresDeadline) && now() >= deadline
+}
+
+/// When a watcher looks at `deadline` again (a day later under the `lease-ignores-deadline`
+/// mutant).
+fn wake_at(deadline: Instant) -> Instant {
+    if mutant::active(Mutant::LeaseIgnoresDeadline) {
+        deadline
+            .checked_add(std::time::Duration::from_secs(86_400))
+            .unwrap_or(deadline)
+    } else {
+        deadline
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -264,7 +283,7 @@ impl LeaseWatch {
     #[must_use]
     pub fn is_lost(&self) -> bool {
         let s = *self.rx.borrow();
-        s.lost.is_some() || now() >= s.deadline
+        s.lost.is_some() || passed(s.deadline)
     }
 
     /// Why the lease was lost, if it was: the signalled reason, or
@@ -281,7 +300,7 @@ impl LeaseWatch {
     pub fn loss_reason(&self) -> Option<LossReason> {
         let s = *self.rx.borrow();
         s.lost
-            .or_else(|| (now() >= s.deadline).then_some(LossReason::DeadlineExpired))
+            .or_else(|| passed(s.deadline).then_some(LossReason::DeadlineExpired))
     }
 
     /// Completes when the deadline moved or loss was signalled since this watch last looked
@@ -345,16 +364,16 @@ impl LeaseWatch {
                         // The keeper is gone (the lock's machinery stopped): only the deadline
                         // remains meaningful.
                         let deadline = rx.borrow().deadline;
-                        tokio::time::sleep_until(deadline.into()).await;
+                        tokio::time::sleep_until(wake_at(deadline).into()).await;
                         return rx.borrow().lost.unwrap_or(LossReason::DeadlineExpired);
                     }
                 }
-                () = tokio::time::sleep_until(s.deadline.into()) => {
+                () = tokio::time::sleep_until(wake_at(s.deadline).into()) => {
                     let s = *rx.borrow();
                     if let Some(reason) = s.lost {
                         return reason;
                     }
-                    if now() >= s.deadline {
+                    if passed(s.deadline) {
                         return LossReason::DeadlineExpired;
                     }
                 }

@@ -21,6 +21,7 @@ pub mod fencing;
 pub mod holder;
 pub mod lease;
 pub mod lock;
+pub mod mutant;
 pub mod name;
 pub mod options;
 

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{ErrorKind, RedisResult, ServerErrorKind};
 use slate_core::lease::{self, LeaseKeeper, LeaseWatch, LossReason};
+use slate_core::mutant::{self, Mutant};
 use slate_core::{HolderId, Result};
 use tokio::sync::Notify;
 use tracing::Instrument;
@@ -39,6 +40,12 @@ pub(crate) fn drift(lease: Duration) -> Duration {
 
 /// The lease deadline of a command sent at `sent` that set a TTL of `lease`.
 pub(crate) fn deadline(sent: Instant, lease: Duration) -> Instant {
+    // Every caller has the reply in hand: the mutant counts the lease from it.
+    let sent = if mutant::active(Mutant::LeaseFromReply) {
+        Instant::now()
+    } else {
+        sent
+    };
     sent + lease - drift(lease)
 }
 
@@ -222,7 +229,11 @@ impl Renewal {
         if !passable(reg, now, min_validity) {
             return None;
         }
-        let (keeper, watch) = lease::channel(reg.keeper.deadline());
+        let (keeper, watch) = lease::channel(if mutant::active(Mutant::PassOutlivesLease) {
+            deadline(now, reg.hold.lease)
+        } else {
+            reg.keeper.deadline()
+        });
         reg.keeper = keeper;
         // A later cap than the one it replaces: the service's wake-up needs no change.
         reg.cap = reg.hold.max_hold.and_then(|m| now.checked_add(m));
@@ -376,7 +387,7 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
             Phase::Capped => deadline.checked_sub(CAPPED_EARLY).unwrap_or(deadline),
             _ => deadline,
         };
-        if now >= report_at {
+        if now >= report_at && !mutant::active(Mutant::LeaseIgnoresDeadline) {
             let reason = match reg.phase {
                 Phase::Capped => LossReason::MaxHoldReached,
                 _ => LossReason::DeadlineExpired,
@@ -384,7 +395,9 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
             lose(reg, reason);
             continue;
         }
-        at(report_at);
+        if !mutant::active(Mutant::LeaseIgnoresDeadline) {
+            at(report_at);
+        }
         if let Phase::Renewing = reg.phase {
             if let Some(cap) = reg.cap {
                 at(cap);

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
 use slate_core::HolderId;
+use slate_core::mutant::{self, Mutant};
 
 /// One script: its text, and redis-rs's `Script` (which knows the SHA1).
 pub(crate) struct SlateScript {
@@ -25,6 +26,21 @@ impl SlateScript {
             code,
             script: Script::new(code),
         }
+    }
+
+    /// The script, or, with `m` switched on (a mutant build, `slate_core::mutant`), the
+    /// script with `from` replaced by `to`: the one place a mutant breaks a script.
+    fn mutated(code: &'static str, m: Mutant, from: &str, to: &str) -> Self {
+        if !mutant::active(m) {
+            return SlateScript::new(code);
+        }
+        assert!(
+            code.contains(from),
+            "mutant {}: the script no longer contains {from:?}",
+            m.name()
+        );
+        // Leaked once per process, and only in a mutant build run with the mutant on.
+        SlateScript::new(String::leak(code.replacen(from, to, 1)))
     }
 
     /// `SCRIPT LOAD <code>`.
@@ -49,14 +65,45 @@ impl SlateScript {
 }
 
 /// `acquire.lua`: acquire or re-enter.
-pub(crate) static ACQUIRE: LazyLock<SlateScript> =
-    LazyLock::new(|| SlateScript::new(include_str!("scripts/acquire.lua")));
+pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
+    let code = include_str!("scripts/acquire.lua");
+    if mutant::active(Mutant::GrantIgnoresTurn) {
+        // A free lock reserved for another process's turn goes to whoever asks.
+        return SlateScript::mutated(
+            code,
+            Mutant::GrantIgnoresTurn,
+            "elseif until_ms > now then",
+            "elseif false then",
+        );
+    }
+    // Burns a token before looking at the holder: a re-entry returns a new token.
+    SlateScript::mutated(
+        code,
+        Mutant::TokenBeforeHolderCheck,
+        "if redis.call('EXISTS', KEYS[1]) == 0 then",
+        "redis.call('INCR', KEYS[2])\nif redis.call('EXISTS', KEYS[1]) == 0 then",
+    )
+});
 /// `release.lua`: release one level.
-pub(crate) static RELEASE: LazyLock<SlateScript> =
-    LazyLock::new(|| SlateScript::new(include_str!("scripts/release.lua")));
+pub(crate) static RELEASE: LazyLock<SlateScript> = LazyLock::new(|| {
+    // A missing field counts as a hold: the release deletes whoever holds the lock.
+    SlateScript::mutated(
+        include_str!("scripts/release.lua"),
+        Mutant::ReleaseSkipsHolderCheck,
+        "redis.call('HGET', KEYS[1], ARGV[1]) or '0'",
+        "redis.call('HGET', KEYS[1], ARGV[1]) or '1'",
+    )
+});
 /// `renew.lua`: renew a holder's lease.
-pub(crate) static RENEW: LazyLock<SlateScript> =
-    LazyLock::new(|| SlateScript::new(include_str!("scripts/renew.lua")));
+pub(crate) static RENEW: LazyLock<SlateScript> = LazyLock::new(|| {
+    // Extends the key whoever holds it.
+    SlateScript::mutated(
+        include_str!("scripts/renew.lua"),
+        Mutant::RenewAnyHolder,
+        "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then",
+        "if redis.call('EXISTS', KEYS[1]) == 1 then",
+    )
+});
 /// `force_unlock.lua`: delete whoever holds it, and publish.
 pub(crate) static FORCE_UNLOCK: LazyLock<SlateScript> =
     LazyLock::new(|| SlateScript::new(include_str!("scripts/force_unlock.lua")));

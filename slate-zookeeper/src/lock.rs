@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::lease::{self, LeaseKeeper, LeaseWatch};
+use slate_core::mutant::{self, Mutant};
 use slate_core::{
     DistributedLock, Error, FencingToken, HolderId, LockName, LossReason, Result, Wait,
 };
@@ -421,7 +422,12 @@ impl Ctx {
                     fresh: true,
                 }));
             }
-            let predecessor = format!("{}/{}", self.dir, queue[at - 1].1);
+            let watched = if mutant::active(Mutant::ZkWrongPredecessor) {
+                at
+            } else {
+                at - 1
+            };
+            let predecessor = format!("{}/{}", self.dir, queue[watched].1);
             if lock(&self.watched).as_deref() == Some(predecessor.as_str()) {
                 return Ok(Attempt::Busy { retry_after: None });
             }
