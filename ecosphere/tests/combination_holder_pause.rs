@@ -147,22 +147,9 @@ fn c7_holder_paused_past_its_lease_loses_every_node_and_its_release_deletes_noth
     };
     let cfg = CheckConfig {
         final_keys: Some(left),
-        expected_late: Some(ecosphere::history::ExpectedLate {
-            procs: vec![0],
-            max_ops: 3,
-            reason: "A is paused across its deadline: the operation it was in (a fenced write \
-                     and an increment) completes late, and it writes once more after its loss \
-                     on purpose"
-                .into(),
-        }),
-        counter: Some(ecosphere::history::CounterCheck {
-            final_value: counter,
-            expected: ecosphere::history::CounterExpectation::AckedIncrementsLosingToLate {
-                procs: vec![0],
-            },
-        }),
         ..CheckConfig::new(LEASE)
-    };
+    }
+    .with_paused_holder(0, counter);
     let (h, report) = check(&history, &cfg);
     report.assert_ok();
     report.assert_pass(&[

@@ -150,13 +150,5 @@ fn with_replica_acks_the_unreplicated_grant_is_given_back_and_nothing_overlaps()
         "the second process acquired on the new master within {AFTER_FAILOVER:?}: {b}"
     );
     report.assert_ok();
-    report.assert_pass(&[]);
-    report.assert_pass_or_unchecked(
-        CheckId::Tokens,
-        "a single holder in this scenario: no second token to compare",
-    );
-    report.assert_pass_or_unchecked(
-        CheckId::Exclusion,
-        "a single holder in this scenario: nobody to overlap with",
-    );
+    assert_single_holder_checks(&report);
 }

@@ -267,22 +267,9 @@ fn long_pause(mut pause: impl FnMut(u32) -> Pause) {
     let counter = get_u64(&resource, "counter");
     let cfg = CheckConfig {
         final_keys: Some(lock_keys(&lock_server)),
-        expected_late: Some(ecosphere::history::ExpectedLate {
-            procs: vec![0],
-            max_ops: 3,
-            reason: "A is paused across its deadline: the operation it was in (a fenced write \
-                     and an increment) completes late, and it writes once more after its loss \
-                     on purpose"
-                .into(),
-        }),
-        counter: Some(ecosphere::history::CounterCheck {
-            final_value: counter,
-            expected: ecosphere::history::CounterExpectation::AckedIncrementsLosingToLate {
-                procs: vec![0],
-            },
-        }),
         ..CheckConfig::new(LEASE)
-    };
+    }
+    .with_paused_holder(0, counter);
     let (h, report) = check(history, &cfg);
     report.assert_ok();
     report.assert_pass(&[

@@ -158,15 +158,7 @@ fn freeze(fault: Freeze, factor_tenths: u32) {
     let (h, report) = check(history, &cfg);
     report.assert_ok();
     report.assert_pass(&[CheckId::Validity, CheckId::Quiescence]);
-    report.assert_pass_or_unchecked(
-        CheckId::Tokens,
-        "a single holder in this scenario: no second token to compare",
-    );
-
-    report.assert_pass_or_unchecked(
-        CheckId::Exclusion,
-        "a single holder in this scenario: nobody to overlap with",
-    );
+    assert_single_holder_checks(&report);
 
     // Every acquire call within its budget + one command timeout + slack.
     let mut lines = Vec::new();

@@ -321,7 +321,8 @@ impl<'a> Log<'a> {
         Ok(held)
     }
 
-    /// `renew_ok` when the guard's deadline moved past the one logged.
+    /// `renew_ok` when the guard's deadline moved past the one logged, for a hold without a
+    /// running [`RenewalLog`] (which logs every move itself).
     ///
     /// # Errors
     ///
@@ -331,6 +332,10 @@ impl<'a> Log<'a> {
         held: &mut Held,
         guard: &G,
     ) -> Result<(), HistoryError> {
+        if held.renewals.is_some() {
+            // The renewal log records every move as it happens already.
+            return Ok(());
+        }
         let d = to_mono_ns(guard.lease_deadline());
         if d > held.deadline {
             held.deadline = d;

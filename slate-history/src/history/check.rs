@@ -113,6 +113,44 @@ impl Default for CheckConfig {
 }
 
 impl CheckConfig {
+    /// This configuration for a scenario that pauses holder process `proc` across its
+    /// deadline and then has it write once more on purpose: up to three of its operations may
+    /// fall past its window (the fenced write and the increment it was in, and the deliberate
+    /// late write), and the counter, read as `counter` after the run, may fall short by at
+    /// most its late increments.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cfg = slate_history::history::CheckConfig::new(Duration::from_secs(1))
+    ///     .with_paused_holder(0, 42);
+    /// assert_eq!(cfg.expected_late.map(|x| x.procs), Some(vec![0]));
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// None.
+    #[must_use]
+    pub fn with_paused_holder(self, proc: u32, counter: u64) -> Self {
+        CheckConfig {
+            expected_late: Some(ExpectedLate {
+                procs: vec![proc],
+                max_ops: 3,
+                reason: format!(
+                    "process {proc} is paused across its deadline: the operation it was in (a \
+                     fenced write and an increment) completes late, and it writes once more \
+                     after its loss on purpose"
+                ),
+            }),
+            counter: Some(CounterCheck {
+                final_value: counter,
+                expected: CounterExpectation::AckedIncrementsLosingToLate { procs: vec![proc] },
+            }),
+            ..self
+        }
+    }
+
     /// Defaults with the given lease.
     ///
     /// # Examples
