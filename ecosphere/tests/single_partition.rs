@@ -15,6 +15,13 @@
 //! connection needs its retransmission backoff to pass) answers *not held* and leaves B's entry as it was (`HGETALL`: only B's
 //! field, count 1; I5). The checker passes (I1, I3, I5, validity accounting, I8). If a
 //! namespace cannot be created here the test prints the reason and returns (only then).
+//!
+//! - **(e) a local handoff, then a blackhole**: process A's three tasks reach the lock server
+//!   through a [`FaultProxy`]; the first holds, passes the hold to the second inside the
+//!   process (no round trip), and right after the pass the proxy drops everything. A passed
+//!   hold keeps only what is left of the Redis lease: the second task must lose it by the
+//!   Redis key's expiry, when process B (started after the cut, straight to the server) takes
+//!   the lock. The checker decides (I1); the `pass-outlives-lease` mutant fails it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod single_common;
@@ -25,6 +32,7 @@ use std::time::{Duration, Instant};
 use ecosphere::clock::now_ns;
 use ecosphere::history::{CheckConfig, CheckId, Recorder};
 use ecosphere::netns::NetNs;
+use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
 use single_common::*;
 
@@ -177,4 +185,104 @@ fn s11a_blackholed_client_loses_by_its_deadline_and_releases_nothing_after() {
 )]
 fn s11b_prohibited_route_fails_fast_and_loses_by_the_deadline() {
     partition(Cut::Prohibit);
+}
+
+/// (e): lease 4 s, renewal every 2 s, each of A's three tasks holds 3.4 s. Task 0's grant
+/// is not passable (nobody waited when it was sent); task 1's is, since task 2 waits. Task 1
+/// acquires at t1 and renews at t1 + 2 s (the Redis key now expires at t1 + 6 s); the pass to
+/// task 2 comes at t1 + 3.4 s and the proxy drops everything right after, before the renewal
+/// due at t1 + 4 s. Task 2's lease is what is left of the Redis hold (to t1 + 6 s): it loses
+/// the lock then, and B acquires after the key expires. A pass that gave task 2 a fresh lease
+/// (to t1 + 7.4 s) would have it hold until its release at t1 + 6.8 s, beside B.
+#[test]
+fn s11e_a_passed_hold_ends_with_the_redis_lease_in_a_partition() {
+    const LEASE: Duration = Duration::from_secs(4);
+    const HOLD: Duration = Duration::from_millis(3400);
+    let lock_server = server();
+    let proxy = FaultProxy::start(lock_server.addr()).expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let history = dir.path().join("history");
+    std::fs::create_dir(&history).expect("history dir");
+    let lock = "passed";
+    let rec = Recorder::create(&history, HARNESS).expect("harness recorder");
+
+    let mut a = Worker::new("wait", &lock_server, lock, &history);
+    a.redis_url = proxy.url();
+    a.tasks = 3;
+    a.implicit_holders = true;
+    a.lease = LEASE;
+    a.renewal = Some(LEASE / 2);
+    a.command_timeout = Some(COMMAND_TIMEOUT);
+    a.budget = Duration::from_secs(20);
+    a.hold = HOLD;
+    a.max_duration = Duration::from_secs(40);
+    let mut passer = a.spawn(1);
+    // The pass: A's third grant.
+    wait_history(&history, Duration::from_secs(20), "A's third grant", |h| {
+        h.events()
+            .iter()
+            .filter(|e| e.proc == 0 && e.kind.name() == "acq_ok")
+            .count()
+            == 3
+    });
+    proxy.set_mode(Mode::Blackhole).expect("blackhole");
+    let t_cut = now_ns();
+    nemesis(&rec, t_cut, lock, "blackhole", "proc:0");
+
+    let mut b = Worker::new("wait", &lock_server, lock, &history);
+    b.lease = LEASE;
+    b.budget = Duration::from_secs(20);
+    b.hold = Duration::from_millis(100);
+    b.proc_base = 1;
+    b.max_duration = Duration::from_secs(40);
+    let mut other = b.spawn(1);
+    let b_out = finish_ok(&mut other, Duration::from_secs(30)).remove(0);
+    assert!(
+        b_out.stdout.contains("DONE acquired=1 "),
+        "B acquired: {}",
+        b_out.stdout
+    );
+    // A's outcome is judged after the history: a mutant fails the checker first.
+    let a_out = passer
+        .wait_all(Duration::from_secs(30))
+        .expect("A finishes")
+        .remove(0);
+    let (h, report) = check(&history, &CheckConfig::new(LEASE));
+    report.assert_ok();
+    report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Validity]);
+    assert!(
+        a_out.status.success(),
+        "A failed\n{}\n{}",
+        a_out.stdout,
+        a_out.stderr
+    );
+    let grants: Vec<_> = h
+        .events()
+        .iter()
+        .filter(|e| e.proc == 0 && e.kind.name() == "acq_ok")
+        .collect();
+    let deadline = |e: &ecosphere::history::Event| match &e.kind {
+        ecosphere::history::EventKind::AcqOk {
+            holder, deadline, ..
+        } => (holder.clone(), *deadline),
+        other => panic!("not an acq_ok: {other:?}"),
+    };
+    let (second, _) = deadline(grants[1]);
+    let (_, passed_deadline) = deadline(grants[2]);
+    assert_eq!(
+        passed_deadline,
+        last_deadline(&h, &second),
+        "task 2's grant was a local pass of task 1's hold (same Redis lease)"
+    );
+    let lost = first_of(&h, 0, "lost").expect("the passed hold is lost in the partition");
+    let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired");
+    assert!(lost.t <= b_ok.t + ns(SLACK), "task 2 lost the lock late");
+    println!(
+        "from task 1's grant: the pass {:+.0} ms, cut {:+.0} ms, task 2 lost {:+.0} ms, B \
+         acquired {:+.0} ms",
+        ms_between(grants[1].t, grants[2].t),
+        ms_between(grants[1].t, t_cut),
+        ms_between(grants[1].t, lost.t),
+        ms_between(grants[1].t, b_ok.t)
+    );
 }

@@ -18,6 +18,9 @@
 //!   - 0.6 L (requests or replies): validity ≈ 0.4 L at the grant, shorter than any renewal's
 //!     round trip: the renewal is slower than the remaining validity, so A reports the loss
 //!     (`deadline_expired`) by its deadline + slack (I9);
+//!   - 0.2 L of the replies only: renewals get through, and the checker is told the delay
+//!   (`CheckConfig::reply_delay`), so each renewed deadline must be at most `renew_ok.t −
+//!   0.2 L + L`, its send time + L: a lease counted from the reply fails validity;
 //!   - 1.2 L: no usable grant exists: A must not be handed the lock with less than the
 //!     minimum validity; its `lock()` fails (`ACQUIRE error`, an `acq_info`) and nothing is
 //!     left behind. (Before slate-redis 9c5aee7 it returned a guard with −215 ms of validity.)
@@ -66,10 +69,13 @@ fn worker(
     a
 }
 
-fn cfg(lock_server: &ecosphere::server::RedisServer) -> CheckConfig {
+/// The checker's configuration; `reply_delay` is the proxy's delay on every reply, so that
+/// each renewal's deadline is bounded from `renew_ok.t − reply_delay` (its send at the latest).
+fn cfg(lock_server: &ecosphere::server::RedisServer, reply_delay: Duration) -> CheckConfig {
     CheckConfig {
         min_validity: LEASE / 10,
         strict_invoke_bound: true,
+        reply_delay,
         final_keys: Some(lock_keys(lock_server)),
         ..CheckConfig::new(LEASE)
     }
@@ -104,7 +110,14 @@ fn acquire_through(mode: Mode) {
     wait_for(LEASE * 2, "the lock keys to go", || {
         lock_keys(&lock_server).is_empty().then_some(())
     });
-    let (h, report) = check(history, &cfg(&lock_server));
+    let Mode::Delay {
+        to_server,
+        to_client,
+    } = mode
+    else {
+        unreachable!("a delay mode")
+    };
+    let (h, report) = check(history, &cfg(&lock_server, to_client));
     report.assert_ok();
     assert_eq!(report.status(CheckId::Quiescence), &Status::Pass);
     let acq = h.events().iter().find_map(|e| match &e.kind {
@@ -119,13 +132,6 @@ fn acquire_through(mode: Mode) {
         );
     }
     let invoke = first_of(&h, 0, "acq_invoke").expect("acq_invoke").t;
-    let Mode::Delay {
-        to_server,
-        to_client,
-    } = mode
-    else {
-        unreachable!("a delay mode")
-    };
     let rtt = to_server + to_client;
     if rtt * 10 >= LEASE * 9 {
         // No grant (the checker would also fail one with validity below L/10).
@@ -198,6 +204,14 @@ fn s11c_request_delay_of_1_2_lease_is_never_a_usable_grant() {
     acquire_through(delay(LEASE * 12 / 10, Duration::ZERO));
 }
 
+/// Renewals get through a reply delay of 0.2 L, and the checker bounds each renewed deadline
+/// by `renew_ok.t − 0.2 L + L`: a lease counted from the reply (the `lease-from-reply`
+/// mutant) fails validity here through the renewals alone.
+#[test]
+fn s11d_reply_delay_of_0_2_lease_renews_with_deadlines_from_the_send() {
+    acquire_through(delay(Duration::ZERO, LEASE / 5));
+}
+
 #[test]
 fn s11d_reply_delay_of_0_6_lease_acquires_then_loses_the_renewal_race() {
     acquire_through(delay(Duration::ZERO, LEASE * 6 / 10));
@@ -237,7 +251,7 @@ fn s11c_renewal_slower_than_the_validity_is_reported_as_loss() {
         "A's release after the loss: {unlock}"
     );
     finish_ok(&mut holder, Duration::from_secs(20));
-    let (h, report) = check(history, &cfg(&lock_server));
+    let (h, report) = check(history, &cfg(&lock_server, Duration::ZERO));
     report.assert_ok();
     report.assert_pass(&[CheckId::Ownership, CheckId::Validity, CheckId::Quiescence]);
     report.assert_pass_or_unchecked(

@@ -15,7 +15,8 @@
 //! - **Z5** negative control: two workers on different roots "share" a name; the checker must
 //!   report the overlap (I1).
 //! - **Z6** re-entry to depth 3 and back (`hold_count` 3) while another process waits: I6, and
-//!   the waiter holds only after the last level is released.
+//!   the waiter holds only after the last level is released, and within 2 s of it although
+//!   its spin wait is 25 s (L1: the watch on its predecessor wakes it).
 //! - **Z9** (full matrix) chaos on a 5-server ensemble: for 15 s, a seeded schedule kills,
 //!   restarts, pauses and resumes servers (the leader included; never more than two down at
 //!   once, so a quorum of three stands) while 4 processes × 4 tasks contend; the checker and
@@ -494,7 +495,10 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
         a.step = Duration::from_millis(100);
         let mut reentrant = a.spawn(1);
         wait_line(&mut reentrant, 0, "DEPTH 3", Duration::from_secs(20));
-        let mut waiter = z.waiter(Duration::from_millis(100)).spawn(1);
+        // A spin wait longer than the run: B can only be woken by its watch on A's znode.
+        let mut b = z.waiter(Duration::from_millis(100));
+        b.spin_wait = Some(Duration::from_secs(25));
+        let mut waiter = b.spawn(1);
         let a_out = finish_ok(&mut reentrant, Duration::from_secs(30)).remove(0);
         let b_out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
         for line in ["HOLD_COUNT 3", "RELEASED 2", "RELEASED 1", "RELEASED 0"] {
@@ -529,6 +533,16 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
             .expect("A released its last level");
         let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
         assert!(b_ok >= a_last, "B held before A's last level was released");
+        // L1: the watch on the predecessor wakes B, not its 25 s spin wait.
+        println!(
+            "Z6: B acquired {:.0} ms after A's last release",
+            ms_between(a_last, b_ok)
+        );
+        assert!(
+            b_ok <= a_last + ns(Duration::from_secs(2)),
+            "B acquired {:.0} ms after A's last release (bound 2000 ms): no watch woke it",
+            ms_between(a_last, b_ok)
+        );
     }
 
     // --- Z5: the negative control: different roots do not exclude each other.

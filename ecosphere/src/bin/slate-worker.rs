@@ -317,6 +317,12 @@ struct Args {
     /// scenarios about what happens to the remote calls themselves.
     #[arg(long)]
     named_holders: bool,
+    /// Single lock, `wait`: the calls run as the task's implicit holder (as plain `lock()`
+    /// callers do), so a hold may be passed from one task to the next; a failed attempt then
+    /// cannot name the holder it tried as. Without it each call runs in an explicit holder
+    /// scope, which is never passed.
+    #[arg(long)]
+    implicit_holders: bool,
     /// Hold (single lock): this many OS threads spin on the CPU while holding (the application
     /// busy next to its renewal), stopped when the hold ends.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=8))]
@@ -1210,7 +1216,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
     // An explicit holder scope, so that a failed attempt can name the holder it tried as (a
     // late grant after a timeout would leave that field behind as a ghost).
     let holder = slate_redis::HolderId::new();
-    let call = holder.scope(async {
+    let call = async {
         if budget == 0 {
             ctx.lock.try_lock().await.map(|g| g.ok_or(()))
         } else {
@@ -1219,7 +1225,18 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
                 .await
                 .map(Ok)
         }
-    });
+    };
+    let call: std::pin::Pin<Box<dyn Future<Output = _> + Send + '_>> = if ctx.args.implicit_holders
+    {
+        Box::pin(call)
+    } else {
+        Box::pin(holder.scope(call))
+    };
+    let as_holder = if ctx.args.implicit_holders {
+        String::new()
+    } else {
+        format!(" (as holder {holder})")
+    };
     let guard = match tokio::time::timeout(ctx.remaining(), call).await {
         Ok(Ok(Ok(guard))) => guard,
         Ok(Ok(Err(()))) => {
@@ -1227,7 +1244,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
                 task,
                 EventKind::AcqFail {
                     attempt,
-                    reason: format!("busy (as holder {holder})"),
+                    reason: format!("busy{as_holder}"),
                 },
             )?;
             return Ok(WaitOutcome::Failed);
@@ -1237,7 +1254,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
                 task,
                 EventKind::AcqFail {
                     attempt,
-                    reason: format!("{e} (as holder {holder})"),
+                    reason: format!("{e}{as_holder}"),
                 },
             )?;
             return Ok(WaitOutcome::Failed);
@@ -1247,7 +1264,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
                 task,
                 EventKind::AcqInfo {
                     attempt,
-                    reason: format!("{e} (as holder {holder})"),
+                    reason: format!("{e}{as_holder}"),
                 },
             )?;
             return Ok(WaitOutcome::Error);
@@ -1267,11 +1284,28 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
     if ctx.resource.is_some() {
         ctx.resource_op(task, &mut held, Some(&guard)).await?;
     }
-    if ctx.args.hold_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(ctx.args.hold_ms)).await;
+    // Hold until `--hold-ms` is up or the lease is lost, whichever comes first.
+    let lost = if ctx.args.hold_ms > 0 {
+        tokio::select! {
+            reason = guard.lost() => Some(reason),
+            () = tokio::time::sleep(Duration::from_millis(ctx.args.hold_ms)) => None,
+        }
+    } else {
+        guard.lease().loss_reason()
+    };
+    if let Some(reason) = lost {
+        ctx.record(
+            task,
+            EventKind::Lost {
+                holder: held.holder.clone(),
+                reason: reason.to_string(),
+            },
+        )?;
     }
     match ctx.release(task, &mut held, guard).await? {
         Released::Ok(0) => Ok(WaitOutcome::Acquired),
+        // After a loss the entry may be gone or the link down: the release cannot succeed.
+        Released::NotHeld | Released::Error(_) if lost.is_some() => Ok(WaitOutcome::Acquired),
         other => Err(format!("unlock of a depth-1 guard answered {other:?}")),
     }
 }

@@ -39,6 +39,8 @@ pub struct Worker {
     pub unsafe_skip_lock: bool,
     /// `--named-holders`: every acquisition names a fresh holder (no local passes).
     pub named_holders: bool,
+    /// `--implicit-holders` (mode `wait`): the tasks' holds may be passed between them.
+    pub implicit_holders: bool,
     /// Added to the worker index to form `--proc`.
     pub proc_base: u32,
     /// `--fenced-key`: the fenced resource F on the resource server.
@@ -90,6 +92,7 @@ impl Worker {
             go_file: None,
             unsafe_skip_lock: false,
             named_holders: false,
+            implicit_holders: false,
             proc_base: 0,
             fenced_key: None,
             late_write: false,
@@ -190,6 +193,9 @@ impl Worker {
         }
         if self.named_holders {
             a.push("--named-holders".to_owned());
+        }
+        if self.implicit_holders {
+            a.push("--implicit-holders".to_owned());
         }
         if self.unsafe_skip_lock {
             a.push("--unsafe-skip-lock".into());
