@@ -19,8 +19,8 @@
 //!     round trip: the renewal is slower than the remaining validity, so A reports the loss
 //!     (`deadline_expired`) by its deadline + slack (I9);
 //!   - 0.2 L of the replies only: renewals get through, and the checker is told the delay
-//!   (`CheckConfig::reply_delay`), so each renewed deadline must be at most `renew_ok.t −
-//!   0.2 L + L`, its send time + L: a lease counted from the reply fails validity;
+//!     (`CheckConfig::reply_delay`), so each renewed deadline must be at most `renew_ok.t −
+//!     0.2 L + L`, its send time + L: a lease counted from the reply fails validity;
 //!   - 1.2 L: no usable grant exists: A must not be handed the lock with less than the
 //!     minimum validity; its `lock()` fails (`ACQUIRE error`, an `acq_info`) and nothing is
 //!     left behind. (Before slate-redis 9c5aee7 it returned a guard with −215 ms of validity.)
