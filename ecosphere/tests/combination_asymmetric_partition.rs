@@ -146,6 +146,11 @@ async fn scenario(n: usize, a_cut: &[usize], b_cut: &[usize], order: Order) -> (
     };
     let (_, report) = check(dir.path(), &cfg);
     report.assert_ok();
+    // N = 3 and 5 leave both clients a quorum: each acquires (one task each, taking turns, so
+    // their acquire calls need not overlap). N = 4 refuses both.
+    if n != 4 {
+        report.assert_contention(2, 1, 1);
+    }
     // Without any acquisition, exclusion, tokens and validity have nothing to check.
     let checks: &[CheckId] = if counter == 0 {
         &[CheckId::Ownership, CheckId::Counter, CheckId::Quiescence]

@@ -97,6 +97,7 @@ fn cancelled_unlocks_still_release_across_processes() {
     };
     let (h, report) = check(&history, &cfg);
     report.assert_ok();
+    report.assert_contention(PROCS, (TASKS * ITERATIONS) as usize, 2);
     assert_eq!(counter, total, "counter = acquisitions");
     assert_eq!(report.stats.first_level_acquisitions, total as usize);
     let cancelled = h

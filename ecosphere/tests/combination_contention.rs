@@ -289,6 +289,7 @@ fn scenario(order: fn(usize) -> &'static str, chaos: Nemesis) -> (usize, usize) 
          nodes; {failed_attempts} failed attempts; counter {counter}"
     );
     report.assert_ok();
+    report.assert_contention(PROCS, (TASKS * ITERATIONS) as usize, 2);
     assert_eq!(counter, total, "counter = acquisitions");
     assert_eq!(report.stats.first_level_acquisitions, total as usize);
     report.assert_pass(&[

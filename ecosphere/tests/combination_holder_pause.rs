@@ -152,6 +152,8 @@ fn c7_holder_paused_past_its_lease_loses_every_node_and_its_release_deletes_noth
     .with_paused_holder(0, counter);
     let (h, report) = check(&history, &cfg);
     report.assert_ok();
+    // A and B acquire once each; B is the only waiter (A held before it invoked).
+    report.assert_contention(2, 1, 1);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,

@@ -173,6 +173,8 @@ async fn prefix_scenario(x_cut_from_n1: bool) {
     };
     let (_, report) = check(dir.path(), &cfg);
     report.assert_ok();
+    // X, Y and Z acquire once each; Y and Z wait together through X's last 3 L.
+    report.assert_contention(3, 1, 2);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,
@@ -354,6 +356,8 @@ async fn c9_a_waiting_worker_killed_while_holding_n1_frees_it_within_a_lease() {
     };
     let (_, report) = check_killed(dir.path(), &cfg);
     report.assert_ok();
+    // X and Z acquire once each; Y never does, and its kill ends its wait before Z invokes.
+    report.assert_contention(2, 1, 1);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,

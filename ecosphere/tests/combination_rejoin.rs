@@ -264,6 +264,8 @@ async fn scenario(cut: Mode) {
     };
     let (_, report) = check(dir.path(), &cfg);
     report.assert_ok();
+    // A and B acquire; only A's re-entry may overlap B's wait (B may be between attempts).
+    report.assert_contention(2, 1, 1);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,

@@ -721,6 +721,8 @@ fn x1_worker_processes_as_the_acl_user_keep_exclusion_with_an_empty_acl_log() {
     };
     let (_, report) = check(&history, &cfg);
     report.assert_ok();
+    // A worker exits 0 only after all its iterations (finish_ok).
+    report.assert_contention(PROCS, (TASKS * ITERATIONS) as usize, 2);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,

@@ -345,9 +345,17 @@ impl Contention {
     }
 }
 
-/// Checks one name's history: I1, I3, I5, I6, validity and its counter.
-/// Checks one name's history; returns the highest fencing token its holders got.
-fn check_name(label: &str, dir: &Path, counter: u64, lease: Duration, expected: u64) -> u64 {
+/// Checks one name's history: I1, I3, I5, I6, validity, its counter, and that each of its
+/// `procs` processes made its share of the `expected` acquisitions; returns the highest
+/// fencing token its holders got.
+fn check_name(
+    label: &str,
+    dir: &Path,
+    counter: u64,
+    lease: Duration,
+    procs: usize,
+    expected: u64,
+) -> u64 {
     let cfg = CheckConfig {
         counter: Some(CounterCheck {
             final_value: counter,
@@ -357,6 +365,8 @@ fn check_name(label: &str, dir: &Path, counter: u64, lease: Duration, expected: 
     };
     let (history, report) = check(dir, &cfg);
     report.assert_ok();
+    // Every task runs all its iterations (a failed lock or unlock fails the run).
+    report.assert_contention(procs, (expected / procs as u64) as usize, 2);
     for id in [
         CheckId::Exclusion,
         CheckId::Tokens,
@@ -443,7 +453,14 @@ async fn x3_nul_and_non_utf8_name_pairs_contend_independently() {
     for (n, name) in names.iter().enumerate() {
         let label = format!("name{n}");
         let counter = single_common::get_u64(&resource, &format!("counter:{label}"));
-        let max_token = check_name(&label, &dir.path().join(&label), counter, lease, per_name);
+        let max_token = check_name(
+            &label,
+            &dir.path().join(&label),
+            counter,
+            lease,
+            CLIENTS,
+            per_name,
+        );
         let mut fence = b"slate:{".to_vec();
         fence.extend_from_slice(name);
         fence.extend_from_slice(b"}:fence");
@@ -516,6 +533,7 @@ fn look_alike_pairs(procs: usize, tasks: u64, iterations: u64, within: Duration)
             &dir.path().join(format!("name{n}")),
             counter,
             lease,
+            procs,
             per_name,
         );
         let mut fence = lock_key(name.as_bytes());

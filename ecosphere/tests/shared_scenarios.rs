@@ -150,6 +150,7 @@ fn readers_overlap_and_writers_hold_alone_across_processes() {
         &shared_cfg(WRITE, &lock_server),
     );
     report.assert_ok();
+    report.assert_contention(3, 4 * 25, 2);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,
@@ -183,6 +184,7 @@ fn semaphore_permits_in_use_never_exceed_n_and_the_checker_catches_a_smaller_n()
     let history = dir.path().join("history");
     let (_, report) = check(&history, &shared_cfg(3, &lock_server));
     report.assert_ok();
+    report.assert_contention(3, 4 * 15, 2);
     report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Activity]);
     // Negative control: the same run, checked as if the semaphore had 2 permits. It had 3 and
     // they were used together, so I1 must fail.
@@ -243,6 +245,8 @@ fn killed_holder(lock: &str, holder_args: &[&str], waiter_args: &[&str], capacit
     };
     let (h, report) = check_killed(history, &cfg);
     report.assert_ok();
+    // A and B acquire once each; B is the only waiter.
+    report.assert_contention(2, 1, 1);
     report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Validity]);
     assert_eq!(
         report.stats.windows_closed[3], 1,
@@ -360,6 +364,8 @@ fn a_paused_lock_server_loses_replies_and_the_history_still_holds() {
     assert!(acquisitions > 0);
     let (h, report) = check(&history, &shared_cfg(WRITE, &paused));
     report.assert_ok();
+    // Iterations failed by the pause are tolerated, not retried: half of 3 × 40 each.
+    report.assert_contention(2, 3 * 40 / 2, 2);
     report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Validity]);
     let lost = h
         .events()

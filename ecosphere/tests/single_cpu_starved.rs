@@ -135,6 +135,8 @@ fn starve(burn_threads: u64) {
     };
     let (h, report) = check(history, &cfg);
     report.assert_ok();
+    // A and B acquire once each; B is the only waiter.
+    report.assert_contention(2, 1, 1);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::FencedOrder,

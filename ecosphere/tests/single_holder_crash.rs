@@ -76,6 +76,8 @@ fn a_killed_holder_is_replaced_after_its_lease_within_slack() {
     };
     let (h, report) = check_killed(history, &cfg);
     report.assert_ok();
+    // A and B acquire once each; B is the only waiter.
+    report.assert_contention(2, 1, 1);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,

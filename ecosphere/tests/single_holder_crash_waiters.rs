@@ -119,6 +119,8 @@ fn holder_killed_with_waiters(per_proc: u64) {
     };
     let (h, report) = check_killed(history, &cfg);
     report.assert_ok();
+    // Each waiter acquires once (none may time out, below); all were invoked while A held.
+    report.assert_contention(PROCS, per_proc as usize, total as usize);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,

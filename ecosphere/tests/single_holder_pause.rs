@@ -161,6 +161,8 @@ fn short_pause(mut pause: impl FnMut(u32) -> Pause) {
     };
     let (h, report) = check(history, &cfg);
     report.assert_ok();
+    // A and B acquire once each; B is the only waiter.
+    report.assert_contention(2, 1, 1);
     for id in ecosphere::history::CheckId::ALL {
         if id == CheckId::Reentry {
             report.assert_pass_or_unchecked(id, "this scenario never re-enters");
@@ -272,6 +274,8 @@ fn long_pause(mut pause: impl FnMut(u32) -> Pause) {
     .with_paused_holder(0, counter);
     let (h, report) = check(history, &cfg);
     report.assert_ok();
+    // A and B acquire once each; B is the only waiter.
+    report.assert_contention(2, 1, 1);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::FencedOrder,

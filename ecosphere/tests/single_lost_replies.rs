@@ -137,6 +137,7 @@ fn s10_lost_replies_are_retried_once_and_never_applied_twice() {
         start.elapsed()
     );
     report.assert_ok();
+    report.assert_contention(PROCS, (TASKS * ITERATIONS) as usize, 2);
     assert_eq!(counter, total);
     report.assert_pass(&[
         CheckId::Exclusion,

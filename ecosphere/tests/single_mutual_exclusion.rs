@@ -69,6 +69,7 @@ fn four_processes_keep_mutual_exclusion_and_count_every_increment() {
         "{total} acquisitions by {PROCS} processes x {TASKS} tasks in {elapsed:?}; counter {counter}"
     );
     report.assert_ok();
+    report.assert_contention(PROCS, (TASKS * ITERATIONS) as usize, 2);
     assert_eq!(counter, total, "counter = acquisitions");
     assert_eq!(report.stats.first_level_acquisitions, total as usize);
     assert_eq!(report.stats.windows, total as usize);

@@ -143,6 +143,8 @@ fn partition(cut: Cut) {
     };
     let (h, report) = check(&history, &cfg);
     report.assert_ok();
+    // A and B acquire once each; B is the only waiter.
+    report.assert_contention(2, 1, 1);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,
@@ -249,6 +251,8 @@ fn s11e_a_passed_hold_ends_with_the_redis_lease_in_a_partition() {
         .remove(0);
     let (h, report) = check(&history, &CheckConfig::new(LEASE));
     report.assert_ok();
+    // A (three grants) and B acquire; A's tasks 1 and 2 wait together while task 0 holds.
+    report.assert_contention(2, 1, 2);
     report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Validity]);
     assert!(
         a_out.status.success(),

@@ -81,6 +81,8 @@ fn depth_three_and_back_frees_the_lock_only_at_zero() {
     };
     let (h, report) = check(history, &cfg);
     report.assert_ok();
+    // A (three levels) and B acquire; B is the only waiter.
+    report.assert_contention(2, 1, 1);
     report.assert_pass(&[
         CheckId::Exclusion,
         CheckId::Tokens,

@@ -474,6 +474,8 @@ fn lock_kept(how: Keep) {
     };
     let (h, report) = check(&history, &cfg);
     report.assert_ok();
+    // A and B acquire once each; B is the only waiter.
+    report.assert_contention(2, 1, 1);
     for id in CheckId::ALL {
         if id == CheckId::Reentry {
             report.assert_pass_or_unchecked(id, "this scenario never re-enters");

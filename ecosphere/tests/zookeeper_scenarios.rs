@@ -178,6 +178,9 @@ impl Contention {
         };
         let (h, report) = check(&self.history, &cfg);
         report.assert_ok();
+        // Failed attempts are retried: every worker made all its acquisitions (DONE above).
+        let procs = (self.total / self.per_worker) as usize;
+        report.assert_contention(procs, self.per_worker as usize, 2);
         assert_eq!(report.stats.first_level_acquisitions, self.total as usize);
         report.assert_pass(&[
             CheckId::Exclusion,
@@ -362,6 +365,8 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
         assert!(out.stdout.contains("UNLOCK ok 0"), "{}", out.stdout);
         let (h, report) = check_killed(&z.history, &CheckConfig::new(SESSION));
         report.assert_ok();
+        // A and B acquire once each; B is the only waiter.
+        report.assert_contention(2, 1, 1);
         report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Validity]);
         let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
         let a_deadline = last_deadline(&h, &a_holder);
@@ -427,6 +432,7 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
         };
         let (_h, report) = check(&z.history, &cfg);
         report.assert_ok();
+        report.assert_contention(2, 1, 1);
         assert_eq!(report.stats.activity_past_validity, 1, "{report}");
         report.assert_pass(&[
             CheckId::Exclusion,
@@ -471,6 +477,7 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
         );
         let (h, report) = check(&z.history, &CheckConfig::new(SESSION));
         report.assert_ok();
+        report.assert_contention(2, 1, 1);
         report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Ownership]);
         // A's lease (the deadline its guard reported, at which `LOST` fires) ran out before B
         // held: compared as instants, not as when A's process got to log its loss.
@@ -507,6 +514,8 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
         assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
         let (h, report) = check(&z.history, &CheckConfig::new(SESSION));
         report.assert_ok();
+        // A (three levels) and B acquire; B is the only waiter.
+        report.assert_contention(2, 1, 1);
         report.assert_pass(&[
             CheckId::Exclusion,
             CheckId::Tokens,
