@@ -1328,6 +1328,12 @@ impl<C: Competitor> Synchronizer<C> {
                     _ if reader && shared => Some((true, holder)),
                     _ if reader => return Step::Upgrade,
                     _ if !st.locally_free(shared) && immediate => return Step::LocallyBusy,
+                    // A shared try does not pass its own process's queued waiters: its grant
+                    // would take the place they keep among the backend's waiters (a polling
+                    // `try_read` starved its process's queued writer; issue 35, defect 11).
+                    _ if immediate && shared && !st.queue.is_empty() => {
+                        return Step::LocallyBusy;
+                    }
                     _ if !st.locally_free(shared) => None,
                     _ if immediate || st.queue.is_empty() => Some((false, holder)),
                     _ => None,

@@ -315,7 +315,8 @@ impl<'a> Harness<'a> {
                 let Poll::Ready(out) = fut.poll() else {
                     return Err("an immediate acquire did not complete at once".to_owned());
                 };
-                let free = self.model.free_for(shared);
+                // A shared try is busy while anyone waits here (it never passes them).
+                let free = self.model.free_for(shared) && (!shared || self.model.queue.is_empty());
                 match out {
                     Ok(_) if free => {
                         if shared {

@@ -284,6 +284,9 @@ impl Inner {
         let mut won: HashMap<usize, (FencingToken, Instant)> = HashMap::new();
         let mut retry_after = None;
         let mut failures: HashMap<usize, Error> = HashMap::new();
+        // The block every won node reserved: the lead node cuts it to what its turn's row has
+        // left (issue 35, defect 10), and the passes must stay within that.
+        let mut reserved = block.max(1);
         loop {
             match next {
                 Next::Send(batch) => {
@@ -304,8 +307,12 @@ impl Inner {
                     for (i, reply) in replies {
                         let answer = match reply {
                             Ok(NodeAcquire::Acquired {
-                                token, deadline, ..
+                                token,
+                                deadline,
+                                reserved: r,
+                                ..
                             }) => {
+                                reserved = reserved.min(r);
                                 won.insert(i, (token, deadline));
                                 NodeAnswer::Acquired
                             }
@@ -334,7 +341,7 @@ impl Inner {
                     // background so the acquisition does not wait on a failed node.
                     let stray = state.failed().to_vec();
                     let lead = lead.filter(|l| held.contains(l));
-                    let mut won_it = self.win(holder, start, held, &won, &stray, block).await;
+                    let mut won_it = self.win(holder, start, held, &won, &stray, reserved).await;
                     if let Ok(Attempt::Acquired(grant)) = &mut won_it {
                         grant.lead = lead;
                     }
@@ -659,8 +666,8 @@ impl Inner {
     }
 
     /// Hands `remote`'s hold to the next local holder: the next token of the block, and a
-    /// lease of its own (every node's renewal is handed on, with its max hold restarting, and
-    /// a new aggregation of them). `None` (nothing changed) when the block is used up, or a
+    /// lease of its own (every node's renewal is handed on, with the hold's max hold, and a
+    /// new aggregation of them). `None` (nothing changed) when the block is used up, or a
     /// node's lease is lost or too short to be worth passing.
     fn pass_hold(&self, remote: HolderId) -> Option<Grant> {
         let mut holds = lock(&self.holds);

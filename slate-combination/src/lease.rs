@@ -65,10 +65,6 @@ pub(crate) async fn aggregate(watches: Vec<LeaseWatch>, required: usize, keeper:
         // Wake when a node lease changes, or when the earliest live node deadline passes (that
         // node then counts as lost).
         let next_expiry = deadlines.iter().min().copied().unwrap_or(deadline);
-        let snapshot: Vec<(Instant, bool)> = watches
-            .iter()
-            .map(|(w, _)| (w.deadline(), w.is_lost()))
-            .collect();
         let listening: Vec<usize> = (0..watches.len()).filter(|&i| watches[i].1).collect();
         let changed = {
             let mut futs: Vec<_> = watches
@@ -87,10 +83,14 @@ pub(crate) async fn aggregate(watches: Vec<LeaseWatch>, required: usize, keeper:
             }
         };
         if let Some(i) = changed {
-            // A change that changed nothing means the node's keeper is gone (its renewal
-            // ended); from then on only its deadline matters, so stop listening to it.
+            // A closed watch (the node's keeper is gone: its renewal ended) completes at
+            // once for ever; from then on only its deadline matters, so stop listening to it.
+            // (Comparing with the snapshot instead stopped listening to a live node whose
+            // change landed between its last wake-up and the snapshot: the combined deadline
+            // then passed unobserved while the quorum was renewed. Issue 35, found with
+            // defect 18's final loss.)
             let (w, listen) = &mut watches[i];
-            if (w.deadline(), w.is_lost()) == snapshot[i] {
+            if w.is_closed() {
                 *listen = false;
             }
         }

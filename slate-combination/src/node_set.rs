@@ -327,6 +327,8 @@ enum Health {
 struct NodeHealth {
     health: Health,
     run_id: Option<String>,
+    /// The replication id at the last verification (see [`slate_redis::node::ServerInfo::replication_id`]).
+    replication_id: Option<String>,
     /// The client's failover count at the last verification (see
     /// [`RedisClient::failovers`]): a Sentinel group that has switched masters since is
     /// verified again before its next use.
@@ -482,6 +484,7 @@ impl NodeSet {
                 health: Mutex::new(NodeHealth {
                     health: Health::Unverified,
                     run_id: None,
+                    replication_id: None,
                     failovers: 0,
                 }),
             })
@@ -723,16 +726,28 @@ impl NodeSet {
             Ok(m) => m,
             Err(e) => return self.mark_failed(node.index, &e),
         };
-        let restarted = {
+        let (restarted, new_history) = {
             let h = node.health();
-            h.run_id.as_ref().is_some_and(|r| *r != info.run_id)
+            let restarted = h.run_id.as_ref().is_some_and(|r| *r != info.run_id);
+            // The data may have come from elsewhere since the last look: the replication id
+            // changed (a promotion, or A -> B -> A between two checks), or this is the first
+            // look at a master that was promoted since it started (a failover this process
+            // never witnessed). Issue 35, defect 8.
+            let replid_changed = h
+                .replication_id
+                .as_ref()
+                .zip(info.replication_id.as_ref())
+                .is_some_and(|(a, b)| a != b);
+            let unseen_promotion = h.run_id.is_none() && info.promoted;
+            (restarted, replid_changed || unseen_promotion)
         };
         let young = info.uptime < opts.quarantine;
         // A different run id on a server that has been up for a while is another server
         // behind the same address: a Sentinel group that failed over to a replica. Replication
         // is asynchronous, so the promoted replica may lack grants its old master made; they
-        // have all expired once a full quarantine (at least the longest lease) has passed.
-        let replaced = restarted && !young;
+        // have all expired once a full quarantine (at least the longest lease) has passed. A
+        // new replication history without a restart is the same case.
+        let replaced = if restarted { !young } else { new_history };
         let young = young && !mutant::active(Mutant::QuarantineAdmitsYoung);
         if opts.quarantine_enabled && (((restarted || !marked) && young) || replaced) {
             let wait = if replaced {
@@ -746,11 +761,13 @@ impl NodeSet {
                 restarted,
                 replaced,
                 marked,
+                new_history,
                 "node quarantined after a restart or a failover"
             );
             let mut h = node.health();
             h.health = Health::Quarantined { until };
             h.run_id = Some(info.run_id);
+            h.replication_id = info.replication_id;
             h.failovers = failovers;
             return;
         }
@@ -763,6 +780,7 @@ impl NodeSet {
         }
         h.health = Health::Usable;
         h.run_id = Some(info.run_id);
+        h.replication_id = info.replication_id;
         h.failovers = failovers;
     }
 

@@ -107,18 +107,35 @@ impl LeaseKeeper {
     /// Moves the deadline after a successful renewal. Ignored once the lease is lost, and never
     /// moves the deadline backwards.
     ///
+    /// Loss is final, and a deadline that has passed is a loss: a renewal whose answer comes
+    /// after the deadline does not bring the lease back (a guard may already have told its
+    /// holder to stop); it signals [`LossReason::DeadlineExpired`] instead.
+    ///
     /// # Examples
     ///
     /// ```
     /// use std::time::{Duration, Instant};
+    /// use slate_core::lease::{self, LossReason};
     /// let now = Instant::now();
-    /// let (keeper, watch) = slate_core::lease::channel(now + Duration::from_secs(1));
+    /// let (keeper, watch) = lease::channel(now + Duration::from_secs(1));
     /// keeper.extend(now + Duration::from_secs(2));
     /// assert_eq!(watch.deadline(), now + Duration::from_secs(2));
+    ///
+    /// // Too late: the deadline had passed.
+    /// let (keeper, watch) = lease::channel(now);
+    /// keeper.extend(now + Duration::from_secs(60));
+    /// assert_eq!(watch.deadline(), now);
+    /// assert_eq!(watch.loss_reason(), Some(LossReason::DeadlineExpired));
+    /// assert!(keeper.is_lost());
     /// ```
     pub fn extend(&self, deadline: Instant) {
         self.tx.send_if_modified(|s| {
-            if s.lost.is_none() && deadline > s.deadline {
+            if s.lost.is_some() {
+                false
+            } else if passed(s.deadline) {
+                s.lost = Some(LossReason::DeadlineExpired);
+                true
+            } else if deadline > s.deadline {
                 s.deadline = deadline;
                 true
             } else {
@@ -129,7 +146,8 @@ impl LeaseKeeper {
 
     /// Sets the deadline, earlier or later: for a lease aggregated from others (a multi-node
     /// hold whose quorum-th latest node deadline moved back when a node was lost). Ignored once
-    /// the lease is lost.
+    /// the lease is lost; once the current deadline has passed it signals
+    /// [`LossReason::DeadlineExpired`] instead (loss is final).
     ///
     /// # Examples
     ///
@@ -142,7 +160,13 @@ impl LeaseKeeper {
     /// ```
     pub fn set_deadline(&self, deadline: Instant) {
         self.tx.send_if_modified(|s| {
-            if s.lost.is_none() && deadline != s.deadline {
+            if s.lost.is_some() {
+                false
+            } else if passed(s.deadline) {
+                // As in `extend`: a deadline that has passed is a loss, and loss is final.
+                s.lost = Some(LossReason::DeadlineExpired);
+                true
+            } else if deadline != s.deadline {
                 s.deadline = deadline;
                 true
             } else {
@@ -313,10 +337,10 @@ impl LeaseWatch {
     ///
     /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
     /// let now = Instant::now();
-    /// let (keeper, mut watch) = slate_core::lease::channel(now);
-    /// keeper.extend(now + Duration::from_secs(1));
+    /// let (keeper, mut watch) = slate_core::lease::channel(now + Duration::from_secs(1));
+    /// keeper.extend(now + Duration::from_secs(2));
     /// watch.changed().await;
-    /// assert_eq!(watch.deadline(), now + Duration::from_secs(1));
+    /// assert_eq!(watch.deadline(), now + Duration::from_secs(2));
     /// # });
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -414,6 +438,27 @@ mod tests {
         keeper.extend(now + Duration::from_secs(10));
         assert_eq!(watch.deadline(), now + Duration::from_secs(1));
         assert_eq!(watch.lost().await, LossReason::EntryGone);
+    }
+
+    /// Issue 35, defect 18: a renewal answered after the deadline brought a lost lease back
+    /// (`is_lost` true, then false again). Loss is final.
+    #[tokio::test(start_paused = true)]
+    async fn d18_a_passed_deadline_does_not_come_back() {
+        let start = now();
+        let (keeper, watch) = channel(start + Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(watch.is_lost());
+        // The renewal sent at +0.9 s answers now: too late.
+        keeper.extend(start + Duration::from_millis(900) + Duration::from_secs(1));
+        assert!(watch.is_lost(), "the lease came back after its deadline");
+        assert_eq!(watch.loss_reason(), Some(LossReason::DeadlineExpired));
+        assert_eq!(watch.deadline(), start + Duration::from_secs(1));
+        assert!(keeper.is_lost());
+        keeper.set_deadline(start + Duration::from_secs(5));
+        assert!(
+            watch.is_lost(),
+            "an aggregated deadline does not revive it either"
+        );
     }
 
     #[tokio::test(start_paused = true)]

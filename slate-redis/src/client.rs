@@ -62,6 +62,7 @@ pub struct ClientOptions {
     pool_size: usize,
     runtime: Option<Handle>,
     synced_replicas: Option<(usize, Duration)>,
+    refuse_evicting_server: bool,
     #[cfg(feature = "tls")]
     tls_root_certificate: Option<Vec<u8>>,
 }
@@ -76,6 +77,7 @@ impl Default for ClientOptions {
             pool_size: 8,
             runtime: None,
             synced_replicas: None,
+            refuse_evicting_server: false,
             #[cfg(feature = "tls")]
             tls_root_certificate: None,
         }
@@ -92,6 +94,7 @@ impl fmt::Debug for ClientOptions {
             .field("pool_size", &self.pool_size)
             .field("runtime", &self.runtime.as_ref().map(|_| "<handle>"))
             .field("synced_replicas", &self.synced_replicas)
+            .field("refuse_evicting_server", &self.refuse_evicting_server)
             .finish_non_exhaustive()
     }
 }
@@ -245,6 +248,28 @@ impl ClientOptionsBuilder {
         self
     }
 
+    /// Refuses a server whose `maxmemory-policy` can evict lock keys (anything but
+    /// `noeviction`: every lock key has a TTL, so `volatile-*` policies evict them first, and
+    /// `allkeys-*` ones may): each connection then fails with a [`BackendKind::Other`] error
+    /// naming the policy and the fix. Off by default: such a server is used, and the client
+    /// logs one warning with the fix (issue 35, defect 14). A server that does not let the
+    /// client read its configuration (`CONFIG GET` denied by an ACL) is used either way; with
+    /// this option on, a warning says the policy could not be checked.
+    ///
+    /// On a Redis Cluster the node the client's connection asks is checked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let o = slate_redis::ClientOptions::builder().refuse_evicting_server(true).build()?;
+    /// assert!(o.refuses_evicting_server());
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    pub fn refuse_evicting_server(mut self, refuse: bool) -> Self {
+        self.0.refuse_evicting_server = refuse;
+        self
+    }
+
     /// Trusts this CA certificate (PEM) for `rediss://` connections instead of the platform's
     /// root store (feature `tls`).
     ///
@@ -292,6 +317,19 @@ impl ClientOptions {
     /// ```
     pub fn builder() -> ClientOptionsBuilder {
         ClientOptionsBuilder::default()
+    }
+
+    /// Whether a server whose eviction policy can remove lock keys is refused (see
+    /// [`ClientOptionsBuilder::refuse_evicting_server`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(!slate_redis::ClientOptions::default().refuses_evicting_server());
+    /// ```
+    #[must_use]
+    pub fn refuses_evicting_server(&self) -> bool {
+        self.refuse_evicting_server
     }
 
     /// The budget of every command.
@@ -467,6 +505,8 @@ pub(crate) struct Inner {
     /// (Cluster) set when the servers lack sharded pub/sub (Redis < 7): releases then
     /// `PUBLISH` and waiters use the spin wait. Shared with the notifier.
     no_sharded_pubsub: Arc<AtomicBool>,
+    /// The eviction policy warning was logged (once per client).
+    eviction_warned: AtomicBool,
     /// (Sentinel) the master's address at the last connection, and how many times it changed.
     master: Mutex<Option<String>>,
     failovers: AtomicU64,
@@ -953,6 +993,7 @@ impl RedisClient {
                 no_sharded_pubsub.clone(),
             ),
             no_sharded_pubsub,
+            eviction_warned: AtomicBool::new(false),
             master: Mutex::new(None),
             failovers: AtomicU64::new(0),
             backend,
@@ -1325,10 +1366,72 @@ impl RedisClient {
             }
         };
         loaded.map_err(|e| error::from_redis(e, "loading the lock scripts", address))?;
+        self.check_eviction(&mut conn).await?;
         let mut slot = lock(&self.inner.conn);
         slot.conn = Some(held);
         slot.silent_since = None;
         Ok((slot.generation, conn))
+    }
+
+    /// Reads the server's `maxmemory-policy` on a new connection: a policy that can evict
+    /// lock keys is refused with [`ClientOptionsBuilder::refuse_evicting_server`], and
+    /// otherwise warned about once per client (issue 35, defect 14).
+    async fn check_eviction(&self, conn: &mut Conn) -> Result<()> {
+        let address = &self.inner.address;
+        let strict = self.inner.options.refuse_evicting_server;
+        // `INFO memory` rather than `CONFIG GET`: the least-privilege user already has `INFO`
+        // (README). A cluster connection may answer for several nodes: any evicting one counts.
+        let reply: RedisResult<redis::Value> =
+            redis::cmd("INFO").arg("memory").query_async(conn).await;
+        let policy = match reply {
+            Ok(v) => {
+                let mut text = String::new();
+                collect_text(&v, &mut text);
+                let mut policies = text
+                    .lines()
+                    .filter_map(|l| l.trim().strip_prefix("maxmemory_policy:"))
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>();
+                policies.sort_by_key(|p| p.eq_ignore_ascii_case("noeviction"));
+                policies.into_iter().next()
+            }
+            Err(e) => {
+                if strict {
+                    tracing::warn!(node = %address, error = %e,
+                        "could not read the server's maxmemory-policy (grant +info to check \
+                         it); a policy that evicts keys with a TTL would drop held locks");
+                } else {
+                    tracing::debug!(node = %address, error = %e, "INFO memory failed");
+                }
+                None
+            }
+        };
+        let Some(policy) = policy.filter(|p| !p.eq_ignore_ascii_case("noeviction")) else {
+            return Ok(());
+        };
+        let what = format!(
+            "the server's maxmemory-policy is {policy}: once it reaches maxmemory it evicts \
+             keys{}, and every lock key has a TTL, so a held lock can vanish and be granted to \
+             another holder. Fix: `CONFIG SET maxmemory-policy noeviction` (and in the server's \
+             configuration)",
+            if policy.starts_with("volatile") {
+                " with a TTL first"
+            } else {
+                ""
+            }
+        );
+        if strict {
+            return Err(Error::backend(
+                BackendKind::Other,
+                Some(address.to_owned()),
+                format!("{what}; refused (ClientOptionsBuilder::refuse_evicting_server)"),
+                None,
+            ));
+        }
+        if !self.inner.eviction_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(node = %address, "{what}");
+        }
+        Ok(())
     }
 
     fn mark_ok(&self, generation: u64) {
@@ -1608,6 +1711,22 @@ pub(crate) fn unexpected_reply(what: &str, node: &str, reply: impl fmt::Debug) -
         format!("{what} answered {reply:?}, which is not one of the script's replies"),
         None,
     )
+}
+
+/// Appends every string in `v` (an `INFO` reply: one text, or one per node) to `out`.
+fn collect_text(v: &redis::Value, out: &mut String) {
+    match v {
+        redis::Value::BulkString(b) => out.push_str(&String::from_utf8_lossy(b)),
+        redis::Value::SimpleString(t) | redis::Value::VerbatimString { text: t, .. } => {
+            out.push_str(t);
+        }
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            items.iter().for_each(|i| collect_text(i, out));
+        }
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(_, i)| collect_text(i, out)),
+        _ => {}
+    }
+    out.push('\n');
 }
 
 #[cfg(test)]

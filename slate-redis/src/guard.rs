@@ -318,9 +318,9 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
         }
         let remote = sync.remote_holder(holder);
         let renewal = &c.client.inner.renewal;
-        renewal.begin_release(&c.keys.lock, remote);
+        let generation = renewal.begin_release(&c.keys.lock, remote);
         let result = c.release_remote(remote, sync.waiters() > 0).await;
-        renewal.end_release(&c.keys.lock, remote);
+        renewal.end_release(&c.keys.lock, remote, generation, matches!(result, Ok(0)));
         let remaining = lock.shared.sync.release(holder);
         match result {
             Ok(-1) => {

@@ -608,17 +608,23 @@ impl RedisCompetitor {
             let reply = match acquire_remote(&client, &keys, acquire).await {
                 Ok(r) => r,
                 Err(e) => {
-                    // No reply: the script may have run (or may still run). Undo it by id.
-                    if matches!(
+                    // The script may have run (or may still run): no reply, or a reply to it
+                    // followed by an error of what came after it (a `WAIT` the server refuses),
+                    // or an error raised half-way through it. Undo it by id; an undo of an
+                    // acquire that never ran only marks it cancelled (issue 35, defect 4). Not
+                    // when the user may not run it (the undo would be refused too).
+                    if !matches!(
                         e.backend_kind(),
-                        Some(BackendKind::Timeout | BackendKind::Io)
+                        Some(BackendKind::Permission | BackendKind::Auth)
                     ) {
                         compensate(&client, &keys, &me, holder, lease, turn, request).await;
                     }
                     return Err(e);
                 }
             };
-            let grant = |token: i64, count: i64| -> Result<Attempt<Grant>> {
+            // `block`: the tokens a first acquisition reserved (see acquire.lua); its passes are
+            // the rest of the block.
+            let grant = |token: i64, count: i64, block: i64| -> Result<Attempt<Grant>> {
                 let (Ok(token), Ok(count)) = (u64::try_from(token), u32::try_from(count)) else {
                     return Err(unexpected_reply("acquire script", client.address(), &reply));
                 };
@@ -658,17 +664,26 @@ impl RedisCompetitor {
                     count,
                     deadline: renewal::deadline(sent, lease),
                     watch: OnceLock::new(),
-                    passes: if count == 1 { block - 1 } else { 0 },
+                    passes: if count == 1 {
+                        u32::try_from(block - 1).unwrap_or(0)
+                    } else {
+                        0
+                    },
                 }))
             };
             match reply.as_slice() {
+                // A block's size is absent from a replayed answer (a request record): no passes.
                 [1, token] => {
                     tracing::debug!(lock = %label, %holder, token, "acquired");
-                    grant(*token, 1)
+                    grant(*token, 1, 1)
+                }
+                [1, token, reserved] => {
+                    tracing::debug!(lock = %label, %holder, token, reserved, "acquired a block");
+                    grant(*token, 1, (*reserved).clamp(1, i64::from(block)))
                 }
                 [2, token, count] => {
                     tracing::debug!(lock = %label, %holder, token, count, "re-entered");
-                    grant(*token, *count)
+                    grant(*token, *count, 1)
                 }
                 [0, pttl] => {
                     tracing::trace!(lock = %label, %holder, pttl, "busy");

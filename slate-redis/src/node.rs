@@ -98,6 +98,10 @@ pub enum NodeAcquire {
         /// When the entry's lease ends at the latest, on the monotonic clock (taken before
         /// sending, minus a drift allowance).
         deadline: Instant,
+        /// The fencing tokens this acquisition reserved, from `token` on: the block asked for,
+        /// or less where the node keeps the turn and the row had less left (1 without a
+        /// block, and for a re-entry or a replayed answer).
+        reserved: u32,
     },
     /// Another holder holds the lock on this node.
     Busy {
@@ -111,13 +115,21 @@ pub enum NodeAcquire {
     NotHeld,
 }
 
-/// A server's identity and age, from `INFO server`.
+/// A server's identity, age and replication history, from `INFO`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ServerInfo {
     /// The server's run id (changes at every start).
     pub run_id: String,
     /// How long the server has been up (second resolution).
     pub uptime: Duration,
+    /// Its replication id (`master_replid`): a new one at every start and every promotion of
+    /// a replica, so a change means the data may have come from elsewhere. `None` when the
+    /// server does not report one.
+    pub replication_id: Option<String>,
+    /// A master that was a replica since it started (`master_replid2` is set): promoted by a
+    /// failover, so it may lack writes its old master acknowledged.
+    pub promoted: bool,
 }
 
 /// What a node's release message wakes (see [`RedisClient::node_subscribe`]): a multi-node
@@ -309,17 +321,23 @@ impl RedisClient {
             block,
         };
         let reply = acquire_remote(self, &keys.keys, acquire).await?;
-        let acquired = |token: i64, count: i64| match (u64::try_from(token), u32::try_from(count)) {
-            (Ok(token), Ok(count)) => Ok(NodeAcquire::Acquired {
+        let acquired = |token: i64, count: i64, reserved: i64| match (
+            u64::try_from(token),
+            u32::try_from(count),
+            u32::try_from(reserved),
+        ) {
+            (Ok(token), Ok(count), Ok(reserved)) => Ok(NodeAcquire::Acquired {
                 token: FencingToken::new(token),
                 count,
                 deadline: renewal::deadline(sent, lease),
+                reserved: reserved.clamp(1, block.max(1)),
             }),
             _ => Err(unexpected_reply("acquire script", self.address(), &reply)),
         };
         match reply.as_slice() {
-            [1, token] => acquired(*token, 1),
-            [2, token, count] => acquired(*token, *count),
+            [1, token] => acquired(*token, 1, 1),
+            [1, token, reserved] => acquired(*token, 1, *reserved),
+            [2, token, count] => acquired(*token, *count, 1),
             [0, pttl] => Ok(NodeAcquire::Busy {
                 retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
             }),
@@ -379,9 +397,10 @@ impl RedisClient {
     async fn node_release_as(&self, keys: &NodeKeys, release: Release<'_>) -> Result<Option<u32>> {
         let holder = release.holder;
         let renewal = &self.inner.renewal;
-        renewal.begin_release(&keys.keys.lock, holder);
+        let generation = renewal.begin_release(&keys.keys.lock, holder);
         let reply = release_remote(self, &keys.keys, release).await;
-        renewal.end_release(&keys.keys.lock, holder);
+        let freed = matches!(reply, Ok(0));
+        renewal.end_release(&keys.keys.lock, holder, generation, freed);
         match reply? {
             -1 => Ok(None),
             n => u32::try_from(n)
@@ -464,9 +483,11 @@ impl RedisClient {
     ///
     /// Cancel safe (a read).
     pub async fn server_info(&self) -> Result<ServerInfo> {
+        // The default sections: `server` and `replication` (one section per call on servers
+        // before Redis 7).
         let text: String = self
-            .exec("INFO server", |mut c| async move {
-                redis::cmd("INFO").arg("server").query_async(&mut c).await
+            .exec("INFO", |mut c| async move {
+                redis::cmd("INFO").query_async(&mut c).await
             })
             .await?;
         let field = |name: &str| {
@@ -481,6 +502,9 @@ impl RedisClient {
             (Some(run_id), Some(secs)) => Ok(ServerInfo {
                 run_id: run_id.to_owned(),
                 uptime: Duration::from_secs(secs),
+                replication_id: field("master_replid").map(str::to_owned),
+                promoted: field("role") == Some("master")
+                    && field("master_replid2").is_some_and(|r| r.bytes().any(|b| b != b'0')),
             }),
             _ => Err(unexpected_reply(
                 "INFO server",

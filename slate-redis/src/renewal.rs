@@ -119,6 +119,24 @@ struct State {
     closed: bool,
 }
 
+impl State {
+    /// [`RenewalService::end_release`] under the state's lock.
+    fn end_release(&mut self, key: &RegKey, generation: Option<u64>, freed: bool) {
+        let Some(reg) = self.regs.get_mut(key) else {
+            return;
+        };
+        if Some(reg.generation) != generation {
+            return;
+        }
+        if freed {
+            self.regs.remove(key);
+            tracing::debug!(holder = %key.1, "renewal deregistered with its release");
+        } else {
+            reg.releasing = reg.releasing.saturating_sub(1);
+        }
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     notify: Notify,
@@ -209,10 +227,11 @@ impl Renewal {
     }
 
     /// Hands the registration of `holder` on `key` to the next local holder after a local pass
-    /// (lock cohorting): the same remote hold goes on being renewed, but the new holder gets a
-    /// lease watch of its own and its max hold starts now, as if it had acquired remotely.
-    /// Answers the new watch, or `None` (nothing changed) if the hold is lost, capped, or has
-    /// less than `min_validity` left: it is not worth passing then.
+    /// (lock cohorting): the same remote hold goes on being renewed, and the new holder gets a
+    /// lease watch of its own on the hold's deadline and max hold (one max hold bounds one
+    /// Redis hold, whoever it serves). Answers the new watch, or `None` (nothing changed) when
+    /// the hold may not be passed (see `passable`: lost, capped or nearly so, nearly expired,
+    /// or not confirmed within a renewal period).
     ///
     /// `to` is the holder the hold now serves: the hold's next renewals record it (see
     /// `Keys::holder`), nothing is sent now.
@@ -235,8 +254,6 @@ impl Renewal {
             reg.keeper.deadline()
         });
         reg.keeper = keeper;
-        // A later cap than the one it replaces: the service's wake-up needs no change.
-        reg.cap = reg.hold.max_hold.and_then(|m| now.checked_add(m));
         reg.current = Some(to);
         Some(watch)
     }
@@ -276,24 +293,29 @@ impl Renewal {
         }
     }
 
-    /// Marks a release of `holder` on `key` as in flight (see [`Registration::releasing`]).
-    pub(crate) fn begin_release(&self, key: &Arc<[u8]>, holder: HolderId) {
-        if let Some(reg) = lock(&self.shared.state)
-            .regs
-            .get_mut(&(key.clone(), holder))
-        {
-            reg.releasing += 1;
-        }
+    /// Marks a release of `holder` on `key` as in flight (see [`Registration::releasing`]);
+    /// returns the registration's generation for [`end_release`](Self::end_release) (`None`:
+    /// nothing is registered).
+    pub(crate) fn begin_release(&self, key: &Arc<[u8]>, holder: HolderId) -> Option<u64> {
+        let mut st = lock(&self.shared.state);
+        let reg = st.regs.get_mut(&(key.clone(), holder))?;
+        reg.releasing += 1;
+        Some(reg.generation)
     }
 
-    /// Ends what [`begin_release`](Self::begin_release) started.
-    pub(crate) fn end_release(&self, key: &Arc<[u8]>, holder: HolderId) {
-        if let Some(reg) = lock(&self.shared.state)
-            .regs
-            .get_mut(&(key.clone(), holder))
-        {
-            reg.releasing = reg.releasing.saturating_sub(1);
-        }
+    /// Ends what [`begin_release`](Self::begin_release) started. `freed`: the server answered
+    /// that the holder has no level left; the registration then goes in this same step, so
+    /// that no renewal can take the release's delete for a loss between the answer and the
+    /// deregistration (issue 35, defect 18). A registration of a later generation (the holder
+    /// registered again meanwhile) is not touched.
+    pub(crate) fn end_release(
+        &self,
+        key: &Arc<[u8]>,
+        holder: HolderId,
+        generation: Option<u64>,
+        freed: bool,
+    ) {
+        lock(&self.shared.state).end_release(&(key.clone(), holder), generation, freed);
     }
 
     /// The number of registrations.
@@ -309,10 +331,21 @@ impl Renewal {
 }
 
 /// A hold worth passing: renewed, not lost, with at least `min_validity` left.
+/// Whether a hold may be passed to a local holder now: it is being renewed and not lost; it
+/// has `min_validity` left before its deadline and before its max hold, which bounds the
+/// Redis hold however many local holders it serves (issue 35, defect 10); and the server
+/// confirmed it within one renewal period (its deadline is counted from the send of the
+/// grant or of the last successful renewal, so that send is `deadline − lease`). A hold
+/// taken away behind the process's back (`force_unlock`, an eviction, a failover that lost
+/// it) is therefore passed on for at most one renewal period, and not at all while its
+/// renewals fail (issue 35, defect 13).
 fn passable(reg: &Registration, now: Instant, min_validity: Duration) -> bool {
+    let deadline = reg.keeper.deadline();
     matches!(reg.phase, Phase::Renewing)
         && !reg.keeper.is_lost()
-        && reg.keeper.deadline() >= now + min_validity
+        && deadline >= now + min_validity
+        && reg.cap.is_none_or(|cap| cap >= now + min_validity)
+        && deadline + reg.hold.period > now + reg.hold.lease
 }
 
 /// One renewal to send.
@@ -554,13 +587,23 @@ async fn renew_pipeline(
     for due in retry {
         pipe.add_command(renew_cmd(due));
     }
+    if let Some((n, within)) = synced {
+        // The retry extends deadlines too, on a server that just lost its script cache (a
+        // promoted replica, exactly when replication may lag): it waits like the first send
+        // (issue 35, defect 15).
+        pipe.add_command(wait_cmd(n, within));
+    }
     pipe.ignore_errors();
     let pipe = &pipe;
-    let second: Vec<RedisResult<i64>> = client
+    let mut second: Vec<RedisResult<i64>> = client
         .exec("renewal pipeline", |mut c| async move {
             pipe.query_async(&mut c).await
         })
         .await?;
+    if let Some((n, _)) = synced {
+        let acked = second.pop();
+        unacknowledged(&mut second, acked, n);
+    }
     for (slot, r) in missing.into_iter().zip(second) {
         out[slot] = r.map_err(|e| e.to_string());
     }
@@ -840,6 +883,43 @@ mod tests {
         // At the retry delay it asks again.
         let (batch, _) = plan(&mut st, now + retry_delay(period));
         assert_eq!(batch.len(), 1);
+    }
+
+    /// Issue 35, defect 18: the release's answer ended the "release in flight" mark before
+    /// the hold was deregistered, so a renewal answering 0 in between (the release had
+    /// deleted the entry) reported a hold that was just released lost (`EntryGone`, a WARN).
+    /// A release that frees the hold now deregisters it in the same step.
+    #[test]
+    fn d18_a_renewal_answered_after_the_release_is_not_a_loss() {
+        let now = Instant::now();
+        let period = Duration::from_millis(100);
+        let mut st = State::default();
+        let mut reg = registration(now, period);
+        let watch = reg.keeper.watch();
+        let key = (reg.hold.key.clone(), reg.hold.holder);
+        reg.releasing = 1; // begin_release
+        st.regs.insert(key.clone(), reg);
+        let (batch, _) = plan(&mut st, now);
+        assert_eq!(batch.len(), 1, "a renewal goes out beside the release");
+        // The release answers first: 0 levels left.
+        st.end_release(&key, Some(1), true);
+        // Then the renewal's 0 (the entry is gone) is applied, as `renew_now` does.
+        if let Some(reg) = st.regs.get_mut(&key) {
+            apply(reg, Ok(0), period * 2, now, now);
+        }
+        assert!(
+            !watch.is_lost(),
+            "a released hold was reported lost: {:?}",
+            watch.loss_reason()
+        );
+        // A registration of a later generation is not touched by an older release.
+        let mut newer = registration(now, period);
+        newer.generation = 2;
+        newer.releasing = 1;
+        let key = (newer.hold.key.clone(), newer.hold.holder);
+        st.regs.insert(key.clone(), newer);
+        st.end_release(&key, Some(1), true);
+        assert_eq!(st.regs.get(&key).map(|r| r.releasing), Some(1));
     }
 
     /// A failed renewal (an error reply, a broken connection) is retried after the retry

@@ -22,6 +22,7 @@ use slate_core::{
 use tracing::Instrument;
 
 use crate::client::{LockEntry, RedisClient, lock, unexpected_reply};
+use crate::conn;
 use crate::keys::Keys;
 use crate::lock::min_validity;
 use crate::notify::ReleaseTarget;
@@ -188,20 +189,43 @@ pub(crate) struct SharedCompetitor {
 /// [`JOIN_BUDGET`] readers. Joined readers carry the hold's fencing token and lease watch; the
 /// last one to leave releases the hold in Redis. Exclusion is unchanged: Redis sees one
 /// reader for the process, and no writer, local or remote, is granted while it exists.
+///
+/// Invariant (under the `reads` lock, issue 35 defect 1): a reader's levels through a hold
+/// are counted here, `of[reader].levels` = its shared depth in the synchronizer, and a hold's
+/// `levels` = the sum over its readers. Joining, re-entering and leaving each change both in
+/// one critical section, so two releases of one reader (a guard and its re-entry, unlocked at
+/// once) take one level each and exactly one of them is the hold's last.
 #[derive(Default)]
 struct Reads {
-    /// Local reader → the Redis read hold it uses.
-    of: HashMap<HolderId, HolderId>,
+    /// Local reader → the Redis read hold it uses, and its levels through it.
+    of: HashMap<HolderId, Joined>,
     /// The Redis read holds and their local members.
     holds: HashMap<HolderId, ReadHold>,
     /// The hold new reads may join.
     current: Option<HolderId>,
 }
 
+/// A local reader's use of a Redis read hold.
+#[derive(Clone, Copy)]
+struct Joined {
+    remote: HolderId,
+    levels: u32,
+}
+
+/// What releasing one read level of a reader through a shared hold did ([`SharedCompetitor::leave`]).
+enum Left {
+    /// The reader reads through no shared hold: it releases its own hold.
+    NotJoined,
+    /// A level was taken; the hold keeps serving others (or this reader's other levels).
+    Level,
+    /// That was the hold's last level: the caller releases it in Redis.
+    Last(HolderId),
+}
+
 struct ReadHold {
     token: FencingToken,
-    /// Local readers using it now.
-    members: u32,
+    /// Read levels of local readers on it now.
+    levels: u32,
     /// Local readers it served.
     joins: u32,
     since: Instant,
@@ -394,50 +418,65 @@ impl SharedCompetitor {
             return None;
         }
         let h = reads.holds.get_mut(&remote)?;
-        h.members += 1;
+        h.levels += 1;
         h.joins += 1;
         let grant = h.grant(remote, 1);
-        reads.of.insert(holder, remote);
+        let before = reads.of.insert(holder, Joined { remote, levels: 1 });
+        debug_assert!(before.is_none(), "a reader joins only without levels");
         Some(grant)
     }
 
     /// The shared read hold `holder` uses, if it reads through one.
     pub(crate) fn read_hold_of(&self, holder: HolderId) -> Option<HolderId> {
-        lock(&self.reads).of.get(&holder).copied()
+        lock(&self.reads).of.get(&holder).map(|j| j.remote)
     }
 
-    /// `holder` stopped reading: the hold it used, if it was the last member (then the caller
-    /// releases it in Redis; nobody can join it any more).
-    pub(crate) fn leave(&self, holder: HolderId) -> Option<HolderId> {
+    /// Takes one read level of `holder` off the shared hold it reads through, in one step
+    /// with the decision whether it was the hold's last (then the caller releases the hold in
+    /// Redis; nobody can join it any more).
+    fn leave(&self, holder: HolderId) -> Left {
         let mut reads = lock(&self.reads);
-        let remote = reads.of.remove(&holder)?;
+        let Some(joined) = reads.of.get_mut(&holder) else {
+            return Left::NotJoined;
+        };
+        let remote = joined.remote;
+        joined.levels = joined.levels.saturating_sub(1);
+        if joined.levels == 0 {
+            reads.of.remove(&holder);
+        }
         let last = reads.holds.get_mut(&remote).is_none_or(|h| {
-            h.members = h.members.saturating_sub(1);
-            h.members == 0
+            h.levels = h.levels.saturating_sub(1);
+            h.levels == 0
         });
         if !last {
-            return None;
+            return Left::Level;
         }
         reads.holds.remove(&remote);
         if reads.current == Some(remote) {
             reads.current = None;
         }
-        Some(remote)
+        Left::Last(remote)
     }
 
     /// One more read level of a reader that reads through a shared hold: nothing is sent
     /// (its Redis hold counts one read for the process); a lost hold answers `LeaseLost`.
     fn reenter_joined(&self, holder: HolderId, remote: HolderId) -> Result<Attempt<SharedGrant>> {
-        let reads = lock(&self.reads);
-        let Some(h) = reads.holds.get(&remote).filter(|h| !h.watch.is_lost()) else {
-            return Err(Error::lease_lost(
-                Arc::clone(&self.label),
-                holder,
-                LossReason::EntryGone,
-            ));
+        let mut reads = lock(&self.reads);
+        let lost = || Error::lease_lost(Arc::clone(&self.label), holder, LossReason::EntryGone);
+        if reads.holds.get(&remote).is_none_or(|h| h.watch.is_lost()) {
+            return Err(lost());
+        }
+        // Counted here, with the hold, in the same step as a concurrent release's (`leave`).
+        let levels = match reads.of.get_mut(&holder) {
+            Some(j) if j.remote == remote => {
+                j.levels += 1;
+                j.levels
+            }
+            _ => return Err(lost()),
         };
-        let depth = self.me.upgrade().map_or(0, |s| s.sync.shared_depth(holder));
-        Ok(Attempt::Acquired(h.grant(remote, depth.saturating_add(1))))
+        let h = reads.holds.get_mut(&remote).ok_or_else(lost)?;
+        h.levels += 1;
+        Ok(Attempt::Acquired(h.grant(remote, levels)))
     }
 
     /// One acquire script call for `holder` (see `scripts/shared_acquire.lua`).
@@ -477,10 +516,13 @@ impl SharedCompetitor {
             let reply = match call.acquire(&args).await {
                 Ok(r) => r,
                 Err(e) => {
-                    // No reply: the script may have run (or may still run). Undo it by id.
-                    if matches!(
+                    // The script may have run (or may still run): no reply, an error after it
+                    // (a refused `WAIT`), or one raised half-way. Undo it by id; the undo of an
+                    // acquire that never ran only marks it cancelled (issue 35, defect 4). Not
+                    // when the user may not run it (the undo would be refused too).
+                    if !matches!(
                         e.backend_kind(),
-                        Some(BackendKind::Timeout | BackendKind::Io)
+                        Some(BackendKind::Permission | BackendKind::Auth)
                     ) {
                         call.undo(holder, write, request).await;
                     }
@@ -676,7 +718,10 @@ impl Call {
         let claim_ms = scripts::lease_ms(a.claim);
         let capacity = self.kind.capacity();
         let publish = self.client.publish_arg();
-        self.client
+        let synced = self.client.synced();
+        let holders_key: &[u8] = &keys.holders;
+        let (reply, acked): (Vec<i64>, Option<usize>) = self
+            .client
             .exec("shared acquire script", |mut c| {
                 let mut invocation = SHARED_ACQUIRE.script.prepare_invoke();
                 invocation
@@ -705,9 +750,40 @@ impl Call {
                     .arg(if keys.exclusive.is_some() { "x" } else { "" })
                     .arg(a.seq)
                     .arg(publish);
-                async move { invocation.invoke_async(&mut c).await }
+                async move {
+                    let reply: Vec<i64> = invocation.invoke_async(&mut c).await?;
+                    // A grant counts once the replicas have it, as the single lock's: WAIT on
+                    // the connection that wrote it (issue 35, defect 2).
+                    let acked = match (synced, reply.first()) {
+                        (Some((n, within)), Some(1)) => {
+                            Some(conn::wait_replicas(&mut c, holders_key, n, within).await?)
+                        }
+                        _ => None,
+                    };
+                    Ok((reply, acked))
+                }
             })
-            .await
+            .await?;
+        if let (Some((wanted, within)), Some(acked)) = (synced, acked)
+            && acked < wanted
+        {
+            // Not on enough replicas: a failover could lose it (two writers, an over-granted
+            // semaphore). Give the level back by the request id and report.
+            if let Err(e) = self.release(a.holder, a.write, Some(a.request)).await {
+                tracing::warn!(error = %e, "giving back a grant the replicas did not acknowledge failed; it ends with its lease");
+            }
+            return Err(Error::backend(
+                BackendKind::Unavailable,
+                Some(self.client.address().to_owned()),
+                format!(
+                    "the grant was acknowledged by {acked} of the {wanted} replicas required \
+                     (ClientOptionsBuilder::synced_replicas) within {within:?}, so a failover \
+                     could lose it; it was given back. Check the replicas' health and links"
+                ),
+                None,
+            ));
+        }
+        Ok(reply)
     }
 
     async fn release(&self, holder: HolderId, write: bool, undo: Option<u64>) -> Result<i64> {
@@ -878,13 +954,19 @@ impl Competitor for SharedCompetitor {
                 grant.remote,
                 ReadHold {
                     token: grant.token,
-                    members: 1,
+                    levels: 1,
                     joins: 1,
                     since: Instant::now(),
                     watch,
                 },
             );
-            reads.of.insert(holder, grant.remote);
+            reads.of.insert(
+                holder,
+                Joined {
+                    remote: grant.remote,
+                    levels: 1,
+                },
+            );
             reads.current = Some(grant.remote);
         }
     }
@@ -913,7 +995,7 @@ impl Competitor for SharedCompetitor {
             // The last member of a shared read hold ends its renewal; any other abandoned
             // grant never registered one (`after_acquire` did not run), and the holder may
             // renew an earlier hold of its own (a write whose covered read was abandoned).
-            let Some(last) = self.leave(holder) else {
+            let Left::Last(last) = self.leave(holder) else {
                 return;
             };
             self.client
@@ -936,7 +1018,12 @@ impl Competitor for SharedCompetitor {
 
     /// Unsubscribes, and takes this process out of the waiting processes if a busy answer
     /// put it there (its waiters gave up: nobody should wait for it to claim its place).
+    /// Nothing while a local task waits: the hook may run for an attempt that ended in the
+    /// background after new waiters queued (the `Competitor` contract; issue 35, defect 11).
     fn queue_drained(&self) {
+        if self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0) {
+            return;
+        }
         self.client
             .inner
             .notifier
@@ -1189,21 +1276,18 @@ async fn release(state: Arc<SharedState>, holder: HolderId, write: bool) -> Resu
         // A reader through the process's shared read hold releases nothing in Redis until
         // its last level, and then only as the hold's last member. That release goes before
         // the local one, which wakes a writer queued here: it must find the hold gone.
-        let remote = if !write && c.read_hold_of(holder).is_some() {
-            if state.sync.shared_depth(holder) > 1 {
-                return Ok(state.sync.release_shared(holder));
-            }
-            match c.leave(holder) {
-                Some(last) => last,
-                None => return Ok(state.sync.release_shared(holder)),
-            }
-        } else {
+        let remote = if write {
             holder
+        } else {
+            match c.leave(holder) {
+                Left::NotJoined => holder,
+                Left::Level => return Ok(state.sync.release_shared(holder)),
+                Left::Last(last) => last,
+            }
         };
         let renewal = &c.client.inner.renewal;
-        renewal.begin_release(&c.keys.holders, remote);
+        let generation = renewal.begin_release(&c.keys.holders, remote);
         let result = c.release_remote(remote, write).await;
-        renewal.end_release(&c.keys.holders, remote);
         if remote != holder {
             renewal.deregister(&c.keys.holders, remote);
         }
@@ -1212,6 +1296,10 @@ async fn release(state: Arc<SharedState>, holder: HolderId, write: bool) -> Resu
         } else {
             state.sync.release_shared(holder)
         };
+        // After the local release, which deregisters a hold that ended: until then a renewal
+        // answering 0 is this release's doing, not a loss (issue 35, defect 18). A reply of
+        // 0 levels in this mode may leave levels of the other, so it does not free the hold.
+        renewal.end_release(&c.keys.holders, remote, generation, false);
         match result {
             Ok(-1) => Err(Error::not_held(Arc::clone(&c.label), holder)),
             Ok(n) if n >= 0 => Ok(remaining),

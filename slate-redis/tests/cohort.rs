@@ -202,10 +202,12 @@ async fn another_process_naming_a_passed_holder_waits(server: Deployment) {
 }
 crate::per_topology!(another_process_naming_a_passed_holder_waits);
 
-/// A passed holder's max hold starts when it was passed the hold, and its lease watch is its
-/// own: the first holder's cap does not cut it short, its own does.
+/// One max hold bounds one Redis hold, however many local holders it serves (issue 35,
+/// defect 10): a holder passed the hold 700 ms into its 900 ms cap loses it with the cap
+/// (the lease runs out after the last renewal before 900 ms, about 1.2 s from the start),
+/// not a max hold after the pass (which would run to about 2.1 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_passed_holder_gets_its_own_max_hold() {
+async fn d10_a_passed_hold_keeps_the_redis_holds_max_hold() {
     let server = server();
     let client = client(&server);
     let lease = Duration::from_millis(600);
@@ -218,22 +220,13 @@ async fn a_passed_holder_gets_its_own_max_hold() {
     let start = Instant::now();
     // The first holder keeps the hold 700 ms of its 900 ms cap, then passes it.
     let (_, _, g2) = passed_hold(&lock, Duration::from_millis(700)).await;
-    let passed_at = Instant::now();
-    // Past the first holder's cap (900 ms) plus its lease: still held, still renewed.
-    while start.elapsed() < max_hold + lease + Duration::from_millis(200) {
-        assert!(
-            !g2.is_lost(),
-            "lost at {:?}: {:?}",
-            start.elapsed(),
-            g2.lease().loss_reason()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(lock.is_held_by(g2.holder()).await.unwrap());
-    // Its own cap ends it.
-    let reason = within(Duration::from_secs(5), "the receiver's cap", g2.lost()).await;
+    let reason = within(Duration::from_secs(5), "the hold's cap", g2.lost()).await;
+    let at = start.elapsed();
     assert_eq!(reason, LossReason::MaxHoldReached);
-    assert!(passed_at.elapsed() >= max_hold);
+    assert!(
+        at <= max_hold + lease,
+        "the pass restarted the max hold: lost {at:?} after the first acquisition"
+    );
 }
 
 /// A passed hold that is force-unlocked is reported lost to the holder that has it.

@@ -21,9 +21,13 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// The lease deadline of a hold whose session was last confirmed by a request sent at `sent`:
-/// the ensemble cannot expire the session before `sent + timeout` (it counts from the last
-/// request it received, and rounds expiry up to its tick), less the clock-rate allowance the
-/// Redis locks use too (1 % of the timeout + 2 ms).
+/// the ensemble cannot expire the session before `sent + timeout`, less the clock-rate
+/// allowance the Redis locks use too (1 % of the timeout + 2 ms). Only the leader expires
+/// sessions, and a follower's answer proves nothing about what the leader saw (a follower cut
+/// off from the leader keeps answering reads from stale state): a confirmation counts only
+/// when a `sync`, which the follower forwards to the leader, was answered first in the same
+/// round (the heartbeat). The leader renews a session on the requests and pings its followers
+/// forward, so a session that got the sync through cannot expire before `sent + timeout`.
 pub(crate) fn lease_deadline(sent: Instant, timeout: Duration) -> Instant {
     sent + timeout - (timeout / 100 + Duration::from_millis(2)).min(timeout / 2)
 }
@@ -570,14 +574,21 @@ impl ZkClient {
 
     /// Starts keeping the lease of the hold at `path` (of `session`).
     pub(crate) fn keep_lease(&self, path: String, session: i64, keeper: Arc<LeaseKeeper>) {
+        let path_of_watch = path.clone();
         let start = {
             let mut leases = lock(&self.inner.leases);
-            leases.map.insert(path, (session, keeper));
+            leases.map.insert(path, (session, Arc::clone(&keeper)));
             !std::mem::replace(&mut leases.heartbeat, true)
         };
         if start {
             self.spawn(heartbeat(Arc::downgrade(&self.inner)));
         }
+        self.spawn(watch_hold(
+            Arc::downgrade(&self.inner),
+            path_of_watch,
+            session,
+            keeper,
+        ));
     }
 
     /// Stops keeping the lease of the hold at `path` (released).
@@ -586,8 +597,50 @@ impl ZkClient {
     }
 }
 
-/// Confirms every held znode once per third of the session timeout, moving each lease's
-/// deadline to *send time + session timeout*, and signals a znode found gone (force-unlocked,
+/// Watches a held znode, so that its deletion (a `force_unlock`, or its session ended) is a
+/// loss at once rather than at the next heartbeat, up to a third of the session timeout later
+/// (issue 35, defect 7). A release stops keeping the lease before it deletes the znode, so
+/// its own delete finds the lease gone and signals nothing. The pending watch keeps no
+/// strong reference to the client: it must not keep the session alive.
+async fn watch_hold(inner: Weak<Inner>, path: String, sid: i64, keeper: Arc<LeaseKeeper>) {
+    let watched = {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let session = Arc::clone(&lock(&strong.session));
+        if session.id != sid {
+            return;
+        }
+        match session.zk.check_and_watch_stat(&path).await {
+            Ok((Some(stat), watcher)) if stat.ephemeral_owner == sid => Some(watcher),
+            Ok(_) => None,
+            // The heartbeat decides.
+            Err(_) => return,
+        }
+    };
+    if let Some(watcher) = watched {
+        let event = watcher.changed().await;
+        if event.event_type != zk::EventType::NodeDeleted {
+            return;
+        }
+    }
+    let Some(inner) = inner.upgrade() else {
+        return;
+    };
+    let client = ZkClient { inner };
+    let ours = lock(&client.inner.leases)
+        .map
+        .get(&path)
+        .is_some_and(|(_, k)| Arc::ptr_eq(k, &keeper));
+    if ours {
+        tracing::warn!(%path, "the hold's znode was deleted; the lock is lost");
+        keeper.lose(LossReason::EntryGone);
+        client.drop_lease(&path);
+    }
+}
+
+/// Confirms every held znode once per third of the session timeout (after a `sync` through the
+/// leader), moving each lease's deadline to *send time + session timeout*, and signals a znode found gone (force-unlocked,
 /// or its session ended). Runs while there are holds.
 async fn heartbeat(inner: Weak<Inner>) {
     loop {
@@ -613,11 +666,24 @@ async fn heartbeat(inner: Weak<Inner>) {
         };
         let session = client.current();
         let sent = Instant::now();
+        // A follower cut off from the leader keeps answering reads from its stale state until
+        // it gives up (syncLimit × tickTime), while the leader may already have expired the
+        // session. A `sync` goes through the leader: only a round whose sync is answered
+        // confirms anything (issue 35, defect 5).
+        let synced = matches!(
+            client
+                .read(&session, "lease sync", || session.zk.sync("/"))
+                .await,
+            Ok(Ok(()))
+        );
         let checks = holds.iter().map(|(path, sid, _)| {
             let (session, client) = (&session, &client);
             async move {
                 if *sid != session.id {
                     return Some(false);
+                }
+                if !synced {
+                    return None;
                 }
                 match client
                     .read(session, "lease check", || session.zk.check_stat(path))

@@ -49,8 +49,9 @@ pub const DEFAULT_SPIN_WAIT: Duration = Duration::from_secs(1);
 ///   or no server heard from it for the session timeout). The guard's lease deadline is *the
 ///   last confirmed contact + session timeout*, checked every third of the timeout, so it
 ///   passes **before** the ensemble can expire the session and give the lock to someone
-///   else; a znode found gone (session expired, [`force_unlock`](Self::force_unlock)) fires
-///   the loss signal at once.
+///   else; the holder's znode is watched, so its deletion (session expired,
+///   [`force_unlock`](Self::force_unlock)) fires the loss signal as soon as the client sees it,
+///   and the heartbeat's check catches it otherwise.
 /// - **Fencing tokens** are the contender znode's creation zxid: the holder's znode was the
 ///   lowest of its directory, so every later holder's znode was created later, with a
 ///   strictly greater zxid, across leader elections too (the epoch is the zxid's high half).
@@ -270,7 +271,12 @@ impl Ctx {
         ))
     }
 
-    /// Finds the contender a lost create made (by its attempt id).
+    /// Finds the contender a lost create made (by its attempt id). The pending create is
+    /// forgotten only once it is found or known to be absent: an error on the way leaves it
+    /// for the next attempt, which looks again, so a contender of our session is never left
+    /// in the queue unrecorded (issue 35, defect 6). The listing follows a `sync` of the
+    /// lock directory: the server we ask has then applied everything the leader ordered
+    /// before, a create that was still in flight when the connection broke included.
     async fn find_pending(&self, s: &Session, places: &mut Places) -> Result<()> {
         let Some((id, session)) = places.pending else {
             return Ok(());
@@ -278,6 +284,10 @@ impl Ctx {
         if session != s.id {
             places.pending = None;
             return Ok(());
+        }
+        match self.client.read(s, "sync", || s.zk.sync(&self.dir)).await? {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(self.client.error(e, "syncing the lock directory")),
         }
         let children = match self
             .client
@@ -288,33 +298,36 @@ impl Ctx {
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(self.client.error(e, "listing contenders")),
         };
-        places.pending = None;
         let prefix = contender_prefix(id);
-        if let Some(name) = children.iter().find(|c| c.starts_with(&prefix)) {
-            let path = format!("{}/{name}", self.dir);
-            match self
-                .client
-                .read(s, "stat", || s.zk.check_stat(&path))
-                .await?
-            {
-                Ok(Some(stat)) => {
-                    let data = match self.client.read(s, "get", || s.zk.get_data(&path)).await? {
-                        Ok((d, _)) => d,
-                        Err(_) => Vec::new(),
-                    };
-                    let holder = field(&String::from_utf8_lossy(&data), "holder")
-                        .and_then(|h| h.parse().ok())
-                        .unwrap_or_default();
-                    places.place = Some(Place {
-                        name: name.clone(),
-                        session,
-                        czxid: stat.czxid,
-                        holder,
-                    });
-                }
-                Ok(None) => {}
-                Err(e) => return Err(self.client.error(e, "reading a contender")),
+        let Some(name) = children.iter().find(|c| c.starts_with(&prefix)) else {
+            // Absent after the sync: the create never happened.
+            places.pending = None;
+            return Ok(());
+        };
+        let path = format!("{}/{name}", self.dir);
+        match self
+            .client
+            .read(s, "stat", || s.zk.check_stat(&path))
+            .await?
+        {
+            Ok(Some(stat)) => {
+                let data = match self.client.read(s, "get", || s.zk.get_data(&path)).await? {
+                    Ok((d, _)) => d,
+                    Err(_) => Vec::new(),
+                };
+                let holder = field(&String::from_utf8_lossy(&data), "holder")
+                    .and_then(|h| h.parse().ok())
+                    .unwrap_or_default();
+                places.place = Some(Place {
+                    name: name.clone(),
+                    session,
+                    czxid: stat.czxid,
+                    holder,
+                });
+                places.pending = None;
             }
+            Ok(None) => places.pending = None,
+            Err(e) => return Err(self.client.error(e, "reading a contender")),
         }
         Ok(())
     }

@@ -605,3 +605,40 @@ async fn fast_path_attempts_that_end_without_a_grant_leave_no_contender() -> Tes
     gc.unlock().await?;
     Ok(())
 }
+
+/// Issue 35, defect 7: a forced unlock reached the holder's guard only at its next heartbeat,
+/// a third of the session timeout later (10 s here), although the lock promised "at once".
+/// The holder's znode is watched now: its deletion is a loss as soon as it is seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d7_a_forced_unlock_is_noticed_at_once() -> TestResult {
+    let zk = ZkServer::start()?;
+    let connect = || {
+        ZkClient::builder(zk.connect_string())
+            .session_timeout(Duration::from_secs(30))
+            .connect()
+    };
+    let (a, b) = (connect().await?, connect().await?);
+    let la = ZkLock::builder(&a, "d7").build()?;
+    let lb = ZkLock::builder(&b, "d7").build()?;
+    let g = la.lock().await?;
+    let forced = Instant::now();
+    assert!(lb.force_unlock().await?);
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .map_err(
+            |_| "the forced unlock was not noticed within 3 s (the heartbeat is every 10 s)",
+        )?;
+    assert_eq!(reason, LossReason::EntryGone);
+    println!("noticed {:?} after the forced unlock", forced.elapsed());
+    assert!(
+        g.unlock().await.is_err(),
+        "the lost hold's unlock reports it"
+    );
+    // A release (our own delete) signals nothing.
+    let g = la.lock().await?;
+    let watch = g.lease().clone();
+    g.unlock().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(watch.loss_reason(), None, "a clean release reported a loss");
+    Ok(())
+}

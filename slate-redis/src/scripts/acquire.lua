@@ -36,12 +36,16 @@
 --          that the caller's process may pass the hold to up to block - 1 more local holders
 --          in a row without a round trip, each taking the next token of the block (lock
 --          cohorting; the holder id of such a hold is minted for it and never given to a
---          caller, so no other process can name it). '' or absent: 1
+--          caller, so no other process can name it). '' or absent: 1. With a turn (ARGV[3]
+--          not ''), the block is cut to what is left of the tenure's row (a process that took
+--          the lock 7 times in a row of a tenure of 8 may reserve 1 token, not 8), so that
+--          passes never stretch a row past the tenure
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the key was absent; created holder -> 1 with the lease and
---                      took the next fencing token (INCR of the counter; with a block, the
---                      first of the block)
+--                      took the next fencing token (INCR of the counter)
+--   {1, token, block}  (only when ARGV[9] is given) the same, with a block: token is the
+--                      block's first, block the tokens reserved (at most ARGV[9])
 --   {2, token, count}  re-entered: the holder's field existed; count is its new value, the TTL
 --                      was reset to the lease, token is the counter's current value (it only
 --                      moves when a new holder acquires, so it is this holder's token; after
@@ -57,7 +61,8 @@
 --                      was lost; nothing was touched
 --
 -- A request whose record says it already acquired, while the holder's field still exists,
--- answers {1, token} or {2, token, count} as it did the first time and changes nothing.
+-- answers {1, token} or {2, token, count} as it did the first time and changes nothing but
+-- the record's expiry (a write, so that a WAIT after the replay covers the grant).
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
 if #KEYS >= 6 and redis.call('EXISTS', KEYS[6]) == 0 then
@@ -73,6 +78,11 @@ if req ~= '' then
                 return {-3}
             end
             if kind == 'a' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+                -- A replayed answer writes the record again: a WAIT on the resending
+                -- connection then covers this write, and with it the grant before it
+                -- (replication is in order); without a write it would count every replica
+                -- at once (issue 35, defect 3).
+                redis.call('SET', KEYS[5], rec, 'PX', ARGV[6])
                 if tonumber(b) == 1 then
                     return {1, tonumber(a)}
                 end
@@ -86,12 +96,15 @@ if ARGV[7] == '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
 end
 local function remember(token, count)
     if req ~= '' then
-        redis.call('SET', KEYS[5], req .. ' a ' .. token .. ' ' .. count, 'PX', ARGV[6])
+        -- '%d': concatenation would format a µs-scale token (fence expiry) as 1.7e+15, which
+        -- the record's pattern does not match (issue 35, defect 9).
+        redis.call('SET', KEYS[5], string.format('%s a %d %d', req, token, count), 'PX', ARGV[6])
     end
 end
 local pid = ARGV[3] or ''
 local fence_expiry = ARGV[8] or ''
-local block = tonumber(ARGV[9] or '') or 1
+local asked_block = tonumber(ARGV[9] or '')
+local block = asked_block or 1
 local function now_ms()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -128,6 +141,10 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
         redis.call('HSET', KEYS[4], 'o', pid, 'u', 0, 'n', tenure)
         redis.call('PEXPIRE', KEYS[4], ARGV[2])
     end
+    if block > 1 and pid ~= '' then
+        -- This acquisition is the row's `tenure`-th: reserve no more than the row has left.
+        block = math.max(1, math.min(block, tonumber(ARGV[4]) - tenure + 1))
+    end
     redis.call('HSET', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     local token
@@ -142,6 +159,9 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
         token = redis.call('INCR', KEYS[2])
     end
     remember(token, 1)
+    if asked_block then
+        return {1, token, block}
+    end
     return {1, token}
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then

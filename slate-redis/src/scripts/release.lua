@@ -68,7 +68,7 @@ if count > 0 then
     redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
 end
 if req ~= '' then
-    redis.call('SET', KEYS[5], req .. ' r ' .. count .. ' 0', 'PX', ARGV[8])
+    redis.call('SET', KEYS[5], string.format('%s r %d 0', req, count), 'PX', ARGV[8])
 end
 if count > 0 then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -58,6 +58,11 @@ if req ~= '' then
                 return {-3}
             end
             if kind == 'a' and held then
+                -- A replayed answer writes the record again: a WAIT on the resending
+                -- connection then covers this write, and with it the grant before it
+                -- (replication is in order); without a write it would count every replica
+                -- at once (issue 35, defect 3).
+                redis.call('SET', KEYS[6], rec, 'PX', ARGV[8])
                 return {1, tonumber(a), tonumber(b), tonumber(c)}
             end
         end
@@ -68,7 +73,8 @@ if ARGV[9] == '1' and not held then
 end
 local function remember(token, count, fresh)
     if req ~= '' then
-        redis.call('SET', KEYS[6], req .. ' a ' .. token .. ' ' .. count .. ' ' .. fresh, 'PX', ARGV[8])
+        local rec = string.format('%s a %d %d %d', req, token, count, fresh)
+        redis.call('SET', KEYS[6], rec, 'PX', ARGV[8])
     end
 end
 local lease_end = now + tonumber(ARGV[4])

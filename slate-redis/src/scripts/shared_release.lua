@@ -66,7 +66,7 @@ else
     redis.call('HDEL', KEYS[1], field .. h)
 end
 if req ~= '' then
-    redis.call('SET', KEYS[6], req .. ' r ' .. left .. ' 0 0', 'PX', ARGV[5])
+    redis.call('SET', KEYS[6], string.format('%s r %d 0 0', req, left), 'PX', ARGV[5])
 end
 -- The permits the holder keeps: all while levels of this mode remain or its write covers the
 -- read it released; one when its write ends under its read; none when it holds nothing more.

@@ -1,0 +1,537 @@
+//! Regression tests for the defects of issue 35 that the single lock's client reaches, each
+//! named after its defect (`dN_…`) and each failing on the code before its fix (14afbf3).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use ecosphere::proxy::{FaultProxy, Mode};
+use slate_redis::{ClientOptions, HolderId, RedisClient, SingleLock};
+
+/// Defect 9: with `fence_expiry`, the acquire script wrote its request record by
+/// concatenation, and a µs-scale token (the expiring fence starts from the server's clock)
+/// came out as `1.7649e+15`; the record's pattern no longer matched, so a retried acquire
+/// whose first reply was lost was applied again as a re-entry: count 2 in Redis, 1 locally,
+/// the lock blocked for a lease. The retry must answer what the first run did, for a first
+/// acquisition and for a re-entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d9_a_retried_acquire_with_fence_expiry_is_not_an_extra_level() {
+    const LEASE: Duration = Duration::from_secs(10);
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).expect("proxy");
+    let client = RedisClient::open_with(
+        proxy.url(),
+        ClientOptions::builder()
+            .command_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap(),
+    )
+    .expect("client");
+    client.ping().await.expect("ping through the proxy");
+    let lock = SingleLock::builder(&client, "d9")
+        .options(
+            slate_core::LockOptions::builder()
+                .lease(LEASE)
+                .fence_expiry(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let holder = HolderId::new();
+    let depth = || {
+        let v = server
+            .command(&["HGET", "slate:{d9}", &holder.to_string()])
+            .expect("HGET");
+        redis::from_redis_value::<Option<i64>>(v)
+            .expect("count")
+            .unwrap_or(0)
+    };
+    // Drops replies until the server shows the script ran, then breaks the connection: the
+    // client resends the same request on a new one.
+    let lose_reply_once = |what: &'static str, want: i64| {
+        let proxy = &proxy;
+        let depth = &depth;
+        async move {
+            eventually(Duration::from_secs(5), what, || depth() == want).await;
+            proxy.set_mode(Mode::Pass).expect("pass");
+            proxy.reset_all().expect("reset");
+        }
+    };
+
+    proxy.set_mode(Mode::DropReplies).unwrap();
+    let acquire = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.lock_as(holder).await }
+    });
+    lose_reply_once("the first acquire to run", 1).await;
+    let guard = within(Duration::from_secs(5), "the retried acquire", acquire)
+        .await
+        .unwrap()
+        .expect("the retry answers the first run's grant");
+    let token = guard.fencing_token().get();
+    assert!(token > 1_000_000_000_000_000, "a µs-scale token: {token}");
+    assert_eq!(guard.depth(), 1);
+    assert_eq!(depth(), 1, "the retried acquire was applied as a re-entry");
+
+    proxy.set_mode(Mode::DropReplies).unwrap();
+    let reentry = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.lock_as(holder).await }
+    });
+    lose_reply_once("the re-entry to run", 2).await;
+    let inner = within(Duration::from_secs(5), "the retried re-entry", reentry)
+        .await
+        .unwrap()
+        .expect("re-entry");
+    assert_eq!(inner.depth(), 2);
+    assert_eq!(depth(), 2, "the retried re-entry was applied twice");
+    assert_eq!(
+        inner.fencing_token().get(),
+        token,
+        "a re-entry keeps the token"
+    );
+
+    assert_eq!(inner.unlock().await.unwrap(), 1);
+    assert_eq!(guard.unlock().await.unwrap(), 0);
+    assert_eq!(depth(), 0);
+}
+
+/// Defect 15: with `synced_replicas`, a renewal answered `NOSCRIPT` (a server that lost its
+/// script cache: a promoted replica, exactly when replication lags) was sent again after
+/// `SCRIPT LOAD` without `WAIT`, so it extended the deadline although no replica had the
+/// renewal. The retry waits like the first send: with the only replica stopped, the holder's
+/// lease is not extended and ends at the deadline of its grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d15_a_renewal_retried_after_noscript_waits_for_the_replicas() {
+    const LEASE: Duration = Duration::from_secs(1);
+    let mut group = ecosphere::sentinel::SentinelGroup::start(1, 1).unwrap();
+    let client = RedisClient::open_sentinel(
+        group.sentinel_urls(),
+        group.master_name(),
+        ClientOptions::builder()
+            .synced_replicas(1, Duration::from_millis(100))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let lock = SingleLock::builder(&client, "d15")
+        .lease(LEASE)
+        .build()
+        .unwrap();
+    // A just-started replica may miss the first acknowledgement window: retry the grant.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let guard = loop {
+        if let Ok(Some(g)) = lock.try_lock().await {
+            break g;
+        }
+        assert!(std::time::Instant::now() < until, "no first grant");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let granted = guard.lease_deadline();
+    // The next renewal (half a lease after the grant) meets an empty script cache and a
+    // replica that acknowledges nothing.
+    group.server(0).command(&["SCRIPT", "FLUSH"]).unwrap();
+    group.server_mut(1).pause().unwrap();
+    tokio::time::sleep_until((granted + Duration::from_millis(200)).into()).await;
+    let (lost, deadline) = (guard.is_lost(), guard.lease_deadline());
+    group.server_mut(1).resume().unwrap();
+    assert!(
+        lost && deadline == granted,
+        "the renewal retried after NOSCRIPT moved the deadline {:?} past the grant's without \
+         the replica",
+        deadline.saturating_duration_since(granted)
+    );
+    drop(guard);
+}
+
+/// Defect 1: releasing a reader that reads through its process's shared read hold checked
+/// its depth, released a level and left the hold in three steps, each under its own lock.
+/// A guard and its re-entry unlocked at once on two threads both saw depth 2, both released
+/// a level, and neither left: the Redis read hold kept its member for ever (renewed, so
+/// every writer anywhere stayed busy). Now one step decides which release is the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d1_a_reader_and_its_reentry_unlocked_at_once_leave_no_read_hold() {
+    let server = server();
+    let client = client(&server);
+    let rw = slate_redis::RwLock::builder(&client, "d1")
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut rounds = 0;
+    while rounds < 3000 && started.elapsed() < Duration::from_secs(30) {
+        rounds += 1;
+        let outer = rw.read().await.unwrap();
+        let inner = outer.reenter().await.unwrap();
+        let answers = tokio::task::spawn_blocking(move || {
+            let barrier = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                let a = s.spawn(|| {
+                    barrier.wait();
+                    outer.blocking_unlock()
+                });
+                let b = s.spawn(|| {
+                    barrier.wait();
+                    inner.blocking_unlock()
+                });
+                (a.join().unwrap(), b.join().unwrap())
+            })
+        })
+        .await
+        .unwrap();
+        let (a, b) = (answers.0.unwrap(), answers.1.unwrap());
+        assert_eq!(a.min(b), 0, "round {rounds}: levels left {a} and {b}");
+        assert!(
+            rw.local_readers().is_empty(),
+            "round {rounds}: readers left {:?}",
+            rw.local_readers()
+        );
+        assert_eq!(
+            int(&server, &["EXISTS", "slate:{d1}:rw"]),
+            0,
+            "round {rounds}: the Redis read hold was left behind"
+        );
+    }
+    println!("{rounds} rounds of concurrent unlocks");
+}
+
+/// Defect 10: a passable acquisition reserved a block of a whole tenure (8 tokens) whatever
+/// was left of its process's row, so a process 7 acquisitions into its row took 8 more by
+/// passing: 15 in a row while another process waited. Process A here first runs two tasks
+/// with named holders (every release leaves a local waiter, so A keeps the turn, but named
+/// holds are never passed); once its row reaches 6 they stop and two tasks of plain `lock()`
+/// take over, whose next acquisition is passable. Process B, waiting since before, must get
+/// the lock within a tenure of A's acquisitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d10_passes_do_not_stretch_the_tenure() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    const HOLD: Duration = Duration::from_millis(15);
+    let server = server();
+    let (a, b) = (client(&server), client(&server));
+    let build = |c: &RedisClient| {
+        SingleLock::builder(c, "d10")
+            .lease(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (build(&a), build(&b));
+    let acquisitions = Arc::new(AtomicU32::new(0));
+    let (named_stop, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let task = |named: Option<HolderId>, stop: &Arc<AtomicBool>| {
+        let (la, n, stop) = (la.clone(), acquisitions.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut rounds = 0;
+            while !stop.load(Ordering::SeqCst) && rounds < 200 {
+                rounds += 1;
+                let g = match named {
+                    Some(h) => la.lock_as(h).await.unwrap(),
+                    None => la.lock().await.unwrap(),
+                };
+                n.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(HOLD).await;
+                g.unlock().await.unwrap();
+            }
+        })
+    };
+    let mut tasks = vec![
+        task(Some(HolderId::new()), &named_stop),
+        task(Some(HolderId::new()), &named_stop),
+    ];
+    eventually(Duration::from_secs(5), "A holds", || {
+        acquisitions.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    let asked_at = acquisitions.load(Ordering::SeqCst);
+    let waiter = tokio::spawn(async move {
+        let g = lb.lock().await.unwrap();
+        g.unlock().await.unwrap();
+    });
+    // B is queued; A's row grows one acquisition at a time (`n` of the turn).
+    eventually(Duration::from_secs(10), "A's row to reach 6", || {
+        let n = server.command(&["HGET", "slate:{d10}:turn", "n"]).unwrap();
+        redis::from_redis_value::<Option<i64>>(n)
+            .unwrap()
+            .is_some_and(|n| n >= 6)
+    })
+    .await;
+    named_stop.store(true, Ordering::SeqCst);
+    tasks.push(task(None, &stop));
+    tasks.push(task(None, &stop));
+    within(Duration::from_secs(20), "B's turn", waiter)
+        .await
+        .unwrap();
+    let waited = acquisitions.load(Ordering::SeqCst) - asked_at;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        waited <= 8 + 1,
+        "process B waited {waited} acquisitions of process A (tenure 8)"
+    );
+}
+
+/// Defect 11: a `try_read` was sent to Redis while a writer of its own process waited there,
+/// and its grant took the process's place among the waiting processes (the place the writer
+/// waits in), so a polling `try_read` loop starved its own process's writer. A shared try now
+/// answers busy while a task of its process waits, and sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d11_a_try_read_does_not_pass_its_own_processs_queued_writer() {
+    let server = server();
+    let (p, q) = (client(&server), client(&server));
+    let build = |c: &RedisClient| {
+        slate_redis::RwLock::builder(c, "d11")
+            .lease(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    let (lp, lq) = (build(&p), build(&q));
+    let q_read = lq.read().await.unwrap();
+    let writer = tokio::spawn({
+        let lp = lp.clone();
+        async move { lp.write().await.unwrap().unlock().await.unwrap() }
+    });
+    eventually(
+        Duration::from_secs(5),
+        "P's writer to queue in Redis",
+        || int(&server, &["ZCARD", "slate:{d11}:rw:queue"]) == 1,
+    )
+    .await;
+    for _ in 0..20 {
+        if let Some(g) = lp.try_read().await.unwrap() {
+            g.unlock().await.unwrap();
+            panic!("a try_read passed its own process's queued writer");
+        }
+    }
+    assert_eq!(
+        int(&server, &["ZCARD", "slate:{d11}:rw:queue"]),
+        1,
+        "the writer's place among the waiting processes"
+    );
+    q_read.unlock().await.unwrap();
+    within(Duration::from_secs(5), "P's writer", writer)
+        .await
+        .unwrap();
+}
+
+/// Defect 4: a `WAIT` that failed with anything but a timeout or a broken connection (here a
+/// server that refuses `WAIT`) left the grant the script had just written in Redis,
+/// unrenewed, blocking every other holder for a lease. Every failed acquire is now undone by
+/// its request id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d4_an_acquire_whose_wait_fails_leaves_no_grant() {
+    let server = ecosphere::server::RedisServer::builder()
+        .arg("rename-command", "WAIT \"\"")
+        .start()
+        .expect("redis-server without WAIT");
+    let client = RedisClient::open_with(
+        server.url(),
+        ClientOptions::builder()
+            .synced_replicas(1, Duration::from_millis(100))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let lock = SingleLock::builder(&client, "d4")
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let e = match lock.try_lock().await {
+        Err(e) => e,
+        Ok(g) => panic!("granted without WAIT: {:?}", g.map(|g| g.depth())),
+    };
+    println!("try_lock: {e}");
+    eventually(Duration::from_secs(5), "the grant to be undone", || {
+        int(&server, &["EXISTS", "slate:{d4}"]) == 0
+    })
+    .await;
+}
+
+/// Defect 3: an acquire resent after its connection broke found its request record and
+/// answered the first run's grant without writing anything, so the `WAIT` behind it on the
+/// new connection had nothing to wait for and counted every replica at once: a grant that
+/// may exist on no replica passed as replicated. A replayed answer now writes its record
+/// again, so the `WAIT` covers it (and, replication being in order, the grant before it). Here
+/// the replica is stopped before the replay: the `WAIT` must answer 0.
+#[test]
+fn d3_a_replayed_acquire_is_covered_by_the_wait_after_it() {
+    let master = server();
+    let replica = ecosphere::server::RedisServer::builder()
+        .arg("replicaof", format!("127.0.0.1 {}", master.port()))
+        .start()
+        .expect("replica");
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = master.command(&["INFO", "replication"]).unwrap();
+        let info: String = redis::from_redis_value(info).unwrap();
+        if info.contains("state=online") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the replica never synced: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // `wait_ms`: how long the WAIT may take (long while the replica is up: a loaded machine).
+    let acquire = |request: &str, wait_ms: u64| -> (Vec<i64>, i64) {
+        // A new connection each time, as a resend after a broken one.
+        let mut con = master.connection().unwrap();
+        let script = redis::Script::new(include_str!("../src/scripts/acquire.lua"));
+        let mut inv = script.prepare_invoke();
+        for k in [
+            "slate:{d3}",
+            "slate:{d3}:fence",
+            "slate:{d3}:queue",
+            "slate:{d3}:turn",
+            "slate:{d3}:req:h1",
+        ] {
+            inv.key(k);
+        }
+        inv.arg("h1")
+            .arg("10000")
+            .arg("")
+            .arg(0)
+            .arg(request)
+            .arg("5000");
+        let reply: Vec<i64> = inv.invoke(&mut con).unwrap();
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(wait_ms)
+            .query(&mut con)
+            .unwrap();
+        (reply, acked)
+    };
+    let (first, acked) = acquire("41", 5000);
+    assert_eq!(
+        (first.as_slice(), acked),
+        ([1, 1].as_slice(), 1),
+        "the grant, replicated"
+    );
+    // Replayed with the replica up: acknowledged (on Redis 7.0 a WAIT with no write on its
+    // connection answered 0, so the replay was taken for unreplicated and given back).
+    let (again, acked) = acquire("41", 5000);
+    assert_eq!(
+        (again.as_slice(), acked),
+        ([1, 1].as_slice(), 1),
+        "a replay, replicated"
+    );
+    let mut replica = replica;
+    replica.pause().unwrap();
+    let (again, acked) = acquire("41", 300);
+    replica.resume().unwrap();
+    assert_eq!(again, [1, 1], "the replay answers the first run's grant");
+    assert_eq!(
+        acked, 0,
+        "WAIT counted a stopped replica for a replayed grant that wrote nothing"
+    );
+}
+
+/// Defect 14: every lock key has a TTL, so a server whose `maxmemory-policy` evicts keys
+/// (`volatile-*` first of all) can drop a held lock and grant it again, and nothing said so.
+/// A client now reads the policy on each new connection: with `refuse_evicting_server` it
+/// refuses such a server with the policy and the fix named; without it, it works and warns
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d14_a_server_that_evicts_lock_keys_is_refused_when_asked() {
+    let evicting = ecosphere::server::RedisServer::builder()
+        .arg("maxmemory-policy", "volatile-lru")
+        .start()
+        .expect("redis-server");
+    let strict = || {
+        ClientOptions::builder()
+            .refuse_evicting_server(true)
+            .build()
+            .unwrap()
+    };
+    let refusing = RedisClient::open_with(evicting.url(), strict()).unwrap();
+    let e = refusing
+        .ping()
+        .await
+        .expect_err("an evicting server was used");
+    let text = e.to_string();
+    assert!(
+        text.contains("volatile-lru") && text.contains("noeviction"),
+        "the error names the policy and the fix: {text}"
+    );
+    // Without the option the server is used (and a warning logged).
+    let lenient = client(&evicting);
+    let lock = SingleLock::builder(&lenient, "d14").build().unwrap();
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    // A `noeviction` server is accepted by a strict client.
+    let safe = server();
+    let ok = RedisClient::open_with(safe.url(), strict()).unwrap();
+    ok.ping().await.expect("a noeviction server is used");
+}
+
+/// Defect 2: `synced_replicas` covered the single lock's grants only: a read-write lock's
+/// write grant or a semaphore's permits were granted without `WAIT`, so a failover could
+/// lose them (two writers, an over-granted semaphore). With the only replica stopped, a
+/// shared grant is now given back and reported, as the single lock's is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d2_shared_grants_wait_for_the_replicas() {
+    let mut group = ecosphere::sentinel::SentinelGroup::start(1, 1).unwrap();
+    let client = RedisClient::open_sentinel(
+        group.sentinel_urls(),
+        group.master_name(),
+        ClientOptions::builder()
+            .synced_replicas(1, Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let rw = slate_redis::RwLock::builder(&client, "d2")
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let sem = slate_redis::Semaphore::builder(&client, "d2", 2)
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    // A just-started replica may miss the first acknowledgement window: retry once in a while.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(Some(g)) = rw.try_write().await {
+            g.unlock().await.unwrap();
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "no first grant");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    group.server_mut(1).pause().unwrap();
+    let write = rw.try_write().await;
+    let permits = sem.try_acquire(1).await;
+    let (holders, sem_holders) = (
+        int(group.server(0), &["EXISTS", "slate:{d2}:rw"]),
+        int(group.server(0), &["HLEN", "slate:{d2}:sem"]),
+    );
+    group.server_mut(1).resume().unwrap();
+    let e = match write {
+        Err(e) => e,
+        Ok(g) => panic!(
+            "a write granted without the replica: {:?}",
+            g.map(|g| g.depth())
+        ),
+    };
+    assert!(e.to_string().contains("0 of the 1 replicas"), "{e}");
+    let e = match permits {
+        Err(e) => e,
+        Ok(g) => panic!(
+            "permits granted without the replica: {:?}",
+            g.map(|g| g.depth())
+        ),
+    };
+    assert!(e.to_string().contains("0 of the 1 replicas"), "{e}");
+    assert_eq!(holders, 0, "the write grant was given back");
+    assert!(
+        sem_holders <= 1,
+        "the permits were given back: {sem_holders} fields"
+    );
+}
