@@ -505,6 +505,43 @@ mod tests {
     const B: Duration = Duration::from_millis(250);
     const MS: Duration = Duration::from_millis(1);
 
+    /// cargo-mutants (issue 33) found these outside the unit and property tests (doc tests
+    /// covered some; `quorum(n, Some(majority))` nothing at all).
+    #[test]
+    fn quorum_bounds_and_the_accessors() {
+        assert_eq!(
+            (1..=7).map(default_quorum).collect::<Vec<_>>(),
+            [2, 2, 2, 3, 3, 4, 4]
+        );
+        assert_eq!(
+            quorum(5, Some(3)).unwrap(),
+            3,
+            "the majority itself is allowed"
+        );
+        assert_eq!(quorum(4, Some(3)).unwrap(), 3);
+        assert!(quorum(5, Some(2)).is_err());
+        assert!(quorum(5, Some(6)).is_err());
+        let mut a = AttemptState::new(vec![true; 3], 2, B, Order::Sequential);
+        let first = a.start();
+        assert!(!first.is_final());
+        assert!(first.release().is_empty());
+        a.on_answers(&[(0, Acquired)], MS);
+        assert_eq!(a.held(), &[0]);
+        let busy = a.on_answers(&[(1, HeldByOther)], MS);
+        assert!(busy.is_final());
+        assert_eq!(busy.release(), &[0]);
+        let mut f = AttemptState::new(vec![true; 3], 2, B, Order::Sequential);
+        let _ = f.start();
+        f.on_answers(&[(0, Failed)], MS);
+        assert_eq!(f.failed(), &[0]);
+        let mut two = AttemptState::new(vec![true; 3], 2, B, Order::Sequential);
+        let _ = two.start();
+        two.on_answers(&[(0, Acquired)], MS);
+        let next = two.on_answers(&[(1, Acquired)], MS);
+        assert!(next.release().is_empty());
+        assert_eq!(two.held(), &[0, 1]);
+    }
+
     #[test]
     fn busy_at_second_node_releases_the_first() {
         let mut a = AttemptState::new(vec![true; 3], 2, B, Order::Sequential);

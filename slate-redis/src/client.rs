@@ -1492,6 +1492,11 @@ impl RedisClient {
         Ok(map)
     }
 
+    /// (Cluster) the slot map if it is known, without asking.
+    pub(crate) fn cached_cluster_slots(&self) -> Option<Arc<SlotMap>> {
+        lock(&self.inner.slots).clone()
+    }
+
     /// (Cluster) drops the slot map: the next use reads it again.
     pub(crate) fn forget_cluster_slots(&self) {
         lock(&self.inner.slots).take();

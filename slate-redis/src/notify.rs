@@ -425,6 +425,11 @@ impl Listener {
         let mut retry_at: Option<Instant> = None;
         // Subscribe requests waiting for a connection.
         let mut waiting: Vec<oneshot::Sender<bool>> = Vec::new();
+        // When the connection is checked next: KEEPALIVE after the last sign of life from the
+        // server (connection, a message, a confirmation, a PING sent). Local requests do not
+        // move it, so that waiters coming and going cannot keep a half-open connection
+        // reported live for ever (issue 35, defect 17).
+        let mut ping_at = Instant::now() + KEEPALIVE;
         loop {
             let wanted = !lock(&self.state).channels.is_empty();
             if stream.is_none() && wanted && retry_at.is_none_or(|t| Instant::now() >= t) {
@@ -433,6 +438,7 @@ impl Listener {
                         stream = Some(s);
                         backoff = BACKOFF_MIN;
                         retry_at = None;
+                        ping_at = Instant::now() + KEEPALIVE;
                     }
                     None => {
                         retry_at = Some(Instant::now() + backoff);
@@ -502,14 +508,20 @@ impl Listener {
                     }
                 }
                 event = next_msg => match event {
-                    Event::Message { channel, payload } => self.dispatch(&channel, &payload),
+                    Event::Message { channel, payload } => {
+                        ping_at = Instant::now() + KEEPALIVE;
+                        self.dispatch(&channel, &payload);
+                    }
                     Event::Closed => {
                         tracing::warn!("pub/sub connection lost; waiters fall back to the spin wait");
                         stream = None;
                         self.down();
                     }
                     Event::NodeLost => self.node_lost(),
-                    Event::Confirmed(channel) => self.resubscribed(&channel),
+                    Event::Confirmed(channel) => {
+                        ping_at = Instant::now() + KEEPALIVE;
+                        self.resubscribed(&channel);
+                    }
                     Event::Dropped(channel) => {
                         if let Some(fut) = self.dropped(&channel) {
                             pending.push(fut);
@@ -530,7 +542,8 @@ impl Listener {
                     }
                 }
                 () = retry => {}
-                () = tokio::time::sleep(KEEPALIVE), if connected => {
+                () = tokio::time::sleep_until(ping_at.into()), if connected => {
+                    ping_at = Instant::now() + KEEPALIVE;
                     if let Some(fut) = self.ping() {
                         pending.push(fut);
                     }

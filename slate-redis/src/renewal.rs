@@ -477,6 +477,26 @@ fn lose(reg: &mut Registration, reason: LossReason) {
 async fn send(client: &RedisClient, shared: &Shared, batch: Vec<Due>) {
     let sent = Instant::now();
     let span = tracing::debug_span!("renewal", locks = batch.len());
+    if client.topology() == Topology::Cluster {
+        // Each node's replies are applied as they come: a slow node must not hold back the
+        // renewals another node already answered (issue 35, defect 16).
+        let apply_now = |i: usize, reply: std::result::Result<i64, String>| {
+            let due = &batch[i];
+            let now = Instant::now();
+            let mut st = lock(&shared.state);
+            if let Some(reg) = st.regs.get_mut(&due.key)
+                && reg.generation == due.generation
+            {
+                apply(reg, reply, due.lease, sent, now);
+            }
+            drop(st);
+            shared.notify.notify_one();
+        };
+        renew_cluster(client, &batch, &apply_now)
+            .instrument(span)
+            .await;
+        return;
+    }
     let replies = renew_pipeline(client, &batch)
         .instrument(span.clone())
         .await;
@@ -532,15 +552,13 @@ fn apply(
     }
 }
 
-/// One round trip: every renewal of the batch as EVALSHA in one pipeline; entries that answer
-/// NOSCRIPT (a restarted server) are sent again once after `SCRIPT LOAD`.
+/// One round trip (standalone and Sentinel): every renewal of the batch as EVALSHA in one
+/// pipeline; entries that answer NOSCRIPT (a restarted server) are sent again once after
+/// `SCRIPT LOAD`. A cluster's batch goes through [`renew_cluster`].
 async fn renew_pipeline(
     client: &RedisClient,
     batch: &[Due],
 ) -> Result<Vec<std::result::Result<i64, String>>> {
-    if client.topology() == Topology::Cluster {
-        return Ok(renew_cluster(client, batch).await);
-    }
     let build = |items: &[&Due]| {
         let mut pipe = redis::pipe();
         for due in items {
@@ -633,15 +651,33 @@ fn renew_cmd(due: &Due) -> redis::Cmd {
 /// `NOSCRIPT` (a promoted replica has no script cache), or whose node's pipeline failed, is
 /// sent once more alone through redis-rs's routing, which follows the redirect; a hold that is
 /// still valid is renewed on its new node in the same tick.
+///
+/// Every entry's answer goes to `on_reply(index, answer)` as soon as it is known: a node's
+/// answers when its pipeline returns, a resent entry's when its single command does.
 async fn renew_cluster(
     client: &RedisClient,
     batch: &[Due],
-) -> Vec<std::result::Result<i64, String>> {
-    let mut out: Vec<std::result::Result<i64, String>> =
-        vec![Err("not sent".to_owned()); batch.len()];
+    on_reply: &(dyn Fn(usize, std::result::Result<i64, String>) + Sync),
+) {
     let mut again: Vec<usize> = Vec::new();
     let synced = client.synced();
-    match client.cluster_slots().await {
+    // The slot map is never fetched inline: `CLUSTER SLOTS` may go to the very node that is
+    // slow, and hold back every renewal of the tick (issue 35, defect 16). Without a map (the
+    // first tick, or after a redirect) each lock is renewed alone through redis-rs's routing,
+    // and the map is read in the background for the next tick.
+    let slots = match client.cached_cluster_slots() {
+        Some(map) => Ok(map),
+        None => {
+            let c = client.clone();
+            client.spawn(async move {
+                if let Err(e) = c.cluster_slots().await {
+                    tracing::debug!(error = %e, "CLUSTER SLOTS failed; renewing each lock alone");
+                }
+            });
+            Err(())
+        }
+    };
+    match slots {
         Ok(map) => {
             let mut by_node: HashMap<(String, u16), Vec<usize>> = HashMap::new();
             for (i, due) in batch.iter().enumerate() {
@@ -686,7 +722,8 @@ async fn renew_cluster(
                 }
             });
             let mut stale = false;
-            for (items, replies) in futures::future::join_all(sends).await {
+            let mut sends: futures::stream::FuturesUnordered<_> = sends.collect();
+            while let Some((items, replies)) = futures::StreamExt::next(&mut sends).await {
                 let replies = replies.map(|mut values| {
                     if let Some((n, _)) = synced {
                         let acked = values.pop().map(redis::from_redis_value::<i64>);
@@ -707,7 +744,7 @@ async fn renew_cluster(
                     Ok(values) if values.len() == items.len() => {
                         for (i, v) in items.into_iter().zip(values) {
                             match redis::from_redis_value::<RedisResult<i64>>(v) {
-                                Ok(Ok(n)) => out[i] = Ok(n),
+                                Ok(Ok(n)) => on_reply(i, Ok(n)),
                                 Ok(Err(e)) if needs_routing(&e) => {
                                     stale |= matches!(
                                         e.kind(),
@@ -717,10 +754,15 @@ async fn renew_cluster(
                                     );
                                     again.push(i);
                                 }
-                                Ok(Err(e)) => out[i] = Err(e.to_string()),
-                                Err(e) => out[i] = Err(e.to_string()),
+                                Ok(Err(e)) => on_reply(i, Err(e.to_string())),
+                                Err(e) => on_reply(i, Err(e.to_string())),
                             }
                         }
+                    }
+                    // A node that is only slow (a timeout) says nothing about the slot map:
+                    // refetching it could ask that very node and hold back the next tick.
+                    Err(e) if e.backend_kind() == Some(slate_core::BackendKind::Timeout) => {
+                        again.extend(items);
                     }
                     Ok(_) | Err(_) => {
                         stale = true;
@@ -732,13 +774,10 @@ async fn renew_cluster(
                 client.forget_cluster_slots();
             }
         }
-        Err(e) => {
-            tracing::debug!(error = %e, "CLUSTER SLOTS failed; renewing each lock alone");
-            again.extend(0..batch.len());
-        }
+        Err(()) => again.extend(0..batch.len()),
     }
     if again.is_empty() {
-        return out;
+        return;
     }
     let singles = again.iter().map(|&i| {
         let cmd = renew_cmd(&batch[i]);
@@ -773,10 +812,10 @@ async fn renew_cluster(
             (i, r)
         }
     });
-    for (i, r) in futures::future::join_all(singles).await {
-        out[i] = r.map_err(|e| e.to_string());
+    let mut singles: futures::stream::FuturesUnordered<_> = singles.collect();
+    while let Some((i, r)) = futures::StreamExt::next(&mut singles).await {
+        on_reply(i, r.map_err(|e| e.to_string()));
     }
-    out
 }
 
 /// Turns the successful renewals of a pipeline into failures when its trailing `WAIT`

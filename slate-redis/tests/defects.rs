@@ -431,3 +431,48 @@ async fn an_expiring_fence_goes_away_and_tokens_still_increase() {
     assert!(g.fencing_token().get() > third);
     g.unlock().await.unwrap();
 }
+
+/// The fair turn, deterministically (issue 33: the `grant-ignores-turn` mutant must fail a
+/// test every time, not when the timing happens to starve a process): process Q waits
+/// behind P through a link that stalls just before P releases, so the turn P hands to Q
+/// stays unclaimed for its reservation (1 s: twice P's spin wait). Meanwhile a third
+/// process's `try_lock` must be told busy: the free lock is Q's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_handed_to_a_stalled_process_is_kept_for_it() {
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).expect("proxy");
+    let (p, r) = (client(&server), client(&server));
+    let q = slate_redis::RedisClient::open(proxy.url()).unwrap();
+    let build = |c: &slate_redis::RedisClient| {
+        SingleLock::builder(c, "turn")
+            .lease(Duration::from_secs(10))
+            .spin_wait(Duration::from_millis(500))
+            .build()
+            .unwrap()
+    };
+    let (lp, lq, lr) = (build(&p), build(&q), build(&r));
+    let held = lp.lock().await.unwrap();
+    let waiter = tokio::spawn(async move { lq.lock().await.unwrap().unlock().await });
+    eventually(Duration::from_secs(5), "Q queued", || {
+        int(&server, &["ZCARD", "slate:{turn}:queue"]) == 1
+    })
+    .await;
+    proxy
+        .set_mode(Mode::Delay {
+            to_server: Duration::from_secs(2),
+            to_client: Duration::ZERO,
+        })
+        .unwrap();
+    held.unlock().await.unwrap();
+    let barged = lr.try_lock().await.unwrap();
+    let barged = barged.map(|g| g.holder());
+    proxy.set_mode(Mode::Pass).unwrap();
+    assert_eq!(
+        barged, None,
+        "a third process took the free lock reserved for Q's turn"
+    );
+    within(Duration::from_secs(10), "Q's turn", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -535,3 +535,58 @@ async fn d2_shared_grants_wait_for_the_replicas() {
         "the permits were given back: {sem_holders} fields"
     );
 }
+
+/// Defect 16: on a cluster, the renewal batch applied no answer until every node's pipeline
+/// (and every resend) had finished, so one slow node made the holds on the healthy nodes
+/// expire locally although their own node had renewed them in a millisecond. Here one
+/// client holds a lock on each of two masters; one master is paused for longer than the
+/// remaining validity. The hold on the other master must go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d16_a_paused_cluster_node_does_not_cost_another_nodes_hold() {
+    let cluster = ecosphere::cluster::RedisCluster::start(3, 0).expect("cluster");
+    let client = RedisClient::open_cluster(
+        cluster.urls(),
+        ClientOptions::builder()
+            .command_timeout(Duration::from_millis(900))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let master_of = |name: &str| {
+        let slot = cluster
+            .slot_of(format!("slate:{{{name}}}").as_bytes())
+            .expect("CLUSTER KEYSLOT");
+        cluster.master_of(slot).expect("the slot's master")
+    };
+    // Two names on different masters.
+    let a = "d16-a";
+    let b = (0..1000)
+        .map(|i| format!("d16-b{i}"))
+        .find(|n| master_of(n) != master_of(a))
+        .expect("a name on another master");
+    let build = |name: &str| {
+        SingleLock::builder(&client, name)
+            .lease(Duration::from_millis(1200))
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (build(a), build(&b));
+    let ga = la.lock().await.unwrap();
+    let gb = lb.lock().await.unwrap();
+    // B's master stops answering before the first renewal of the pair (0.6 s after them).
+    cluster
+        .node(master_of(&b))
+        .command(&["CLIENT", "PAUSE", "2500", "ALL"])
+        .unwrap();
+    let until = std::time::Instant::now() + Duration::from_millis(2200);
+    while std::time::Instant::now() < until {
+        assert!(
+            !ga.is_lost(),
+            "the hold on the healthy master was lost: {:?}",
+            ga.lease().loss_reason()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ga.unlock().await.unwrap();
+    drop(gb);
+}
