@@ -730,16 +730,16 @@ impl NodeSet {
             let h = node.health();
             let restarted = h.run_id.as_ref().is_some_and(|r| *r != info.run_id);
             // The data may have come from elsewhere since the last look: the replication id
-            // changed (a promotion, or A -> B -> A between two checks), or this is the first
-            // look at a master that was promoted since it started (a failover this process
-            // never witnessed). Issue 35, defect 8.
+            // changed (a promotion, or A -> B -> A between two checks). Issue 35, defect 8.
+            // Not `promoted` at a first contact: Redis also sets `master_replid2` on a master
+            // restarted from its RDB while it had replicas, which would quarantine healthy
+            // nodes at every process start (review finding).
             let replid_changed = h
                 .replication_id
                 .as_ref()
                 .zip(info.replication_id.as_ref())
                 .is_some_and(|(a, b)| a != b);
-            let unseen_promotion = h.run_id.is_none() && info.promoted;
-            (restarted, replid_changed || unseen_promotion)
+            (restarted, replid_changed)
         };
         let young = info.uptime < opts.quarantine;
         // A different run id on a server that has been up for a while is another server

@@ -759,11 +759,8 @@ async fn renew_cluster(
                             }
                         }
                     }
-                    // A node that is only slow (a timeout) says nothing about the slot map:
-                    // refetching it could ask that very node and hold back the next tick.
-                    Err(e) if e.backend_kind() == Some(slate_core::BackendKind::Timeout) => {
-                        again.extend(items);
-                    }
+                    // The map is read again in the background (a failed-over master keeps its
+                    // old address in it otherwise); this tick resends these alone.
                     Ok(_) | Err(_) => {
                         stale = true;
                         again.extend(items);

@@ -190,15 +190,17 @@ pub(crate) struct SharedCompetitor {
 /// last one to leave releases the hold in Redis. Exclusion is unchanged: Redis sees one
 /// reader for the process, and no writer, local or remote, is granted while it exists.
 ///
-/// Invariant (under the `reads` lock, issue 35 defect 1): a reader's levels through a hold
-/// are counted here, `of[reader].levels` = its shared depth in the synchronizer, and a hold's
-/// `levels` = the sum over its readers. Joining, re-entering and leaving each change both in
-/// one critical section, so two releases of one reader (a guard and its re-entry, unlocked at
-/// once) take one level each and exactly one of them is the hold's last.
+/// Invariant (under the `reads` lock, issue 35 defect 1): a reader's levels through shared
+/// holds are counted here, the sum of `of[reader]`'s levels = its shared depth in the
+/// synchronizer, and a hold's `levels` = the sum over its readers. Joining, re-entering and
+/// leaving each change both in one critical section, so two releases of one reader (a guard
+/// and its re-entry, unlocked at once) take one level each and exactly one of them is the
+/// hold's last. A reader may read through more than one hold (two first reads of one holder
+/// in flight at once each get one): its levels are kept per hold, never overwritten.
 #[derive(Default)]
 struct Reads {
-    /// Local reader → the Redis read hold it uses, and its levels through it.
-    of: HashMap<HolderId, Joined>,
+    /// Local reader → the Redis read holds it uses (the newest last), and its levels in each.
+    of: HashMap<HolderId, Vec<Joined>>,
     /// The Redis read holds and their local members.
     holds: HashMap<HolderId, ReadHold>,
     /// The hold new reads may join.
@@ -210,6 +212,14 @@ struct Reads {
 struct Joined {
     remote: HolderId,
     levels: u32,
+}
+
+/// One more level of a reader through `remote`.
+fn add_level(joined: &mut Vec<Joined>, remote: HolderId) {
+    match joined.iter_mut().find(|j| j.remote == remote) {
+        Some(j) => j.levels += 1,
+        None => joined.push(Joined { remote, levels: 1 }),
+    }
 }
 
 /// What releasing one read level of a reader through a shared hold did ([`SharedCompetitor::leave`]).
@@ -421,14 +431,17 @@ impl SharedCompetitor {
         h.levels += 1;
         h.joins += 1;
         let grant = h.grant(remote, 1);
-        let before = reads.of.insert(holder, Joined { remote, levels: 1 });
-        debug_assert!(before.is_none(), "a reader joins only without levels");
+        add_level(reads.of.entry(holder).or_default(), remote);
         Some(grant)
     }
 
     /// The shared read hold `holder` uses, if it reads through one.
     pub(crate) fn read_hold_of(&self, holder: HolderId) -> Option<HolderId> {
-        lock(&self.reads).of.get(&holder).map(|j| j.remote)
+        lock(&self.reads)
+            .of
+            .get(&holder)
+            .and_then(|joined| joined.last())
+            .map(|j| j.remote)
     }
 
     /// Takes one read level of `holder` off the shared hold it reads through, in one step
@@ -439,9 +452,16 @@ impl SharedCompetitor {
         let Some(joined) = reads.of.get_mut(&holder) else {
             return Left::NotJoined;
         };
-        let remote = joined.remote;
-        joined.levels = joined.levels.saturating_sub(1);
-        if joined.levels == 0 {
+        let Some(newest) = joined.last_mut() else {
+            reads.of.remove(&holder);
+            return Left::NotJoined;
+        };
+        let remote = newest.remote;
+        newest.levels = newest.levels.saturating_sub(1);
+        if newest.levels == 0 {
+            joined.pop();
+        }
+        if joined.is_empty() {
             reads.of.remove(&holder);
         }
         let last = reads.holds.get_mut(&remote).is_none_or(|h| {
@@ -467,13 +487,14 @@ impl SharedCompetitor {
             return Err(lost());
         }
         // Counted here, with the hold, in the same step as a concurrent release's (`leave`).
-        let levels = match reads.of.get_mut(&holder) {
-            Some(j) if j.remote == remote => {
-                j.levels += 1;
-                j.levels
-            }
-            _ => return Err(lost()),
+        let Some(joined) = reads.of.get_mut(&holder) else {
+            return Err(lost());
         };
+        let Some(j) = joined.iter_mut().find(|j| j.remote == remote) else {
+            return Err(lost());
+        };
+        j.levels += 1;
+        let levels = joined.iter().map(|j| j.levels).sum();
         let h = reads.holds.get_mut(&remote).ok_or_else(lost)?;
         h.levels += 1;
         Ok(Attempt::Acquired(h.grant(remote, levels)))
@@ -960,13 +981,7 @@ impl Competitor for SharedCompetitor {
                     watch,
                 },
             );
-            reads.of.insert(
-                holder,
-                Joined {
-                    remote: grant.remote,
-                    levels: 1,
-                },
-            );
+            add_level(reads.of.entry(holder).or_default(), grant.remote);
             reads.current = Some(grant.remote);
         }
     }

@@ -590,3 +590,33 @@ async fn d16_a_paused_cluster_node_does_not_cost_another_nodes_hold() {
     ga.unlock().await.unwrap();
     drop(gb);
 }
+
+/// Defect 1, second form (found by the adversarial review of the fix): two first reads of one
+/// holder in flight at once each got a Redis read hold of their own, and the second
+/// overwrote the first in the process's bookkeeping: the first hold was never released (and
+/// renewed for ever, so every writer stayed busy), and one of the unlocks answered *not
+/// held*. A reader's levels are now kept per hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d1_two_first_reads_of_one_holder_leave_no_read_hold() {
+    let server = server();
+    let client = client(&server);
+    let rw = slate_redis::RwLock::builder(&client, "d1b")
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let h = HolderId::new();
+    for round in 1..=20 {
+        let (a, b) = h.scope(async { tokio::join!(rw.read(), rw.read()) }).await;
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let answers = (a.unlock().await, b.unlock().await);
+        assert!(
+            answers.0.is_ok() && answers.1.is_ok(),
+            "round {round}: {answers:?}"
+        );
+        assert_eq!(
+            int(&server, &["EXISTS", "slate:{d1b}:rw"]),
+            0,
+            "round {round}: a Redis read hold was left behind"
+        );
+    }
+}

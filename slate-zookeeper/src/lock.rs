@@ -617,7 +617,9 @@ impl Competitor for ZkCompetitor {
                 keeper.lose(LossReason::DeadlineExpired);
                 return lost(LossReason::DeadlineExpired);
             }
-            keeper.extend(lease_deadline(sent, s.timeout));
+            // The check proves the znode is ours but, read from a follower, not that the
+            // leader has not expired the session: only the heartbeat, after a `sync` through
+            // the leader, moves the deadline (issue 35, defect 5; review finding).
             Ok(Attempt::Acquired(Grant {
                 path,
                 session,

@@ -37,9 +37,9 @@
 --          in a row without a round trip, each taking the next token of the block (lock
 --          cohorting; the holder id of such a hold is minted for it and never given to a
 --          caller, so no other process can name it). '' or absent: 1. With a turn (ARGV[3]
---          not ''), the block is cut to what is left of the tenure's row (a process that took
---          the lock 7 times in a row of a tenure of 8 may reserve 1 token, not 8), so that
---          passes never stretch a row past the tenure
+--          not '') while another process waits, the block is cut to what is left of the
+--          tenure's row (a process that took the lock 7 times in a row of a tenure of 8 may
+--          reserve 1 token, not 8), so that passes never stretch a row past the tenure
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the key was absent; created holder -> 1 with the lease and
@@ -141,8 +141,9 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
         redis.call('HSET', KEYS[4], 'o', pid, 'u', 0, 'n', tenure)
         redis.call('PEXPIRE', KEYS[4], ARGV[2])
     end
-    if block > 1 and pid ~= '' then
-        -- This acquisition is the row's `tenure`-th: reserve no more than the row has left.
+    if block > 1 and pid ~= '' and redis.call('ZCARD', KEYS[3]) > 0 then
+        -- Another process waits and this acquisition is the row's `tenure`-th: reserve no
+        -- more than the row has left. (Nobody else waiting, the row does not count.)
         block = math.max(1, math.min(block, tonumber(ARGV[4]) - tenure + 1))
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1)
