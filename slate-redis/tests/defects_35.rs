@@ -8,7 +8,31 @@ use std::time::Duration;
 
 use common::*;
 use ecosphere::proxy::{FaultProxy, Mode};
-use slate_redis::{ClientOptions, HolderId, RedisClient, SingleLock};
+use slate_redis::{ClientOptions, HolderId, RedisClient, RwLock, SingleLock};
+
+/// A client of `group`'s master that waits for its one replica's acknowledgement `within`.
+fn synced_sentinel_client(
+    group: &ecosphere::sentinel::SentinelGroup,
+    within: Duration,
+) -> RedisClient {
+    RedisClient::open_sentinel(
+        group.sentinel_urls(),
+        group.master_name(),
+        ClientOptions::builder()
+            .synced_replicas(1, within)
+            .build()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// A read-write lock `name` with a 10 s lease.
+fn rw_lock(client: &RedisClient, name: &str) -> RwLock {
+    RwLock::builder(client, name)
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
 
 /// Defect 9: with `fence_expiry`, the acquire script wrote its request record by
 /// concatenation, and a µs-scale token (the expiring fence starts from the server's clock)
@@ -108,15 +132,7 @@ async fn d9_a_retried_acquire_with_fence_expiry_is_not_an_extra_level() {
 async fn d15_a_renewal_retried_after_noscript_waits_for_the_replicas() {
     const LEASE: Duration = Duration::from_secs(1);
     let mut group = ecosphere::sentinel::SentinelGroup::start(1, 1).unwrap();
-    let client = RedisClient::open_sentinel(
-        group.sentinel_urls(),
-        group.master_name(),
-        ClientOptions::builder()
-            .synced_replicas(1, Duration::from_millis(100))
-            .build()
-            .unwrap(),
-    )
-    .unwrap();
+    let client = synced_sentinel_client(&group, Duration::from_millis(100));
     let lock = SingleLock::builder(&client, "d15")
         .lease(LEASE)
         .build()
@@ -156,10 +172,7 @@ async fn d15_a_renewal_retried_after_noscript_waits_for_the_replicas() {
 async fn d1_a_reader_and_its_reentry_unlocked_at_once_leave_no_read_hold() {
     let server = server();
     let client = client(&server);
-    let rw = slate_redis::RwLock::builder(&client, "d1")
-        .lease(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let rw = rw_lock(&client, "d1");
     let started = std::time::Instant::now();
     let mut rounds = 0;
     while rounds < 3000 && started.elapsed() < Duration::from_secs(30) {
@@ -286,12 +299,7 @@ async fn d10_passes_do_not_stretch_the_tenure() {
 async fn d11_a_try_read_does_not_pass_its_own_processs_queued_writer() {
     let server = server();
     let (p, q) = (client(&server), client(&server));
-    let build = |c: &RedisClient| {
-        slate_redis::RwLock::builder(c, "d11")
-            .lease(Duration::from_secs(10))
-            .build()
-            .unwrap()
-    };
+    let build = |c: &RedisClient| rw_lock(c, "d11");
     let (lp, lq) = (build(&p), build(&q));
     let q_read = lq.read().await.unwrap();
     let writer = tokio::spawn({
@@ -478,19 +486,8 @@ async fn d14_a_server_that_evicts_lock_keys_is_refused_when_asked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn d2_shared_grants_wait_for_the_replicas() {
     let mut group = ecosphere::sentinel::SentinelGroup::start(1, 1).unwrap();
-    let client = RedisClient::open_sentinel(
-        group.sentinel_urls(),
-        group.master_name(),
-        ClientOptions::builder()
-            .synced_replicas(1, Duration::from_millis(300))
-            .build()
-            .unwrap(),
-    )
-    .unwrap();
-    let rw = slate_redis::RwLock::builder(&client, "d2")
-        .lease(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let client = synced_sentinel_client(&group, Duration::from_millis(300));
+    let rw = rw_lock(&client, "d2");
     let sem = slate_redis::Semaphore::builder(&client, "d2", 2)
         .lease(Duration::from_secs(10))
         .build()
@@ -600,10 +597,7 @@ async fn d16_a_paused_cluster_node_does_not_cost_another_nodes_hold() {
 async fn d1_two_first_reads_of_one_holder_leave_no_read_hold() {
     let server = server();
     let client = client(&server);
-    let rw = slate_redis::RwLock::builder(&client, "d1b")
-        .lease(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let rw = rw_lock(&client, "d1b");
     let h = HolderId::new();
     for round in 1..=20 {
         let (a, b) = h.scope(async { tokio::join!(rw.read(), rw.read()) }).await;

@@ -570,6 +570,18 @@ impl Ctx {
         self.log(task).record(kind).map_err(recording)
     }
 
+    /// Records that `held`'s lease was lost, and why.
+    fn record_lost(&self, task: u64, held: &Held, reason: LossReason) -> Res<()> {
+        self.record(
+            task,
+            EventKind::Lost {
+                holder: held.holder.clone(),
+                reason: reason.to_string(),
+            },
+        )
+        .map(drop)
+    }
+
     /// Task `task`'s log of the lock's calls (shared with `slate demo`'s worker).
     fn log(&self, task: u64) -> Log<'_> {
         Log::new(&self.rec, &self.args.lock, task)
@@ -856,13 +868,7 @@ async fn contend_task(ctx: &Ctx, task: u64) -> Res<u64> {
         };
         let op = ctx.resource_op(task, &mut held, Some(&guard)).await;
         if let Some(reason) = guard.lease().loss_reason() {
-            ctx.record(
-                task,
-                EventKind::Lost {
-                    holder: held.holder.clone(),
-                    reason: reason.to_string(),
-                },
-            )?;
+            ctx.record_lost(task, &held, reason)?;
         }
         let released = ctx.release(task, &mut held, guard).await?;
         op?;
@@ -964,13 +970,7 @@ async fn hold(ctx: &Ctx) -> Res<()> {
         }
     };
     if let Some(reason) = lost {
-        ctx.record(
-            0,
-            EventKind::Lost {
-                holder: held.holder.clone(),
-                reason: reason.to_string(),
-            },
-        )?;
+        ctx.record_lost(0, &held, reason)?;
         say(&format!("LOST {}", reason_code(reason)))?;
         if ctx.args.late_write
             && let Some(f) = &ctx.fenced
@@ -1020,13 +1020,7 @@ async fn hold_for(ctx: &Ctx, held: &mut Held, guard: &SingleLockGuard, d: Durati
     let end = (Instant::now() + d).min(ctx.deadline);
     while Instant::now() < end {
         if let Some(reason) = guard.lease().loss_reason() {
-            ctx.record(
-                0,
-                EventKind::Lost {
-                    holder: held.holder.clone(),
-                    reason: reason.to_string(),
-                },
-            )?;
+            ctx.record_lost(0, held, reason)?;
             return Err(format!("lease lost while holding: {reason}"));
         }
         if ctx.resource.is_some() {
@@ -1294,13 +1288,7 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
         guard.lease().loss_reason()
     };
     if let Some(reason) = lost {
-        ctx.record(
-            task,
-            EventKind::Lost {
-                holder: held.holder.clone(),
-                reason: reason.to_string(),
-            },
-        )?;
+        ctx.record_lost(task, &held, reason)?;
     }
     match ctx.release(task, &mut held, guard).await? {
         Released::Ok(0) => Ok(WaitOutcome::Acquired),
