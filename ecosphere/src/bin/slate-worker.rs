@@ -15,7 +15,8 @@
 //!     [--hold-ms MS] [--step-ms MS] [--budget-ms MS] [--linger-ms MS] [--go-file PATH]
 //!     [--counter-key KEY] [--unsafe-skip-lock] [--fenced-key KEY [--late-write]]
 //!     [--unlock-file PATH] [--burn-threads N]
-//!     [--redis-url URL ...] [--node-op-ms MS] [--reprobe-ms MS] [--order sequential|pipelined]
+//!     [--redis-url URL ...] [--node-op-ms MS] [--reprobe-ms MS] [--quarantine-ms MS]
+//!     [--order sequential|pipelined] [--stop-file PATH] [--tolerate-errors]
 //! ```
 //!
 //! A **resource operation** is GET then SET+1 of the counter `--counter-key` on the resource
@@ -35,8 +36,10 @@
 //! that file exists and print `GO`; all print `STATS renewals=R subscriptions=S
 //! local_waiters=W` last):
 //!
-//! - `contend`: `--tasks` tasks, each `--iterations` times: `lock()`, GET then SET+1 of the
-//!   counter on the resource server, `unlock()`. Prints `DONE acquisitions=N`.
+//! - `contend`: `--tasks` tasks, each `--iterations` times (or until `--stop-file PATH`
+//!   exists): `lock()`, GET then SET+1 of the counter on the resource server, `unlock()`.
+//!   Prints `DONE acquisitions=N`. With `--tolerate-errors`, a failed acquisition is retried
+//!   and a release that fails, or finds the lease already lost, is not an error.
 //!   `--unsafe-skip-lock` skips the lock (negative control) and logs made-up holders.
 //! - `hold`: acquires once (a lock error ends the mode with `ACQUIRE error <message>`, logged
 //!   as `acq_info`), prints `HOLDING <holder> <token>`, does a resource operation every
@@ -223,6 +226,10 @@ struct Args {
     /// Combination lock: re-probe interval of an unavailable node (library default if absent).
     #[arg(long)]
     reprobe_ms: Option<u64>,
+    /// Combination lock: quarantine of a restarted server (library default if absent; at
+    /// least the lease).
+    #[arg(long)]
+    quarantine_ms: Option<u64>,
     /// Combination lock: acquisition order.
     #[arg(long, value_enum, default_value_t = CombOrder::Sequential)]
     order: CombOrder,
@@ -312,6 +319,11 @@ struct Args {
     /// leaving nothing to cancel.
     #[arg(long)]
     cancel_unlock: bool,
+    /// `contend`: once this file exists, every task finishes the iteration it is in and
+    /// starts no other (the run then lasts as long as the scenario's faults, not a count of
+    /// iterations); `DONE` reports the acquisitions made.
+    #[arg(long)]
+    stop_file: Option<PathBuf>,
     /// Single lock, `contend`: every acquisition names a fresh holder (`lock_as`), so that
     /// every lock and unlock goes to Redis (no local passes between the tasks, issue 14): for
     /// scenarios about what happens to the remote calls themselves.
@@ -843,7 +855,7 @@ async fn contend(ctx: &Arc<Ctx>) -> Res<()> {
 async fn contend_task(ctx: &Ctx, task: u64) -> Res<u64> {
     let mut done = 0;
     let mut i = 0;
-    while done < ctx.args.iterations {
+    while done < ctx.args.iterations && !stop_requested(&ctx.args) {
         if Instant::now() >= ctx.deadline {
             return Err(format!("max duration reached after {done} iterations"));
         }
@@ -874,6 +886,8 @@ async fn contend_task(ctx: &Ctx, task: u64) -> Res<u64> {
         op?;
         match released {
             Released::Ok(0) => {}
+            // The lease ended while held (a loss, recorded): the release finds nothing.
+            Released::NotHeld if ctx.args.tolerate_errors => {}
             Released::Error(e) if ctx.args.tolerate_errors => {
                 eprintln!(
                     "slate-worker {}: release failed (the lease ends it): {e}",
@@ -886,6 +900,11 @@ async fn contend_task(ctx: &Ctx, task: u64) -> Res<u64> {
         done += 1;
     }
     Ok(done)
+}
+
+/// Whether `--stop-file` exists (contend then starts no further iteration).
+fn stop_requested(args: &Args) -> bool {
+    args.stop_file.as_ref().is_some_and(|f| f.exists())
 }
 
 /// One iteration of the negative control: no lock at all, a made-up holder and token.
@@ -1386,6 +1405,9 @@ mod generic {
         if let Some(ms) = args.reprobe_ms {
             opts = opts.reprobe_interval(Duration::from_millis(ms));
         }
+        if let Some(ms) = args.quarantine_ms {
+            opts = opts.quarantine(Duration::from_millis(ms));
+        }
         let nodes = opts
             .build()
             .and_then(|opts| NodeSet::connect(&args.redis_url, opts))
@@ -1556,6 +1578,9 @@ mod generic {
     async fn contend_task<L: Driven>(ctx: &Comb<L>, task: u64) -> Res<u64> {
         let mut done = 0;
         for _ in 0..ctx.args.iterations {
+            if super::stop_requested(&ctx.args) {
+                break;
+            }
             if Instant::now() >= ctx.deadline {
                 return Err(format!("max duration reached after {done} iterations"));
             }
@@ -2076,6 +2101,9 @@ mod shared {
                 let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (u64::from(sh.args.proc) << 32) ^ task;
                 let mut done = 0;
                 for _ in 0..sh.args.iterations {
+                    if super::stop_requested(&sh.args) {
+                        break;
+                    }
                     let write = sh.writes_next(&mut rng);
                     let (guard, mut held) = match sh.acquire(task, write).await {
                         Ok(acquired) => acquired,
@@ -2094,6 +2122,8 @@ mod shared {
                     done += 1;
                     match released {
                         Released::Ok(_) => {}
+                        // The lease ended while held (a loss, recorded): nothing to release.
+                        Released::NotHeld if sh.args.tolerate_errors => {}
                         Released::Error(e) if sh.args.tolerate_errors => {
                             eprintln!("slate-worker {}: release: {e}; going on", sh.args.proc);
                         }
