@@ -293,8 +293,17 @@ impl Topology for Cluster {
             }
             Fault::Failover => {
                 let replica = self.cluster.replicas_of(master).expect("replicas")[0];
-                self.cluster.manual_failover(replica).expect("failover");
-                format!("master {master} failed over to {replica}")
+                // A replica demoted by the previous handover may still be syncing and refuse
+                // or delay this one: that is the cluster's business, not the lock's.
+                match self.cluster.manual_failover(replica) {
+                    Ok(()) => format!("master {master} failed over to {replica}"),
+                    Err(e) => {
+                        self.cluster
+                            .wait_healthy(Duration::from_secs(30))
+                            .expect("cluster healthy again");
+                        format!("failover of {master} to {replica} did not finish: {e}")
+                    }
+                }
             }
             other => unreachable!("{other:?} is not a cluster fault"),
         }

@@ -150,6 +150,10 @@ pub struct NodeStatus {
     pub slot: Option<u16>,
     /// On a cluster: the master serving that slot (`host:port`).
     pub owner: Option<String>,
+    /// The server's `maxmemory-policy` when it can evict lock keys (anything but
+    /// `noeviction`: every lock key has a TTL, so a held lock can vanish); `null` otherwise,
+    /// or when it could not be read.
+    pub eviction_policy: Option<String>,
 }
 
 /// One holder on one node.
@@ -171,12 +175,19 @@ fn quorum(n: usize) -> usize {
 }
 
 /// What one node answered: its address, its entries, and (cluster) the slot and its owner.
-type Answer = (String, Result<NodeEntries, Error>, Option<(u16, String)>);
+/// A node's address, its entries, its cluster location, and its eviction policy when that
+/// can evict lock keys.
+type Answer = (
+    String,
+    Result<NodeEntries, Error>,
+    Option<(u16, String)>,
+    Option<String>,
+);
 
 async fn inspect(url: &str, keys: &NodeKeys) -> Answer {
     match RedisClient::open(url) {
         Ok(client) => inspect_client(&client, keys).await,
-        Err(e) => (crate::target::display_address(url), Err(e), None),
+        Err(e) => (crate::target::display_address(url), Err(e), None, None),
     }
 }
 
@@ -189,9 +200,16 @@ async fn inspect_client(client: &RedisClient, keys: &NodeKeys) -> Answer {
     .await
     {
         Ok(Ok(l)) => l,
-        Ok(Err(e)) => return (address, Err(e), None),
+        Ok(Err(e)) => return (address, Err(e), None, None),
         Err(_) => None,
     };
+    // Issue 35, defect 14: a policy that evicts keys can drop held locks (they all have a TTL).
+    let evicting = tokio::time::timeout(INSPECT_BUDGET, client.eviction_policy())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten()
+        .filter(|p| !p.eq_ignore_ascii_case("noeviction"));
     let result = match tokio::time::timeout(INSPECT_BUDGET, client.node_inspect(keys)).await {
         Ok(r) => r,
         Err(_) => Err(Error::backend(
@@ -201,7 +219,7 @@ async fn inspect_client(client: &RedisClient, keys: &NodeKeys) -> Answer {
             None,
         )),
     };
-    (address, result, location)
+    (address, result, location, evicting)
 }
 
 /// Reads the lock's state on every node (concurrently).
@@ -273,11 +291,12 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
         .into_iter()
         .enumerate()
         .map(|(index, answer)| match answer {
-            Some((address, Ok(e), location)) => NodeStatus {
+            Some((address, Ok(e), location, evicting)) => NodeStatus {
                 index,
                 address,
                 ok: true,
                 error: None,
+                eviction_policy: evicting,
                 slot: location.as_ref().map(|l| l.0),
                 owner: location.map(|l| l.1),
                 holders: e
@@ -298,11 +317,12 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
                     .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 fence: e.fence,
             },
-            Some((address, Err(e), _)) => NodeStatus {
+            Some((address, Err(e), _, _)) => NodeStatus {
                 index,
                 address,
                 ok: false,
                 error: Some(e.to_string()),
+                eviction_policy: None,
                 holders: Vec::new(),
                 ttl_ms: None,
                 fence: 0,
@@ -314,6 +334,7 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
                 address: crate::target::display_address(&urls[index]),
                 ok: false,
                 error: Some("the inspection task failed".to_owned()),
+                eviction_policy: None,
                 holders: Vec::new(),
                 ttl_ms: None,
                 fence: 0,
@@ -443,6 +464,16 @@ pub fn render(report: &StatusReport) -> String {
         .collect();
     let header = ["node", "address", "holder", "count", "ttl", "fence"].map(str::to_owned);
     out.push_str(&table(&header, &rows));
+    for node in &report.nodes {
+        if let Some(policy) = &node.eviction_policy {
+            out.push_str(&format!(
+                "warning: node {} ({}) has maxmemory-policy {policy}: at maxmemory it evicts \
+                 keys, and every lock key has a TTL, so a held lock can vanish and be granted \
+                 again. Fix: CONFIG SET maxmemory-policy noeviction (and in its configuration)\n",
+                node.index, node.address
+            ));
+        }
+    }
     if let Some(rw) = report.read_write.as_ref().filter(|r| !r.holders.is_empty()) {
         let who = match rw.mode {
             "write" => "written by".to_owned(),
@@ -697,6 +728,7 @@ mod tests {
             fence: 9,
             slot: None,
             owner: None,
+            eviction_policy: None,
         };
         let report = |passed_to: Option<&str>| StatusReport {
             lock: "a".to_owned(),

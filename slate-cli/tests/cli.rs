@@ -1153,3 +1153,31 @@ fn permits_of_a_semaphore_bound_the_jobs() {
     );
     let _ = stuck.finish();
 }
+
+/// Issue 35, defect 14: `slate status` names a server whose eviction policy can drop held
+/// locks, with the fix; a `noeviction` server gets no warning.
+#[test]
+fn status_warns_about_a_server_that_can_evict_lock_keys() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let table = text(&output(&["status", "evict", "--redis", &url]).stdout);
+    assert!(!table.contains("maxmemory-policy"), "{table}");
+    let mut con = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connection");
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("volatile-lru")
+        .query::<()>(&mut con)
+        .expect("CONFIG SET");
+    let table = text(&output(&["status", "evict", "--redis", &url]).stdout);
+    assert!(
+        table.contains("warning: node 0")
+            && table.contains("maxmemory-policy volatile-lru")
+            && table.contains("CONFIG SET maxmemory-policy noeviction"),
+        "{table}"
+    );
+    let v = status_json(&[&url], "evict");
+    assert_eq!(v["nodes"][0]["eviction_policy"], "volatile-lru");
+}

@@ -1038,6 +1038,39 @@ impl RedisClient {
         .await
     }
 
+    /// The server's `maxmemory-policy` (read with `INFO memory`; on a cluster, an evicting
+    /// node's policy if any node evicts). Anything but `noeviction` can evict lock keys, which
+    /// all carry a TTL, and so give a held lock to another holder (issue 35, defect 14).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// if let Some(policy) = client.eviction_policy().await? {
+    ///     assert_eq!(policy, "noeviction", "this server may evict held locks");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures, classified by kind (`Permission` when the user lacks `INFO`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn eviction_policy(&self) -> Result<Option<String>> {
+        self.exec("INFO memory", |mut c| async move {
+            redis::cmd("INFO")
+                .arg("memory")
+                .query_async::<redis::Value>(&mut c)
+                .await
+        })
+        .await
+        .map(|v| eviction_policy_of(&v))
+    }
+
     /// Checks that the deployment is the one this client was opened for, and names the fix
     /// when it is not: a standalone client pointed at a Redis Cluster node (it would only
     /// reach the keys of that node's slots) or at a Sentinel (which holds no data).
@@ -1384,17 +1417,7 @@ impl RedisClient {
         let reply: RedisResult<redis::Value> =
             redis::cmd("INFO").arg("memory").query_async(conn).await;
         let policy = match reply {
-            Ok(v) => {
-                let mut text = String::new();
-                collect_text(&v, &mut text);
-                let mut policies = text
-                    .lines()
-                    .filter_map(|l| l.trim().strip_prefix("maxmemory_policy:"))
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>();
-                policies.sort_by_key(|p| p.eq_ignore_ascii_case("noeviction"));
-                policies.into_iter().next()
-            }
+            Ok(v) => eviction_policy_of(&v),
             Err(e) => {
                 if strict {
                     tracing::warn!(node = %address, error = %e,
@@ -1732,6 +1755,20 @@ fn collect_text(v: &redis::Value, out: &mut String) {
         _ => {}
     }
     out.push('\n');
+}
+
+/// The `maxmemory_policy` of an `INFO memory` reply (on a cluster, of several nodes: an
+/// evicting one first).
+fn eviction_policy_of(v: &redis::Value) -> Option<String> {
+    let mut text = String::new();
+    collect_text(v, &mut text);
+    let mut policies = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("maxmemory_policy:"))
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    policies.sort_by_key(|p| p.eq_ignore_ascii_case("noeviction"));
+    policies.into_iter().next()
 }
 
 #[cfg(test)]

@@ -89,6 +89,23 @@ fn by_slot(channels: &[Arc<[u8]>]) -> Vec<Vec<&[u8]>> {
 }
 
 impl Sink {
+    /// Whether a failed (un)subscription means the connection itself is gone. A server's
+    /// refusal (a channel the ACL user may not use, issue 35 defect 17) concerns only the
+    /// channels asked for; on a cluster, a node that cannot be reached concerns only the
+    /// channels of its slots (the cluster connection reconnects its nodes by itself, and the
+    /// keepalive catches a connection that is gone as a whole).
+    fn broken_by(&self, e: &redis::RedisError) -> bool {
+        match self {
+            Sink::Server(_) => {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_unrecoverable_error()
+            }
+            Sink::Cluster(_) => false,
+        }
+    }
+
     async fn subscribe(&mut self, channels: &[Arc<[u8]>]) -> RedisResult<()> {
         self.change(channels, true).await
     }
@@ -349,6 +366,7 @@ impl Notifier {
                 lingering: HashMap::new(),
                 lost: HashSet::new(),
                 refusal_reported: false,
+                one_by_one: Vec::new(),
             };
             rc.spawn(listener.run(receiver));
             *tx = Some(sender);
@@ -395,6 +413,9 @@ struct Listener {
     lost: HashSet<Arc<[u8]>>,
     /// Whether a refused subscription was already reported (once per listener).
     refusal_reported: bool,
+    /// Channels the connection's first `SUBSCRIBE` was refused for: each is asked alone next,
+    /// so that one refused channel does not keep the others unsubscribed.
+    one_by_one: Vec<Arc<[u8]>>,
 }
 
 impl Listener {
@@ -410,7 +431,7 @@ impl Listener {
                      the ACL user +subscribe +unsubscribe and the channels (e.g. &slate:*)");
             }
         } else {
-            tracing::debug!(error = %e, "SUBSCRIBE failed; reconnecting");
+            tracing::debug!(error = %e, "SUBSCRIBE failed");
         }
     }
 
@@ -423,8 +444,8 @@ impl Listener {
         let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
         let mut backoff = BACKOFF_MIN;
         let mut retry_at: Option<Instant> = None;
-        // Subscribe requests waiting for a connection.
-        let mut waiting: Vec<oneshot::Sender<bool>> = Vec::new();
+        // Subscribe requests waiting for a connection, by channel.
+        let mut waiting: Vec<(Arc<[u8]>, oneshot::Sender<bool>)> = Vec::new();
         // When the connection is checked next: KEEPALIVE after the last sign of life from the
         // server (connection, a message, a confirmation, a PING sent). Local requests do not
         // move it, so that waiters coming and going cannot keep a half-open connection
@@ -445,10 +466,25 @@ impl Listener {
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
                 }
-                // Whoever waited for this connection learns whether it is up.
-                let up = stream.is_some();
-                for reply in waiting.drain(..) {
-                    let _ = reply.send(up);
+                // Channels refused in the first SUBSCRIBE are asked one by one; whoever
+                // waits for one of them learns that subscription's outcome.
+                for channel in std::mem::take(&mut self.one_by_one) {
+                    if lock(&self.state).channels.contains_key(&channel)
+                        && !self.inflight.contains_key(&channel)
+                    {
+                        self.inflight.insert(channel.clone(), Vec::new());
+                        if let Some(fut) = self.subscribe_outstanding(vec![channel], Vec::new()) {
+                            pending.push(fut);
+                        }
+                    }
+                }
+                // Whoever waited for this connection learns whether its channel is subscribed.
+                for (channel, reply) in waiting.drain(..) {
+                    if let Some(w) = self.inflight.get_mut(&channel) {
+                        w.push(reply);
+                    } else {
+                        let _ = reply.send(stream.is_some() && self.subscribed.contains(&channel));
+                    }
                 }
             }
             let connected = stream.is_some();
@@ -492,11 +528,11 @@ impl Listener {
                         // The next turn of the loop connects and subscribes every wanted
                         // channel in one command; replies wait for that.
                         for cmd in batch {
-                            if let Command::Subscribe(_, reply) = cmd {
+                            if let Command::Subscribe(channel, reply) = cmd {
                                 if retry_at.is_some_and(|t| Instant::now() < t) {
                                     let _ = reply.send(false);
                                 } else {
-                                    waiting.push(reply);
+                                    waiting.push((channel, reply));
                                 }
                             }
                         }
@@ -530,7 +566,7 @@ impl Listener {
                     Event::Other => {}
                 },
                 Some((generation, outcome)) = outcome => {
-                    if generation == self.generation && !self.finish(outcome) {
+                    if generation == self.generation && !self.finish(outcome, &mut pending) {
                         stream = None;
                         self.down();
                         retry_at = Some(Instant::now() + backoff);
@@ -581,9 +617,16 @@ impl Listener {
                     }
                 }
                 Command::Unsubscribe(channel) => {
-                    if self.subscribed.contains(&channel)
-                        && !lock(&self.state).channels.contains_key(&channel)
-                    {
+                    if lock(&self.state).channels.contains_key(&channel) {
+                        continue;
+                    }
+                    // (Cluster) a channel lost with its node stays in the cluster
+                    // connection's subscriptions, which it restores on reconnection: it is
+                    // unsubscribed like any other (issue 35, defect 17: `lost` grew for ever).
+                    if let Some(c) = self.lost.take(&channel) {
+                        self.subscribed.insert(c);
+                    }
+                    if self.subscribed.contains(&channel) {
                         self.lingering.insert(channel, now + LINGER);
                     }
                 }
@@ -635,8 +678,12 @@ impl Listener {
         }
     }
 
-    /// Applies an outcome of the current connection; `false`: the connection failed.
-    fn finish(&mut self, outcome: Outcome) -> bool {
+    /// Applies an outcome of the current connection; `false`: the connection failed. A
+    /// subscription the server refused (or, on a cluster, one whose node is out of reach)
+    /// fails only its channels: several channels refused together are asked again one by one
+    /// (outstanding futures pushed to `pending`), since one refused channel refuses the whole
+    /// command.
+    fn finish(&mut self, outcome: Outcome, pending: &mut FuturesUnordered<Pending>) -> bool {
         match outcome {
             Outcome::Subscribed {
                 channels,
@@ -647,6 +694,17 @@ impl Listener {
                     Ok(()) => true,
                     Err(e) => {
                         self.subscribe_failed(&e);
+                        if self.sink.as_ref().is_none_or(|s| s.broken_by(&e)) {
+                            // The connection failed: `down` answers everyone.
+                            for reply in replies {
+                                let _ = reply.send(false);
+                            }
+                            return false;
+                        }
+                        if channels.len() > 1 {
+                            self.one_by_one_again(channels, replies, pending);
+                            return true;
+                        }
                         false
                     }
                 };
@@ -668,7 +726,9 @@ impl Listener {
                 for reply in replies {
                     let _ = reply.send(ok);
                 }
-                ok
+                // A refused channel stays wanted: its waiters use the spin wait, and their
+                // next wait asks for it again. The connection serves the others.
+                true
             }
             Outcome::Done(ok) => {
                 if !ok {
@@ -676,6 +736,31 @@ impl Listener {
                 }
                 ok
             }
+        }
+    }
+
+    /// Subscribes each of `channels` (refused together) alone; `replies` (one per channel, in
+    /// order, when the batch came from requests) wait for their own channel's outcome.
+    fn one_by_one_again(
+        &mut self,
+        channels: Vec<Arc<[u8]>>,
+        replies: Vec<oneshot::Sender<bool>>,
+        pending: &mut FuturesUnordered<Pending>,
+    ) {
+        let paired = replies.len() == channels.len();
+        let mut replies = replies.into_iter();
+        for channel in channels {
+            let mut waiting = self.inflight.remove(&channel).unwrap_or_default();
+            if paired && let Some(reply) = replies.next() {
+                waiting.push(reply);
+            }
+            self.inflight.insert(channel.clone(), waiting);
+            if let Some(fut) = self.subscribe_outstanding(vec![channel], Vec::new()) {
+                pending.push(fut);
+            }
+        }
+        for reply in replies {
+            let _ = reply.send(false);
         }
     }
 
@@ -738,13 +823,18 @@ impl Listener {
                 return None;
             }
         };
-        let channels: Vec<Arc<[u8]>> = lock(&self.state).channels.keys().cloned().collect();
+        let mut channels: Vec<Arc<[u8]>> = lock(&self.state).channels.keys().cloned().collect();
         if !channels.is_empty() {
             match tokio::time::timeout(self.command_timeout, sink.subscribe(&channels)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     self.subscribe_failed(&e);
-                    return None;
+                    if sink.broken_by(&e) {
+                        return None;
+                    }
+                    // Refused (or a cluster node out of reach): the connection is good; each
+                    // channel is asked alone once it is up.
+                    self.one_by_one = std::mem::take(&mut channels);
                 }
                 Err(_) => return None,
             }
@@ -833,9 +923,17 @@ impl Listener {
                 ch.target.clone()
             })
         };
-        if let Some(t) = target.and_then(|t| t.upgrade()) {
-            self.subscribed.insert(channel);
-            t.released();
+        self.subscribed.insert(channel.clone());
+        match target {
+            Some(t) => {
+                if let Some(t) = t.upgrade() {
+                    t.released();
+                }
+            }
+            // No longer wanted: unsubscribed after the linger, like any other.
+            None => {
+                self.lingering.insert(channel, Instant::now() + LINGER);
+            }
         }
     }
 

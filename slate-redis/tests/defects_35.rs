@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use ecosphere::proxy::{FaultProxy, Mode};
+use ecosphere::server::RedisServer;
 use slate_redis::{ClientOptions, HolderId, RedisClient, RwLock, SingleLock};
 
 /// A client of `group`'s master that waits for its one replica's acknowledgement `within`.
@@ -613,4 +614,74 @@ async fn d1_two_first_reads_of_one_holder_leave_no_read_hold() {
             "round {round}: a Redis read hold was left behind"
         );
     }
+}
+
+/// Defect 17, second form: one refused `SUBSCRIBE` (a lock whose release channel the ACL user
+/// may not use) tore the shared pub/sub connection down, and every reconnection asked for all
+/// wanted channels in one command, refused again: every other lock of the client lost its
+/// release notifications and woke only on its spin wait. A refusal now fails only its own
+/// channel; several refused together are asked again one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d17_a_refused_channel_does_not_silence_the_other_locks() {
+    let server = RedisServer::builder()
+        .acl_user("narrow", "n4rrow", "~slate:* &slate:{open}* +@all")
+        .start()
+        .expect("redis-server");
+    let holder = client(&server);
+    let ga = lock(&holder, "open", Duration::from_secs(30))
+        .lock()
+        .await
+        .unwrap();
+    let gb = lock(&holder, "closed", Duration::from_secs(30))
+        .lock()
+        .await
+        .unwrap();
+    let narrow = RedisClient::open(server.url_for_user("narrow", "n4rrow")).unwrap();
+    let spin = Duration::from_secs(30);
+    let build = |name: &str| {
+        SingleLock::builder(&narrow, name)
+            .lease(Duration::from_secs(30))
+            .spin_wait(spin)
+            .build()
+            .unwrap()
+    };
+    let (open, closed) = (build("open"), build("closed"));
+    // First the refused channel: its waiter asks for it and is refused.
+    let wait_closed = tokio::spawn(async move { closed.lock().await });
+    eventually(Duration::from_secs(5), "the refusal in the ACL log", || {
+        let log: Vec<redis::Value> =
+            redis::from_redis_value(server.command(&["ACL", "LOG"]).unwrap()).unwrap();
+        !log.is_empty()
+    })
+    .await;
+    // Then a lock whose channel is allowed: it must be subscribed, and woken by the release.
+    let wait_open = tokio::spawn(async move { open.lock().await });
+    eventually(
+        Duration::from_secs(5),
+        "the allowed channel subscribed",
+        || {
+            let v: Vec<redis::Value> = redis::from_redis_value(
+                server
+                    .command(&["PUBSUB", "NUMSUB", "slate:{open}:released"])
+                    .unwrap(),
+            )
+            .unwrap();
+            redis::from_redis_value::<i64>(v[1].clone()).unwrap() == 1
+        },
+    )
+    .await;
+    let released = std::time::Instant::now();
+    ga.unlock().await.unwrap();
+    let g = within(Duration::from_secs(5), "the woken waiter", wait_open)
+        .await
+        .unwrap()
+        .unwrap();
+    let woke = released.elapsed();
+    assert!(
+        woke < spin / 2,
+        "the waiter woke {woke:?} after the release: by its spin wait, not a notification"
+    );
+    g.unlock().await.unwrap();
+    wait_closed.abort();
+    drop(gb);
 }

@@ -509,13 +509,20 @@ fn incr_outcome(counted: &Res<()>) -> String {
     }
 }
 
-/// Opens a multiplexed connection, bounded by 5 s.
+/// Opens a multiplexed connection, bounded by 5 s, whose replies may take 10 s: a worker
+/// stopped (SIGSTOP) while a command is on its way must not find its own timer expired
+/// before it reads the reply that came meanwhile (the resource server is never faulted).
 async fn connect(url: &str) -> Res<MultiplexedConnection> {
     let c = redis::Client::open(url).map_err(|e| format!("{url}: {e}"))?;
-    tokio::time::timeout(Duration::from_secs(5), c.get_multiplexed_async_connection())
-        .await
-        .map_err(|_| format!("{url}: connect timed out"))?
-        .map_err(|e| format!("{url}: {e}"))
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        c.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .map_err(|_| format!("{url}: connect timed out"))?
+    .map_err(|e| format!("{url}: {e}"))
 }
 
 fn main() -> ExitCode {
