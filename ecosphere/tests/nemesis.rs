@@ -292,7 +292,12 @@ impl Topology for Cluster {
                 format!("slot {slot} migrated from {master} to {to}")
             }
             Fault::Failover => {
-                let replica = self.cluster.replicas_of(master).expect("replicas")[0];
+                let Some(&replica) = self.cluster.replicas_of(master).expect("replicas").first()
+                else {
+                    return format!(
+                        "no failover: master {master} has no replica yet (a handover settling)"
+                    );
+                };
                 // A replica demoted by the previous handover may still be syncing and refuse
                 // or delay this one: that is the cluster's business, not the lock's.
                 match self.cluster.manual_failover(replica) {
