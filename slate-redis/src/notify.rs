@@ -623,10 +623,9 @@ impl Listener {
                     // (Cluster) a channel lost with its node stays in the cluster
                     // connection's subscriptions, which it restores on reconnection: it is
                     // unsubscribed like any other (issue 35, defect 17: `lost` grew for ever).
-                    if let Some(c) = self.lost.take(&channel) {
-                        self.subscribed.insert(c);
-                    }
-                    if self.subscribed.contains(&channel) {
+                    // It stays in `lost` (not confirmed) until unsubscribed: wanted again
+                    // meanwhile, it is subscribed again for real.
+                    if self.subscribed.contains(&channel) || self.lost.contains(&channel) {
                         self.lingering.insert(channel, now + LINGER);
                     }
                 }
@@ -786,15 +785,18 @@ impl Listener {
         }
         for c in &gone {
             self.subscribed.remove(c);
+            self.lost.remove(c);
         }
         let mut sink = self.sink.clone()?;
+        // On a cluster a failed unsubscription concerns its node only (like a subscription).
+        let tolerated = matches!(sink, Sink::Cluster(_));
         let (generation, budget) = (self.generation, self.command_timeout);
         Some(Box::pin(async move {
             let ok = matches!(
                 tokio::time::timeout(budget, sink.unsubscribe(&gone)).await,
                 Ok(Ok(()))
             );
-            (generation, Outcome::Done(ok))
+            (generation, Outcome::Done(ok || tolerated))
         }))
     }
 
@@ -840,18 +842,23 @@ impl Listener {
             }
         }
         let now = Instant::now();
+        // Every wanted lock is woken once (a release may have passed while the connection was
+        // down), the ones asked one by one too; only the subscribed ones count as confirmed,
+        // and no confirmation from an earlier connection survives.
+        let asked: HashSet<&Arc<[u8]>> = channels.iter().chain(&self.one_by_one).collect();
         let targets: Vec<Weak<dyn ReleaseTarget>> = {
             let mut st = lock(&self.state);
             st.up = true;
             st.channels
                 .iter_mut()
-                .filter(|(name, _)| channels.contains(name))
-                .map(|(_, ch)| {
-                    ch.confirmed_at = Some(now);
+                .filter(|(name, _)| asked.contains(name))
+                .map(|(name, ch)| {
+                    ch.confirmed_at = channels.contains(name).then_some(now);
                     ch.target.clone()
                 })
                 .collect()
         };
+        drop(asked);
         tracing::debug!(channels = channels.len(), "pub/sub connected");
         self.generation += 1;
         self.subscribed = channels.into_iter().collect();
