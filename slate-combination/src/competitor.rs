@@ -142,9 +142,18 @@ impl Inner {
         block: u32,
         lead: bool,
     ) -> Result<NodeAcquire> {
-        let client = &self.nodes.node(i).client;
+        let node = self.nodes.node(i);
+        let client = &node.client;
         let lease = self.options.lease();
-        let failovers = client.failovers();
+        // A first-level acquire compares with the count at the node's verification (at the
+        // attempt's start), not now: a failover between the two would otherwise count the
+        // promoted replica's reply (issue 28, item 6). A re-entry, on a node verified when
+        // the hold began, compares with the count when it is sent.
+        let failovers = if reentry {
+            client.failovers()
+        } else {
+            node.verified_failovers()
+        };
         let call = async {
             if reentry {
                 client.node_reenter(&self.keys, holder, lease).await
@@ -648,7 +657,7 @@ impl Inner {
         let (keeper, watch) = lease::channel(grant.deadline);
         let aggregator = self
             .runtime
-            .spawn(aggregate(watches, self.required, keeper))
+            .spawn(self.aggregate_then_stop(watches, keeper, holder, grant.nodes.clone()))
             .abort_handle();
         lock(&self.holds).insert(
             holder,
@@ -695,7 +704,7 @@ impl Inner {
         hold.aggregator.abort();
         hold.aggregator = self
             .runtime
-            .spawn(aggregate(watches, self.required, keeper))
+            .spawn(self.aggregate_then_stop(watches, keeper, remote, hold.nodes.clone()))
             .abort_handle();
         hold.token = FencingToken::new(hold.token.get() + 1);
         hold.holds += 1;
@@ -711,6 +720,27 @@ impl Inner {
         };
         let _ = grant.watch.set(watch);
         Some(grant)
+    }
+
+    /// The combined lease of `holder`'s hold over `nodes` ([`aggregate`], which returns only
+    /// once the hold is lost); then the renewals of the nodes that survived stop, so that
+    /// their entries expire with their lease instead of being renewed, and keeping other
+    /// processes out, until the guard is dropped (issue 28, item 8). Aborted at release.
+    fn aggregate_then_stop(
+        &self,
+        watches: Vec<LeaseWatch>,
+        keeper: slate_core::lease::LeaseKeeper,
+        holder: HolderId,
+        nodes: Vec<usize>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let required = self.required;
+        let (set, keys) = (self.nodes.clone(), self.keys.clone());
+        async move {
+            aggregate(watches, required, keeper).await;
+            for i in nodes {
+                set.node(i).client.node_stop_renewal(&keys, holder);
+            }
+        }
     }
 
     /// Ends the renewal of `holder`'s hold.
@@ -839,6 +869,16 @@ impl Competitor for CombinationCompetitor {
     }
 
     fn queue_drained(&self) {
+        // Also called when an attempt whose caller was dropped ends in the background, with
+        // tasks possibly queued by then: their notifications must stay (issue 28, item 12).
+        if self
+            .inner
+            .waiters
+            .upgrade()
+            .is_some_and(|s| s.sync.waiters() > 0)
+        {
+            return;
+        }
         let nodes = std::mem::take(&mut *lock(&self.inner.subscribed));
         for i in nodes {
             self.inner

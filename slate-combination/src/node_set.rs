@@ -828,6 +828,13 @@ impl NodeSet {
 }
 
 impl Node {
+    /// The client's failover count when the node was last verified: a reply counts only if
+    /// the count is still that after it (issue 28, item 6: a failover between the check and
+    /// the call let a promoted replica's answer count).
+    pub(crate) fn verified_failovers(&self) -> u64 {
+        self.health().failovers
+    }
+
     fn report(&self, now: Instant) -> NodeReport {
         let state = match &self.health().health {
             Health::Usable => NodeState::NotTried,

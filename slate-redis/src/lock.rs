@@ -842,6 +842,11 @@ impl Competitor for RedisCompetitor {
     }
 
     fn queue_drained(&self) {
+        // Also called when an attempt whose caller was dropped ends in the background, with
+        // tasks possibly queued by then: their notifications must stay (issue 28, item 12).
+        if self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0) {
+            return;
+        }
         self.client
             .inner
             .notifier

@@ -17,16 +17,31 @@
 //! cancelled, so that the acquire does nothing if it runs later (a hung server resuming).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::scripts;
 
-static NEXT: AtomicU64 = AtomicU64::new(1);
+static LAST: AtomicU64 = AtomicU64::new(0);
 
-/// A fresh request id, unique in this process (records are per holder, and holder ids are
-/// unique across processes, so the pair is unique everywhere).
+/// A fresh request id: above every id this process drew before, and at least the wall clock
+/// in µs (records are per holder, and holder ids are unique across processes, so the pair is
+/// unique everywhere).
+///
+/// The order matters: a request older than its holder's record does nothing (issue 35,
+/// defect 12: an acquire that stalled on its way must not run after a later one of the same
+/// holder). The clock floor makes ids of different processes comparable too (a holder named
+/// in two processes, one of them just started), up to their clocks' difference; ~1.8e15 now,
+/// far from 2^53, so the scripts' comparisons stay exact.
 pub(crate) fn next_id() -> u64 {
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let prev = LAST
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(last.saturating_add(1).max(now))
+        })
+        .unwrap_or_else(|last| last);
+    prev.saturating_add(1).max(now)
 }
 
 /// How long a request record is kept, in ms, for a client with `command_timeout`.
@@ -41,7 +56,8 @@ mod tests {
     #[test]
     fn ids_are_distinct_and_the_window_covers_a_retry() {
         let (a, b) = (next_id(), next_id());
-        assert_ne!(a, b);
+        assert!(b > a, "ids grow: {a} then {b}");
+        assert!(a > 1_700_000_000_000_000, "at least the clock in µs: {a}");
         assert_eq!(record_ttl_ms(Duration::from_secs(2)), 4_000);
         assert_eq!(record_ttl_ms(Duration::from_millis(10)), 100);
     }

@@ -685,3 +685,85 @@ async fn d17_a_refused_channel_does_not_silence_the_other_locks() {
     wait_closed.abort();
     drop(gb);
 }
+
+/// Defect 12: one request record per holder. An acquire stalls on a connection that has
+/// been silent for a while (here a proxy delays requests by 1.5 s); it times out, the client
+/// replaces the silent connection, and the undo goes out on the new one, ahead of the stalled
+/// acquire: it marks the acquire cancelled. The same holder then takes the lock again (here
+/// through a second client), and that grant's record replaced the cancellation, so the stalled
+/// acquire, arriving last, was applied as a re-entry: Redis counted two levels where the
+/// caller had one, and the lock stayed held after its unlock. Request ids grow in each
+/// process, so a request older than the holder's record now does nothing, and an undo older
+/// than the record leaves it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d12_a_stalled_acquire_arriving_after_a_newer_grant_is_not_a_level() {
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).expect("proxy");
+    let timeout = Duration::from_millis(300);
+    let client = RedisClient::open_with(
+        proxy.url(),
+        ClientOptions::builder()
+            .command_timeout(timeout)
+            .build()
+            .unwrap(),
+    )
+    .expect("client");
+    let lock = common::lock(&client, "d12", Duration::from_secs(30));
+    let holder = HolderId::new();
+    let depth = || {
+        let v = server
+            .command(&["HGET", "slate:{d12}", &holder.to_string()])
+            .expect("HGET");
+        redis::from_redis_value::<Option<i64>>(v)
+            .expect("count")
+            .unwrap_or(0)
+    };
+    // Scripts loaded, connection warm.
+    lock.lock_as(holder).await.unwrap().unlock().await.unwrap();
+    let delay = Duration::from_millis(1500);
+    proxy
+        .set_mode(Mode::Delay {
+            to_server: delay,
+            to_client: Duration::ZERO,
+        })
+        .unwrap();
+    // The connection falls silent: a PING times out.
+    let started = std::time::Instant::now();
+    assert!(client.ping().await.is_err(), "the PING was held back");
+    // Past two command timeouts of silence, the acquire's own timeout replaces the connection.
+    tokio::time::sleep_until((started + timeout * 2 + Duration::from_millis(100)).into()).await;
+    let stalled_at = std::time::Instant::now();
+    let stalled = tokio::spawn(holder.scope({
+        let lock = lock.clone();
+        async move { lock.try_lock().await }
+    }));
+    // While it waits, the proxy passes again: what is sent from now on (the undo, on the new
+    // connection) overtakes the held-back acquire.
+    tokio::time::sleep(timeout / 2).await;
+    proxy.set_mode(Mode::Pass).unwrap();
+    let stalled = within(Duration::from_secs(5), "the stalled try", stalled)
+        .await
+        .unwrap();
+    assert!(
+        stalled.is_err(),
+        "the delayed acquire timed out: {stalled:?}"
+    );
+    // The same holder takes the lock again, through another client of this process.
+    let direct = RedisClient::open(server.url()).expect("client");
+    let again = common::lock(&direct, "d12", Duration::from_secs(30));
+    let guard = again.lock_as(holder).await.expect("a fresh grant");
+    assert_eq!(guard.depth(), 1);
+    // The held-back acquire reaches the server `delay` after it was sent.
+    tokio::time::sleep_until((stalled_at + delay + Duration::from_millis(300)).into()).await;
+    assert_eq!(
+        depth(),
+        1,
+        "the stalled acquire was applied as a re-entry after a newer grant"
+    );
+    assert_eq!(guard.unlock().await.unwrap(), 0);
+    assert_eq!(
+        int(&server, &["EXISTS", "slate:{d12}"]),
+        0,
+        "the lock stayed held after its only unlock"
+    );
+}

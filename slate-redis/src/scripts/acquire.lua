@@ -55,8 +55,9 @@
 --                      reservation); the caller's process was queued
 --   {-2}               (only with KEYS[6]) the node marker is missing: the server lost its
 --                      data since it was marked; nothing was touched
---   {-3}               the request was cancelled (its caller gave up and undid it); nothing
---                      was touched
+--   {-3}               the request was cancelled (its caller gave up and undid it), or is
+--                      older than the holder's record (overtaken, see `older`); nothing was
+--                      touched
 --   {-4}               (only with ARGV[7] = '1') the holder's field does not exist: its hold
 --                      was lost; nothing was touched
 --
@@ -68,10 +69,23 @@
 if #KEYS >= 6 and redis.call('EXISTS', KEYS[6]) == 0 then
     return {-2}
 end
+-- Request ids grow in each process (`request.rs`: above every id the process sent before, and
+-- drawn from the clock in µs, so ids of different processes compare too), and a holder's
+-- requests come from its process. A request older than the holder's record was overtaken by
+-- a later request of the same holder: it stalled on its way, and its caller gave up on it
+-- (undoing it) and may hold the lock again since. It must do nothing, or it would add a level
+-- nobody holds (issue 35, defect 12). Ids are decimal digits without leading zeros.
+local function older(x, y)
+    return #x < #y or (#x == #y and x < y)
+end
 local req = ARGV[5] or ''
 if req ~= '' then
     local rec = redis.call('GET', KEYS[5])
     if rec then
+        local last = string.match(rec, '^(%d+) ')
+        if last and older(req, last) then
+            return {-3}
+        end
         local id, kind, a, b = string.match(rec, '^(%d+) (%a) (%-?%d+) (%-?%d+)$')
         if id == req then
             if kind == 'c' then

@@ -39,6 +39,15 @@
 -- time and changes nothing (no double decrement, no spurious 'not held' after the last level).
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
+-- Request ids grow in each process (`request.rs`: above every id the process sent before, and
+-- drawn from the clock in µs, so ids of different processes compare too), and a holder's
+-- requests come from its process. An acquire older than the holder's record was overtaken by
+-- a later request of the same holder: it stalled on its way, and its caller gave up on it
+-- (undoing it) and may hold the lock again since. It must do nothing, or it would add a level
+-- nobody holds (issue 35, defect 12). Ids are decimal digits without leading zeros.
+local function older(x, y)
+    return #x < #y or (#x == #y and x < y)
+end
 local publish = 'PUBLISH'
 if ARGV[10] == 'SPUBLISH' then publish = 'SPUBLISH' end
 local req = ARGV[7] or ''
@@ -53,7 +62,11 @@ if req ~= '' then
     end
     local undo = ARGV[9] or ''
     if undo ~= '' and not (id == undo and kind == 'a') then
-        redis.call('SET', KEYS[5], undo .. ' c 0 0', 'PX', ARGV[8])
+        -- A record newer than the undone acquire is kept: that acquire, if it runs later,
+        -- is older than the record and does nothing (acquire.lua, `older`).
+        if not (id and older(undo, id)) then
+            redis.call('SET', KEYS[5], undo .. ' c 0 0', 'PX', ARGV[8])
+        end
         return -2
     end
 end

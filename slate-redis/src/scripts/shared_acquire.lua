@@ -42,7 +42,9 @@
 --                             should ask again without a message (the earliest lease end
 --                             while the holders are in the way; the claim window while only
 --                             the queue is)
---   {-3}                      the request was cancelled; nothing was touched
+--   {-3}                      the request was cancelled, or is older than the holder's
+--                             record (overtaken, see `older` in the prelude); nothing was
+--                             touched
 --   {-4}                      (ARGV[9] = '1') the holder holds nothing: its hold was lost
 --   {-5, capacity}            more permits than the capacity: never satisfiable
 --   {-6}                      the holder holds shared and asked to write (no upgrade)
@@ -52,6 +54,10 @@ local held = redis.call('ZSCORE', KEYS[2], h)
 if req ~= '' then
     local rec = redis.call('GET', KEYS[6])
     if rec then
+        local last = string.match(rec, '^(%d+) ')
+        if last and older(req, last) then
+            return {-3}
+        end
         local id, kind, a, b, c = string.match(rec, '^(%d+) (%a) (%-?%d+) (%-?%d+) (%-?%d+)$')
         if id == req then
             if kind == 'c' then

@@ -102,3 +102,12 @@ local function wake(channel, cap, publish)
         redis.call(cmd, channel, e[1])
     end
 end
+-- Request ids grow in each process (`request.rs`: above every id the process sent before, and
+-- drawn from the clock in µs, so ids of different processes compare too), and a holder's
+-- requests come from its process. A request older than the holder's record was overtaken by
+-- a later request of the same holder: it stalled on its way, and its caller gave up on it
+-- (undoing it) and may hold the lock again since. It must do nothing, or it would add a level
+-- nobody holds (issue 35, defect 12). Ids are decimal digits without leading zeros.
+local function older(x, y)
+    return #x < #y or (#x == #y and x < y)
+end

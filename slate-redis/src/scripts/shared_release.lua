@@ -42,7 +42,10 @@ end
 if ARGV[6] ~= '' then
     local id, kind = record()
     if not (id == ARGV[6] and kind == 'a') then
-        redis.call('SET', KEYS[6], ARGV[6] .. ' c 0 0 0', 'PX', ARGV[5])
+        -- A record newer than the undone acquire is kept (see `older` in the prelude).
+        if not (id and older(ARGV[6], id)) then
+            redis.call('SET', KEYS[6], ARGV[6] .. ' c 0 0 0', 'PX', ARGV[5])
+        end
         return -2
     end
 end
