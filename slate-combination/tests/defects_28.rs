@@ -55,3 +55,67 @@ async fn i8_a_hold_that_lost_its_quorum_stops_renewing_the_node_it_kept() {
     s[2].resume().unwrap();
     drop(guard);
 }
+
+/// Item 4: the lead node keeps the fair turn between processes, but node renewals did not
+/// refresh it (the single lock's do): under a hold longer than the lease the turn key expired,
+/// and with it the holder's tenure and the order of the waiting processes. The node renewals
+/// now refresh the turn with the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i4_a_long_hold_keeps_the_lead_nodes_turn() {
+    let s = servers(3);
+    adopt(&view_of(urls(&s), opts(OP))).await;
+    let lease = Duration::from_millis(1500);
+    let lock = |nodes: &slate_combination::NodeSet| {
+        CombinationLock::builder(nodes, "i4")
+            .lease(lease)
+            .spin_wait(Duration::from_millis(50))
+            .order(Order::Sequential)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (
+        lock(&view_of(urls(&s), opts(OP))),
+        lock(&view_of(urls(&s), opts(OP))),
+    );
+    let exists = |key: &str| {
+        redis::from_redis_value::<i64>(s[0].command(&["EXISTS", key]).unwrap()).unwrap() == 1
+    };
+    // A holds while B queues; A's release hands the turn to B.
+    let ga = a.lock().await.unwrap();
+    let wait_b = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock().await }
+    });
+    wait_for(Duration::from_secs(5), "B queued on the lead node", || {
+        exists("slate:{i4}:queue").then_some(())
+    })
+    .await;
+    ga.unlock().await.unwrap();
+    let gb = tokio::time::timeout(Duration::from_secs(5), wait_b)
+        .await
+        .expect("B gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(exists("slate:{i4}:turn"), "B's hold took the turn");
+    // B holds for two and a half leases (renewed) while A waits.
+    let wait_a = tokio::spawn({
+        let a = a.clone();
+        async move { a.lock().await }
+    });
+    let until = std::time::Instant::now() + lease * 5 / 2;
+    while std::time::Instant::now() < until {
+        assert!(!gb.is_lost(), "B's hold is renewed");
+        assert!(
+            exists("slate:{i4}:turn"),
+            "the turn expired under a hold renewed past its lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gb.unlock().await.unwrap();
+    let ga = tokio::time::timeout(Duration::from_secs(5), wait_a)
+        .await
+        .expect("A gets the lock")
+        .unwrap()
+        .unwrap();
+    ga.unlock().await.unwrap();
+}

@@ -556,7 +556,11 @@ impl RedisClient {
             self,
             Hold {
                 key: keys.keys.lock.clone(),
-                turn: None,
+                // The turn lives as long as the hold on the lead node, where the fair turn
+                // is kept (on the others there is no turn key and the renewal's PEXPIRE of
+                // it does nothing): a hold longer than the lease kept its tenure only while
+                // the turn key outlived it (issue 28, item 4).
+                turn: Some(keys.keys.turn.clone()),
                 fence: None,
                 alias: None,
                 leases: None,

@@ -62,8 +62,8 @@ type RegKey = (Arc<[u8]>, HolderId);
 /// What a lock tells the service about one hold.
 pub(crate) struct Hold {
     pub(crate) key: Arc<[u8]>,
-    /// The lock's turn key, refreshed with the lease while held (single lock; `None` for the
-    /// combination lock's node entries, which have no turn).
+    /// The lock's turn key, refreshed with the lease while held (the single lock, and the
+    /// combination lock's node entries: the lead node keeps a turn; `None` for shared holds).
     pub(crate) turn: Option<Arc<[u8]>>,
     /// The fencing counter and its expiry, when it expires (reset with every renewal).
     pub(crate) fence: Option<(Arc<[u8]>, Duration)>,

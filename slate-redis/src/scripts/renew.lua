@@ -1,7 +1,7 @@
 -- Slate: renew a holder's lease.
 --
 -- KEYS[1]  lock hash: <prefix>{<name>}
--- KEYS[2]  (optional, single lock) the turn: <prefix>{<name>}:turn (see acquire.lua). While
+-- KEYS[2]  (optional; the single lock, a combination node) the turn: <prefix>{<name>}:turn (see acquire.lua). While
 --          the lock is held, the turn records the holder's process and its tenure; it must
 --          live as long as the hold, or the release would read a tenure of 0 and keep the turn
 --          for ever (a hold longer than the lease would defeat the tenure)
