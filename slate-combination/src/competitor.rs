@@ -429,7 +429,12 @@ impl Inner {
         .await;
         let fenced =
             held.len() - lagging.len() + raised.iter().filter(|r| matches!(r, Ok(true))).count();
-        let need = self.nodes.len() - self.required + 1;
+        // Counted from the smallest quorum any process may use (the default one: lower values
+        // are refused), not this handle's: a process with a larger quorum fenced on fewer
+        // nodes, and a later holder with the default quorum could miss all of them and draw
+        // a smaller token (issue 28, item 3).
+        let n = self.nodes.len();
+        let need = n - (n / 2 + 1).max(2).min(n) + 1;
         let deadlines: Vec<Instant> = held
             .iter()
             .filter_map(|i| won.get(i))

@@ -12,12 +12,15 @@
 //! acquisition on that node. The token of a hold is the **maximum** of the counters of the
 //! nodes it holds; before the guard is returned, every held node whose counter is behind is
 //! raised to the token ("write-back"; in steady state all counters agree and nothing is
-//! written). The acquisition succeeds only if at least `N − quorum + 1` nodes carry the token
-//! afterwards.
+//! written). The acquisition succeeds only if at least `N − q + 1` nodes carry the token
+//! afterwards, where `q` is the smallest quorum any process may use (the default,
+//! `max(2, ⌊N/2⌋ + 1)`), whatever quorum this handle uses.
 //!
 //! *Guarantee*: a later first-level holder's token is strictly greater, because its quorum
-//! shares a node with every set of `N − quorum + 1` nodes, and that node's counter is already
-//! at our token when the later holder increments it. Re-entries keep the token.
+//! (at least `q` nodes) shares a node with every set of `N − q + 1` nodes, and that node's
+//! counter is already at our token when the later holder increments it. Re-entries keep the
+//! token. (Counted from the handle's own quorum, a process with a larger one fenced on fewer
+//! nodes, which a later default quorum could miss: issue 28, item 3.)
 //!
 //! *When it does not hold*: a node that loses its data (restart without persistence) restarts
 //! its counter; the token still grows as long as another node of each later quorum kept the

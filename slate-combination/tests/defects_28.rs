@@ -119,3 +119,69 @@ async fn i4_a_long_hold_keeps_the_lead_nodes_turn() {
         .unwrap();
     ga.unlock().await.unwrap();
 }
+
+/// Item 3: the nodes a token had to be fenced on were counted from the handle's own quorum.
+/// A process that requires all three nodes needed the token on one node only, so when the
+/// write-back to the lagging two failed (here: their user may not run `INCRBY`), it held with
+/// a token that only node 0 carried; a later process with the default quorum, on nodes 1 and
+/// 2, then drew a smaller token. The count now comes from the smallest quorum any process may
+/// use, so that acquisition fails (with the permission error) instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i3_a_larger_quorum_does_not_fence_on_fewer_nodes() {
+    let mut s: Vec<ecosphere::server::RedisServer> = (0..3)
+        .map(|_| {
+            ecosphere::server::RedisServer::builder()
+                .acl_user("no-incrby", "n0-incrby", "~slate:* &slate:* +@all -incrby")
+                .start()
+                .expect("redis-server")
+        })
+        .collect();
+    let plain = urls(&s);
+    adopt(&view_of(plain.clone(), opts(OP))).await;
+    // Node 0's counter is ahead (it took part in holds the others missed).
+    s[0].command(&["SET", "slate:{i3}:fence", "10"]).unwrap();
+    let restricted = vec![
+        plain[0].clone(),
+        s[1].url_for_user("no-incrby", "n0-incrby"),
+        s[2].url_for_user("no-incrby", "n0-incrby"),
+    ];
+    let lease = Duration::from_secs(2);
+    let all_three = CombinationLock::builder(&view_of(restricted, opts(OP)), "i3")
+        .lease(lease)
+        .required_nodes(3)
+        .build()
+        .unwrap();
+    let first = match all_three.try_lock().await {
+        Ok(Some(g)) => {
+            let t = g.fencing_token().get();
+            g.unlock().await.unwrap();
+            Some(t)
+        }
+        Ok(None) => panic!("nobody else holds the lock"),
+        Err(e) => {
+            assert_eq!(
+                e.backend_kind(),
+                Some(slate_core::BackendKind::Permission),
+                "{e}"
+            );
+            None
+        }
+    };
+    // A later holder with the default quorum, node 0 out of reach: nodes 1 and 2.
+    s[0].pause().unwrap();
+    let later = CombinationLock::builder(&view_of(plain, opts(OP)), "i3")
+        .lease(lease)
+        .build()
+        .unwrap();
+    let g = later.lock().await.unwrap();
+    assert_eq!(g.nodes(), &[1, 2]);
+    if let Some(first) = first {
+        assert!(
+            g.fencing_token().get() > first,
+            "a later holder drew token {} after {first}",
+            g.fencing_token().get()
+        );
+    }
+    g.unlock().await.unwrap();
+    s[0].resume().unwrap();
+}
