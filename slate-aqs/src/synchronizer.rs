@@ -1180,7 +1180,11 @@ impl<C: Competitor> Synchronizer<C> {
                         return Err(self.timed_out(start, deadline, now));
                     }
                     Step::TakePass { remote } => match self.competitor.take_pass(remote, holder) {
-                        Some(grant) => return Ok(self.take_pass(holder, &mut slot, grant)),
+                        Some(grant) => match self.take_pass(holder, remote, &mut slot, grant) {
+                            Some(grant) => return Ok(grant),
+                            // Taken back meanwhile: wait on as the head.
+                            None => retry = Retry::Now,
+                        },
                         None => {
                             self.refuse_pass(&mut slot, remote);
                             retry = Retry::Now;
@@ -1617,31 +1621,38 @@ impl<C: Competitor> Synchronizer<C> {
         Ok(grant)
     }
 
-    /// Records that `holder`, the head, took the hold it was passed, and runs the hooks.
+    /// Records that `holder`, the head, took the hold of `passed` it was passed, and runs the
+    /// hooks. `None` when the pass was taken back between the head's decision and now (the
+    /// competitor's `take_pass` runs outside the lock): an attempt in flight from before was
+    /// granted and displaced the passing owner (issue 28, item 11: this was a panic). The
+    /// pass's grant then goes back to the competitor (`abandon`), and the head, still queued,
+    /// waits on.
     fn take_pass(
         &self,
         holder: HolderId,
+        passed: HolderId,
         slot: &mut QueueSlot<'_, C>,
         grant: C::Grant,
-    ) -> C::Grant {
+    ) -> Option<C::Grant> {
         let (drained, remote, timer) = {
             let mut st = self.lock();
-            let Some(key) = slot.key.take() else {
-                unreachable!("only a queued waiter is passed the hold")
+            let key = slot.key.filter(|&key| {
+                st.queue.node_mut(key).passed
+                    && st
+                        .owner
+                        .is_some_and(|o| o.holder.is_none() && o.remote == passed)
+            });
+            let (Some(key), Some(owner)) = (key, st.owner.as_mut()) else {
+                drop(st);
+                tracing::debug!(lock = %self.label, %holder, "a pass was taken back before it was recorded; giving it back");
+                self.competitor.abandon(passed, grant);
+                return None;
             };
-            debug_assert!(
-                st.queue.node_mut(key).passed,
-                "the taker was passed the hold"
-            );
+            owner.holder = Some(holder);
+            let remote = owner.remote;
+            slot.key = None;
             let (was_head, timer) = st.unlink(key);
             debug_assert!(was_head, "only the head is passed the hold");
-            let remote = match st.owner.as_mut() {
-                Some(o) if o.holder.is_none() => {
-                    o.holder = Some(holder);
-                    o.remote
-                }
-                _ => unreachable!("a passed head implies a passing owner"),
-            };
             st.debug_check();
             (st.queue.is_empty(), remote, timer)
         };
@@ -1653,7 +1664,7 @@ impl<C: Competitor> Synchronizer<C> {
         }
         self.competitor.after_acquire(remote, &grant);
         tracing::debug!(lock = %self.label, %holder, "took a passed hold");
-        grant
+        Some(grant)
     }
 
     /// The competitor refused the hold the head was passed: it goes to `drop_pass`, the lock

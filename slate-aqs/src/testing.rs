@@ -511,6 +511,17 @@ pub struct MemoryCompetitor {
     remote: Arc<MemoryRemote>,
     plan: Mutex<Plan>,
     counters: Arc<Counters>,
+    take_pass_hook: Mutex<Option<Hook>>,
+}
+
+/// A test's callback inside a competitor method.
+#[derive(Clone)]
+struct Hook(Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
 }
 
 impl MemoryCompetitor {
@@ -534,7 +545,25 @@ impl MemoryCompetitor {
                 pass_budget: 0,
             }),
             counters: Arc::default(),
+            take_pass_hook: Mutex::new(None),
         }
+    }
+
+    /// Runs `hook` inside every [`take_pass`](Competitor::take_pass) that is about to succeed
+    /// (after its check of the remote, before it answers), on the taker's thread: for tests
+    /// of what may happen between the two (it may block, briefly).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// MemoryCompetitor::new(MemoryRemote::new()).set_take_pass_hook(|| {});
+    /// ```
+    pub fn set_take_pass_hook(&self, hook: impl Fn() + Send + Sync + 'static) {
+        *self
+            .take_pass_hook
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Hook(Arc::new(hook)));
     }
 
     /// The remote lock this competitor attempts against.
@@ -819,6 +848,14 @@ impl Competitor for MemoryCompetitor {
     fn take_pass(&self, remote: HolderId, _to: HolderId) -> Option<MemoryGrant> {
         if self.remote.holder() != Some((remote, 1)) {
             return None;
+        }
+        let hook = self
+            .take_pass_hook
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(Hook(hook)) = hook {
+            hook();
         }
         bump(&self.counters.passes_taken);
         Some(MemoryGrant {
