@@ -15,9 +15,9 @@
 //!   waiter expired and wakes it (the waiter times out); arms its one `Sleep` for the next
 //!   deadline; finishes when the heap is empty. A removal that empties the heap wakes it, so
 //!   it never outlives the waiters it serves by more than a poll.
-//! - A task dropped before it finished (its runtime shut down) hands over: the state says no
-//!   task runs, and every timed waiter is woken, re-parks through `ensure_timer`, and the
-//!   first to do so starts a task on its own runtime.
+//! - A task dropped before it finished (its runtime shut down), even before its first poll,
+//!   hands over: the state says no task runs, and every timed waiter is woken, re-parks
+//!   through `ensure_timer`, and the first to do so starts a task on its own runtime.
 //!
 //! ## Invariants (under the synchronizer's mutex)
 //!
@@ -149,7 +149,14 @@ pub(crate) fn ensure(state: &Arc<Mutex<State>>) {
         st.timers.armed = None;
         st.timers.task
     };
-    handle.spawn(run(Arc::clone(state), task, sleep));
+    // The guard exists before the task is first polled: a task dropped unpolled (its
+    // runtime shut down first) hands over too (issue 28, item 9: created inside the task, it
+    // did not exist then, and `running` stayed set for the synchronizer's life).
+    let exit = Exit {
+        state: Arc::clone(state),
+        task,
+    };
+    handle.spawn(run(exit, sleep));
 }
 
 /// Under loom no waiter uses the shared timer (its sleeps never fire).
@@ -163,27 +170,24 @@ fn far_future() -> tokio::time::Instant {
 
 /// The task: expire, wake, re-arm, until the heap is empty.
 #[cfg(not(slate_loom))]
-async fn run(state: Arc<Mutex<State>>, task: u64, mut sleep: Pin<Box<tokio::time::Sleep>>) {
-    let exit = Exit {
-        state: &state,
-        task,
-    };
+async fn run(exit: Exit, mut sleep: Pin<Box<tokio::time::Sleep>>) {
     std::future::poll_fn(|cx| exit.poll(cx, sleep.as_mut())).await;
 }
 
-/// Runs the task's polls; on drop (finished or dropped by its runtime) hands over.
-struct Exit<'a> {
-    state: &'a Arc<Mutex<State>>,
+/// Runs the task's polls; on drop (finished, dropped by its runtime, or dropped before its
+/// first poll) hands over.
+struct Exit {
+    state: Arc<Mutex<State>>,
     task: u64,
 }
 
 #[cfg(not(slate_loom))]
-impl Exit<'_> {
+impl Exit {
     fn poll(&self, cx: &mut Context<'_>, mut sleep: Pin<&mut tokio::time::Sleep>) -> Poll<()> {
         let mut wakers = Vec::new();
         loop {
             let next = {
-                let mut st = lock(self.state);
+                let mut st = lock(&self.state);
                 if !st.timers.is_current(self.task) {
                     return Poll::Ready(());
                 }
@@ -220,11 +224,11 @@ impl Exit<'_> {
     }
 }
 
-impl Drop for Exit<'_> {
+impl Drop for Exit {
     fn drop(&mut self) {
         let mut wakers = Vec::new();
         {
-            let mut st = lock(self.state);
+            let mut st = lock(&self.state);
             if !st.timers.is_current(self.task) {
                 return; // finished normally, or a newer task took over
             }

@@ -5,7 +5,7 @@
 //!
 //! | state | used by new attempts | leaves it when |
 //! | --- | --- | --- |
-//! | unverified (new, or data loss seen) | after a verification at the next attempt's start | verification: marker present or written → usable; server younger than the quarantine → quarantined; unreachable → unavailable |
+//! | unverified (new, or data loss seen) | after a verification at the next attempt's start | verification: marker present → usable; marker missing → quarantined (a server younger than the quarantine until it is that old, an older one for a full quarantine; then the marker is written); unreachable → unavailable |
 //! | usable | yes | a command fails (→ unavailable), an acquire answers "data lost" (→ unverified) |
 //! | unavailable (since, last error) | no | the re-probe interval passed and a verification succeeds |
 //! | quarantined (until) | no | the time passes and a verification succeeds |
@@ -13,7 +13,10 @@
 //! A verification is `INFO server` plus the node marker check (see `slate_combination::node`): a
 //! server whose run id changed since this process last saw it, or whose marker is gone, is
 //! quarantined until it has been up for the quarantine period, so that no entry it lost is
-//! still believed held anywhere when it is used again. A run id that changed on a server up
+//! still believed held anywhere when it is used again. A server up for longer than that whose
+//! marker is gone lost its data without a restart (`FLUSHALL`, `FLUSHDB`), maybe just now: it
+//! is quarantined for a full period (issue 28, item 2). A brand-new server is declared fresh
+//! once with [`NodeSet::adopt_fresh_servers`]. A run id that changed on a server up
 //! for longer than that is another server behind the same node (a Sentinel group that failed
 //! over to a replica, which may lack grants its old master never replicated): it is
 //! quarantined for a full period. A node whose Sentinel client saw a failover
@@ -748,12 +751,19 @@ impl NodeSet {
         // have all expired once a full quarantine (at least the longest lease) has passed. A
         // new replication history without a restart is the same case.
         let replaced = if restarted { !young } else { new_history };
+        // A missing marker on a server that has been up for a while: its data went without a
+        // restart (`FLUSHALL`, `FLUSHDB`, an eviction of the marker), maybe just now, so the
+        // entries it lost may belong to holds still running: a full quarantine (issue 28,
+        // item 2; before, only a young server was quarantined and such a node was usable at
+        // once). A server never used with Slate is adopted once with
+        // `NodeSet::adopt_fresh_servers` (or `slate nodes adopt`).
+        let flushed = !marked && !young;
         let young = young && !mutant::active(Mutant::QuarantineAdmitsYoung);
-        if opts.quarantine_enabled && (((restarted || !marked) && young) || replaced) {
-            let wait = if replaced {
+        if opts.quarantine_enabled && (((restarted || !marked) && young) || replaced || flushed) {
+            let wait = if replaced || flushed {
                 opts.quarantine
             } else {
-                opts.quarantine - info.uptime
+                opts.quarantine.saturating_sub(info.uptime)
             };
             let until = Instant::now() + wait;
             tracing::warn!(

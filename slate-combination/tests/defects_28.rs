@@ -185,3 +185,55 @@ async fn i3_a_larger_quorum_does_not_fence_on_fewer_nodes() {
     g.unlock().await.unwrap();
     s[0].resume().unwrap();
 }
+
+/// Item 2: a missing node marker quarantined only a server younger than the quarantine, so a
+/// long-running server that lost its data without a restart (`FLUSHALL`) was marked again and
+/// used at once: a process meeting it took the entry another process held there. Here A holds
+/// nodes 1 and 2 (node 0 was out of reach), node 1 is flushed, and B (the parallel order) took
+/// nodes 0 and 1: two holders. A missing marker now always quarantines the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i2_a_flushed_long_running_node_is_quarantined() {
+    let quarantine = Duration::from_secs(2);
+    let options = || {
+        slate_combination::NodeSetOptions::builder()
+            .node_operation_time(OP)
+            .quarantine(quarantine)
+            .build()
+            .unwrap()
+    };
+    let mut s = servers(3);
+    adopt(&view_of(urls(&s), opts(OP))).await;
+    let lease = Duration::from_secs(2);
+    let build = |nodes: &slate_combination::NodeSet, order| {
+        CombinationLock::builder(nodes, "i2")
+            .lease(lease)
+            .order(order)
+            .build()
+            .unwrap()
+    };
+    // The servers have been up longer than the quarantine.
+    tokio::time::sleep(quarantine + Duration::from_millis(200)).await;
+    s[0].pause().unwrap();
+    let a = build(&view_of(urls(&s), options()), Order::Sequential);
+    let ga = a.lock().await.unwrap();
+    assert_eq!(ga.nodes(), &[1, 2]);
+    s[0].resume().unwrap();
+    // A's acquire on node 0, stuck in the paused server, ran on resume; A releases it in the
+    // background.
+    wait_for(Duration::from_secs(5), "node 0 free again", || {
+        (!exists(&s[0], "i2")).then_some(())
+    })
+    .await;
+    s[1].command(&["FLUSHALL"]).unwrap();
+    let b = build(&view_of(urls(&s), options()), Order::Pipelined);
+    match b.try_lock().await {
+        Ok(Some(gb)) => panic!(
+            "B holds {:?} while A holds {:?}: the flushed node was used at once",
+            gb.nodes(),
+            ga.nodes()
+        ),
+        Ok(None) => {}
+        Err(e) => assert!(e.is_insufficient_nodes(), "{e}"),
+    }
+    drop(ga);
+}
