@@ -1672,10 +1672,15 @@ impl<C: Competitor> Synchronizer<C> {
     fn refuse_pass(&self, slot: &mut QueueSlot<'_, C>, remote: HolderId) {
         {
             let mut st = self.lock();
-            if let Some(key) = slot.key {
-                st.queue.node_mut(key).passed = false;
-            }
-            if st.owner.is_some_and(|o| o.holder.is_none()) {
+            // Only the pass that was refused: another owner may have displaced it and
+            // passed its own hold to this head meanwhile (review of issue 28, item 11).
+            if st
+                .owner
+                .is_some_and(|o| o.holder.is_none() && o.remote == remote)
+            {
+                if let Some(key) = slot.key {
+                    st.queue.node_mut(key).passed = false;
+                }
                 st.owner = None;
                 st.bump_epoch();
             }

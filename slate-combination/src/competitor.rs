@@ -134,6 +134,9 @@ impl Inner {
     /// Acquires on node `i`; `reentry`: only one more level of an entry that exists.
     /// One node's acquire (`block` > 1: reserving that many tokens) or re-entry.
     /// `lead`: node `i` is the attempt's lead, where the process's turn is taken.
+    /// `verified`: for a first-level acquire, the node's failover count as verified at the
+    /// attempt's start (the reply counts only if it is still that); `None` for a re-entry
+    /// (compared with the count when it is sent).
     async fn acquire_on(
         &self,
         i: usize,
@@ -141,19 +144,16 @@ impl Inner {
         reentry: bool,
         block: u32,
         lead: bool,
+        verified: Option<u64>,
     ) -> Result<NodeAcquire> {
         let node = self.nodes.node(i);
         let client = &node.client;
         let lease = self.options.lease();
-        // A first-level acquire compares with the count at the node's verification (at the
-        // attempt's start), not now: a failover between the two would otherwise count the
-        // promoted replica's reply (issue 28, item 6). A re-entry, on a node verified when
-        // the hold began, compares with the count when it is sent.
-        let failovers = if reentry {
-            client.failovers()
-        } else {
-            node.verified_failovers()
-        };
+        // A first-level acquire compares with the count at the node's verification, read at
+        // the attempt's start, not now: a failover between the two, or a re-verification by
+        // another attempt meanwhile, would otherwise count the promoted replica's reply
+        // (issue 28, item 6, and its review).
+        let failovers = verified.unwrap_or_else(|| client.failovers());
         let call = async {
             if reentry {
                 client.node_reenter(&self.keys, holder, lease).await
@@ -284,6 +284,9 @@ impl Inner {
         let start = Instant::now();
         *lock(&self.last_attempt) = Some(start);
         let usable = self.nodes.usable_for_attempt(&self.keys).await;
+        let verified: Vec<u64> = (0..usable.len())
+            .map(|i| self.nodes.node(i).verified_failovers())
+            .collect();
         let usable_count = usable.iter().filter(|u| **u).count();
         // The fair turn between processes is kept on the lead node, which every contender
         // asks first (sequential) or which decides between them (pipelined).
@@ -304,11 +307,19 @@ impl Inner {
                     if let Some(k) = state.reasks().checked_sub(1) {
                         tokio::time::sleep(Duration::from_millis(1 << k.min(4))).await;
                     }
+                    let verified = &verified;
                     let replies = join_all(batch.iter().map(|&i| async move {
                         (
                             i,
-                            self.acquire_on(i, holder, false, block, Some(i) == lead)
-                                .await,
+                            self.acquire_on(
+                                i,
+                                holder,
+                                false,
+                                block,
+                                Some(i) == lead,
+                                verified.get(i).copied(),
+                            )
+                            .await,
                         )
                     }))
                     .await;
@@ -548,12 +559,11 @@ impl Inner {
     /// every node keeps the count the hold had (issue 19, defect 6: a hold that ended while
     /// the re-entry was in flight kept the new levels, which blocked contenders for a lease).
     async fn reenter(&self, holder: HolderId, nodes: Vec<usize>) -> Result<Attempt<Grant>> {
-        let replies = join_all(
-            nodes
-                .iter()
-                .map(|&i| async move { (i, self.acquire_on(i, holder, true, 1, false).await) }),
-        )
-        .await;
+        let replies =
+            join_all(nodes.iter().map(|&i| async move {
+                (i, self.acquire_on(i, holder, true, 1, false, None).await)
+            }))
+            .await;
         let ok: Vec<usize> = replies
             .iter()
             .filter(|(_, r)| matches!(r, Ok(NodeAcquire::Acquired { .. })))

@@ -729,9 +729,14 @@ impl NodeSet {
             Ok(m) => m,
             Err(e) => return self.mark_failed(node.index, &e),
         };
-        let (restarted, new_history) = {
+        let (restarted, new_history, served) = {
             let h = node.health();
             let restarted = h.run_id.as_ref().is_some_and(|r| *r != info.run_id);
+            // A quarantine that ran its course covers the loss it was for: the node is marked
+            // again and used (without this, a missing marker on a server by then older than
+            // the quarantine quarantined it again for ever; review finding).
+            let served =
+                matches!(h.health, Health::Quarantined { until } if Instant::now() >= until);
             // The data may have come from elsewhere since the last look: the replication id
             // changed (a promotion, or A -> B -> A between two checks). Issue 35, defect 8.
             // Not `promoted` at a first contact: Redis also sets `master_replid2` on a master
@@ -742,7 +747,11 @@ impl NodeSet {
                 .as_ref()
                 .zip(info.replication_id.as_ref())
                 .is_some_and(|(a, b)| a != b);
-            (restarted, replid_changed)
+            (
+                restarted,
+                replid_changed,
+                served && !restarted && !replid_changed,
+            )
         };
         let young = info.uptime < opts.quarantine;
         // A different run id on a server that has been up for a while is another server
@@ -757,9 +766,10 @@ impl NodeSet {
         // item 2; before, only a young server was quarantined and such a node was usable at
         // once). A server never used with Slate is adopted once with
         // `NodeSet::adopt_fresh_servers` (or `slate nodes adopt`).
-        let flushed = !marked && !young;
+        let lost = !marked && !served;
+        let flushed = lost && !young;
         let young = young && !mutant::active(Mutant::QuarantineAdmitsYoung);
-        if opts.quarantine_enabled && (((restarted || !marked) && young) || replaced || flushed) {
+        if opts.quarantine_enabled && (((restarted || lost) && young) || replaced || flushed) {
             let wait = if replaced || flushed {
                 opts.quarantine
             } else {

@@ -55,9 +55,11 @@
 --                      reservation); the caller's process was queued
 --   {-2}               (only with KEYS[6]) the node marker is missing: the server lost its
 --                      data since it was marked; nothing was touched
---   {-3}               the request was cancelled (its caller gave up and undid it), or is
---                      older than the holder's record (overtaken, see `older`); nothing was
---                      touched
+--   {-3}               the request was cancelled (its caller gave up and undid it); nothing
+--                      was touched
+--   {-7}               the request is older than the holder's record (overtaken by a later
+--                      request of the same holder, see `older`); nothing was touched. A
+--                      caller still waiting sends it again under a fresh id
 --   {-4}               (only with ARGV[7] = '1') the holder's field does not exist: its hold
 --                      was lost; nothing was touched
 --
@@ -84,7 +86,7 @@ if req ~= '' then
     if rec then
         local last = string.match(rec, '^(%d+) ')
         if last and older(req, last) then
-            return {-3}
+            return {-7}
         end
         local id, kind, a, b = string.match(rec, '^(%d+) (%a) (%-?%d+) (%-?%d+)$')
         if id == req then

@@ -42,9 +42,10 @@
 --                             should ask again without a message (the earliest lease end
 --                             while the holders are in the way; the claim window while only
 --                             the queue is)
---   {-3}                      the request was cancelled, or is older than the holder's
---                             record (overtaken, see `older` in the prelude); nothing was
---                             touched
+--   {-3}                      the request was cancelled; nothing was touched
+--   {-7}                      the request is older than the holder's record (overtaken, see
+--                             `older` in the prelude); nothing was touched: a caller still
+--                             waiting sends it again under a fresh id
 --   {-4}                      (ARGV[9] = '1') the holder holds nothing: its hold was lost
 --   {-5, capacity}            more permits than the capacity: never satisfiable
 --   {-6}                      the holder holds shared and asked to write (no upgrade)
@@ -56,7 +57,7 @@ if req ~= '' then
     if rec then
         local last = string.match(rec, '^(%d+) ')
         if last and older(req, last) then
-            return {-3}
+            return {-7}
         end
         local id, kind, a, b, c = string.match(rec, '^(%d+) (%a) (%-?%d+) (%-?%d+) (%-?%d+)$')
         if id == req then
