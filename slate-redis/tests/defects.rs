@@ -442,7 +442,16 @@ async fn a_turn_handed_to_a_stalled_process_is_kept_for_it() {
     let server = server();
     let proxy = FaultProxy::start(server.addr()).expect("proxy");
     let (p, r) = (client(&server), client(&server));
-    let q = slate_redis::RedisClient::open(proxy.url()).unwrap();
+    // Q's replies may take the proxy's 2 s delay and more: its calls must not time out first
+    // (with the default 2 s command timeout this test raced its own timeout).
+    let q = slate_redis::RedisClient::open_with(
+        proxy.url(),
+        slate_redis::ClientOptions::builder()
+            .command_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
     let build = |c: &slate_redis::RedisClient| {
         SingleLock::builder(c, "turn")
             .lease(Duration::from_secs(10))
