@@ -504,21 +504,7 @@ impl Topology for ZooKeeper {
     }
 
     fn leftovers(&self, lock: &str) -> Vec<String> {
-        let servers = self.ensemble.connect_string();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let c = slate_zookeeper::ZkClient::connect(&servers).await.unwrap();
-            let l = slate_zookeeper::ZkLock::builder(&c, lock).build().unwrap();
-            let s = l.status().await.unwrap();
-            s.holder
-                .into_iter()
-                .chain(s.waiters)
-                .map(|c| c.znode)
-                .collect()
-        })
+        zk_contenders(&self.ensemble.connect_string(), lock)
     }
 }
 

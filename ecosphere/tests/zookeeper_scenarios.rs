@@ -56,29 +56,11 @@ fn zk_worker(
     w
 }
 
-/// The contenders left under `/slate/<lock>`.
-fn contenders(servers: &str, lock: &str) -> Vec<String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let c = slate_zookeeper::ZkClient::connect(servers).await.unwrap();
-        let l = slate_zookeeper::ZkLock::builder(&c, lock).build().unwrap();
-        let s = l.status().await.unwrap();
-        s.holder
-            .into_iter()
-            .chain(s.waiters)
-            .map(|c| c.znode)
-            .collect()
-    })
-}
-
 /// Waits until no contender is left (the workers' sessions closed or expired).
 fn wait_empty(servers: &str, lock: &str, within: Duration) -> Vec<String> {
     let until = Instant::now() + within;
     loop {
-        let left = contenders(servers, lock);
+        let left = zk_contenders(servers, lock);
         if left.is_empty() || Instant::now() > until {
             return left;
         }

@@ -477,14 +477,6 @@ pub(crate) struct Acquire<'a> {
 
 /// Runs the acquire script and returns its reply (see `scripts/acquire.lua`). Retried once,
 /// with the same request id, if the connection breaks before the reply.
-/// The acquire scripts' answer to a request older than its holder's request record
-/// (`acquire.lua`, `shared_acquire.lua`): it was overtaken by a later request of the same
-/// holder and did nothing (issue 35, defect 12).
-pub(crate) const OVERTAKEN: i64 = -7;
-
-/// How many times an overtaken acquire is sent again under a fresh id before it answers busy.
-pub(crate) const OVERTAKEN_RESENDS: u32 = 3;
-
 pub(crate) async fn acquire_remote(
     client: &RedisClient,
     keys: &Keys,
@@ -602,9 +594,7 @@ impl RedisCompetitor {
         inner.on_runtime(async move {
             let sent = Instant::now();
             *lock(&last) = Some(sent);
-            let mut resends = 0;
-            let reply = loop {
-                let request = request::next_id();
+            let (reply, request) = request::send_fresh(|request| {
                 let acquire = Acquire {
                     holder,
                     lease,
@@ -615,25 +605,24 @@ impl RedisCompetitor {
                     fence_expiry,
                     block,
                 };
-                match acquire_remote(&client, &keys, acquire).await {
-                    // Overtaken by a later request of the same holder (another task's, sent
-                    // after it but run before): nothing ran; again under a fresh id.
-                    Ok(r) if r == [OVERTAKEN] && resends < OVERTAKEN_RESENDS => resends += 1,
-                    Ok(r) => break r,
-                    Err(e) => {
-                        // The script may have run (or may still run): no reply, or a reply to it
-                        // followed by an error of what came after it (a `WAIT` the server refuses),
-                        // or an error raised half-way through it. Undo it by id; an undo of an
-                        // acquire that never ran only marks it cancelled (issue 35, defect 4). Not
-                        // when the user may not run it (the undo would be refused too).
-                        if !matches!(
-                            e.backend_kind(),
-                            Some(BackendKind::Permission | BackendKind::Auth)
-                        ) {
-                            compensate(&client, &keys, &me, holder, lease, turn, request).await;
-                        }
-                        return Err(e);
+                acquire_remote(&client, &keys, acquire)
+            })
+            .await;
+            let reply = match reply {
+                Ok(r) => r,
+                Err(e) => {
+                    // The script may have run (or may still run): no reply, or a reply to it
+                    // followed by an error of what came after it (a `WAIT` the server refuses),
+                    // or an error raised half-way through it. Undo it by id; an undo of an
+                    // acquire that never ran only marks it cancelled (issue 35, defect 4). Not
+                    // when the user may not run it (the undo would be refused too).
+                    if !matches!(
+                        e.backend_kind(),
+                        Some(BackendKind::Permission | BackendKind::Auth)
+                    ) {
+                        compensate(&client, &keys, &me, holder, lease, turn, request).await;
                     }
+                    return Err(e);
                 }
             };
             // `block`: the tokens a first acquisition reserved (see acquire.lua); its passes are
@@ -706,7 +695,7 @@ impl RedisCompetitor {
                 }
                 // Only a request that was undone answers -3, and nobody awaits it then; -7
                 // again and again (requests of one holder overtaking each other): later.
-                [-3 | OVERTAKEN] => Ok(Attempt::Busy { retry_after: None }),
+                [-3 | request::OVERTAKEN] => Ok(Attempt::Busy { retry_after: None }),
                 [-4] => {
                     tracing::debug!(lock = %label, %holder, "re-entry found the hold gone");
                     // The guards of the hold learn it now, not at the next renewal.

@@ -310,26 +310,21 @@ impl RedisClient {
         turn: &Turn,
     ) -> Result<NodeAcquire> {
         let sent = Instant::now();
-        let mut resends = 0;
-        let reply = loop {
+        let (reply, _) = request::send_fresh(|request| {
             let acquire = Acquire {
                 holder,
                 lease,
                 turn,
                 marker: Some(&keys.marker),
-                request: request::next_id(),
+                request,
                 reentry,
                 fence_expiry: None,
                 block,
             };
-            let reply = acquire_remote(self, &keys.keys, acquire).await?;
-            // Overtaken by a later request of the same holder: nothing ran; again under a
-            // fresh id (see acquire.lua).
-            if reply != [crate::lock::OVERTAKEN] || resends == crate::lock::OVERTAKEN_RESENDS {
-                break reply;
-            }
-            resends += 1;
-        };
+            acquire_remote(self, &keys.keys, acquire)
+        })
+        .await;
+        let reply = reply?;
         let acquired = |token: i64, count: i64, reserved: i64| match (
             u64::try_from(token),
             u32::try_from(count),
@@ -353,7 +348,7 @@ impl RedisClient {
             [-2] => Ok(NodeAcquire::DataLost),
             [-4] => Ok(NodeAcquire::NotHeld),
             // Overtaken again and again by later requests of the same holder: busy for now.
-            [crate::lock::OVERTAKEN] => Ok(NodeAcquire::Busy { retry_after: None }),
+            [request::OVERTAKEN] => Ok(NodeAcquire::Busy { retry_after: None }),
             _ => Err(unexpected_reply("acquire script", self.address(), &reply)),
         }
     }

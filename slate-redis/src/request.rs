@@ -44,6 +44,34 @@ pub(crate) fn next_id() -> u64 {
     prev.saturating_add(1).max(now)
 }
 
+/// The acquire scripts' answer to a request older than its holder's request record
+/// (`acquire.lua`, `shared_acquire.lua`): it was overtaken by a later request of the same
+/// holder (another task's, sent after it but run before) and did nothing (issue 35, defect 12).
+pub(crate) const OVERTAKEN: i64 = -7;
+
+/// How many times an overtaken request is sent again under a fresh id before its answer
+/// stands (the callers then read it as busy).
+const OVERTAKEN_RESENDS: u32 = 3;
+
+/// Sends a request under a fresh id, and again under another while the script answers
+/// [`OVERTAKEN`] (at most [`OVERTAKEN_RESENDS`] times): nothing ran, so nothing is undone.
+/// Returns the last outcome and the id it was sent under (what an undo must name).
+pub(crate) async fn send_fresh<F, Fut>(mut send: F) -> (crate::Result<Vec<i64>>, u64)
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = crate::Result<Vec<i64>>>,
+{
+    let mut resends = 0;
+    loop {
+        let id = next_id();
+        let outcome = send(id).await;
+        match &outcome {
+            Ok(reply) if *reply == [OVERTAKEN] && resends < OVERTAKEN_RESENDS => resends += 1,
+            _ => return (outcome, id),
+        }
+    }
+}
+
 /// How long a request record is kept, in ms, for a client with `command_timeout`.
 pub(crate) fn record_ttl_ms(command_timeout: Duration) -> u64 {
     scripts::lease_ms((command_timeout * 2).max(Duration::from_millis(100)))

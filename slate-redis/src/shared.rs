@@ -523,9 +523,7 @@ impl SharedCompetitor {
             let _answered = answered;
             let sent = Instant::now();
             *lock(&last) = Some(sent);
-            let mut resends = 0;
-            let reply = loop {
-                let request = request::next_id();
+            let (reply, request) = request::send_fresh(|request| {
                 let args = AcquireArgs {
                     holder,
                     write,
@@ -536,29 +534,24 @@ impl SharedCompetitor {
                     claim,
                     seq,
                 };
-                match call.acquire(&args).await {
-                    // Overtaken by a later request of the same holder (two first reads of one
-                    // holder may be in flight together): nothing ran; again under a fresh id.
-                    Ok(r)
-                        if r == [crate::lock::OVERTAKEN]
-                            && resends < crate::lock::OVERTAKEN_RESENDS =>
-                    {
-                        resends += 1;
+                let call = &call;
+                async move { call.acquire(&args).await }
+            })
+            .await;
+            let reply = match reply {
+                Ok(r) => r,
+                Err(e) => {
+                    // The script may have run (or may still run): no reply, an error after it
+                    // (a refused `WAIT`), or one raised half-way. Undo it by id; the undo of an
+                    // acquire that never ran only marks it cancelled (issue 35, defect 4). Not
+                    // when the user may not run it (the undo would be refused too).
+                    if !matches!(
+                        e.backend_kind(),
+                        Some(BackendKind::Permission | BackendKind::Auth)
+                    ) {
+                        call.undo(holder, write, request).await;
                     }
-                    Ok(r) => break r,
-                    Err(e) => {
-                        // The script may have run (or may still run): no reply, an error after
-                        // it (a refused `WAIT`), or one raised half-way. Undo it by id; the undo
-                        // of an acquire that never ran only marks it cancelled (issue 35, defect
-                        // 4). Not when the user may not run it (the undo would be refused too).
-                        if !matches!(
-                            e.backend_kind(),
-                            Some(BackendKind::Permission | BackendKind::Auth)
-                        ) {
-                            call.undo(holder, write, request).await;
-                        }
-                        return Err(e);
-                    }
+                    return Err(e);
                 }
             };
             let lease = call.lease;
@@ -617,7 +610,7 @@ impl SharedCompetitor {
                 }
                 // Only a request that was undone answers -3, and nobody awaits it then; -7
                 // again and again (requests of one holder overtaking each other): later.
-                [-3 | crate::lock::OVERTAKEN] => Ok(Attempt::Busy { retry_after: None }),
+                [-3 | request::OVERTAKEN] => Ok(Attempt::Busy { retry_after: None }),
                 [-4] => {
                     tracing::debug!(lock = %label, %holder, "re-entry found the hold gone");
                     let renewal = &call.client.inner.renewal;

@@ -574,3 +574,21 @@ pub fn assert_single_holder_checks(report: &ecosphere::history::Report) {
         "a single holder in this scenario: nobody to overlap with",
     );
 }
+
+/// The contenders left under `/slate/<lock>`.
+pub fn zk_contenders(servers: &str, lock: &str) -> Vec<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = slate_zookeeper::ZkClient::connect(servers).await.unwrap();
+        let l = slate_zookeeper::ZkLock::builder(&c, lock).build().unwrap();
+        let s = l.status().await.unwrap();
+        s.holder
+            .into_iter()
+            .chain(s.waiters)
+            .map(|c| c.znode)
+            .collect()
+    })
+}
