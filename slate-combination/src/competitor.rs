@@ -146,8 +146,7 @@ impl Inner {
         lead: bool,
         verified: Option<u64>,
     ) -> Result<NodeAcquire> {
-        let node = self.nodes.node(i);
-        let client = &node.client;
+        let client = &self.nodes.node(i).client;
         let lease = self.options.lease();
         // A first-level acquire compares with the count at the node's verification, read at
         // the attempt's start, not now: a failover between the two, or a re-verification by
@@ -445,7 +444,7 @@ impl Inner {
         // nodes, and a later holder with the default quorum could miss all of them and draw
         // a smaller token (issue 28, item 3).
         let n = self.nodes.len();
-        let need = n - (n / 2 + 1).max(2).min(n) + 1;
+        let need = n - crate::decision::default_quorum(n).min(n) + 1;
         let deadlines: Vec<Instant> = held
             .iter()
             .filter_map(|i| won.get(i))
