@@ -657,15 +657,16 @@ impl Inner {
             max_hold: self.options.max_hold(),
             deadline,
         };
-        let watches: Vec<LeaseWatch> = grant
+        let watches: Vec<(usize, LeaseWatch)> = grant
             .nodes
             .iter()
             .zip(&grant.node_deadlines)
             .map(|(&i, &d)| {
-                self.nodes
-                    .node(i)
-                    .client
-                    .node_renew(&self.keys, holder, hold(d), &self.label)
+                let client = &self.nodes.node(i).client;
+                (
+                    i,
+                    client.node_renew(&self.keys, holder, hold(d), &self.label),
+                )
             })
             .collect();
         let (keeper, watch) = lease::channel(grant.deadline);
@@ -707,12 +708,12 @@ impl Inner {
         {
             return None;
         }
-        let watches: Vec<LeaseWatch> = hold
+        let watches: Vec<(usize, LeaseWatch)> = hold
             .nodes
             .iter()
-            .filter_map(|&i| client(i).node_pass_renewal(&self.keys, remote, lease))
+            .filter_map(|&i| Some((i, client(i).node_pass_renewal(&self.keys, remote, lease)?)))
             .collect();
-        let node_deadlines: Vec<Instant> = watches.iter().map(LeaseWatch::deadline).collect();
+        let node_deadlines: Vec<Instant> = watches.iter().map(|(_, w)| w.deadline()).collect();
         let deadline = combined_deadline(&node_deadlines, self.required)?;
         let (keeper, watch) = lease::channel(deadline);
         hold.aggregator.abort();
@@ -742,7 +743,7 @@ impl Inner {
     /// processes out, until the guard is dropped (issue 28, item 8). Aborted at release.
     fn aggregate_then_stop(
         &self,
-        watches: Vec<LeaseWatch>,
+        watches: Vec<(usize, LeaseWatch)>,
         keeper: slate_core::lease::LeaseKeeper,
         holder: HolderId,
         nodes: Vec<usize>,
@@ -750,7 +751,9 @@ impl Inner {
         let required = self.required;
         let (set, keys) = (self.nodes.clone(), self.keys.clone());
         async move {
-            aggregate(watches, required, keeper).await;
+            // A renewal that found its entry gone: the node may have lost its data (a restart
+            // from an older snapshot keeps the marker), so it is verified before its next use.
+            aggregate(watches, required, keeper, |i| set.mark_data_lost(i)).await;
             for i in nodes {
                 set.node(i).client.node_stop_renewal(&keys, holder);
             }

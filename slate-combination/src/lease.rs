@@ -36,11 +36,26 @@ pub fn combined_deadline(deadlines: &[Instant], required: usize) -> Option<Insta
     Some(d[required - 1])
 }
 
-/// Keeps `keeper` (the combination's lease) in step with the node leases until it is lost or
-/// the task is aborted (at release).
-pub(crate) async fn aggregate(watches: Vec<LeaseWatch>, required: usize, keeper: LeaseKeeper) {
+/// Keeps `keeper` (the combination's lease) in step with the node leases (each with its node's
+/// index) until it is lost or the task is aborted (at release). `entry_gone` is told once of
+/// each node whose renewal found the entry gone: the node may have lost its data (issue 28,
+/// item 2).
+pub(crate) async fn aggregate(
+    watches: Vec<(usize, LeaseWatch)>,
+    required: usize,
+    keeper: LeaseKeeper,
+    mut entry_gone: impl FnMut(usize),
+) {
+    let (nodes, watches): (Vec<usize>, Vec<LeaseWatch>) = watches.into_iter().unzip();
     let mut watches: Vec<(LeaseWatch, bool)> = watches.into_iter().map(|w| (w, true)).collect();
+    let mut told = vec![false; watches.len()];
     loop {
+        for (i, (w, _)) in watches.iter().enumerate() {
+            if !told[i] && w.loss_reason() == Some(LossReason::EntryGone) {
+                told[i] = true;
+                entry_gone(nodes[i]);
+            }
+        }
         let alive: Vec<&LeaseWatch> = watches
             .iter()
             .map(|(w, _)| w)
@@ -101,6 +116,7 @@ pub(crate) async fn aggregate(watches: Vec<LeaseWatch>, required: usize, keeper:
 mod tests {
     use super::*;
     use slate_core::lease;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     #[tokio::test]
@@ -109,8 +125,12 @@ mod tests {
         let s = Duration::from_secs;
         let nodes: Vec<_> = (1..=3).map(|i| lease::channel(now + s(10 + i))).collect();
         let (keeper, watch) = lease::channel(now + s(1));
-        let watches = nodes.iter().map(|(_, w)| w.clone()).collect();
-        let task = tokio::spawn(aggregate(watches, 2, keeper));
+        let watches = nodes.iter().map(|(_, w)| w.clone()).enumerate().collect();
+        let gone = Arc::new(Mutex::new(Vec::new()));
+        let told = gone.clone();
+        let task = tokio::spawn(aggregate(watches, 2, keeper, move |i| {
+            told.lock().unwrap().push(i)
+        }));
         let wait_for = |want: Instant| {
             let mut w = watch.clone();
             async move {
@@ -141,5 +161,7 @@ mod tests {
             }
         );
         task.await.expect("aggregator ends after loss");
+        // Each node whose entry was found gone is reported once, by its index.
+        assert_eq!(*gone.lock().unwrap(), vec![2, 1]);
     }
 }

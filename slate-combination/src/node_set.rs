@@ -5,8 +5,8 @@
 //!
 //! | state | used by new attempts | leaves it when |
 //! | --- | --- | --- |
-//! | unverified (new, or data loss seen) | after a verification at the next attempt's start | verification: marker present → usable; marker missing → quarantined (a server younger than the quarantine until it is that old, an older one for a full quarantine; then the marker is written); unreachable → unavailable |
-//! | usable | yes | a command fails (→ unavailable), an acquire answers "data lost" (→ unverified) |
+//! | unverified (new, or data loss seen) | after a verification at the next attempt's start | verification: marker present with the server's own stamp → usable; marker missing → quarantined (a server younger than the quarantine until it is that old, an older one for a full quarantine; then the marker is written); marker stamped by another server → quarantined for a full quarantine (then stamped again); unreachable → unavailable |
+//! | usable | yes | a command fails (→ unavailable), an acquire answers "data lost" or a renewal finds its entry gone (→ unverified) |
 //! | unavailable (since, last error) | no | the re-probe interval passed and a verification succeeds |
 //! | quarantined (until) | no | the time passes and a verification succeeds |
 //!
@@ -19,7 +19,13 @@
 //! once with [`NodeSet::adopt_fresh_servers`]. A run id that changed on a server up
 //! for longer than that is another server behind the same node (a Sentinel group that failed
 //! over to a replica, which may lack grants its old master never replicated): it is
-//! quarantined for a full period. A node whose Sentinel client saw a failover
+//! quarantined for a full period. The marker carries the stamp of the server that wrote it (run
+//! id and replication id), so the same holds at a first contact: a marker stamped by another
+//! server came with a restart from disk (a snapshot may be older than the last grants and the
+//! fencing counter) or a promotion, and the node is quarantined for a full period, then
+//! stamped again. (A replication id also changes when a master frees its replication backlog,
+//! an hour after its last replica left: one needless quarantine then.) A node whose Sentinel
+//! client saw a failover
 //! ([`RedisClient::failovers`]) is verified again before its next use, even when usable.
 //! Verifications run at the start of an attempt, before the attempt fixes its usable nodes; a
 //! node never joins an attempt under way.
@@ -324,6 +330,31 @@ enum Health {
     Quarantined {
         until: Instant,
     },
+}
+
+/// What a node's marker says of its data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Marker {
+    /// Missing: the server lost its data.
+    Missing,
+    /// Stamped by this very server (same run id and replication id).
+    Own,
+    /// Stamped by another server, or by this one under another replication history: the
+    /// data came from a restart or from another server.
+    Foreign,
+    /// Written by a Slate version before stamps (`1`): trusted as before, and stamped.
+    Unstamped,
+}
+
+impl Marker {
+    fn read(value: Option<String>, info: &slate_redis::node::ServerInfo) -> Marker {
+        match value {
+            None => Marker::Missing,
+            Some(v) if v == info.marker_stamp() => Marker::Own,
+            Some(v) if v == "1" => Marker::Unstamped,
+            Some(_) => Marker::Foreign,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -673,10 +704,11 @@ impl NodeSet {
         let marked = futures::future::join_all(self.inner.nodes.iter().map(|n| {
             let keys = &keys;
             async move {
-                let ok = matches!(
-                    tokio::time::timeout(op, n.client.node_mark(keys)).await,
-                    Ok(Ok(()))
-                );
+                let mark = async {
+                    let info = n.client.server_info().await?;
+                    n.client.node_mark(keys, &info).await
+                };
+                let ok = matches!(tokio::time::timeout(op, mark).await, Ok(Ok(())));
                 if ok {
                     n.health().health = Health::Unverified;
                 }
@@ -717,7 +749,8 @@ impl NodeSet {
             .collect()
     }
 
-    /// Verifies one node: reachable, same server as before (run id), data not lost (marker).
+    /// Verifies one node: reachable, same server as before (run id), data not lost (marker),
+    /// and written by this server (the marker's stamp).
     async fn verify(&self, node: &Node, keys: &NodeKeys) {
         let opts = &self.inner.options;
         let failovers = node.client.failovers();
@@ -725,8 +758,8 @@ impl NodeSet {
             Ok(i) => i,
             Err(e) => return self.mark_failed(node.index, &e),
         };
-        let marked = match node.client.node_is_marked(keys).await {
-            Ok(m) => m,
+        let marker = match node.client.node_marker(keys).await {
+            Ok(m) => Marker::read(m, &info),
             Err(e) => return self.mark_failed(node.index, &e),
         };
         let (restarted, new_history, served) = {
@@ -739,9 +772,6 @@ impl NodeSet {
                 matches!(h.health, Health::Quarantined { until } if Instant::now() >= until);
             // The data may have come from elsewhere since the last look: the replication id
             // changed (a promotion, or A -> B -> A between two checks). Issue 35, defect 8.
-            // Not `promoted` at a first contact: Redis also sets `master_replid2` on a master
-            // restarted from its RDB while it had replicas, which would quarantine healthy
-            // nodes at every process start (review finding).
             let replid_changed = h
                 .replication_id
                 .as_ref()
@@ -758,15 +788,19 @@ impl NodeSet {
         // behind the same address: a Sentinel group that failed over to a replica. Replication
         // is asynchronous, so the promoted replica may lack grants its old master made; they
         // have all expired once a full quarantine (at least the longest lease) has passed. A
-        // new replication history without a restart is the same case.
-        let replaced = if restarted { !young } else { new_history };
+        // new replication history without a restart is the same case, and so is a marker
+        // stamped by another server (issue 35, defect 8: seen even at a first contact, where
+        // this process has no run id to compare; issue 28, item 2: a restart from a snapshot
+        // that may be older than the last grants).
+        let foreign = marker == Marker::Foreign && !served;
+        let replaced = (if restarted { !young } else { new_history }) || foreign;
         // A missing marker on a server that has been up for a while: its data went without a
         // restart (`FLUSHALL`, `FLUSHDB`, an eviction of the marker), maybe just now, so the
         // entries it lost may belong to holds still running: a full quarantine (issue 28,
         // item 2; before, only a young server was quarantined and such a node was usable at
         // once). A server never used with Slate is adopted once with
         // `NodeSet::adopt_fresh_servers` (or `slate nodes adopt`).
-        let lost = !marked && !served;
+        let lost = marker == Marker::Missing && !served;
         let flushed = lost && !young;
         let young = young && !mutant::active(Mutant::QuarantineAdmitsYoung);
         if opts.quarantine_enabled && (((restarted || lost) && young) || replaced || flushed) {
@@ -780,9 +814,9 @@ impl NodeSet {
                 node = node.address(),
                 restarted,
                 replaced,
-                marked,
+                ?marker,
                 new_history,
-                "node quarantined after a restart or a failover"
+                "node quarantined after a restart, a failover or a data loss"
             );
             let mut h = node.health();
             h.health = Health::Quarantined { until };
@@ -791,7 +825,9 @@ impl NodeSet {
             h.failovers = failovers;
             return;
         }
-        if !marked && let Err(e) = node.client.node_mark(keys).await {
+        if marker != Marker::Own
+            && let Err(e) = node.client.node_mark(keys, &info).await
+        {
             return self.mark_failed(node.index, &e);
         }
         let mut h = node.health();
@@ -834,11 +870,18 @@ impl NodeSet {
         }
     }
 
-    /// Marks node `i` for verification (an acquire answered "data lost").
+    /// Marks node `i` for verification (an acquire answered "data lost", or a renewal found its
+    /// entry gone). A quarantined node stays quarantined.
     pub(crate) fn mark_data_lost(&self, i: usize) {
         if let Some(node) = self.inner.nodes.get(i) {
-            tracing::warn!(node = node.address(), "node lost its data; verifying it");
-            node.health().health = Health::Unverified;
+            let mut h = node.health();
+            if !matches!(h.health, Health::Quarantined { .. }) {
+                tracing::warn!(
+                    node = node.address(),
+                    "node may have lost its data; verifying it"
+                );
+                h.health = Health::Unverified;
+            }
         }
     }
 

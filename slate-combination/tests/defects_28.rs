@@ -186,13 +186,20 @@ async fn i3_a_larger_quorum_does_not_fence_on_fewer_nodes() {
     s[0].resume().unwrap();
 }
 
-/// Item 2: a missing node marker quarantined only a server younger than the quarantine, so a
-/// long-running server that lost its data without a restart (`FLUSHALL`) was marked again and
-/// used at once: a process meeting it took the entry another process held there. Here A holds
-/// nodes 1 and 2 (node 0 was out of reach), node 1 is flushed, and B (the parallel order) took
-/// nodes 0 and 1: two holders. A missing marker now always quarantines the node.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn i2_a_flushed_long_running_node_is_quarantined() {
+/// How node 1 loses A's entry in [`node_1_loses_a_holders_entry`].
+#[derive(Clone, Copy, Debug)]
+enum DataLoss {
+    /// `FLUSHALL` on a server up longer than the quarantine: the marker goes too.
+    Flush,
+    /// A restart from a snapshot saved before A's grant: the marker comes back (stamped by
+    /// the server before the restart), A's entry does not.
+    OlderSnapshot,
+}
+
+/// A holds nodes 1 and 2 (node 0 was out of reach), node 1 loses A's entry (`loss`), and B
+/// (another process, the parallel order) tries: it must not hold beside A. Once the quarantine
+/// has run its course node 1 is used again.
+async fn node_1_loses_a_holders_entry(loss: DataLoss) {
     let quarantine = Duration::from_secs(2);
     let options = || {
         slate_combination::NodeSetOptions::builder()
@@ -203,6 +210,9 @@ async fn i2_a_flushed_long_running_node_is_quarantined() {
     };
     let mut s = servers(3);
     adopt(&view_of(urls(&s), opts(OP))).await;
+    if let DataLoss::OlderSnapshot = loss {
+        s[1].command(&["SAVE"]).unwrap();
+    }
     let lease = Duration::from_secs(2);
     let build = |nodes: &slate_combination::NodeSet, order| {
         CombinationLock::builder(nodes, "i2")
@@ -224,18 +234,24 @@ async fn i2_a_flushed_long_running_node_is_quarantined() {
         (!exists(&s[0], "i2")).then_some(())
     })
     .await;
-    s[1].command(&["FLUSHALL"]).unwrap();
+    match loss {
+        DataLoss::Flush => drop(s[1].command(&["FLUSHALL"]).unwrap()),
+        DataLoss::OlderSnapshot => {
+            s[1].restart(ecosphere::server::Data::Keep).unwrap();
+            assert!(!exists(&s[1], "i2"), "the snapshot predates A's grant");
+        }
+    }
     let b = build(&view_of(urls(&s), options()), Order::Pipelined);
     match b.try_lock().await {
         Ok(Some(gb)) => panic!(
-            "B holds {:?} while A holds {:?}: the flushed node was used at once",
+            "B holds {:?} while A holds {:?}: node 1 was used at once after {loss:?}",
             gb.nodes(),
             ga.nodes()
         ),
         Ok(None) => {}
         Err(e) => assert!(e.is_insufficient_nodes(), "{e}"),
     }
-    // A's hold lost its entry on node 1 with the flush: its unlock answers not held.
+    // A's hold lost its entry on node 1: its unlock answers not held.
     let _ = ga.unlock().await;
     // Once the quarantine has run its course the node is marked again and used (a review
     // found the first version of the fix quarantining it again for ever).
@@ -255,4 +271,22 @@ async fn i2_a_flushed_long_running_node_is_quarantined() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Item 2: a missing node marker quarantined only a server younger than the quarantine, so a
+/// long-running server that lost its data without a restart (`FLUSHALL`) was marked again and
+/// used at once: B took nodes 0 and 1 beside A. A missing marker now always quarantines the
+/// node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i2_a_flushed_long_running_node_is_quarantined() {
+    node_1_loses_a_holders_entry(DataLoss::Flush).await;
+}
+
+/// Item 2: a server restarted from a snapshot older than the last grants kept its marker, so
+/// a process meeting it for the first time used it at once: B took nodes 0 and 1 beside A. The
+/// marker now carries the stamp (run id, replication id) of the server that wrote it, and a
+/// node whose marker another server stamped is quarantined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i2_a_node_restarted_from_an_older_snapshot_is_quarantined() {
+    node_1_loses_a_holders_entry(DataLoss::OlderSnapshot).await;
 }

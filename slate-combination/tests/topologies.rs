@@ -126,3 +126,67 @@ async fn a_node_whose_group_failed_over_is_quarantined() {
     assert_eq!(g.nodes(), &[0, 1, 2]);
     g.unlock().await.unwrap();
 }
+
+/// Issue 35, defect 8: a failover that happened before a process first met the node escaped
+/// the quarantine (the process had no run id or replication id to compare with), so the
+/// promoted replica, which may lack grants its old master never replicated, counted at once.
+/// The node marker now carries the stamp of the server that wrote it; the promoted replica
+/// holds its old master's stamp and is quarantined, then used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d8_a_failover_before_the_first_contact_is_quarantined() {
+    let quarantine = Duration::from_secs(2);
+    let mut group = SentinelGroup::start(1, 1).unwrap();
+    let standalone = servers(2);
+    let op = Duration::from_millis(500);
+    let (sentinels, name) = (group.sentinel_urls(), group.master_name());
+    let view = || {
+        let client_opts = ClientOptions::builder()
+            .command_timeout(op)
+            .connect_timeout(op)
+            .build()
+            .unwrap();
+        let clients = vec![
+            RedisClient::open_with(standalone[0].url(), client_opts.clone()).unwrap(),
+            RedisClient::open_sentinel(sentinels.clone(), name, client_opts.clone()).unwrap(),
+            RedisClient::open_with(standalone[1].url(), client_opts).unwrap(),
+        ];
+        let options = slate_combination::NodeSetOptionsBuilder::from(opts(op))
+            .quarantine(quarantine)
+            .build()
+            .unwrap();
+        NodeSet::from_clients(clients, options).unwrap()
+    };
+    adopt(&view()).await;
+    let master = group.master().unwrap();
+    let replica = 1 - master;
+    // The replica has the marker, and has been up for longer than the quarantine.
+    let marker = |i: usize| {
+        group
+            .server(i)
+            .command(&["EXISTS", "slate:node-marker"])
+            .unwrap()
+    };
+    wait_for(Duration::from_secs(5), "the marker on the replica", || {
+        (marker(replica) == redis::Value::Int(1)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(quarantine + Duration::from_millis(300)).await;
+    assert_eq!(group.kill_master().unwrap(), replica);
+    // A process that starts after the failover.
+    let nodes = view();
+    let lock = CombinationLock::builder(&nodes, "d8")
+        .lease(quarantine)
+        .build()
+        .unwrap();
+    let g = lock.lock().await.unwrap();
+    assert_eq!(
+        g.nodes(),
+        &[0, 2],
+        "the promoted replica counts at the first contact"
+    );
+    g.unlock().await.unwrap();
+    tokio::time::sleep(quarantine + Duration::from_millis(300)).await;
+    let g = lock.lock().await.unwrap();
+    assert_eq!(g.nodes(), &[0, 1, 2], "used again after its quarantine");
+    g.unlock().await.unwrap();
+}

@@ -127,9 +127,30 @@ pub struct ServerInfo {
     /// a replica, so a change means the data may have come from elsewhere. `None` when the
     /// server does not report one.
     pub replication_id: Option<String>,
-    /// A master that was a replica since it started (`master_replid2` is set): promoted by a
-    /// failover, so it may lack writes its old master acknowledged.
-    pub promoted: bool,
+}
+
+impl ServerInfo {
+    /// What the node marker records of the server that wrote it: its run id and replication
+    /// id. A marker whose stamp is not the server's own came with data the server did not
+    /// write itself: a restart from disk (a snapshot may roll the lock keys and the fencing
+    /// counter back), a promoted replica (which may lack its old master's newest grants), or a
+    /// replication history that changed since (A -> B -> A).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn stamp(info: &slate_redis::node::ServerInfo) -> String {
+    /// info.marker_stamp()
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn marker_stamp(&self) -> String {
+        format!(
+            "{} {}",
+            self.run_id,
+            self.replication_id.as_deref().unwrap_or("-")
+        )
+    }
 }
 
 /// What a node's release message wakes (see [`RedisClient::node_subscribe`]): a multi-node
@@ -436,8 +457,9 @@ impl RedisClient {
         .await
     }
 
-    /// Writes the node marker (if absent). Call it only when the server has been up for at
-    /// least a lease, or after a quarantine of that length.
+    /// Writes the node marker with `info`'s [stamp](ServerInfo::marker_stamp) (`info` read
+    /// from this server). Call it only when the server has been up for at least a lease, or
+    /// after a quarantine of that length.
     ///
     /// # Errors
     ///
@@ -446,20 +468,23 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Idempotent.
-    pub async fn node_mark(&self, keys: &NodeKeys) -> Result<()> {
+    pub async fn node_mark(&self, keys: &NodeKeys, info: &ServerInfo) -> Result<()> {
         let marker: &[u8] = &keys.marker;
+        let stamp = info.marker_stamp();
+        let stamp = &stamp;
         self.exec("SET node marker", |mut c| async move {
             redis::cmd("SET")
                 .arg(&*marker)
-                .arg(1)
-                .arg("NX")
+                .arg(stamp)
                 .query_async::<()>(&mut c)
                 .await
         })
         .await
     }
 
-    /// Whether the node marker exists.
+    /// The node marker's value (`None` when it is missing): the
+    /// [stamp](ServerInfo::marker_stamp) of the server that wrote it, or `1` from a Slate
+    /// version before stamps.
     ///
     /// # Errors
     ///
@@ -468,12 +493,12 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Cancel safe (a read).
-    pub async fn node_is_marked(&self, keys: &NodeKeys) -> Result<bool> {
+    pub async fn node_marker(&self, keys: &NodeKeys) -> Result<Option<String>> {
         let marker: &[u8] = &keys.marker;
-        self.exec("EXISTS node marker", |mut c| async move {
-            redis::cmd("EXISTS")
+        self.exec("GET node marker", |mut c| async move {
+            redis::cmd("GET")
                 .arg(&*marker)
-                .query_async::<bool>(&mut c)
+                .query_async::<Option<String>>(&mut c)
                 .await
         })
         .await
@@ -509,8 +534,6 @@ impl RedisClient {
                 run_id: run_id.to_owned(),
                 uptime: Duration::from_secs(secs),
                 replication_id: field("master_replid").map(str::to_owned),
-                promoted: field("role") == Some("master")
-                    && field("master_replid2").is_some_and(|r| r.bytes().any(|b| b != b'0')),
             }),
             _ => Err(unexpected_reply(
                 "INFO server",
