@@ -542,18 +542,24 @@ impl RedisCluster {
         }
     }
 
-    /// Moves `slot` with its keys to master `to`: `SETSLOT IMPORTING` on the target,
-    /// `SETSLOT MIGRATING` on the source, `MIGRATE` of every key, then `SETSLOT NODE` on every
-    /// master (the standard resharding steps). While keys move, clients of the slot get `ASK`
-    /// redirects; afterwards `MOVED`.
+    /// Starts moving `slot` (owned by another master) to master `to` and leaves it half-way:
+    /// `SETSLOT IMPORTING` on the target, `SETSLOT MIGRATING` on the source, `MIGRATE` of every
+    /// key. The source still owns the slot, and answers `ASK` (to the target) for every key it
+    /// no longer has. Returns the node ids of the source and the target.
     ///
     /// # Errors
     ///
-    /// `to` is not a master; a step is refused.
-    pub fn migrate_slot(&mut self, slot: u16, to: usize) -> Result<(), HarnessError> {
+    /// `to` is not a master, or already owns the slot; a step is refused.
+    pub fn start_slot_migration(
+        &mut self,
+        slot: u16,
+        to: usize,
+    ) -> Result<(String, String), HarnessError> {
         let from = self.master_of(slot)?;
         if from == to {
-            return Ok(());
+            return Err(HarnessError::Config(format!(
+                "node {to} already owns slot {slot}"
+            )));
         }
         let view = self.view()?;
         let id_of = |port: u16| {
@@ -601,6 +607,24 @@ impl RedisCluster {
                 .query::<()>(&mut con)
                 .map_err(HarnessError::redis("MIGRATE"))?;
         }
+        Ok((from_id, to_id))
+    }
+
+    /// Moves `slot` with its keys to master `to`: [`start_slot_migration`](Self::start_slot_migration),
+    /// then `SETSLOT NODE` on every master (the standard resharding steps). While keys move,
+    /// clients of the slot get `ASK` redirects; afterwards `MOVED`.
+    ///
+    /// # Errors
+    ///
+    /// `to` is not a master; a step is refused.
+    pub fn migrate_slot(&mut self, slot: u16, to: usize) -> Result<(), HarnessError> {
+        let from = self.master_of(slot)?;
+        if from == to {
+            return Ok(());
+        }
+        let (_, to_id) = self.start_slot_migration(slot, to)?;
+        let s = slot.to_string();
+
         for i in self.masters()? {
             self.nodes[i].command(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id])?;
         }

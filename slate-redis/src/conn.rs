@@ -4,6 +4,8 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+use crate::scripts::{SlateScript, is_noscript};
+
 /// The Redis deployment a [`RedisClient`](crate::RedisClient) talks to.
 ///
 /// # Examples
@@ -83,27 +85,45 @@ pub(crate) fn wait_cmd(replicas: usize, within: std::time::Duration) -> redis::C
     cmd
 }
 
-/// `WAIT replicas within` on `conn`, for the write just made there about `key`: on a
-/// cluster it goes to the master that owns `key`'s slot (redis-rs would otherwise send it to
-/// every master). Returns the number of replicas that acknowledged.
-pub(crate) async fn wait_replicas(
+/// Runs `eval` (an `EVALSHA` of `script`) and, with `wait` (replicas, within), `WAIT` right
+/// behind it in one pipeline. Returns the script's reply and, with `wait`, how many replicas
+/// acknowledged the connection's writes up to it.
+///
+/// In one pipeline the `WAIT` runs on the server that ran the script, even on a cluster whose
+/// slot is migrating: redis-rs sends the whole pipeline again after an `ASK` (or `MOVED`), so
+/// both run on the importing node. A lone `WAIT` routed by the key's slot went to the migrating
+/// node, which had nothing of this write to wait for and counted every replica (issue 35,
+/// defect 4). It also saves the `WAIT`'s round trip. After `NOSCRIPT`, loads the script and
+/// sends the pair again, once.
+pub(crate) async fn eval_then_wait<T: redis::FromRedisValue>(
     conn: &mut Conn,
-    key: &[u8],
-    replicas: usize,
-    within: std::time::Duration,
-) -> redis::RedisResult<usize> {
-    let cmd = wait_cmd(replicas, within);
-    match conn {
-        Conn::Server(c) => cmd.query_async(c).await,
-        Conn::Cluster(c) => {
-            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                Route::with_key(key, SlotAddr::Master),
-            ));
-            let v = c.route_command(cmd, route).await?;
-            Ok(redis::from_redis_value(v)?)
-        }
+    script: &SlateScript,
+    eval: &redis::Cmd,
+    wait: Option<(usize, std::time::Duration)>,
+) -> redis::RedisResult<(T, Option<usize>)> {
+    let mut pipe = redis::pipe();
+    pipe.add_command(eval.clone());
+    if let Some((n, within)) = wait {
+        pipe.add_command(wait_cmd(n, within));
     }
+    // Errors stay in the replies: the script's own is read below, a `WAIT`'s is returned.
+    pipe.ignore_errors();
+    let mut replies: Vec<Value> = pipe.query_async(conn).await?;
+    if matches!(replies.first().cloned().map(Value::extract_error), Some(Err(e)) if is_noscript(&e))
+    {
+        script.load_cmd().query_async::<()>(conn).await?;
+        replies = pipe.query_async(conn).await?;
+    }
+    let mut replies = replies.into_iter();
+    let reply = replies
+        .next()
+        .ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Client, "no script reply")))?;
+    let reply = redis::from_redis_value(reply.extract_error()?)?;
+    let acked = match replies.next() {
+        Some(v) => Some(redis::from_redis_value(v.extract_error()?)?),
+        None => None,
+    };
+    Ok((reply, acked))
 }
 
 /// The cluster hash slot of `key` (CRC16 of its hash tag, as Redis computes it).

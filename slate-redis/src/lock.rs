@@ -494,46 +494,31 @@ pub(crate) async fn acquire_remote(
         .fence_expiry
         .map(|d| scripts::lease_ms(d).to_string());
     let synced = client.synced();
-    let lock_key: &[u8] = &keys.lock;
+    let mut keys_of: Vec<&[u8]> = vec![&keys.lock, &keys.fence, &keys.queue, &keys.turn, &record];
+    keys_of.extend(marker);
+    let mut eval = ACQUIRE.evalsha(&keys_of);
+    eval.arg(&holder_arg)
+        .arg(ms)
+        .arg(queue_id)
+        .arg(tenure)
+        .arg(request)
+        .arg(record_ms)
+        // ARGV[7] and ARGV[8]: '' means no (see acquire.lua).
+        .arg(if reentry { "1" } else { "" })
+        .arg(fence_expiry.as_deref().unwrap_or(""));
+    // ARGV[9]: the token block, only when it allows passes (the common call stays as short as
+    // it was).
+    if block > 1 {
+        eval.arg(block);
+    }
+    let eval = &eval;
     let (reply, acked): (Vec<i64>, Option<usize>) = client
-        .exec("acquire script", |mut c| {
-            let mut invocation = ACQUIRE.script.prepare_invoke();
-            invocation
-                .key(&*keys.lock)
-                .key(&*keys.fence)
-                .key(&*keys.queue)
-                .key(&*keys.turn)
-                .key(&*record);
-            if let Some(marker) = marker {
-                invocation.key(marker);
-            }
-            invocation
-                .arg(&holder_arg)
-                .arg(ms)
-                .arg(queue_id)
-                .arg(tenure)
-                .arg(request)
-                .arg(record_ms);
-            // ARGV[7] and ARGV[8]: '' means no (see acquire.lua).
-            invocation
-                .arg(if reentry { "1" } else { "" })
-                .arg(fence_expiry.as_deref().unwrap_or(""));
-            // ARGV[9]: the token block, only when it allows passes (the common call stays as
-            // short as it was).
-            if block > 1 {
-                invocation.arg(block);
-            }
-            async move {
-                let reply: Vec<i64> = invocation.invoke_async(&mut c).await?;
-                // A grant counts once the replicas have it: WAIT on the connection that wrote it.
-                let acked = match (synced, reply.first()) {
-                    (Some((n, within)), Some(1 | 2)) => {
-                        Some(conn::wait_replicas(&mut c, lock_key, n, within).await?)
-                    }
-                    _ => None,
-                };
-                Ok((reply, acked))
-            }
+        .exec("acquire script", |mut c| async move {
+            // A grant counts once the replicas have it: WAIT behind it, where it ran.
+            let (reply, acked) =
+                conn::eval_then_wait::<Vec<i64>>(&mut c, &ACQUIRE, eval, synced).await?;
+            let granted = matches!(reply.first(), Some(1 | 2));
+            Ok((reply, acked.filter(|_| granted)))
         })
         .await?;
     if let (Some((wanted, within)), Some(acked)) = (synced, acked)

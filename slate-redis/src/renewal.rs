@@ -780,28 +780,23 @@ async fn renew_cluster(
         let cmd = renew_cmd(&batch[i]);
         async move {
             let cmd = &cmd;
-            let key: &[u8] = &batch[i].key.0;
             let r = client
                 .exec("renewal", |mut c| async move {
-                    let r = match cmd.query_async::<i64>(&mut c).await {
-                        Err(e) if scripts::is_noscript(&e) => {
-                            let script = match batch[i].leases {
-                                Some(_) => &scripts::SHARED_RENEW,
-                                None => &scripts::RENEW,
-                            };
-                            script.load_cmd().query_async::<()>(&mut c).await?;
-                            cmd.query_async::<i64>(&mut c).await
-                        }
-                        r => r,
-                    }?;
-                    if let (1, Some((n, within))) = (r, synced) {
-                        let acked = conn::wait_replicas(&mut c, key, n, within).await?;
-                        if acked < n {
-                            return Err(redis::RedisError::from((
-                                ErrorKind::Client,
-                                "renewal not acknowledged by enough replicas",
-                            )));
-                        }
+                    let script = match batch[i].leases {
+                        Some(_) => &scripts::SHARED_RENEW,
+                        None => &scripts::RENEW,
+                    };
+                    // The WAIT in the same pipeline runs where the renewal ran, even when a
+                    // migrating slot redirects it (issue 35, defect 4).
+                    let (r, acked) =
+                        conn::eval_then_wait::<i64>(&mut c, script, cmd, synced).await?;
+                    if let (1, Some((n, _)), Some(acked)) = (r, synced, acked)
+                        && acked < n
+                    {
+                        return Err(redis::RedisError::from((
+                            ErrorKind::Client,
+                            "renewal not acknowledged by enough replicas",
+                        )));
                     }
                     Ok(r)
                 })

@@ -2,9 +2,9 @@
 //!
 //! Single calls go through [`redis::Script`], whose `invoke_async` sends `EVALSHA` and, on a
 //! `NOSCRIPT` reply (a restarted server has an empty script cache), loads the script and sends
-//! it once more. Pipelines (renewal) cannot use it, so [`SlateScript::evalsha_cmd`] builds the
-//! command and the renewal service loads the script and resends the entries that answered
-//! `NOSCRIPT`, once.
+//! it once more. Pipelines (renewal, and a script followed by its `WAIT`:
+//! `conn::eval_then_wait`) cannot use it, so [`SlateScript::evalsha`] builds the command and
+//! the caller loads the script and resends what answered `NOSCRIPT`, once.
 
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -50,13 +50,19 @@ impl SlateScript {
         cmd
     }
 
-    /// `EVALSHA <sha> <#keys> <keys...> <args...>`.
-    pub(crate) fn evalsha_cmd(&self, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
+    /// `EVALSHA <sha> <#keys> <keys...>`: the caller adds the arguments.
+    pub(crate) fn evalsha(&self, keys: &[&[u8]]) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.script.get_hash()).arg(keys.len());
         for k in keys {
             cmd.arg(*k);
         }
+        cmd
+    }
+
+    /// `EVALSHA <sha> <#keys> <keys...> <args...>`.
+    pub(crate) fn evalsha_cmd(&self, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
+        let mut cmd = self.evalsha(keys);
         for a in args {
             cmd.arg(*a);
         }

@@ -745,49 +745,40 @@ impl Call {
         let capacity = self.kind.capacity();
         let publish = self.client.publish_arg();
         let synced = self.client.synced();
-        let holders_key: &[u8] = &keys.holders;
+        let mut keys_of: Vec<&[u8]> = vec![
+            &keys.holders,
+            &keys.leases,
+            &keys.queue,
+            &keys.wants,
+            &keys.fence,
+            &record,
+            &keys.channel,
+        ];
+        keys_of.extend(keys.permits.as_deref().or(keys.exclusive.as_deref()));
+        let mut eval = SHARED_ACQUIRE.evalsha(&keys_of);
+        eval.arg(&holder)
+            .arg(if a.write { "w" } else { "r" })
+            .arg(a.permits)
+            .arg(lease_ms)
+            .arg(a.queue_id)
+            .arg(claim_ms)
+            .arg(a.request)
+            .arg(record_ms)
+            .arg(if a.reentry { "1" } else { "" })
+            .arg(capacity)
+            .arg(if keys.exclusive.is_some() { "x" } else { "" })
+            .arg(a.seq)
+            .arg(publish);
+        let eval = &eval;
         let (reply, acked): (Vec<i64>, Option<usize>) = self
             .client
-            .exec("shared acquire script", |mut c| {
-                let mut invocation = SHARED_ACQUIRE.script.prepare_invoke();
-                invocation
-                    .key(&*keys.holders)
-                    .key(&*keys.leases)
-                    .key(&*keys.queue)
-                    .key(&*keys.wants)
-                    .key(&*keys.fence)
-                    .key(&*record)
-                    .key(&*keys.channel);
-                if let Some(key) = keys.permits.as_ref().or(keys.exclusive.as_ref()) {
-                    invocation.key(&**key);
-                }
-                invocation
-                    .arg(&holder)
-                    .arg(if a.write { "w" } else { "r" })
-                    .arg(a.permits)
-                    .arg(lease_ms)
-                    .arg(a.queue_id)
-                    .arg(claim_ms)
-                    .arg(a.request)
-                    .arg(record_ms)
-                    .arg(if a.reentry { "1" } else { "" })
-                    .arg(capacity);
-                invocation
-                    .arg(if keys.exclusive.is_some() { "x" } else { "" })
-                    .arg(a.seq)
-                    .arg(publish);
-                async move {
-                    let reply: Vec<i64> = invocation.invoke_async(&mut c).await?;
-                    // A grant counts once the replicas have it, as the single lock's: WAIT on
-                    // the connection that wrote it (issue 35, defect 2).
-                    let acked = match (synced, reply.first()) {
-                        (Some((n, within)), Some(1)) => {
-                            Some(conn::wait_replicas(&mut c, holders_key, n, within).await?)
-                        }
-                        _ => None,
-                    };
-                    Ok((reply, acked))
-                }
+            .exec("shared acquire script", |mut c| async move {
+                // A grant counts once the replicas have it, as the single lock's: WAIT behind
+                // it, where it ran (issue 35, defects 2 and 4).
+                let (reply, acked) =
+                    conn::eval_then_wait::<Vec<i64>>(&mut c, &SHARED_ACQUIRE, eval, synced).await?;
+                let granted = reply.first() == Some(&1);
+                Ok((reply, acked.filter(|_| granted)))
             })
             .await?;
         if let (Some((wanted, within)), Some(acked)) = (synced, acked)

@@ -767,3 +767,92 @@ async fn d12_a_stalled_acquire_arriving_after_a_newer_grant_is_not_a_level() {
         "the lock stayed held after its only unlock"
     );
 }
+
+/// Defect 4, second half: on a cluster whose lock slot is migrating, an acquire script can be
+/// redirected (`ASK`) to the importing node and granted there, but the `WAIT` behind it was
+/// routed by the slot's owner to the migrating node, which had nothing of this write to wait
+/// for and counted its own replica: a grant that no replica of the node holding it had was
+/// counted as replicated. The `WAIT` now rides in the script's pipeline, which redis-rs
+/// redirects as a whole. Redis runs a multi-key command on an importing node only when every
+/// key already exists there (else `TRYAGAIN`), so the test gives the lock every key: a holder
+/// that holds it (its request record too) while another process waits for its turn. The
+/// importing node's replica is paused: the holder's re-entry must be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d4_a_grant_on_an_importing_node_waits_for_its_own_replicas() {
+    let mut cluster = ecosphere::cluster::RedisCluster::start(3, 1).expect("cluster");
+    let client = RedisClient::open_cluster(
+        cluster.urls(),
+        ClientOptions::builder()
+            .synced_replicas(1, Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let lock = SingleLock::builder(&client, "d4m")
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let holder = HolderId::new();
+    let h = holder.to_string();
+    let slot = cluster.slot_of(b"slate:{d4m}").unwrap();
+    let source = cluster.master_of(slot).unwrap();
+    let on_source = |args: &[&str]| drop(cluster.node(source).command(args).unwrap());
+    on_source(&["HSET", "slate:{d4m}", &h, "1"]);
+    on_source(&["PEXPIRE", "slate:{d4m}", "30000"]);
+    on_source(&["SET", "slate:{d4m}:fence", "7"]);
+    on_source(&[
+        "SET",
+        &format!("slate:{{d4m}}:req:{h}"),
+        "1 a 7 1",
+        "PX",
+        "30000",
+    ]);
+    on_source(&["ZADD", "slate:{d4m}:queue", "1", "another-process"]);
+    on_source(&[
+        "HSET",
+        "slate:{d4m}:turn",
+        "o",
+        "another-process",
+        "u",
+        "0",
+        "n",
+        "1",
+    ]);
+    on_source(&["PEXPIRE", "slate:{d4m}:turn", "30000"]);
+    let target = cluster
+        .masters()
+        .unwrap()
+        .into_iter()
+        .find(|&m| m != source)
+        .unwrap();
+    let replica = cluster.replicas_of(target).unwrap()[0];
+    // Connected to every node (the replica too) before the replica stops answering; the
+    // server sees the holder's level.
+    assert_eq!(lock.hold_count(holder).await.unwrap(), 1);
+    cluster.node_mut(replica).pause().unwrap();
+    cluster.start_slot_migration(slot, target).unwrap();
+    let attempt = lock.acquire(holder, slate_redis::Wait::Immediate).await;
+    // The importing node answers for the slot only after ASKING, on the same connection.
+    let mut c = cluster.node(target).connection().unwrap();
+    let (count,): (Option<i64>,) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("HGET")
+        .arg("slate:{d4m}")
+        .arg(&h)
+        .query(&mut c)
+        .unwrap();
+    cluster.node_mut(replica).resume().unwrap();
+    let e = match attempt {
+        Err(e) => e,
+        Ok(g) => panic!(
+            "granted on the importing node without its replica: depth {}",
+            g.depth()
+        ),
+    };
+    assert!(e.to_string().contains("0 of the 1 replicas"), "{e}");
+    // The level is given back by its request id when the release script can run; mid-migration
+    // it cannot (its channel key never exists, so the importing node answers `TRYAGAIN`), and
+    // the level then ends with its lease.
+    assert!(matches!(count, Some(1 | 2)), "{count:?}");
+}
