@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
+use crate::proxy::{FaultProxy, Mode};
 use crate::server::{HarnessError, free_port};
 
 /// How to install ZooKeeper when it is missing.
@@ -104,11 +105,22 @@ struct Layout {
     dir: PathBuf,
 }
 
-fn write_config(l: &Layout, peers: &[(u16, u16)], force_sync: bool) -> Result<(), HarnessError> {
+/// The `syncLimit` (in ticks) of the harness ensembles: how long a follower goes on without
+/// hearing from its leader.
+pub const SYNC_LIMIT: u32 = 20;
+
+/// `peers`: how this server reaches each server of the ensemble (its own entry: where it
+/// listens), as (quorum port, election port) on loopback.
+fn write_config(
+    l: &Layout,
+    peers: &[(u16, u16)],
+    force_sync: bool,
+    sync_limit: u32,
+) -> Result<(), HarnessError> {
     let io = io_err(format!("writing the config of ZooKeeper server {}", l.id));
     fs::create_dir_all(l.dir.join("data")).map_err(&io)?;
     let mut cfg = format!(
-        "tickTime={}\ninitLimit=50\nsyncLimit=20\ndataDir={}\nclientPort={}\n\
+        "tickTime={}\ninitLimit=50\nsyncLimit={sync_limit}\ndataDir={}\nclientPort={}\n\
          clientPortAddress=127.0.0.1\nminSessionTimeout={}\nmaxSessionTimeout=60000\n\
          admin.enableServer=false\n4lw.commands.whitelist=*\nforceSync={}\n\
          maxClientCnxns=0\nznode.container.checkIntervalMs=1000\n",
@@ -165,7 +177,7 @@ impl ZkServer {
             port: free_port()?,
             dir: temp_dir("zk")?,
         };
-        write_config(&l, &[], force_sync)?;
+        write_config(&l, &[], force_sync, SYNC_LIMIT)?;
         let mut server = ZkServer::spawn(l)?;
         server.wait_serving(START_TIMEOUT, &["standalone"])?;
         Ok(server)
@@ -481,7 +493,19 @@ impl Drop for ZkServer {
 #[derive(Debug)]
 pub struct ZkEnsemble {
     servers: Vec<ZkServer>,
+    /// With [`ZkEnsemble::start_linked`]: the proxies through which the servers reach each
+    /// other.
+    links: Vec<PeerLink>,
     base: PathBuf,
+}
+
+/// Server `from`'s way to server `to` (both its ports), in a linked ensemble.
+#[derive(Debug)]
+struct PeerLink {
+    from: usize,
+    to: usize,
+    quorum: FaultProxy,
+    election: FaultProxy,
 }
 
 impl Drop for ZkEnsemble {
@@ -508,6 +532,35 @@ impl ZkEnsemble {
     /// [`HarnessError::BinaryNotFound`] with the install hint; [`HarnessError::StartFailed`]
     /// when the quorum does not form within 40 s.
     pub fn start(n: usize) -> Result<ZkEnsemble, HarnessError> {
+        Self::start_with(n, false, SYNC_LIMIT)
+    }
+
+    /// Starts `n` servers that reach each other only through proxies of their own (one per
+    /// ordered pair of servers and port), so that [`cut_off`](Self::cut_off) can separate a
+    /// server from the others while clients still reach it: a follower that no longer hears
+    /// its leader. `sync_limit`: ticks (of [`TICK`]) a follower goes on serving without its
+    /// leader before it gives up (`syncLimit`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut ensemble = ecosphere::zookeeper::ZkEnsemble::start_linked(3, 50)?;
+    /// let leader = ensemble.leader().unwrap();
+    /// let follower = (leader + 1) % 3;
+    /// ensemble.cut_off(follower)?;
+    /// // ... clients of `follower` still connect; it hears no leader for 5 s ...
+    /// ensemble.heal()?;
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start), and a proxy that does not start.
+    pub fn start_linked(n: usize, sync_limit: u32) -> Result<ZkEnsemble, HarnessError> {
+        Self::start_with(n, true, sync_limit)
+    }
+
+    fn start_with(n: usize, linked: bool, sync_limit: u32) -> Result<ZkEnsemble, HarnessError> {
         if n < 2 {
             return Err(HarnessError::Config(format!(
                 "an ensemble of {n} server(s): use ZkServer::start for one, or at least 3"
@@ -524,18 +577,83 @@ impl ZkEnsemble {
                 dir: base.join(format!("s{id}")),
             });
         }
-        for l in &layouts {
-            write_config(l, &peers, false)?;
+        let mut links = Vec::new();
+        for (from, l) in layouts.iter().enumerate() {
+            let mut view = peers.clone();
+            if linked {
+                for (to, (quorum, election)) in peers.iter().enumerate() {
+                    if to == from {
+                        continue;
+                    }
+                    let proxy = |port: u16| {
+                        FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+                    };
+                    let link = PeerLink {
+                        from,
+                        to,
+                        quorum: proxy(*quorum)?,
+                        election: proxy(*election)?,
+                    };
+                    view[to] = (link.quorum.addr().port(), link.election.addr().port());
+                    links.push(link);
+                }
+            }
+            write_config(l, &view, false, sync_limit)?;
         }
         let mut servers = Vec::with_capacity(n);
         for l in layouts {
             servers.push(ZkServer::spawn(l)?);
         }
-        let mut ensemble = ZkEnsemble { servers, base };
+        let mut ensemble = ZkEnsemble {
+            servers,
+            links,
+            base,
+        };
         for s in &mut ensemble.servers {
             s.wait_serving(START_TIMEOUT, &["leader", "follower"])?;
         }
         Ok(ensemble)
+    }
+
+    /// (A linked ensemble) separates server `i` from every other server, both ways, silently
+    /// (the bytes are held, as in a partition, and flow again at [`heal`](Self::heal)). Its
+    /// clients still reach it.
+    ///
+    /// # Examples
+    ///
+    /// See [`start_linked`](Self::start_linked).
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::Config`] for an ensemble not started linked; a proxy that fails.
+    pub fn cut_off(&self, i: usize) -> Result<(), HarnessError> {
+        if self.links.is_empty() {
+            return Err(HarnessError::Config(
+                "cut_off needs an ensemble started with ZkEnsemble::start_linked".into(),
+            ));
+        }
+        for l in self.links.iter().filter(|l| l.from == i || l.to == i) {
+            l.quorum.set_mode(Mode::Blackhole)?;
+            l.election.set_mode(Mode::Blackhole)?;
+        }
+        Ok(())
+    }
+
+    /// (A linked ensemble) lets every server reach every other again.
+    ///
+    /// # Examples
+    ///
+    /// See [`start_linked`](Self::start_linked).
+    ///
+    /// # Errors
+    ///
+    /// A proxy that fails.
+    pub fn heal(&self) -> Result<(), HarnessError> {
+        for l in &self.links {
+            l.quorum.set_mode(Mode::Pass)?;
+            l.election.set_mode(Mode::Pass)?;
+        }
+        Ok(())
     }
 
     /// `host:port,host:port,…` of every server.

@@ -17,6 +17,8 @@
 //! - **Z6** re-entry to depth 3 and back (`hold_count` 3) while another process waits: I6, and
 //!   the waiter holds only after the last level is released, and within 2 s of it although
 //!   its spin wait is 25 s (L1: the watch on its predecessor wakes it).
+//! - **Z10** a holder on a follower cut off from its leader (the proxies between the servers):
+//!   it knows it lost the lock before a waiter on the other servers gets it (issue 35, defect 5).
 //! - **Z9** (full matrix) chaos on a 5-server ensemble: for 15 s, a seeded schedule kills,
 //!   restarts, pauses and resumes servers (the leader included; never more than two down at
 //!   once, so a quorum of three stands) while 4 processes × 4 tasks contend; the checker and
@@ -559,6 +561,61 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
             "the checker must catch two holders that do not exclude each other"
         );
     }
+}
+
+/// Z10 (issue 35, defect 5): the holder's session lives on a follower that is then cut off from
+/// the leader and the other follower, while the holder's client still reaches it. The follower
+/// goes on answering its client's reads for up to `syncLimit` (5 s here), but the leader hears
+/// nothing of the session, expires it after the session timeout and gives the lock to a waiter
+/// connected to the other two servers. Before the fix the holder's heartbeat counted the
+/// follower's stale answers as confirmations and kept extending its lease past the waiter's
+/// grant; a confirmation now needs a `sync` answered through the leader. The holder's lease
+/// must end before the waiter holds.
+#[test]
+fn z10_a_holder_on_a_follower_cut_off_from_its_leader() {
+    let ensemble = ZkEnsemble::start_linked(3, 50).expect("ZooKeeper ensemble");
+    let leader = ensemble.wait_leader(Duration::from_secs(20)).unwrap();
+    let follower = (leader + 1) % ensemble.len();
+    let others: Vec<String> = (0..ensemble.len())
+        .filter(|&i| i != follower)
+        .map(|i| ensemble.server(i).connect_string())
+        .collect();
+    let resource = server();
+    let root = tempfile::tempdir().unwrap();
+    let z = Phase::new(root.path(), "z10", &resource, &others.join(","));
+    let unlock = root.path().join("z10-unlock");
+    let mut a = z.first("hold", &ensemble.server(follower).connect_string());
+    a.unlock_file = Some(unlock.clone());
+    let mut holder = a.spawn(1);
+    let holding = wait_line(&mut holder, 0, "HOLDING ", Duration::from_secs(20));
+    let a_holder = holding.split(' ').nth(1).unwrap().to_owned();
+    let mut waiter = z.waiter(Duration::from_millis(100)).spawn(1);
+    z.wait_event(1, "acq_invoke");
+    z.wait_event(0, "renew_ok");
+    ensemble.cut_off(follower).unwrap();
+    let rec = z.nemesis("partition");
+    let b_out = finish_ok(&mut waiter, Duration::from_secs(30)).remove(0);
+    assert!(b_out.stdout.contains("UNLOCK ok 0"), "{}", b_out.stdout);
+    ensemble.heal().unwrap();
+    nemesis(&rec, now_ns(), z.name, "heal", "proc:0");
+    go_file(&unlock);
+    let a_out = finish_ok(&mut holder, Duration::from_secs(30)).remove(0);
+    assert!(a_out.stdout.contains("LOST "), "{}", a_out.stdout);
+    let (h, report) = check(&z.history, &CheckConfig::new(SESSION));
+    report.assert_ok();
+    report.assert_contention(2, 1, 1);
+    report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Ownership]);
+    let a_deadline = last_deadline(&h, &a_holder);
+    let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
+    println!(
+        "Z10: A's lease ran out {:.0} ms before B held",
+        ms_between(a_deadline, b_ok)
+    );
+    assert!(
+        a_deadline <= b_ok,
+        "B held the lock {:.0} ms before A's lease ran out",
+        ms_between(b_ok, a_deadline)
+    );
 }
 
 /// Z9 (full matrix): seeded chaos on a 5-server ensemble while 4 × 4 tasks contend.

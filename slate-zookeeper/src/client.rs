@@ -20,16 +20,101 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest session timeout the protocol carries (`i32::MAX` milliseconds, 24.8 days).
 pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
-/// The lease deadline of a hold whose session was last confirmed by a request sent at `sent`:
-/// the ensemble cannot expire the session before `sent + timeout`, less the clock-rate
-/// allowance the Redis locks use too (1 % of the timeout + 2 ms). Only the leader expires
-/// sessions, and a follower's answer proves nothing about what the leader saw (a follower cut
-/// off from the leader keeps answering reads from stale state): a confirmation counts only
-/// when a `sync`, which the follower forwards to the leader, was answered first in the same
-/// round (the heartbeat). The leader renews a session on the requests and pings its followers
-/// forward, so a session that got the sync through cannot expire before `sent + timeout`.
-pub(crate) fn lease_deadline(sent: Instant, timeout: Duration) -> Instant {
-    sent + timeout - (timeout / 100 + Duration::from_millis(2)).min(timeout / 2)
+/// The lease deadline of a hold whose session the leader surely renewed no earlier than
+/// `touched` (see [`Confirmed`]): the leader cannot expire the session before
+/// `touched + timeout`, less the clock-rate allowance the Redis locks use too (1 % of the
+/// timeout + 2 ms).
+pub(crate) fn lease_deadline(touched: Instant, timeout: Duration) -> Instant {
+    touched + timeout - (timeout / 100 + Duration::from_millis(2)).min(timeout / 2)
+}
+
+/// The heartbeat's period: an eighth of the session timeout (see [`Confirmed`] for why the
+/// deadline then stays about half a session ahead).
+pub(crate) fn heartbeat_period(timeout: Duration) -> Duration {
+    timeout / 8
+}
+
+/// What the heartbeat has proven about when the leader last renewed the session.
+///
+/// Only the leader expires sessions, and it renews the session of a client connected to a
+/// follower only when that follower answers one of the leader's pings (every half tick) with
+/// the sessions it saw since the last one. An answered request proves no renewal: a follower
+/// cut off from its leader right after answering never passes it on, and keeps answering its
+/// client's reads until it gives up (`syncLimit` ticks), while the leader expires the session
+/// one timeout after the last renewal it did get (issue 35, defect 5: the Z10 scenario had a
+/// second holder 100 ms before the first one's deadline when the deadline counted from the
+/// last answered `sync`).
+///
+/// The proof uses `sync`, which the follower forwards to the leader on its one connection to
+/// it and answers when the leader's answer comes back. Round *i*'s `sync` (sent at `t_i`,
+/// answered at `a_i`) renewed the session on the follower before `a_i`. If a later round *m*
+/// was sent at least [`SPACING`](Confirmed::answered) after `a_i`, the leader pinged the
+/// follower in between (pings are half a tick apart, and a session is at least two ticks, so
+/// the spacing of a third of the session is more than half a tick), those pings travelled
+/// before round *m*'s answer on the same connection, and the follower answered one of them,
+/// with round *i*'s renewal, before it handed round *m*'s answer to the client. When a still
+/// later round *k*'s `sync` is answered, that ping answer had reached the leader before
+/// round *k*'s `sync` on the follower's connection, so the leader had renewed the session at
+/// some time after `t_i` and before it answered round *k*; and the session was alive then
+/// (an expiry ordered before the `sync` would have reached the client first, and each hold's
+/// znode is checked after it). So once round *k* is answered, the session lives at least
+/// until `t_i + timeout`. With a round every eighth of the session, `t_i` is four rounds
+/// back (round *m* three rounds after *i* is the first a third of the session after its
+/// answer): the deadline stays about half a session ahead, and three lost rounds in a row
+/// cost nothing.
+///
+/// The chain holds across a change of connection too: a client that reconnects (to the same
+/// or another server) with its session is let in only once the leader has revalidated the
+/// session, which renews it on the leader itself; the client sends that request after every
+/// request of its old connection, so after round *i*'s. And a new leader starts every session
+/// afresh (a full timeout from its election).
+///
+/// A new session starts from the time its connect request was sent (the leader creates it
+/// after that, with a full timeout).
+#[derive(Debug)]
+pub(crate) struct Confirmed {
+    /// Answered rounds (send time, answer time), oldest first, back to the last one used.
+    rounds: std::collections::VecDeque<(Instant, Instant)>,
+    /// The latest time the leader surely renewed the session no earlier than.
+    touched: Instant,
+}
+
+impl Confirmed {
+    fn new(connect_sent: Instant) -> Self {
+        Confirmed {
+            rounds: std::collections::VecDeque::new(),
+            touched: connect_sent,
+        }
+    }
+
+    /// Round (`sent`, `answered`) got its `sync` answered; `spacing` is a third of the session
+    /// timeout. Returns the updated [`touched`](Self::touched).
+    pub(crate) fn answered(
+        &mut self,
+        sent: Instant,
+        answered: Instant,
+        spacing: Duration,
+    ) -> Instant {
+        if let Some(&(m_sent, _)) = self.rounds.back()
+            && let Some(i) = self
+                .rounds
+                .iter()
+                .rposition(|&(_, i_answered)| i_answered + spacing <= m_sent)
+        {
+            self.touched = self.touched.max(self.rounds[i].0);
+            self.rounds.drain(..i);
+        }
+        self.rounds.push_back((sent, answered));
+        // Bounded whatever the answers' timing (64 rounds are more than ten sessions).
+        if self.rounds.len() > 64 {
+            self.rounds.pop_front();
+        }
+        self.touched
+    }
+
+    pub(crate) fn touched(&self) -> Instant {
+        self.touched
+    }
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -42,9 +127,12 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// holds and its places in the lock queues) when the session expires: when no server of the
 /// ensemble heard from the client for the negotiated session timeout (a killed or paused
 /// process, a partition). The client pings on its own while the process runs; Slate adds a
-/// light check per held lock every third of the session timeout that moves each guard's
-/// lease deadline to *send time + session timeout* (less a 1 % clock allowance), so a guard
-/// knows it may have lost the lock **before** the ensemble can give it to anybody else.
+/// round every eighth of the session timeout, for the client's life: a `sync` through the
+/// leader, then a light check per held lock. The rounds prove when the leader last renewed the
+/// session (a follower's answers alone prove nothing: a follower cut off from its leader keeps
+/// answering), and each guard's lease deadline is *that renewal + session timeout* (less a 1 %
+/// clock allowance), about half a session ahead: a guard knows it may have lost the lock
+/// **before** the ensemble can give it to anybody else.
 ///
 /// An expired session is replaced by a new one at the next call; the guards of the old one
 /// are told at once ([`LossReason::EntryGone`]).
@@ -91,13 +179,21 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     /// The negotiated session timeout.
     pub(crate) timeout: Duration,
+    /// What the heartbeat has proven about the leader's renewals of the session.
+    pub(crate) confirmed: Mutex<Confirmed>,
+}
+
+impl Session {
+    /// The time the leader surely renewed the session no earlier than (see [`Confirmed`]).
+    pub(crate) fn touched(&self) -> Instant {
+        lock(&self.confirmed).touched()
+    }
 }
 
 #[derive(Default)]
 struct Leases {
     /// Znode path of a hold → its session and lease.
     map: HashMap<String, (i64, Arc<LeaseKeeper>)>,
-    heartbeat: bool,
 }
 
 /// Builds a [`ZkClient`].
@@ -264,6 +360,8 @@ impl ZkClientBuilder {
             locks: Mutex::default(),
         });
         watch_session(&inner, &session);
+        // For the client's whole life: an acquisition's lease counts from what it proved.
+        inner.runtime.spawn(heartbeat(Arc::downgrade(&inner)));
         Ok(ZkClient { inner })
     }
 }
@@ -275,6 +373,7 @@ async fn open(servers: &str, timeout: Duration, auth: Option<&[u8]>) -> Result<A
     }
     // The client gives up after about one session timeout; the outer bound only guards
     // against a server that accepts the connection and never answers.
+    let connect_sent = Instant::now();
     let connect = connector.connect(servers);
     let zk = match tokio::time::timeout(timeout * 2 + Duration::from_secs(1), connect).await {
         Ok(Ok(zk)) => zk,
@@ -296,7 +395,12 @@ async fn open(servers: &str, timeout: Duration, auth: Option<&[u8]>) -> Result<A
         ?timeout,
         "ZooKeeper session opened"
     );
-    Ok(Arc::new(Session { zk, id, timeout }))
+    Ok(Arc::new(Session {
+        zk,
+        id,
+        timeout,
+        confirmed: Mutex::new(Confirmed::new(connect_sent)),
+    }))
 }
 
 /// Loses every lease of `session` as soon as the session ends (expired, closed, refused).
@@ -575,14 +679,9 @@ impl ZkClient {
     /// Starts keeping the lease of the hold at `path` (of `session`).
     pub(crate) fn keep_lease(&self, path: String, session: i64, keeper: Arc<LeaseKeeper>) {
         let path_of_watch = path.clone();
-        let start = {
-            let mut leases = lock(&self.inner.leases);
-            leases.map.insert(path, (session, Arc::clone(&keeper)));
-            !std::mem::replace(&mut leases.heartbeat, true)
-        };
-        if start {
-            self.spawn(heartbeat(Arc::downgrade(&self.inner)));
-        }
+        lock(&self.inner.leases)
+            .map
+            .insert(path, (session, Arc::clone(&keeper)));
         self.spawn(watch_hold(
             Arc::downgrade(&self.inner),
             path_of_watch,
@@ -598,7 +697,7 @@ impl ZkClient {
 }
 
 /// Watches a held znode, so that its deletion (a `force_unlock`, or its session ended) is a
-/// loss at once rather than at the next heartbeat, up to a third of the session timeout later
+/// loss at once rather than at the next heartbeat, up to an eighth of the session timeout later
 /// (issue 35, defect 7). A release stops keeping the lease before it deletes the znode, so
 /// its own delete finds the lease gone and signals nothing. The pending watch keeps no
 /// strong reference to the client: it must not keep the session alive.
@@ -639,13 +738,14 @@ async fn watch_hold(inner: Weak<Inner>, path: String, sid: i64, keeper: Arc<Leas
     }
 }
 
-/// Confirms every held znode once per third of the session timeout (after a `sync` through the
-/// leader), moving each lease's deadline to *send time + session timeout*, and signals a znode found gone (force-unlocked,
-/// or its session ended). Runs while there are holds.
+/// Runs a round every eighth of the session timeout for as long as the client lives: a `sync`
+/// through the leader, which advances what the session's [`Confirmed`] proves, then a check of
+/// every held znode, which moves each lease's deadline to what is proven (or signals a znode
+/// found gone: force-unlocked, or its session ended).
 async fn heartbeat(inner: Weak<Inner>) {
     loop {
         let period = match inner.upgrade() {
-            Some(i) => lock(&i.session).timeout / 3,
+            Some(i) => heartbeat_period(lock(&i.session).timeout),
             None => return,
         };
         tokio::time::sleep(period).await;
@@ -654,10 +754,6 @@ async fn heartbeat(inner: Weak<Inner>) {
         let holds: Vec<(String, i64, Arc<LeaseKeeper>)> = {
             let mut leases = lock(&client.inner.leases);
             leases.map.retain(|_, (_, k)| !k.is_lost());
-            if leases.map.is_empty() {
-                leases.heartbeat = false;
-                return;
-            }
             leases
                 .map
                 .iter()
@@ -665,17 +761,22 @@ async fn heartbeat(inner: Weak<Inner>) {
                 .collect()
         };
         let session = client.current();
+        if session.zk.state().is_terminated() {
+            // The next call opens a new session (with its own proof).
+            continue;
+        }
         let sent = Instant::now();
-        // A follower cut off from the leader keeps answering reads from its stale state until
-        // it gives up (syncLimit × tickTime), while the leader may already have expired the
-        // session. A `sync` goes through the leader: only a round whose sync is answered
-        // confirms anything (issue 35, defect 5).
         let synced = matches!(
             client
                 .read(&session, "lease sync", || session.zk.sync("/"))
                 .await,
             Ok(Ok(()))
         );
+        let touched = if synced {
+            lock(&session.confirmed).answered(sent, Instant::now(), session.timeout / 3)
+        } else {
+            session.touched()
+        };
         let checks = holds.iter().map(|(path, sid, _)| {
             let (session, client) = (&session, &client);
             async move {
@@ -703,7 +804,7 @@ async fn heartbeat(inner: Weak<Inner>) {
                     keeper.lose(LossReason::DeadlineExpired);
                     client.drop_lease(path);
                 }
-                Some(true) => keeper.extend(lease_deadline(sent, session.timeout)),
+                Some(true) => keeper.extend(lease_deadline(touched, session.timeout)),
                 Some(false) => {
                     tracing::warn!(%path, "the hold's znode is gone; the lock is lost");
                     keeper.lose(LossReason::EntryGone);
@@ -728,5 +829,61 @@ impl fmt::Debug for ZkClient {
             .field("session_timeout", &s.timeout)
             .field("user", &self.user())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(8);
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A round sent `at` after `t0` and answered 1 ms later.
+    fn round(c: &mut Confirmed, t0: Instant, at: Duration) -> Instant {
+        c.answered(t0 + at, t0 + at + MS, TIMEOUT / 3)
+    }
+
+    /// Issue 35, defect 5: an answered `sync` proves no renewal by itself. A round's renewal
+    /// counts once a round sent a third of the session after its answer has been answered,
+    /// and then one more: with rounds every eighth of the session, four rounds back.
+    #[test]
+    fn a_renewal_counts_once_two_rounds_a_third_of_the_session_later_are_answered() {
+        let t0 = Instant::now();
+        let mut c = Confirmed::new(t0);
+        let period = heartbeat_period(TIMEOUT);
+        assert_eq!(period, Duration::from_secs(1));
+        // Rounds at 1 s to 4 s: no round is yet a third of the session (2.67 s) after
+        // another's answer and followed by a further answered round.
+        for k in 1..=4 {
+            assert_eq!(round(&mut c, t0, period * k), t0, "round {k}");
+        }
+        // Round 5: round 4 (4 s) came at least 2.67 s after round 1's answer (1 s + 1 ms):
+        // round 1's renewal (sent at 1 s) counts.
+        assert_eq!(round(&mut c, t0, period * 5), t0 + period);
+        // And so on, four rounds back.
+        assert_eq!(round(&mut c, t0, period * 6), t0 + period * 2);
+        assert!(c.rounds.len() <= 5, "{}", c.rounds.len());
+        // The deadline stays about half a session ahead of the last round.
+        let deadline = lease_deadline(c.touched(), TIMEOUT);
+        assert!(deadline > t0 + period * 6 + TIMEOUT / 2 - TIMEOUT / 50);
+        assert!(deadline <= t0 + period * 6 + TIMEOUT / 2);
+    }
+
+    /// Failed rounds (not reported) leave gaps: what counts is time, not round numbers. A lone
+    /// answered round after a long silence proves nothing new until another follows it.
+    #[test]
+    fn a_gap_proves_nothing_until_two_rounds_follow_it() {
+        let t0 = Instant::now();
+        let mut c = Confirmed::new(t0);
+        assert_eq!(round(&mut c, t0, Duration::from_secs(1)), t0);
+        // Silence (an outage), then one round: round 1 was answered more than 2.67 s before,
+        // but round 2 is the one that would have to carry the follower's ping answer.
+        assert_eq!(round(&mut c, t0, Duration::from_secs(5)), t0);
+        // A further round: now round 1's renewal counts.
+        let s1 = t0 + Duration::from_secs(1);
+        assert_eq!(round(&mut c, t0, Duration::from_secs(6)), s1);
+        // Never backwards.
+        assert_eq!(round(&mut c, t0, Duration::from_secs(6) + MS * 5), s1);
     }
 }

@@ -16,7 +16,7 @@ use slate_core::{
 use tracing::Instrument;
 use zookeeper_client as zk;
 
-use crate::client::{Session, ZkClient, lease_deadline, lock};
+use crate::client::{Session, ZkClient, heartbeat_period, lease_deadline, lock};
 use crate::error::lost_connection;
 use crate::guard::ZkLockGuard;
 use crate::path::{DEFAULT_ROOT, contender_prefix, encode_name, parse_contender, validate_root};
@@ -47,9 +47,10 @@ pub const DEFAULT_SPIN_WAIT: Duration = Duration::from_secs(1);
 ///   linearizable directory listing, and its znode lives exactly as long as its session.
 /// - **Lease = session.** A holder's znode disappears when its session ends (the process died,
 ///   or no server heard from it for the session timeout). The guard's lease deadline is *the
-///   last confirmed contact + session timeout*, checked every third of the timeout, so it
-///   passes **before** the ensemble can expire the session and give the lock to someone
-///   else; the holder's znode is watched, so its deletion (session expired,
+///   last renewal of the session the leader surely applied + session timeout* (proven by a
+///   `sync` round every eighth of the timeout, see [`ZkClient`]), so it passes **before** the
+///   ensemble can expire the session and give the lock to someone else, even when the
+///   client's server is a follower cut off from its leader; the holder's znode is watched, so its deletion (session expired,
 ///   [`force_unlock`](Self::force_unlock)) fires the loss signal as soon as the client sees it,
 ///   and the heartbeat's check catches it otherwise.
 /// - **Fencing tokens** are the contender znode's creation zxid: the holder's znode was the
@@ -97,8 +98,9 @@ pub(crate) struct Grant {
     path: String,
     session: i64,
     token: FencingToken,
-    /// When the request that last confirmed the session was sent.
-    sent: Instant,
+    /// The time the leader surely renewed the session no earlier than, at the grant (the
+    /// lease counts from it: see `client::Confirmed`).
+    touched: Instant,
     timeout: Duration,
     /// A fresh hold (its own znode), not a re-entry.
     fresh: bool,
@@ -360,7 +362,6 @@ impl Ctx {
                 let mode = zk::CreateMode::EphemeralSequential.with_acls(self.client.acls());
                 places.pending = Some((id, s.id));
                 let create = s.zk.create(&prefix, &data, &mode);
-                let sent = Instant::now();
                 let list = s.zk.list_children(&self.dir);
                 match self.client.op(&s, "create", create).await? {
                     Ok((stat, seq)) => {
@@ -371,7 +372,7 @@ impl Ctx {
                             czxid: stat.czxid,
                             holder,
                         });
-                        pipelined = Some((sent, list));
+                        pipelined = Some(list);
                     }
                     // The directory was removed (an empty container) since it was made.
                     Err(zk::Error::NoNode) => {
@@ -383,21 +384,18 @@ impl Ctx {
                 }
             }
             let answer = match pipelined {
-                Some((sent, list)) => match self.client.op(&s, "list", list).await? {
+                Some(list) => match self.client.op(&s, "list", list).await? {
                     Err(e) if lost_connection(&e) => None,
-                    answer => Some((sent, answer)),
+                    answer => Some(answer),
                 },
                 None => None,
             };
-            let (sent, answer) = match answer {
+            let answer = match answer {
                 Some(a) => a,
                 None => {
-                    let sent = Instant::now();
-                    let listed = self
-                        .client
+                    self.client
                         .read(&s, "list", || s.zk.list_children(&self.dir))
-                        .await?;
-                    (sent, listed)
+                        .await?
                 }
             };
             let children = match answer {
@@ -414,6 +412,17 @@ impl Ctx {
                 continue;
             };
             if at == 0 {
+                // The lease counts from the session's last proven renewal (`Confirmed`): after
+                // an outage the proof may lag, and a grant now would carry a lease about to
+                // end. Keep the place (the lock is ours in ZooKeeper) and come back once the
+                // heartbeat has proven more.
+                let period = heartbeat_period(s.timeout);
+                if lease_deadline(s.touched(), s.timeout) < Instant::now() + period {
+                    tracing::debug!(lock = %self.label, %holder, "first in line; waiting for the session's renewal to be proven");
+                    return Ok(Attempt::Busy {
+                        retry_after: Some(period),
+                    });
+                }
                 let place = places.place.take().expect("checked above");
                 let path = format!("{}/{}", self.dir, place.name);
                 if place.holder != holder {
@@ -430,7 +439,7 @@ impl Ctx {
                     path,
                     session: s.id,
                     token: FencingToken::new(u64::try_from(place.czxid).unwrap_or(0)),
-                    sent,
+                    touched: s.touched(),
                     timeout: s.timeout,
                     fresh: true,
                 }));
@@ -601,7 +610,6 @@ impl Competitor for ZkCompetitor {
                 return lost(LossReason::DeadlineExpired);
             }
             let s = client.session().await?;
-            let sent = Instant::now();
             let owned = s.id == session
                 && match client.read(&s, "stat", || s.zk.check_stat(&path)).await? {
                     Ok(stat) => stat.is_some_and(|st| st.ephemeral_owner == session),
@@ -624,7 +632,7 @@ impl Competitor for ZkCompetitor {
                 path,
                 session,
                 token,
-                sent,
+                touched: s.touched(),
                 timeout: s.timeout,
                 fresh: false,
             }))
@@ -641,7 +649,7 @@ impl Competitor for ZkCompetitor {
             }
             return;
         }
-        let (keeper, watch) = lease::channel(lease_deadline(grant.sent, grant.timeout));
+        let (keeper, watch) = lease::channel(lease_deadline(grant.touched, grant.timeout));
         let keeper = Arc::new(keeper);
         let current = self.ctx.client.current();
         if current.id != grant.session || current.zk.state().is_terminated() {
@@ -978,7 +986,7 @@ impl ZkLock {
         let watch = c.watch(holder, &grant.path).unwrap_or_else(|| {
             // The hold ended between the grant and here (a re-entry that raced the hold's end,
             // now another znode or none): a lost lease says so.
-            let (keeper, watch) = lease::channel(grant.sent);
+            let (keeper, watch) = lease::channel(grant.touched);
             keeper.lose(LossReason::EntryGone);
             watch
         });
