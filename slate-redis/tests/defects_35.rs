@@ -856,3 +856,67 @@ async fn d4_a_grant_on_an_importing_node_waits_for_its_own_replicas() {
     // the level then ends with its lease.
     assert!(matches!(count, Some(1 | 2)), "{count:?}");
 }
+
+/// Defect 13: a hold passed among a process's tasks went on being passed, without a round
+/// trip, until a renewal failed or its deadline came, however long the server had been silent.
+/// Here the process's link to Redis is blackholed while three tasks pass the hold among
+/// themselves (400 ms each, a block of 8): before, passes went on until the block ran out
+/// (the deadline was 1.7 s beyond the cut); now they stop one renewal period after the last
+/// confirmed renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d13_passes_stop_a_renewal_period_after_the_last_confirmation() {
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).unwrap();
+    let client = RedisClient::open_with(
+        format!("redis://{}", proxy.addr()),
+        ClientOptions::builder()
+            .command_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    // Renewed every second.
+    let lease = Duration::from_secs(3);
+    let lock = SingleLock::builder(&client, "d13")
+        .lease(lease)
+        .build()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let stop = start + Duration::from_millis(4500);
+    let grants = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let (lock, grants) = (lock.clone(), grants.clone());
+            tokio::spawn(async move {
+                while std::time::Instant::now() < stop {
+                    if let Ok(g) = lock.try_lock_for(Duration::from_millis(600)).await {
+                        grants.lock().unwrap().push(std::time::Instant::now());
+                        tokio::time::sleep(Duration::from_millis(400)).await;
+                        let _ = g.unlock().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    // The first renewal (sent about 1 s after the first grant) is answered by 1.3 s.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    proxy.set_mode(Mode::Blackhole).unwrap();
+    let cut = std::time::Instant::now();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    proxy.set_mode(Mode::Pass).unwrap();
+    let grants = grants.lock().unwrap().clone();
+    let last = *grants.last().expect("grants");
+    let after_cut: Vec<_> = grants
+        .iter()
+        .filter(|&&g| g > cut)
+        .map(|g| g.duration_since(cut))
+        .collect();
+    println!("grants after the cut: {after_cut:?}");
+    assert!(
+        last <= cut + lease / 3 - Duration::from_millis(50),
+        "a pass {:?} after the cut, more than a renewal period after the last confirmation",
+        last.duration_since(cut)
+    );
+}
