@@ -41,13 +41,15 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// Marks fresh servers as adopted (the node marker), as `NodeSet::adopt_fresh_servers` does,
-/// so combination locks use them at once.
+/// Marks fresh servers as adopted (the node marker, stamped by each server) with
+/// `NodeSet::adopt_fresh_servers`, so combination locks use them at once.
 fn adopt(servers: &[LocalServer]) {
-    for s in servers {
-        s.command(&["SET", "slate:node-marker", "1"])
-            .expect("SET marker");
-    }
+    let urls: Vec<String> = servers.iter().map(LocalServer::url).collect();
+    runtime().block_on(async {
+        let nodes = slate_combination::NodeSet::connect(urls, Default::default()).expect("nodes");
+        let marked = nodes.adopt_fresh_servers("slate:").await.expect("adopt");
+        assert_eq!(marked, servers.len(), "every server adopted");
+    });
 }
 
 /// Sends every line of `r` to a channel, from a thread.

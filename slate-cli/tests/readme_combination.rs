@@ -47,12 +47,10 @@ fn the_readme_shows_this_code() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_quickstart_runs() {
     let servers = slate_cli::local::LocalServer::start_many(3).expect("redis-servers");
-    // Fresh servers: declare them adopted, as the README says a new deployment does.
-    for s in &servers {
-        s.command(&["SET", "slate:node-marker", "1"])
-            .expect("marker");
-    }
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    // Fresh servers: declare them adopted, as the README says a new deployment does.
+    let nodes = NodeSet::connect(urls.clone(), NodeSetOptions::default()).expect("nodes");
+    assert_eq!(nodes.adopt_fresh_servers("slate:").await.expect("adopt"), 3);
     let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
     rebalance(&refs).await.expect("quickstart");
     assert!(MOVED.load(Ordering::SeqCst) > 0);

@@ -345,7 +345,15 @@ impl Inner {
                             }
                             Ok(_) => NodeAnswer::Failed,
                             Err(e) => {
-                                self.nodes.mark_failed(i, &e);
+                                // Another server answers behind the node now (a failover, a
+                                // restart): verify it at the next attempt (and quarantine it)
+                                // rather than bench it for the re-probe interval.
+                                let client = &self.nodes.node(i).client;
+                                if verified.get(i).is_some_and(|&v| client.failovers() != v) {
+                                    self.nodes.mark_data_lost(i);
+                                } else {
+                                    self.nodes.mark_failed(i, &e);
+                                }
                                 failures.insert(i, e);
                                 NodeAnswer::Failed
                             }

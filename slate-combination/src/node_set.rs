@@ -342,8 +342,6 @@ enum Marker {
     /// Stamped by another server, or by this one under another replication history: the
     /// data came from a restart or from another server.
     Foreign,
-    /// Written by a Slate version before stamps (`1`): trusted as before, and stamped.
-    Unstamped,
 }
 
 impl Marker {
@@ -351,7 +349,9 @@ impl Marker {
         match value {
             None => Marker::Missing,
             Some(v) if v == info.marker_stamp() => Marker::Own,
-            Some(v) if v == "1" => Marker::Unstamped,
+            // Including `1`, from a Slate version before stamps: nothing says which server
+            // wrote it, so a node is quarantined once after an upgrade (review finding; adopt
+            // the servers while no lock is held to skip it).
             Some(_) => Marker::Foreign,
         }
     }
@@ -363,6 +363,9 @@ struct NodeHealth {
     run_id: Option<String>,
     /// The replication id at the last verification (see [`slate_redis::node::ServerInfo::replication_id`]).
     replication_id: Option<String>,
+    /// The stamp of the server whose quarantine ran its course, until its marker is stamped
+    /// again: a failed re-stamp does not cost another full quarantine (review finding).
+    cleared: Option<String>,
     /// The client's failover count at the last verification (see
     /// [`RedisClient::failovers`]): a Sentinel group that has switched masters since is
     /// verified again before its next use.
@@ -519,6 +522,7 @@ impl NodeSet {
                     health: Health::Unverified,
                     run_id: None,
                     replication_id: None,
+                    cleared: None,
                     failovers: 0,
                 }),
             })
@@ -679,7 +683,9 @@ impl NodeSet {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a bad prefix.
+    /// [`Error::InvalidInput`] for a bad prefix; the permission error of a node whose user may
+    /// not read `INFO` or write the marker (`<prefix>node-marker`). A node out of reach is
+    /// only not counted.
     ///
     /// # Cancel safety
     ///
@@ -708,15 +714,33 @@ impl NodeSet {
                     let info = n.client.server_info().await?;
                     n.client.node_mark(keys, &info).await
                 };
-                let ok = matches!(tokio::time::timeout(op, mark).await, Ok(Ok(())));
-                if ok {
+                let r = match tokio::time::timeout(op, mark).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::backend(
+                        slate_core::BackendKind::Timeout,
+                        Some(n.address().to_owned()),
+                        format!("adopting took longer than the node operation time {op:?}"),
+                        None,
+                    )),
+                };
+                if r.is_ok() {
                     n.health().health = Health::Unverified;
                 }
-                ok
+                r
             }
         }))
         .await;
-        Ok(marked.into_iter().filter(|ok| *ok).count())
+        // A user that may not read `INFO` or write the marker is a configuration error, said
+        // as such; an unreachable node is only not counted.
+        let count = marked.iter().filter(|r| r.is_ok()).count();
+        if let Some(e) = marked
+            .into_iter()
+            .filter_map(Result::err)
+            .find(|e| e.backend_kind() == Some(slate_core::BackendKind::Permission))
+        {
+            return Err(e);
+        }
+        Ok(count)
     }
 
     /// Brings the health of every node up to date where a verification is due, then returns
@@ -768,8 +792,8 @@ impl NodeSet {
             // A quarantine that ran its course covers the loss it was for: the node is marked
             // again and used (without this, a missing marker on a server by then older than
             // the quarantine quarantined it again for ever; review finding).
-            let served =
-                matches!(h.health, Health::Quarantined { until } if Instant::now() >= until);
+            let served = matches!(h.health, Health::Quarantined { until } if Instant::now() >= until)
+                || h.cleared.as_deref() == Some(info.marker_stamp().as_str());
             // The data may have come from elsewhere since the last look: the replication id
             // changed (a promotion, or A -> B -> A between two checks). Issue 35, defect 8.
             let replid_changed = h
@@ -828,9 +852,13 @@ impl NodeSet {
         if marker != Marker::Own
             && let Err(e) = node.client.node_mark(keys, &info).await
         {
+            if served {
+                node.health().cleared = Some(info.marker_stamp());
+            }
             return self.mark_failed(node.index, &e);
         }
         let mut h = node.health();
+        h.cleared = None;
         if h.health != Health::Usable {
             tracing::info!(node = node.address(), "node usable");
         }

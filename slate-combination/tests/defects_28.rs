@@ -194,6 +194,9 @@ enum DataLoss {
     /// A restart from a snapshot saved before A's grant: the marker comes back (stamped by
     /// the server before the restart), A's entry does not.
     OlderSnapshot,
+    /// The same, met by a B that used node 1 before the restart (its client reconnects on its
+    /// own, and the node is not verified again unless the client says another server answers).
+    OlderSnapshotMetBefore,
 }
 
 /// A holds nodes 1 and 2 (node 0 was out of reach), node 1 loses A's entry (`loss`), and B
@@ -210,7 +213,7 @@ async fn node_1_loses_a_holders_entry(loss: DataLoss) {
     };
     let mut s = servers(3);
     adopt(&view_of(urls(&s), opts(OP))).await;
-    if let DataLoss::OlderSnapshot = loss {
+    if let DataLoss::OlderSnapshot | DataLoss::OlderSnapshotMetBefore = loss {
         s[1].command(&["SAVE"]).unwrap();
     }
     let lease = Duration::from_secs(2);
@@ -223,6 +226,13 @@ async fn node_1_loses_a_holders_entry(loss: DataLoss) {
     };
     // The servers have been up longer than the quarantine.
     tokio::time::sleep(quarantine + Duration::from_millis(200)).await;
+    let b_before = matches!(loss, DataLoss::OlderSnapshotMetBefore)
+        .then(|| build(&view_of(urls(&s), options()), Order::Pipelined));
+    if let Some(b) = &b_before {
+        let g = b.try_lock().await.unwrap().expect("B, alone");
+        assert_eq!(g.nodes(), &[0, 1, 2]);
+        g.unlock().await.unwrap();
+    }
     s[0].pause().unwrap();
     let a = build(&view_of(urls(&s), options()), Order::Sequential);
     let ga = a.lock().await.unwrap();
@@ -236,12 +246,12 @@ async fn node_1_loses_a_holders_entry(loss: DataLoss) {
     .await;
     match loss {
         DataLoss::Flush => drop(s[1].command(&["FLUSHALL"]).unwrap()),
-        DataLoss::OlderSnapshot => {
+        DataLoss::OlderSnapshot | DataLoss::OlderSnapshotMetBefore => {
             s[1].restart(ecosphere::server::Data::Keep).unwrap();
             assert!(!exists(&s[1], "i2"), "the snapshot predates A's grant");
         }
     }
-    let b = build(&view_of(urls(&s), options()), Order::Pipelined);
+    let b = b_before.unwrap_or_else(|| build(&view_of(urls(&s), options()), Order::Pipelined));
     match b.try_lock().await {
         Ok(Some(gb)) => panic!(
             "B holds {:?} while A holds {:?}: node 1 was used at once after {loss:?}",
@@ -289,4 +299,14 @@ async fn i2_a_flushed_long_running_node_is_quarantined() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i2_a_node_restarted_from_an_older_snapshot_is_quarantined() {
     node_1_loses_a_holders_entry(DataLoss::OlderSnapshot).await;
+}
+
+/// Item 2 (review finding): the same restart from an older snapshot, met by a process that had
+/// used node 1 before: its client reconnected on its own and resent the acquire, and the node,
+/// usable in that process, counted at once (B held nodes 0 and 1 beside A). A new connection
+/// that reaches a server with another run id now counts as a failover, so the node's answer
+/// does not count and the node is verified (and quarantined) first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i2_a_node_restarted_under_a_process_that_used_it_is_verified_first() {
+    node_1_loses_a_holders_entry(DataLoss::OlderSnapshotMetBefore).await;
 }

@@ -184,6 +184,12 @@ async fn d8_a_failover_before_the_first_contact_is_quarantined() {
         &[0, 2],
         "the promoted replica counts at the first contact"
     );
+    // Left out because it is quarantined, not merely unreachable (review finding).
+    let state = nodes.report()[1].state.clone();
+    assert!(
+        matches!(state, slate_core::NodeState::Quarantined { .. }),
+        "{state:?}"
+    );
     g.unlock().await.unwrap();
     tokio::time::sleep(quarantine + Duration::from_millis(300)).await;
     let g = lock.lock().await.unwrap();

@@ -509,6 +509,8 @@ pub(crate) struct Inner {
     eviction_warned: AtomicBool,
     /// (Sentinel) the master's address at the last connection, and how many times it changed.
     master: Mutex<Option<String>>,
+    /// The run id of the server the last new connection (standalone or Sentinel) reached.
+    run_id: Mutex<Option<String>>,
     failovers: AtomicU64,
     pub(crate) renewal: Renewal,
     pub(crate) notifier: Notifier,
@@ -995,6 +997,7 @@ impl RedisClient {
             no_sharded_pubsub,
             eviction_warned: AtomicBool::new(false),
             master: Mutex::new(None),
+            run_id: Mutex::new(None),
             failovers: AtomicU64::new(0),
             backend,
             address,
@@ -1245,11 +1248,13 @@ impl RedisClient {
         &self.inner.options
     }
 
-    /// How many times the Sentinels named a different master than this client's previous
-    /// connection went to (failovers seen); always 0 on other topologies.
+    /// How many times the server behind this client changed: the Sentinels named a different
+    /// master than the previous connection went to (a failover), or a new connection reached a
+    /// server with another run id than the previous one (a restart, a failover behind a stable
+    /// address). Always 0 on a cluster.
     ///
-    /// A multi-node lock uses it to verify a node again after its group failed over (the
-    /// promoted replica may lack the newest grants).
+    /// A multi-node lock uses it to verify a node again before its answers count (the promoted
+    /// replica may lack the newest grants; a server restarted from disk may have lost some).
     ///
     /// # Examples
     ///
@@ -1399,23 +1404,43 @@ impl RedisClient {
             }
         };
         loaded.map_err(|e| error::from_redis(e, "loading the lock scripts", address))?;
-        self.check_eviction(&mut conn).await?;
+        self.check_server(&mut conn).await?;
         let mut slot = lock(&self.inner.conn);
         slot.conn = Some(held);
         slot.silent_since = None;
         Ok((slot.generation, conn))
     }
 
-    /// Reads the server's `maxmemory-policy` on a new connection: a policy that can evict
-    /// lock keys is refused with [`ClientOptionsBuilder::refuse_evicting_server`], and
-    /// otherwise warned about once per client (issue 35, defect 14).
-    async fn check_eviction(&self, conn: &mut Conn) -> Result<()> {
+    /// Reads `INFO` on a new connection. Its run id: a server other than the one the last
+    /// connection reached (a restart behind the same address, whatever came back from disk)
+    /// counts as a failover ([`failovers`](Self::failovers)), so that a multi-node lock
+    /// verifies the node before its answers count again (issue 28, item 2, found by the
+    /// review). Its `maxmemory-policy`: a policy that can evict lock keys is refused with
+    /// [`ClientOptionsBuilder::refuse_evicting_server`], and otherwise warned about once per
+    /// client (issue 35, defect 14).
+    async fn check_server(&self, conn: &mut Conn) -> Result<()> {
         let address = &self.inner.address;
         let strict = self.inner.options.refuse_evicting_server;
-        // `INFO memory` rather than `CONFIG GET`: the least-privilege user already has `INFO`
-        // (README). A cluster connection may answer for several nodes: any evicting one counts.
-        let reply: RedisResult<redis::Value> =
-            redis::cmd("INFO").arg("memory").query_async(conn).await;
+        // `INFO` rather than `CONFIG GET`: the least-privilege user already has it (README).
+        // The default sections hold both fields (one section per call before Redis 7). A
+        // cluster connection may answer for several nodes: any evicting one counts.
+        let reply: RedisResult<redis::Value> = redis::cmd("INFO").query_async(conn).await;
+        if let (Ok(v), Conn::Server(_)) = (&reply, &*conn) {
+            let mut text = String::new();
+            collect_text(v, &mut text);
+            let run_id = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("run_id:"))
+                .map(str::to_owned);
+            if let Some(now) = run_id {
+                let before = lock(&self.inner.run_id).replace(now.clone());
+                if before.is_some_and(|b| b != now) {
+                    self.inner.failovers.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(node = %address, run_id = %now,
+                        "a new connection reached another server than the last one (a restart or a failover)");
+                }
+            }
+        }
         let policy = match reply {
             Ok(v) => eviction_policy_of(&v),
             Err(e) => {
@@ -1424,7 +1449,7 @@ impl RedisClient {
                         "could not read the server's maxmemory-policy (grant +info to check \
                          it); a policy that evicts keys with a TTL would drop held locks");
                 } else {
-                    tracing::debug!(node = %address, error = %e, "INFO memory failed");
+                    tracing::debug!(node = %address, error = %e, "INFO failed");
                 }
                 None
             }
@@ -1757,8 +1782,8 @@ fn collect_text(v: &redis::Value, out: &mut String) {
     out.push('\n');
 }
 
-/// The `maxmemory_policy` of an `INFO memory` reply (on a cluster, of several nodes: an
-/// evicting one first).
+/// The `maxmemory_policy` of an `INFO` reply (on a cluster, of several nodes: an evicting one
+/// first).
 fn eviction_policy_of(v: &redis::Value) -> Option<String> {
     let mut text = String::new();
     collect_text(v, &mut text);

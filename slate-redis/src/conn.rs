@@ -85,22 +85,40 @@ pub(crate) fn wait_cmd(replicas: usize, within: std::time::Duration) -> redis::C
     cmd
 }
 
-/// Runs `eval` (an `EVALSHA` of `script`) and, with `wait` (replicas, within), `WAIT` right
-/// behind it in one pipeline. Returns the script's reply and, with `wait`, how many replicas
-/// acknowledged the connection's writes up to it.
+/// Runs `eval` (an `EVALSHA` of `script`) and, with `wait` (replicas, within) and a reply
+/// that `counts`, `WAIT`s for the replicas. Returns the script's reply and, when it waited,
+/// how many replicas acknowledged the connection's writes up to it. After `NOSCRIPT`, loads
+/// the script and sends it again, once.
 ///
-/// In one pipeline the `WAIT` runs on the server that ran the script, even on a cluster whose
-/// slot is migrating: redis-rs sends the whole pipeline again after an `ASK` (or `MOVED`), so
-/// both run on the importing node. A lone `WAIT` routed by the key's slot went to the migrating
-/// node, which had nothing of this write to wait for and counted every replica (issue 35,
-/// defect 4). It also saves the `WAIT`'s round trip. After `NOSCRIPT`, loads the script and
-/// sends the pair again, once.
+/// On a cluster the `WAIT` rides in one pipeline with the script, so that it runs on the
+/// server that ran the script even while its slot migrates: redis-rs sends the whole pipeline
+/// again after an `ASK` (or `MOVED`), so both run on the importing node. A lone `WAIT` routed
+/// by the key's slot went to the migrating node, which had nothing of this write to wait for
+/// and counted every replica (issue 35, defect 4). The pipeline waits whatever the reply
+/// (a busy answer too). On one server the `WAIT` follows the script on the same connection
+/// only when the reply `counts` (a grant, a renewal), so busy answers never block the shared
+/// connection behind a `WAIT` (review finding).
 pub(crate) async fn eval_then_wait<T: redis::FromRedisValue>(
     conn: &mut Conn,
     script: &SlateScript,
     eval: &redis::Cmd,
     wait: Option<(usize, std::time::Duration)>,
+    counts: impl Fn(&T) -> bool,
 ) -> redis::RedisResult<(T, Option<usize>)> {
+    if let (Conn::Server(_), Some((n, within))) = (&*conn, wait) {
+        let reply: T = match eval.query_async(conn).await {
+            Err(e) if is_noscript(&e) => {
+                script.load_cmd().query_async::<()>(conn).await?;
+                eval.query_async(conn).await?
+            }
+            r => r?,
+        };
+        if !counts(&reply) {
+            return Ok((reply, None));
+        }
+        let acked = wait_cmd(n, within).query_async(conn).await?;
+        return Ok((reply, Some(acked)));
+    }
     let mut pipe = redis::pipe();
     pipe.add_command(eval.clone());
     if let Some((n, within)) = wait {
@@ -118,10 +136,10 @@ pub(crate) async fn eval_then_wait<T: redis::FromRedisValue>(
     let reply = replies
         .next()
         .ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Client, "no script reply")))?;
-    let reply = redis::from_redis_value(reply.extract_error()?)?;
+    let reply: T = redis::from_redis_value(reply.extract_error()?)?;
     let acked = match replies.next() {
-        Some(v) => Some(redis::from_redis_value(v.extract_error()?)?),
-        None => None,
+        Some(v) if counts(&reply) => Some(redis::from_redis_value(v.extract_error()?)?),
+        _ => None,
     };
     Ok((reply, acked))
 }

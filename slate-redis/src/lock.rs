@@ -515,10 +515,8 @@ pub(crate) async fn acquire_remote(
     let (reply, acked): (Vec<i64>, Option<usize>) = client
         .exec("acquire script", |mut c| async move {
             // A grant counts once the replicas have it: WAIT behind it, where it ran.
-            let (reply, acked) =
-                conn::eval_then_wait::<Vec<i64>>(&mut c, &ACQUIRE, eval, synced).await?;
-            let granted = matches!(reply.first(), Some(1 | 2));
-            Ok((reply, acked.filter(|_| granted)))
+            let granted = |r: &Vec<i64>| matches!(r.first(), Some(1 | 2));
+            conn::eval_then_wait(&mut c, &ACQUIRE, eval, synced, granted).await
         })
         .await?;
     if let (Some((wanted, within)), Some(acked)) = (synced, acked)

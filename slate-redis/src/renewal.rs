@@ -786,11 +786,12 @@ async fn renew_cluster(
                         Some(_) => &scripts::SHARED_RENEW,
                         None => &scripts::RENEW,
                     };
-                    // The WAIT in the same pipeline runs where the renewal ran, even when a
-                    // migrating slot redirects it (issue 35, defect 4).
+                    // The WAIT runs where the renewal ran, even when a migrating slot
+                    // redirects it (issue 35, defect 4).
+                    let renewed = |r: &i64| *r == 1;
                     let (r, acked) =
-                        conn::eval_then_wait::<i64>(&mut c, script, cmd, synced).await?;
-                    if let (1, Some((n, _)), Some(acked)) = (r, synced, acked)
+                        conn::eval_then_wait(&mut c, script, cmd, synced, renewed).await?;
+                    if let (Some((n, _)), Some(acked)) = (synced, acked)
                         && acked < n
                     {
                         return Err(redis::RedisError::from((

@@ -775,10 +775,8 @@ impl Call {
             .exec("shared acquire script", |mut c| async move {
                 // A grant counts once the replicas have it, as the single lock's: WAIT behind
                 // it, where it ran (issue 35, defects 2 and 4).
-                let (reply, acked) =
-                    conn::eval_then_wait::<Vec<i64>>(&mut c, &SHARED_ACQUIRE, eval, synced).await?;
-                let granted = reply.first() == Some(&1);
-                Ok((reply, acked.filter(|_| granted)))
+                let granted = |r: &Vec<i64>| r.first() == Some(&1);
+                conn::eval_then_wait(&mut c, &SHARED_ACQUIRE, eval, synced, granted).await
             })
             .await?;
         if let (Some((wanted, within)), Some(acked)) = (synced, acked)

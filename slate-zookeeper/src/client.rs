@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -95,15 +96,21 @@ impl Confirmed {
         answered: Instant,
         spacing: Duration,
     ) -> Instant {
-        if let Some(&(m_sent, _)) = self.rounds.back()
-            && let Some(i) = self
+        // Rounds may overlap: round m is the latest answered before this one was sent (its
+        // answer reached the client before this `sync` left), and round i the latest answered
+        // a spacing before m was sent.
+        if let Some(m) = self.rounds.iter().rposition(|&(_, a)| a < sent) {
+            let m_sent = self.rounds[m].0;
+            if let Some(i) = self
                 .rounds
-                .iter()
+                .range(..=m)
                 .rposition(|&(_, i_answered)| i_answered + spacing <= m_sent)
-        {
-            self.touched = self.touched.max(self.rounds[i].0);
-            self.rounds.drain(..i);
+            {
+                self.touched = self.touched.max(self.rounds[i].0);
+                self.rounds.drain(..i);
+            }
         }
+        // Kept in the order of the answers, which is the order they are reported in.
         self.rounds.push_back((sent, answered));
         // Bounded whatever the answers' timing (64 rounds are more than ten sessions).
         if self.rounds.len() > 64 {
@@ -743,79 +750,111 @@ async fn watch_hold(inner: Weak<Inner>, path: String, sid: i64, keeper: Arc<Leas
 /// every held znode, which moves each lease's deadline to what is proven (or signals a znode
 /// found gone: force-unlocked, or its session ended).
 async fn heartbeat(inner: Weak<Inner>) {
+    // Rounds start at a fixed rate and may overlap: a round waits for its `sync` (which the
+    // leader answers once its pending writes are committed), and waiting for it before the
+    // next would stretch the rounds, and the proof's lag, by that latency (review finding).
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let mut next = Instant::now();
     loop {
         let period = match inner.upgrade() {
             Some(i) => heartbeat_period(lock(&i.session).timeout),
             None => return,
         };
-        tokio::time::sleep(period).await;
-        let Some(inner) = inner.upgrade() else { return };
-        let client = ZkClient { inner };
-        let holds: Vec<(String, i64, Arc<LeaseKeeper>)> = {
-            let mut leases = lock(&client.inner.leases);
-            leases.map.retain(|_, (_, k)| !k.is_lost());
-            leases
-                .map
-                .iter()
-                .map(|(p, (s, k))| (p.clone(), *s, Arc::clone(k)))
-                .collect()
+        next = (next + period).max(Instant::now());
+        tokio::time::sleep_until(next.into()).await;
+        let Some(strong) = inner.upgrade() else {
+            return;
         };
-        let session = client.current();
-        if session.zk.state().is_terminated() {
-            // The next call opens a new session (with its own proof).
+        // A server that answers nothing would otherwise pile rounds up (each is bounded by
+        // the operation timeout): a few in flight are enough to keep proving.
+        if in_flight.load(Ordering::Relaxed) >= MAX_ROUNDS_IN_FLIGHT {
             continue;
         }
-        let sent = Instant::now();
-        let synced = matches!(
-            client
-                .read(&session, "lease sync", || session.zk.sync("/"))
-                .await,
-            Ok(Ok(()))
-        );
-        let touched = if synced {
-            lock(&session.confirmed).answered(sent, Instant::now(), session.timeout / 3)
-        } else {
-            session.touched()
-        };
-        let checks = holds.iter().map(|(path, sid, _)| {
-            let (session, client) = (&session, &client);
-            async move {
-                if *sid != session.id {
-                    return Some(false);
-                }
-                if !synced {
-                    return None;
-                }
-                match client
-                    .read(session, "lease check", || session.zk.check_stat(path))
-                    .await
-                {
-                    Ok(Ok(Some(stat))) => Some(stat.ephemeral_owner == *sid),
-                    Ok(Ok(None) | Err(zk::Error::SessionExpired)) => Some(false),
-                    _ => None,
-                }
-            }
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        let (weak, in_flight) = (Arc::downgrade(&strong), Arc::clone(&in_flight));
+        strong.runtime.spawn(async move {
+            round(weak).await;
+            in_flight.fetch_sub(1, Ordering::Relaxed);
         });
-        let answers = futures::future::join_all(checks).await;
-        for ((path, _, keeper), answer) in holds.iter().zip(answers) {
-            match answer {
-                // Confirmed too late: the deadline passed first, and a loss is final.
-                Some(true) if Instant::now() >= keeper.deadline() => {
-                    keeper.lose(LossReason::DeadlineExpired);
-                    client.drop_lease(path);
-                }
-                Some(true) => keeper.extend(lease_deadline(touched, session.timeout)),
-                Some(false) => {
-                    tracing::warn!(%path, "the hold's znode is gone; the lock is lost");
-                    keeper.lose(LossReason::EntryGone);
-                    client.drop_lease(path);
-                }
-                None if Instant::now() >= keeper.deadline() => {
-                    tracing::warn!(%path, "no answer from ZooKeeper within the session timeout; the lock may be lost");
-                    keeper.lose(LossReason::DeadlineExpired);
-                }
-                None => {}
+    }
+}
+
+/// Rounds of the heartbeat that may be in flight at once.
+const MAX_ROUNDS_IN_FLIGHT: usize = 4;
+
+/// One heartbeat round (see [`heartbeat`]).
+async fn round(inner: Weak<Inner>) {
+    let Some(inner) = inner.upgrade() else { return };
+    let client = ZkClient { inner };
+    let holds: Vec<(String, i64, Arc<LeaseKeeper>)> = {
+        let mut leases = lock(&client.inner.leases);
+        leases.map.retain(|_, (_, k)| !k.is_lost());
+        leases
+            .map
+            .iter()
+            .map(|(p, (s, k))| (p.clone(), *s, Arc::clone(k)))
+            .collect()
+    };
+    let session = client.current();
+    if session.zk.state().is_terminated() {
+        // The next call opens a new session (with its own proof).
+        return;
+    }
+    let sent = Instant::now();
+    let synced = matches!(
+        client
+            .read(&session, "lease sync", || session.zk.sync("/"))
+            .await,
+        Ok(Ok(()))
+    );
+    if synced {
+        let touched = lock(&session.confirmed).answered(sent, Instant::now(), session.timeout / 3);
+        let margin =
+            lease_deadline(touched, session.timeout).saturating_duration_since(Instant::now());
+        if margin < session.timeout / 4 && !holds.is_empty() {
+            tracing::warn!(?margin, session_timeout = ?session.timeout,
+                "the ZooKeeper session's proven renewal lags (slow sync answers?): holds are close to the end of their lease");
+        }
+    }
+    let checks = holds.iter().map(|(path, sid, _)| {
+        let (session, client) = (&session, &client);
+        async move {
+            if *sid != session.id {
+                return Some(false);
             }
+            if !synced {
+                return None;
+            }
+            match client
+                .read(session, "lease check", || session.zk.check_stat(path))
+                .await
+            {
+                Ok(Ok(Some(stat))) => Some(stat.ephemeral_owner == *sid),
+                Ok(Ok(None) | Err(zk::Error::SessionExpired)) => Some(false),
+                _ => None,
+            }
+        }
+    });
+    let answers = futures::future::join_all(checks).await;
+    for ((path, _, keeper), answer) in holds.iter().zip(answers) {
+        match answer {
+            // Confirmed too late: the deadline passed first, and a loss is final.
+            Some(true) if Instant::now() >= keeper.deadline() => {
+                keeper.lose(LossReason::DeadlineExpired);
+                client.drop_lease(path);
+            }
+            // What is proven now (rounds may end out of order: never an older proof).
+            Some(true) => keeper.extend(lease_deadline(session.touched(), session.timeout)),
+            Some(false) => {
+                tracing::warn!(%path, "the hold's znode is gone; the lock is lost");
+                keeper.lose(LossReason::EntryGone);
+                client.drop_lease(path);
+            }
+            None if Instant::now() >= keeper.deadline() => {
+                tracing::warn!(%path, "no answer from ZooKeeper within the session timeout; the lock may be lost");
+                keeper.lose(LossReason::DeadlineExpired);
+            }
+            None => {}
         }
     }
 }
@@ -885,5 +924,23 @@ mod tests {
         assert_eq!(round(&mut c, t0, Duration::from_secs(6)), s1);
         // Never backwards.
         assert_eq!(round(&mut c, t0, Duration::from_secs(6) + MS * 5), s1);
+    }
+
+    /// Rounds overlap when a `sync` takes longer than a period (the heartbeat starts them at a
+    /// fixed rate): round m must have been answered before round k was sent.
+    #[test]
+    fn overlapping_rounds_chain_only_through_answers_received_before_a_send() {
+        let t0 = Instant::now();
+        let mut c = Confirmed::new(t0);
+        let s = |ms: u64| Duration::from_millis(ms);
+        let spacing = TIMEOUT / 3;
+        // Each round takes 1.5 s; one starts every second: answers at 2.5, 3.5, 4.5, ...
+        let mut last = t0;
+        for k in 1..=8u64 {
+            last = c.answered(t0 + s(1000 * k), t0 + s(1000 * k + 1500), spacing);
+        }
+        // Round 8 (sent at 8 s): the latest round answered before that is round 6 (answered
+        // at 7.5 s, sent at 6 s); the latest answered 2.67 s before 6 s is round 1 (2.5 s).
+        assert_eq!(last, t0 + s(1000));
     }
 }
