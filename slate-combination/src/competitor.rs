@@ -77,6 +77,21 @@ pub(crate) struct Inner {
     subscribed: Mutex<Vec<usize>>,
 }
 
+/// What a node call of an attempt may have left on the node, to give back if the node does
+/// not end up in a hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leftover {
+    /// Nothing: no level was taken, or a call that failed was undone by the node client (by
+    /// its request id, queued behind it on its connection: issue 28, item 7).
+    Nothing,
+    /// The level taken by this acquire request: given back by its request id, which never
+    /// touches a level a later attempt of the same holder took (issue 28, item 1).
+    Level(u64),
+    /// A call dropped before the node client could answer or undo it: one level, maybe (a
+    /// plain release).
+    Unknown,
+}
+
 /// The Redis side of the combination lock, driven by the synchronizer.
 pub(crate) struct CombinationCompetitor {
     pub(crate) inner: Arc<Inner>,
@@ -136,7 +151,8 @@ impl Inner {
     /// `lead`: node `i` is the attempt's lead, where the process's turn is taken.
     /// `verified`: for a first-level acquire, the node's failover count as verified at the
     /// attempt's start (the reply counts only if it is still that); `None` for a re-entry
-    /// (compared with the count when it is sent).
+    /// (compared with the count when it is sent). Also returns what the call may have left on
+    /// the node (see [`Leftover`]).
     async fn acquire_on(
         &self,
         i: usize,
@@ -145,7 +161,7 @@ impl Inner {
         block: u32,
         lead: bool,
         verified: Option<u64>,
-    ) -> Result<NodeAcquire> {
+    ) -> (Result<NodeAcquire>, Leftover) {
         let client = &self.nodes.node(i).client;
         let lease = self.options.lease();
         // A first-level acquire compares with the count at the node's verification, read at
@@ -168,24 +184,36 @@ impl Inner {
                 client.node_acquire(&self.keys, holder, lease).await
             }
         };
-        let reply = match tokio::time::timeout(self.op_time(), call).await {
+        // The client's own command timeout (the node operation time) ends the call first, and
+        // undoes it by its request id; this bound only catches a call that outlives it (a
+        // slow connect), whose future is then dropped without that undo.
+        let reply = match tokio::time::timeout(self.op_time() * 3 / 2, call).await {
             Ok(r) => r,
-            Err(_) => Err(self.node_timeout(i, "acquire")),
+            Err(_) => return (Err(self.node_timeout(i, "acquire")), Leftover::Unknown),
         };
         // The node's Sentinel group failed over under this call: the answer came from a
         // promoted replica, which may lack grants its old master never replicated. It does not
         // count: the node is verified (and quarantined) before its next use, and what the call
         // may have taken is released with the other failed nodes.
+        // A failed call was undone by the node client (by its request id); a level taken is
+        // given back by its request id if the node does not count.
+        let leftover = match &reply {
+            Ok(NodeAcquire::Acquired { request, .. }) => Leftover::Level(*request),
+            _ => Leftover::Nothing,
+        };
         if client.failovers() != failovers {
-            return Err(Error::backend(
-                BackendKind::Unavailable,
-                Some(self.nodes.node(i).address().to_owned()),
-                "the node's Sentinel group failed over during the acquisition; the node is \
-                 verified again (and quarantined) before it counts",
-                None,
-            ));
+            return (
+                Err(Error::backend(
+                    BackendKind::Unavailable,
+                    Some(self.nodes.node(i).address().to_owned()),
+                    "the node's Sentinel group failed over during the acquisition; the node is \
+                     verified again (and quarantined) before it counts",
+                    None,
+                )),
+                leftover,
+            );
         }
-        reply
+        (reply, leftover)
     }
 
     fn node_timeout(&self, i: usize, what: &str) -> Error {
@@ -293,6 +321,8 @@ impl Inner {
         let mut state = AttemptState::new(usable, self.required, self.budget, self.order);
         let mut next = state.start();
         let mut won: HashMap<usize, (FencingToken, Instant)> = HashMap::new();
+        // What to give back, node by node, of what does not end up held.
+        let mut left: HashMap<usize, Leftover> = HashMap::new();
         let mut retry_after = None;
         let mut failures: HashMap<usize, Error> = HashMap::new();
         // The block every won node reserved: the lead node cuts it to what its turn's row has
@@ -323,7 +353,10 @@ impl Inner {
                     }))
                     .await;
                     let mut answers = Vec::with_capacity(replies.len());
-                    for (i, reply) in replies {
+                    for (i, (reply, leftover)) in replies {
+                        if leftover != Leftover::Nothing {
+                            left.insert(i, leftover);
+                        }
                         let answer = match reply {
                             Ok(NodeAcquire::Acquired {
                                 token,
@@ -366,29 +399,33 @@ impl Inner {
                     // A node whose command failed was skipped, but the command may have run
                     // (a lost reply, a hung server that runs it later): release it too, in the
                     // background so the acquisition does not wait on a failed node.
-                    let stray = state.failed().to_vec();
+                    let stray: Vec<(usize, Leftover)> = state
+                        .failed()
+                        .iter()
+                        .filter_map(|i| Some((*i, *left.get(i)?)))
+                        .collect();
                     let lead = lead.filter(|l| held.contains(l));
-                    let mut won_it = self.win(holder, start, held, &won, &stray, reserved).await;
+                    let mut won_it = self.win(holder, start, held, &won, &left, reserved).await;
                     if let Ok(Attempt::Acquired(grant)) = &mut won_it {
                         grant.lead = lead;
                     }
                     if matches!(won_it, Ok(Attempt::Acquired(_))) && !stray.is_empty() {
-                        self.release_in_background(holder, stray, self.release_until(start));
+                        self.give_back_in_background(holder, stray, self.release_until(start));
                     }
                     return won_it;
                 }
                 Next::Busy { at, release } => {
                     tracing::trace!(lock = %self.label, %holder, at, "busy");
                     *lock(&self.busy_at) = Some(at);
-                    self.release_attempt(&release, holder, start).await;
+                    self.release_attempt(&release, &left, holder, start).await;
                     return Ok(Attempt::Busy { retry_after });
                 }
                 Next::InsufficientNodes { release } => {
-                    self.release_attempt(&release, holder, start).await;
+                    self.release_attempt(&release, &left, holder, start).await;
                     return Err(self.insufficient(usable_count, &won, &failures));
                 }
                 Next::BudgetExceeded { release } => {
-                    self.release_attempt(&release, holder, start).await;
+                    self.release_attempt(&release, &left, holder, start).await;
                     return Err(Error::timeout(
                         Arc::clone(&self.label),
                         TimeoutKind::AcquireBudget,
@@ -408,7 +445,7 @@ impl Inner {
         start: Instant,
         held: Vec<usize>,
         won: &HashMap<usize, (FencingToken, Instant)>,
-        stray: &[usize],
+        left: &HashMap<usize, Leftover>,
         block: u32,
     ) -> Result<Attempt<Grant>> {
         let token = held
@@ -459,10 +496,10 @@ impl Inner {
             .map(|(_, d)| *d)
             .collect();
         let deadline = combined_deadline(&deadlines, self.required);
-        let mut release: Vec<usize> = held.iter().chain(stray).copied().collect();
+        let mut release: Vec<usize> = left.keys().copied().collect();
         release.sort_unstable_by(|a, b| b.cmp(a));
         if fenced < need {
-            self.release_attempt(&release, holder, start).await;
+            self.release_attempt(&release, left, holder, start).await;
             // A configuration error (an ACL user without INCRBY) is reported as itself, not
             // as a shortage of nodes that would never end.
             if let Some(e) = raised
@@ -493,7 +530,7 @@ impl Inner {
                 }))
             }
             _ => {
-                self.release_attempt(&release, holder, start).await;
+                self.release_attempt(&release, left, holder, start).await;
                 Err(Error::timeout(
                     Arc::clone(&self.label),
                     TimeoutKind::AcquireBudget,
@@ -504,53 +541,94 @@ impl Inner {
         }
     }
 
-    /// Until when the release of an attempt's node is worth retrying: its entry ends with the
+    /// Gives back what an attempt that did not win left on `nodes` (descending): each level by
+    /// its acquire's request id, a dropped call's maybe-level by a plain release; then keeps
+    /// retrying in the background each node that did not answer.
+    async fn release_attempt(
+        self: &Arc<Self>,
+        nodes: &[usize],
+        left: &HashMap<usize, Leftover>,
+        holder: HolderId,
+        start: Instant,
+    ) {
+        let todo: Vec<(usize, Leftover)> = nodes
+            .iter()
+            .filter_map(|i| Some((*i, *left.get(i)?)))
+            .collect();
+        let failed = self.give_back(&todo, holder).await;
+        if !failed.is_empty() {
+            self.give_back_in_background(holder, failed, self.release_until(start));
+        }
+    }
+
+    /// Gives back each node's leftover (in the order given), going on past failures; returns
+    /// those that failed.
+    async fn give_back(
+        &self,
+        nodes: &[(usize, Leftover)],
+        holder: HolderId,
+    ) -> Vec<(usize, Leftover)> {
+        let lease = self.options.lease();
+        let one = |(i, leftover): (usize, Leftover)| async move {
+            let client = &self.nodes.node(i).client;
+            let call = async {
+                match leftover {
+                    Leftover::Level(request) => {
+                        client.node_undo(&self.keys, holder, lease, request).await
+                    }
+                    Leftover::Unknown => client.node_release(&self.keys, holder, lease).await,
+                    Leftover::Nothing => Ok(None),
+                }
+            };
+            match tokio::time::timeout(self.op_time(), call).await {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => {
+                    tracing::debug!(lock = %self.label, node = client.address(), error = %e, "giving back a node failed");
+                    Some((i, leftover))
+                }
+                Err(_) => Some((i, leftover)),
+            }
+        };
+        let failed: Vec<Option<(usize, Leftover)>> = match self.order {
+            Order::Pipelined => join_all(nodes.iter().map(|&n| one(n))).await,
+            Order::Sequential => {
+                let mut failed = Vec::with_capacity(nodes.len());
+                for &n in nodes {
+                    failed.push(one(n).await);
+                }
+                failed
+            }
+        };
+        failed.into_iter().flatten().collect()
+    }
+
+    /// Until when giving back an attempt's node is worth retrying: its entry ends with the
     /// lease of an acquire sent after `start`.
     fn release_until(&self, start: Instant) -> Instant {
         start + self.options.lease() + self.op_time()
     }
 
-    /// Releases the nodes of an attempt that did not win (descending), then keeps retrying in
-    /// the background each node whose release failed.
-    async fn release_attempt(self: &Arc<Self>, nodes: &[usize], holder: HolderId, start: Instant) {
-        let reports = self.release_nodes(nodes, holder).await;
-        let failed: Vec<usize> = reports
-            .iter()
-            .filter(|r| matches!(r.state, NodeState::Failed { .. }))
-            .map(|r| r.index)
-            .collect();
-        if !failed.is_empty() {
-            self.release_in_background(holder, failed, self.release_until(start));
-        }
-    }
-
-    /// Releases `holder` on `nodes` (descending) in the background, retrying each node whose
-    /// release fails, every node operation time, until it answers or `until` passes.
+    /// Gives back `nodes`' leftovers (descending) in the background, retrying each node that
+    /// does not answer, every node operation time, until it answers or `until` passes.
     ///
-    /// A release that failed says nothing about the acquire before it: the node may run that
-    /// acquire later (a hung server when it resumes, a reply lost on the way back), and a
-    /// release on a replaced connection is not ordered behind it. Holder ids are never reused,
-    /// so a retried release is harmless: it answers "not held" and touches nothing.
-    fn release_in_background(
+    /// An undo names its acquire's request id, so a retry never touches a level a later
+    /// attempt of the same holder took (a waiting call keeps its holder id across attempts:
+    /// issue 28, item 1, where a retried plain release deleted the next attempt's entry).
+    fn give_back_in_background(
         self: &Arc<Self>,
         holder: HolderId,
-        mut nodes: Vec<usize>,
+        mut nodes: Vec<(usize, Leftover)>,
         until: Instant,
     ) {
-        nodes.sort_unstable_by(|a, b| b.cmp(a));
+        nodes.sort_unstable_by(|a, b| b.0.cmp(&a.0));
         let inner = Arc::clone(self);
         let pause = self.op_time();
         drop(self.runtime.spawn(async move {
             loop {
-                let reports = inner.release_nodes(&nodes, holder).await;
-                nodes.retain(|i| {
-                    reports
-                        .iter()
-                        .any(|r| r.index == *i && matches!(r.state, NodeState::Failed { .. }))
-                });
+                nodes = inner.give_back(&nodes, holder).await;
                 if nodes.is_empty() || Instant::now() + pause >= until {
                     if !nodes.is_empty() {
-                        tracing::debug!(%holder, ?nodes, "gave up releasing; the entries expire with the lease");
+                        tracing::debug!(%holder, ?nodes, "gave up giving back; the entries expire with the lease");
                     }
                     break;
                 }
@@ -566,11 +644,10 @@ impl Inner {
     /// every node keeps the count the hold had (issue 19, defect 6: a hold that ended while
     /// the re-entry was in flight kept the new levels, which blocked contenders for a lease).
     async fn reenter(&self, holder: HolderId, nodes: Vec<usize>) -> Result<Attempt<Grant>> {
-        let replies =
-            join_all(nodes.iter().map(|&i| async move {
-                (i, self.acquire_on(i, holder, true, 1, false, None).await)
-            }))
-            .await;
+        let replies = join_all(nodes.iter().map(|&i| async move {
+            (i, self.acquire_on(i, holder, true, 1, false, None).await.0)
+        }))
+        .await;
         let ok: Vec<usize> = replies
             .iter()
             .filter(|(_, r)| matches!(r, Ok(NodeAcquire::Acquired { .. })))

@@ -310,3 +310,44 @@ async fn i2_a_node_restarted_from_an_older_snapshot_is_quarantined() {
 async fn i2_a_node_restarted_under_a_process_that_used_it_is_verified_first() {
     node_1_loses_a_holders_entry(DataLoss::OlderSnapshotMetBefore).await;
 }
+
+/// Item 1: a waiting call keeps one holder id across its attempts, so an attempt that lost
+/// gave its nodes back with a plain release, which, retried late (the node stalled), deleted
+/// the entry the holder's next attempt had taken there: with exactly a quorum, another
+/// process could then hold beside it. An attempt now gives a node back by its acquire's
+/// request id, which never touches a later request's level, however late it arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i1_a_late_give_back_never_takes_a_later_attempts_level() {
+    use slate_redis::node::{NodeAcquire, NodeKeys};
+    let s = servers(1);
+    let client = slate_redis::RedisClient::open(s[0].url()).unwrap();
+    let keys = NodeKeys::new("slate:", &slate_core::LockName::new("i1").unwrap());
+    let info = client.server_info().await.unwrap();
+    client.node_mark(&keys, &info).await.unwrap();
+    let holder = slate_core::HolderId::new();
+    let lease = Duration::from_secs(10);
+    let request = |a: NodeAcquire| match a {
+        NodeAcquire::Acquired { request, .. } => request,
+        other => panic!("not acquired: {other:?}"),
+    };
+    // Attempt 1 takes the node, loses elsewhere, and gives the node back.
+    let first = request(client.node_acquire(&keys, holder, lease).await.unwrap());
+    assert_eq!(
+        client.node_undo(&keys, holder, lease, first).await.unwrap(),
+        Some(0)
+    );
+    // Attempt 2 takes it again.
+    request(client.node_acquire(&keys, holder, lease).await.unwrap());
+    // Attempt 1's give-back, retried late, leaves attempt 2's level alone.
+    assert_eq!(
+        client.node_undo(&keys, holder, lease, first).await.unwrap(),
+        None
+    );
+    assert_eq!(count_of(&s[0], "i1", holder), Some(1), "attempt 2's entry");
+    // What the plain release of the old code did: it takes whatever level the holder has.
+    assert_eq!(
+        client.node_release(&keys, holder, lease).await.unwrap(),
+        Some(0)
+    );
+    assert_eq!(count_of(&s[0], "i1", holder), None);
+}

@@ -1358,6 +1358,8 @@ impl RedisClient {
                     let before = lock(&self.inner.master).replace(now.clone());
                     if before.as_ref().is_some_and(|b| *b != now) {
                         self.inner.failovers.fetch_add(1, Ordering::Relaxed);
+                        // Counted once: the new master's run id is not another change.
+                        lock(&self.inner.run_id).take();
                         tracing::warn!(sentinel = %address, master = %now,
                             "the Sentinels name a new master (a failover)");
                     }

@@ -239,16 +239,15 @@ impl RedisCompetitor {
 /// sent again in the background, a few times within the lease (it is idempotent: it carries
 /// its own request id); a late reply is not a reason to resend it. An entry it could not undo
 /// is never renewed and ends with its lease.
-async fn compensate(
+pub(crate) async fn compensate(
     client: &RedisClient,
     keys: &Keys,
-    me: &Weak<LockShared>,
+    waiters: bool,
     holder: HolderId,
     lease: Duration,
     turn: Turn,
     acquire_request: u64,
 ) {
-    let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
     let (client2, keys2) = (client.clone(), keys.clone());
     let mut undo = Box::pin(async move {
         let request = request::next_id();
@@ -473,6 +472,10 @@ pub(crate) struct Acquire<'a> {
     /// Fencing tokens a first acquisition reserves for local passes (1: none; more needs a
     /// turn, see `scripts/acquire.lua` ARGV[9]).
     pub(crate) block: u32,
+    /// How long the request record is kept (`None`: two command timeouts, the window in which
+    /// a retry may arrive). A multi-node lock keeps it for as long as it may give the level
+    /// back by this request's id (`RedisClient::node_undo`).
+    pub(crate) record_for: Option<Duration>,
 }
 
 /// Runs the acquire script and returns its reply (see `scripts/acquire.lua`). Retried once,
@@ -487,7 +490,10 @@ pub(crate) async fn acquire_remote(
     let ms = scripts::lease_ms(acquire.lease);
     let queue_id = &*acquire.turn.queue_id;
     let tenure = acquire.turn.tenure;
-    let record_ms = request::record_ttl_ms(client.command_timeout());
+    let record_ms = match acquire.record_for {
+        Some(d) => scripts::lease_ms(d),
+        None => request::record_ttl_ms(client.command_timeout()),
+    };
     let (request, marker, reentry) = (acquire.request, acquire.marker, acquire.reentry);
     let block = acquire.block;
     let fence_expiry = acquire
@@ -587,6 +593,7 @@ impl RedisCompetitor {
                     reentry,
                     fence_expiry,
                     block,
+                    record_for: None,
                 };
                 acquire_remote(&client, &keys, acquire)
             })
@@ -603,7 +610,8 @@ impl RedisCompetitor {
                         e.backend_kind(),
                         Some(BackendKind::Permission | BackendKind::Auth)
                     ) {
-                        compensate(&client, &keys, &me, holder, lease, turn, request).await;
+                        let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+                        compensate(&client, &keys, waiters, holder, lease, turn, request).await;
                     }
                     return Err(e);
                 }

@@ -102,6 +102,8 @@ pub enum NodeAcquire {
         /// or less where the node keeps the turn and the row had less left (1 without a
         /// block, and for a re-entry or a replayed answer).
         reserved: u32,
+        /// The acquire's request id: [`RedisClient::node_undo`] gives back exactly this level.
+        request: u64,
     },
     /// Another holder holds the lock on this node.
     Busy {
@@ -234,8 +236,9 @@ impl RedisClient {
 
     /// Acquires (or re-enters) `holder`'s entry on this server, checking the node marker.
     ///
-    /// Unlike [`SingleLock`](crate::SingleLock), a timed-out call is not compensated here: the
-    /// multi-node lock releases every node whose command may have run.
+    /// A call that fails after its command may have run (a timeout, a broken connection) is
+    /// undone by its request id before it returns, as the single lock's: the undo is queued
+    /// behind the acquire on its connection.
     ///
     /// # Errors
     ///
@@ -331,7 +334,7 @@ impl RedisClient {
         turn: &Turn,
     ) -> Result<NodeAcquire> {
         let sent = Instant::now();
-        let (reply, _) = request::send_fresh(|request| {
+        let (reply, request) = request::send_fresh(|request| {
             let acquire = Acquire {
                 holder,
                 lease,
@@ -341,11 +344,40 @@ impl RedisClient {
                 reentry,
                 fence_expiry: None,
                 block,
+                // An attempt that does not win gives its nodes back by this request's id,
+                // retrying until the lease is over (the record must outlive that).
+                record_for: Some(lease + self.command_timeout() * 2),
             };
             acquire_remote(self, &keys.keys, acquire)
         })
         .await;
-        let reply = reply?;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                // The script may have run, or may still run (a hung server processes its queue
+                // when it resumes): undo it by its request id, queued right behind it on its
+                // connection, as the single lock does (issue 28, item 7: the multi-node lock's
+                // release of the node came later, on another connection, and could run before
+                // the acquire, which then left an entry nobody renewed). Not when the user may
+                // not run it (the undo would be refused too).
+                if !matches!(
+                    e.backend_kind(),
+                    Some(slate_core::BackendKind::Permission | slate_core::BackendKind::Auth)
+                ) {
+                    crate::lock::compensate(
+                        self,
+                        &keys.keys,
+                        false,
+                        holder,
+                        lease,
+                        turn.clone(),
+                        request,
+                    )
+                    .await;
+                }
+                return Err(e);
+            }
+        };
         let acquired = |token: i64, count: i64, reserved: i64| match (
             u64::try_from(token),
             u32::try_from(count),
@@ -356,6 +388,7 @@ impl RedisClient {
                 count,
                 deadline: renewal::deadline(sent, lease),
                 reserved: reserved.clamp(1, block.max(1)),
+                request,
             }),
             _ => Err(unexpected_reply("acquire script", self.address(), &reply)),
         };
@@ -394,6 +427,34 @@ impl RedisClient {
             .await
     }
 
+    /// Gives back exactly the level that acquire `request` (see [`NodeAcquire::Acquired`])
+    /// took, or, if that acquire has not run, marks it cancelled so that it does nothing when
+    /// it does. Unlike [`node_release`](Self::node_release), it never touches a level a later
+    /// request of the same holder took, so it may be sent again and again: a multi-node lock
+    /// gives back the nodes of an attempt that did not win with it (issue 28, item 1: a
+    /// retried plain release deleted the entry the holder's next attempt had taken).
+    /// Returns the levels left, or `None` when the holder has no entry (or the acquire was
+    /// cancelled before it ran).
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Idempotent: send it again.
+    pub async fn node_undo(
+        &self,
+        keys: &NodeKeys,
+        holder: HolderId,
+        lease: Duration,
+        request: u64,
+    ) -> Result<Option<u32>> {
+        let mut release = Release::plain(holder, lease, Turn::none(), false);
+        release.undo = Some(request);
+        self.node_release_as(keys, release).await
+    }
+
     /// As [`node_release`](Self::node_release), on the lead node of an entry acquired with
     /// [`node_acquire_lead`](Self::node_acquire_lead): at the last level the turn stays with
     /// this process if `local_waiters` and its tenure (8 holds in a row, `holds` of them by
@@ -429,7 +490,8 @@ impl RedisClient {
         let freed = matches!(reply, Ok(0));
         renewal.end_release(&keys.keys.lock, holder, generation, freed);
         match reply? {
-            -1 => Ok(None),
+            // -1: no entry; -2 (an undo): the acquire had not run, and now never will.
+            -1 | -2 => Ok(None),
             n => u32::try_from(n)
                 .map(Some)
                 .map_err(|_| unexpected_reply("release script", self.address(), n)),

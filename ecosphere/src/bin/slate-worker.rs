@@ -138,6 +138,17 @@ fn recording(e: ecosphere::history::HistoryError) -> String {
 /// Interval of the resource operations while holding (`hold`, `reenter`).
 const TICK: Duration = Duration::from_millis(50);
 
+/// How much of its lease a holder keeps clear of resource operations: an operation (a GET and
+/// a SET) that starts this close to the deadline could end after it, which the checker counts
+/// as activity past validity. The loss signal's own timer can fire a little after the
+/// deadline, so `is_lost` alone leaves that window open.
+const OP_MARGIN: Duration = Duration::from_millis(20);
+
+/// Whether a holder whose lease is `lease` may start a resource operation now.
+fn may_operate(lease: &slate_redis::LeaseWatch) -> bool {
+    !lease.is_lost() && lease.deadline() > Instant::now() + OP_MARGIN
+}
+
 /// Poll interval of the go-file wait.
 const GO_POLL: Duration = Duration::from_millis(5);
 
@@ -984,8 +995,8 @@ async fn hold(ctx: &Ctx) -> Res<()> {
             reason = guard.lost() => break Some(reason),
             () = tokio::time::sleep_until(end.into()) => break None,
             _ = tick.tick() => {
-                if guard.is_lost() {
-                    // lost() completes at once.
+                if !may_operate(guard.lease()) {
+                    // Lost (lost() completes at once), or too close to the deadline.
                 } else if ctx.resource.is_some() {
                     // A failed increment is a recorded outcome here, not a worker failure.
                     let _ = ctx.resource_op(0, &mut held, Some(&guard)).await;
@@ -1783,8 +1794,8 @@ mod generic {
                 reason = guard.lost() => break Some(reason),
                 () = tokio::time::sleep_until(end.into()) => break None,
                 _ = tick.tick() => {
-                    if guard.is_lost() {
-                        // lost() completes at once.
+                    if !super::may_operate(guard.lease()) {
+                        // Lost (lost() completes at once), or too close to the deadline.
                     } else if ctx.resource.is_some() {
                         // A failed increment is a recorded outcome here, not a failure.
                         let _ = resource_op(ctx, 0, &guard, &mut held).await;
