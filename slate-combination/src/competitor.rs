@@ -620,7 +620,7 @@ impl Inner {
         mut nodes: Vec<(usize, Leftover)>,
         until: Instant,
     ) {
-        nodes.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        nodes.sort_unstable_by_key(|n| std::cmp::Reverse(n.0));
         let inner = Arc::clone(self);
         let pause = self.op_time();
         drop(self.runtime.spawn(async move {
