@@ -643,11 +643,33 @@ impl Inner {
     /// Whatever goes wrong, the levels it took are given back before it answers, so that
     /// every node keeps the count the hold had (issue 19, defect 6: a hold that ended while
     /// the re-entry was in flight kept the new levels, which blocked contenders for a lease).
-    async fn reenter(&self, holder: HolderId, nodes: Vec<usize>) -> Result<Attempt<Grant>> {
-        let replies = join_all(nodes.iter().map(|&i| async move {
-            (i, self.acquire_on(i, holder, true, 1, false, None).await.0)
-        }))
-        .await;
+    async fn reenter(
+        self: &Arc<Self>,
+        holder: HolderId,
+        nodes: Vec<usize>,
+    ) -> Result<Attempt<Grant>> {
+        let calls =
+            join_all(nodes.iter().map(|&i| async move {
+                (i, self.acquire_on(i, holder, true, 1, false, None).await)
+            }))
+            .await;
+        // A level taken by an answer that does not count (the node's server changed under the
+        // call) is given back by its request id (review finding: it was left on the node). Not
+        // a dropped call's maybe-level: a plain release could take the hold's own level.
+        let stray: Vec<(usize, Leftover)> = calls
+            .iter()
+            .filter(|(_, (r, l))| r.is_err() && matches!(l, Leftover::Level(_)))
+            .map(|(i, (_, l))| (*i, *l))
+            .collect();
+        if !stray.is_empty() {
+            let until = Instant::now() + self.options.lease() + self.op_time();
+            let failed = self.give_back(&stray, holder).await;
+            if !failed.is_empty() {
+                self.give_back_in_background(holder, failed, until);
+            }
+        }
+        let replies: Vec<(usize, Result<NodeAcquire>)> =
+            calls.into_iter().map(|(i, (r, _))| (i, r)).collect();
         let ok: Vec<usize> = replies
             .iter()
             .filter(|(_, r)| matches!(r, Ok(NodeAcquire::Acquired { .. })))

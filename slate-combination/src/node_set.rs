@@ -792,8 +792,11 @@ impl NodeSet {
             // A quarantine that ran its course covers the loss it was for: the node is marked
             // again and used (without this, a missing marker on a server by then older than
             // the quarantine quarantined it again for ever; review finding).
+            // (Or it ran its course before and only the re-stamp failed: the marker is still the
+            // foreign one it was for. A marker gone since is a new loss: review finding.)
             let served = matches!(h.health, Health::Quarantined { until } if Instant::now() >= until)
-                || h.cleared.as_deref() == Some(info.marker_stamp().as_str());
+                || (marker == Marker::Foreign
+                    && h.cleared.as_deref() == Some(info.marker_stamp().as_str()));
             // The data may have come from elsewhere since the last look: the replication id
             // changed (a promotion, or A -> B -> A between two checks). Issue 35, defect 8.
             let replid_changed = h

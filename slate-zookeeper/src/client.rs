@@ -110,7 +110,10 @@ impl Confirmed {
                 self.rounds.drain(..i);
             }
         }
-        // Kept in the order of the answers, which is the order they are reported in.
+        // Reported by concurrent rounds, so not always in the order the answers came: each
+        // check above compares recorded times, which err on the safe side (an answer time is
+        // taken after the answer, a send time before the send); a round out of place can only
+        // make the proof lag.
         self.rounds.push_back((sent, answered));
         // Bounded whatever the answers' timing (64 rounds are more than ten sessions).
         if self.rounds.len() > 64 {
@@ -771,16 +774,25 @@ async fn heartbeat(inner: Weak<Inner>) {
             continue;
         }
         in_flight.fetch_add(1, Ordering::Relaxed);
-        let (weak, in_flight) = (Arc::downgrade(&strong), Arc::clone(&in_flight));
+        let (weak, done) = (Arc::downgrade(&strong), InFlight(Arc::clone(&in_flight)));
         strong.runtime.spawn(async move {
             round(weak).await;
-            in_flight.fetch_sub(1, Ordering::Relaxed);
+            drop(done);
         });
     }
 }
 
 /// Rounds of the heartbeat that may be in flight at once.
 const MAX_ROUNDS_IN_FLIGHT: usize = 4;
+
+/// One round in flight, counted until it ends however it ends (a panic included).
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// One heartbeat round (see [`heartbeat`]).
 async fn round(inner: Weak<Inner>) {
