@@ -324,13 +324,22 @@ async fn single_run(url: &str, prefix: &str, name: &str) -> Step<SingleRun> {
         (g, Instant::now(), lb)
     });
     // Parked and subscribed (or the subscription failed: then the wake-up bound fails below).
+    // `subscriptions` counts a channel still being subscribed too, and a refused one goes
+    // within a round trip or two (asked again alone first): the state must hold for 300 ms,
+    // or a release right then could meet the waiter's fallback attempt (a flake seen once).
     let parked = Instant::now() + Duration::from_secs(3);
     let mut pubsub_was_up = false;
+    let mut since: Option<Instant> = None;
     while Instant::now() < parked {
         let s = b.stats();
         if s.local_waiters == 1 && s.subscriptions == 1 && s.pubsub_up {
-            pubsub_was_up = true;
-            break;
+            let t = *since.get_or_insert_with(Instant::now);
+            if t.elapsed() >= Duration::from_millis(300) {
+                pubsub_was_up = true;
+                break;
+            }
+        } else {
+            since = None;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
