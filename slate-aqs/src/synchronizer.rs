@@ -1277,8 +1277,14 @@ impl<C: Competitor> Synchronizer<C> {
                         }
                         .await;
                         tracing::trace!(lock = %self.label, %holder, "woke");
-                        if let Cond::Epoch(_) = cond {
-                            started_retried = false;
+                        match cond {
+                            Cond::Epoch(_) => started_retried = false,
+                            // Woken as the new head: the retry state of its own busy entry
+                            // attempt, made before it waited behind another head, says nothing
+                            // about the lock now; attempt rather than park a full spin wait
+                            // from now (issue 28, item 13).
+                            Cond::Head => retry = Retry::Now,
+                            _ => {}
                         }
                     }
                 }

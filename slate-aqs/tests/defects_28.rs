@@ -117,3 +117,57 @@ async fn i11_a_displacing_grant_while_a_pass_is_taken_does_not_panic() {
     assert_eq!(remote.holder(), Some((gh.holder, 1)));
     testing::release(&sync, h).unwrap();
 }
+
+/// Item 13: a waiter kept the retry state of its own busy entry attempt while it waited
+/// behind the head, and used it when it became head: it prepared to wait and parked a full
+/// spin wait from then on, although nothing said the lock was still busy (the head it
+/// replaced had left on its deadline, and the remote holder had released without a
+/// notification reaching this process). Here the spin wait is 10 s: before, B waited it out;
+/// a waiter that becomes head now attempts at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i13_a_new_head_does_not_inherit_a_stale_retry_state() {
+    let remote = MemoryRemote::new();
+    let competitor = MemoryCompetitor::new(remote.clone());
+    let sync = Arc::new(Synchronizer::new(
+        "i13",
+        competitor,
+        Duration::from_secs(10),
+    ));
+    let r = HolderId::new();
+    remote.try_acquire(r).expect("R holds");
+    // A and B both find the queue empty and attempt at once: both busy, both queue, A first.
+    sync.competitor().script([
+        Behavior::Slow(Duration::from_millis(50)),
+        Behavior::Slow(Duration::from_millis(100)),
+    ]);
+    let wait_a = tokio::spawn({
+        let sync = sync.clone();
+        async move {
+            sync.acquire(
+                HolderId::new(),
+                Wait::for_duration(Duration::from_millis(500)),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let b = HolderId::new();
+    let wait_b = tokio::spawn({
+        let sync = sync.clone();
+        async move { sync.acquire(b, Wait::Forever).await }
+    });
+    let started = Instant::now();
+    while sync.waiters() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(2), "A and B queued");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The lock is free, and nobody here is told.
+    remote.release_silently(r).unwrap();
+    assert!(wait_a.await.unwrap().is_err(), "A's deadline ends its wait");
+    let granted = tokio::time::timeout(Duration::from_secs(3), wait_b)
+        .await
+        .expect("B, the new head, attempts at once instead of a 10 s spin wait")
+        .unwrap()
+        .unwrap();
+    assert_eq!(granted.holder, b);
+}

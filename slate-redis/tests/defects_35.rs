@@ -829,8 +829,9 @@ async fn d4_a_grant_on_an_importing_node_waits_for_its_own_replicas() {
     // Connected to every node (the replica too) before the replica stops answering; the
     // server sees the holder's level.
     assert_eq!(lock.hold_count(holder).await.unwrap(), 1);
-    cluster.node_mut(replica).pause().unwrap();
+    // The migration first: Valkey 8 replicates `CLUSTER SETSLOT` and waits for the replicas.
     cluster.start_slot_migration(slot, target).unwrap();
+    cluster.node_mut(replica).pause().unwrap();
     let attempt = lock.acquire(holder, slate_redis::Wait::Immediate).await;
     // The importing node answers for the slot only after ASKING, on the same connection.
     let mut c = cluster.node(target).connection().unwrap();
