@@ -459,23 +459,8 @@ fn z2_to_z6_killed_paused_partitioned_and_reentrant_holders_and_the_negative_con
             "{}",
             a_out.stdout
         );
-        let (h, report) = check(&z.history, &CheckConfig::new(SESSION));
-        report.assert_ok();
-        report.assert_contention(2, 1, 1);
-        report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Ownership]);
-        // A's lease (the deadline its guard reported, at which `LOST` fires) ran out before B
-        // held: compared as instants, not as when A's process got to log its loss.
+        let h = lease_ran_out_before_the_waiter_held(&z, &a_holder);
         assert!(first_of(&h, 0, "lost").is_some(), "A logged the loss");
-        let a_deadline = last_deadline(&h, &a_holder);
-        let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
-        println!(
-            "Z4: A's lease ran out {:.0} ms before B held",
-            ms_between(a_deadline, b_ok)
-        );
-        assert!(
-            a_deadline <= b_ok,
-            "B held the lock before A's lease ran out"
-        );
     }
 
     // --- Z6: re-entry to depth 3 and back while another process waits.
@@ -601,21 +586,32 @@ fn z10_a_holder_on_a_follower_cut_off_from_its_leader() {
     go_file(&unlock);
     let a_out = finish_ok(&mut holder, Duration::from_secs(30)).remove(0);
     assert!(a_out.stdout.contains("LOST "), "{}", a_out.stdout);
+    lease_ran_out_before_the_waiter_held(&z, &a_holder);
+}
+
+/// The check of a phase where holder A (process 0) was cut off and waiter B (process 1) took
+/// the lock: the history passes exclusion, tokens and ownership, and A's lease (the deadline
+/// its guard reported, at which `LOST` fires) ran out before B held, compared as instants,
+/// not as when A's process got to log its loss. Returns the history.
+fn lease_ran_out_before_the_waiter_held(z: &Phase<'_>, a_holder: &str) -> History {
     let (h, report) = check(&z.history, &CheckConfig::new(SESSION));
     report.assert_ok();
     report.assert_contention(2, 1, 1);
     report.assert_pass(&[CheckId::Exclusion, CheckId::Tokens, CheckId::Ownership]);
-    let a_deadline = last_deadline(&h, &a_holder);
+    let a_deadline = last_deadline(&h, a_holder);
     let b_ok = first_of(&h, 1, "acq_ok").expect("B acquired").t;
     println!(
-        "Z10: A's lease ran out {:.0} ms before B held",
+        "{}: A's lease ran out {:.0} ms before B held",
+        z.name,
         ms_between(a_deadline, b_ok)
     );
     assert!(
         a_deadline <= b_ok,
-        "B held the lock {:.0} ms before A's lease ran out",
+        "{}: B held the lock {:.0} ms before A's lease ran out",
+        z.name,
         ms_between(b_ok, a_deadline)
     );
+    h
 }
 
 /// Z9 (full matrix): seeded chaos on a 5-server ensemble while 4 × 4 tasks contend.

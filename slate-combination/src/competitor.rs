@@ -242,17 +242,30 @@ impl Inner {
                 .map(|(_, holds)| (local_waiters, holds));
             self.release_node(i, holder, lead)
         };
+        // The parallel order: one round to every node. A head woken by the leftmost node's
+        // message may find another node not freed yet; its parallel attempt then holds the
+        // lead and asks that node again (see `decision`).
+        self.each_node(nodes.iter().copied(), release_node).await
+    }
+
+    /// Runs `call` for each of `items` (nodes, in the order given): all at once in the
+    /// pipelined order, one after another in the sequential one.
+    async fn each_node<I, T, Fut>(
+        &self,
+        items: impl IntoIterator<Item = I>,
+        call: impl Fn(I) -> Fut,
+    ) -> Vec<T>
+    where
+        Fut: Future<Output = T>,
+    {
         match self.order {
-            // The parallel order: one round to every node. A head woken by the leftmost
-            // node's message may find another node not freed yet; its parallel attempt then
-            // holds the lead and asks that node again (see `decision`).
-            Order::Pipelined => join_all(nodes.iter().map(|&i| release_node(i))).await,
+            Order::Pipelined => join_all(items.into_iter().map(call)).await,
             Order::Sequential => {
-                let mut reports = Vec::with_capacity(nodes.len());
-                for &i in nodes {
-                    reports.push(release_node(i).await);
+                let mut out = Vec::new();
+                for item in items {
+                    out.push(call(item).await);
                 }
-                reports
+                out
             }
         }
     }
@@ -541,9 +554,8 @@ impl Inner {
         }
     }
 
-    /// Gives back what an attempt that did not win left on `nodes` (descending): each level by
-    /// its acquire's request id, a dropped call's maybe-level by a plain release; then keeps
-    /// retrying in the background each node that did not answer.
+    /// Gives back what an attempt that did not win left on `nodes` (descending): see
+    /// [`give_back_now`](Self::give_back_now).
     async fn release_attempt(
         self: &Arc<Self>,
         nodes: &[usize],
@@ -555,7 +567,19 @@ impl Inner {
             .iter()
             .filter_map(|i| Some((*i, *left.get(i)?)))
             .collect();
-        let failed = self.give_back(&todo, holder).await;
+        self.give_back_now(&todo, holder, start).await;
+    }
+
+    /// Gives back each node's leftover (each level by its acquire's request id, a dropped
+    /// call's maybe-level by a plain release), then keeps retrying in the background each node
+    /// that did not answer, until the lease of an acquire sent after `start` is over.
+    async fn give_back_now(
+        self: &Arc<Self>,
+        todo: &[(usize, Leftover)],
+        holder: HolderId,
+        start: Instant,
+    ) {
+        let failed = self.give_back(todo, holder).await;
         if !failed.is_empty() {
             self.give_back_in_background(holder, failed, self.release_until(start));
         }
@@ -589,16 +613,7 @@ impl Inner {
                 Err(_) => Some((i, leftover)),
             }
         };
-        let failed: Vec<Option<(usize, Leftover)>> = match self.order {
-            Order::Pipelined => join_all(nodes.iter().map(|&n| one(n))).await,
-            Order::Sequential => {
-                let mut failed = Vec::with_capacity(nodes.len());
-                for &n in nodes {
-                    failed.push(one(n).await);
-                }
-                failed
-            }
-        };
+        let failed = self.each_node(nodes.iter().copied(), one).await;
         failed.into_iter().flatten().collect()
     }
 
@@ -661,13 +676,7 @@ impl Inner {
             .filter(|(_, (r, l))| r.is_err() && matches!(l, Leftover::Level(_)))
             .map(|(i, (_, l))| (*i, *l))
             .collect();
-        if !stray.is_empty() {
-            let until = Instant::now() + self.options.lease() + self.op_time();
-            let failed = self.give_back(&stray, holder).await;
-            if !failed.is_empty() {
-                self.give_back_in_background(holder, failed, until);
-            }
-        }
+        self.give_back_now(&stray, holder, Instant::now()).await;
         let replies: Vec<(usize, Result<NodeAcquire>)> =
             calls.into_iter().map(|(i, (r, _))| (i, r)).collect();
         let ok: Vec<usize> = replies

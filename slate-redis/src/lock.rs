@@ -606,10 +606,7 @@ impl RedisCompetitor {
                     // or an error raised half-way through it. Undo it by id; an undo of an
                     // acquire that never ran only marks it cancelled (issue 35, defect 4). Not
                     // when the user may not run it (the undo would be refused too).
-                    if !matches!(
-                        e.backend_kind(),
-                        Some(BackendKind::Permission | BackendKind::Auth)
-                    ) {
+                    if request::worth_undoing(&e) {
                         let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
                         compensate(&client, &keys, waiters, holder, lease, turn, request).await;
                     }

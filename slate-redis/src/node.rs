@@ -360,10 +360,7 @@ impl RedisClient {
                 // release of the node came later, on another connection, and could run before
                 // the acquire, which then left an entry nobody renewed). Not when the user may
                 // not run it (the undo would be refused too).
-                if !matches!(
-                    e.backend_kind(),
-                    Some(slate_core::BackendKind::Permission | slate_core::BackendKind::Auth)
-                ) {
+                if request::worth_undoing(&e) {
                     crate::lock::compensate(
                         self,
                         &keys.keys,

@@ -77,6 +77,16 @@ pub(crate) fn record_ttl_ms(command_timeout: Duration) -> u64 {
     scripts::lease_ms((command_timeout * 2).max(Duration::from_millis(100)))
 }
 
+/// Whether a request that failed with `e` should be undone by its id: it may have run (no
+/// reply, an error after it, or one raised half-way), unless the user may not run the script
+/// at all (then the undo would be refused too).
+pub(crate) fn worth_undoing(e: &slate_core::Error) -> bool {
+    !matches!(
+        e.backend_kind(),
+        Some(slate_core::BackendKind::Permission | slate_core::BackendKind::Auth)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

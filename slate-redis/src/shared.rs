@@ -545,10 +545,7 @@ impl SharedCompetitor {
                     // (a refused `WAIT`), or one raised half-way. Undo it by id; the undo of an
                     // acquire that never ran only marks it cancelled (issue 35, defect 4). Not
                     // when the user may not run it (the undo would be refused too).
-                    if !matches!(
-                        e.backend_kind(),
-                        Some(BackendKind::Permission | BackendKind::Auth)
-                    ) {
+                    if request::worth_undoing(&e) {
                         call.undo(holder, write, request).await;
                     }
                     return Err(e);
