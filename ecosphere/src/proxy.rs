@@ -17,6 +17,10 @@
 //!   closed.
 //! - Each proxied connection has its own upstream connection, opened when the client connects.
 //! - `Drop` stops the thread (bounded at 2 s) and closes every socket.
+//! - One connection can be singled out by what its client sends
+//!   ([`FaultProxy::mark_next_sending`]) and given a mode of its own
+//!   ([`FaultProxy::set_marked_mode`]): a fault on one of a client's connections (its pub/sub
+//!   connection, the request that follows a lost reply) while the others flow.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -105,11 +109,36 @@ struct Control {
     /// Bumped on every change; the acceptor acknowledges it.
     seq: u64,
     shutdown: bool,
+    /// The marked connection, if one took the armed mark.
+    marked: Option<u64>,
+    /// The marked connection's own mode (`None`: the proxy's mode).
+    marked_mode: Option<Mode>,
+}
+
+impl Control {
+    /// The mode that applies to connection `id`. [`Mode::Refuse`] given to the marked
+    /// connection alone acts as [`Mode::Reset`] (the listener serves the others).
+    fn mode_of(&self, id: u64) -> Mode {
+        match self.marked_mode {
+            Some(mode) if self.marked == Some(id) => {
+                if mode == Mode::Refuse {
+                    Mode::Reset
+                } else {
+                    mode
+                }
+            }
+            _ => self.mode,
+        }
+    }
 }
 
 /// State shared between the handle and the proxy thread.
 #[derive(Debug)]
 struct Shared {
+    control: watch::Sender<Control>,
+    /// The armed mark: the next connection whose client sends these bytes is marked.
+    mark: Mutex<Option<Vec<u8>>>,
+    marks_taken: AtomicU64,
     upstream: SocketAddr,
     port: u16,
     accepted: AtomicU64,
@@ -145,6 +174,21 @@ impl Shared {
         if ack.0 != seq || error.is_some() {
             *ack = (seq, error);
             self.ack_changed.notify_all();
+        }
+    }
+
+    /// Marks connection `id` if the armed pattern occurs in `chunk` (client-to-server bytes),
+    /// disarming it.
+    fn take_mark(&self, id: u64, chunk: &[u8]) {
+        let mut mark = lock(&self.mark);
+        let hit = mark
+            .as_deref()
+            .is_some_and(|p| chunk.windows(p.len()).any(|w| w == p));
+        if hit {
+            *mark = None;
+            self.marks_taken.fetch_add(1, Ordering::SeqCst);
+            self.control
+                .send_modify(|control| control.marked = Some(id));
         }
     }
 
@@ -184,7 +228,6 @@ impl Shared {
 #[derive(Debug)]
 pub struct FaultProxy {
     shared: Arc<Shared>,
-    control: watch::Sender<Control>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -219,7 +262,18 @@ impl FaultProxy {
             .local_addr()
             .map_err(HarnessError::io("reading the proxy port"))?
             .port();
+        let (control, control_rx) = watch::channel(Control {
+            mode: Mode::Pass,
+            reset_epoch: 0,
+            seq: 0,
+            shutdown: false,
+            marked: None,
+            marked_mode: None,
+        });
         let shared = Arc::new(Shared {
+            control,
+            mark: Mutex::new(None),
+            marks_taken: AtomicU64::new(0),
             upstream,
             port,
             accepted: AtomicU64::new(0),
@@ -232,12 +286,6 @@ impl FaultProxy {
             ack_changed: Condvar::new(),
             done: Mutex::new(false),
             done_changed: Condvar::new(),
-        });
-        let (control, control_rx) = watch::channel(Control {
-            mode: Mode::Pass,
-            reset_epoch: 0,
-            seq: 0,
-            shutdown: false,
         });
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -258,7 +306,6 @@ impl FaultProxy {
             .map_err(HarnessError::io("spawning the proxy thread"))?;
         Ok(Self {
             shared,
-            control,
             thread: Some(thread),
         })
     }
@@ -335,7 +382,7 @@ impl FaultProxy {
     /// ```
     #[must_use]
     pub fn mode(&self) -> Mode {
-        self.control.borrow().mode
+        self.shared.control.borrow().mode
     }
 
     /// Switches the mode for existing and new connections, and returns once it applies.
@@ -359,7 +406,82 @@ impl FaultProxy {
     /// process took it); [`HarnessError::Timeout`] when the switch does not apply within 3 s;
     /// [`HarnessError::NotRunning`] when the proxy thread is gone.
     pub fn set_mode(&self, mode: Mode) -> Result<(), HarnessError> {
-        self.switch(|control| control.mode = mode, mode.closes_connections())
+        let close = if mode.closes_connections() {
+            Close::All
+        } else {
+            Close::None
+        };
+        self.switch(|control| control.mode = mode, close)
+    }
+
+    /// Arms a one-shot mark: the first connection (open or new) whose client then sends bytes
+    /// containing `pattern` becomes the marked connection, replacing any earlier one, before
+    /// that chunk is judged. The pattern is looked for within each read, so keep it shorter
+    /// than a request (on loopback a request of a few hundred bytes arrives in one read).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use ecosphere::proxy::{FaultProxy, Mode};
+    ///
+    /// # let server = ecosphere::server::RedisServer::start()?;
+    /// let proxy = FaultProxy::start(server.addr())?;
+    /// // The client's pub/sub connection, and only it, goes silent once it subscribes.
+    /// proxy.set_marked_mode(Some(Mode::Blackhole))?;
+    /// proxy.mark_next_sending(b"$9\r\nSUBSCRIBE\r\n")?;
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::Config`] for an empty pattern.
+    pub fn mark_next_sending(&self, pattern: &[u8]) -> Result<(), HarnessError> {
+        if pattern.is_empty() {
+            return Err(HarnessError::Config(
+                "an empty mark pattern would mark the next connection whatever it sends; give \
+                 the bytes that single out the connection"
+                    .into(),
+            ));
+        }
+        *lock(&self.shared.mark) = Some(pattern.to_vec());
+        Ok(())
+    }
+
+    /// Gives the marked connection (see [`FaultProxy::mark_next_sending`]) a mode of its own:
+    /// `Some(mode)` applies to it alone and at once ([`Mode::Refuse`] acts as [`Mode::Reset`]),
+    /// `None` makes it follow the proxy's mode again. Set before the mark is taken, the mode
+    /// applies from the chunk that takes it (that chunk is reset, held or dropped).
+    ///
+    /// # Examples
+    ///
+    /// See [`FaultProxy::mark_next_sending`].
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::Timeout`] when the switch (or closing the marked connection) does not
+    /// apply within 3 s; [`HarnessError::NotRunning`] when the proxy thread is gone.
+    pub fn set_marked_mode(&self, mode: Option<Mode>) -> Result<(), HarnessError> {
+        let close = if mode.is_some_and(|m| m.closes_connections()) {
+            Close::Marked
+        } else {
+            Close::None
+        };
+        self.switch(|control| control.marked_mode = mode, close)
+    }
+
+    /// How many times an armed mark was taken (see [`FaultProxy::mark_next_sending`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = ecosphere::server::RedisServer::start()?;
+    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// assert_eq!(proxy.marks_taken(), 0);
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    #[must_use]
+    pub fn marks_taken(&self) -> u64 {
+        self.shared.marks_taken.load(Ordering::SeqCst)
     }
 
     /// Closes every currently open connection with a TCP RST, keeping the mode (new
@@ -379,28 +501,29 @@ impl FaultProxy {
     /// [`HarnessError::Timeout`] when the connections do not close within 3 s;
     /// [`HarnessError::NotRunning`] when the proxy thread is gone.
     pub fn reset_all(&self) -> Result<(), HarnessError> {
-        self.switch(|control| control.reset_epoch += 1, true)
+        self.switch(|control| control.reset_epoch += 1, Close::All)
     }
 
-    fn switch(
-        &self,
-        change: impl FnOnce(&mut Control),
-        close_open: bool,
-    ) -> Result<(), HarnessError> {
+    fn switch(&self, change: impl FnOnce(&mut Control), close: Close) -> Result<(), HarnessError> {
         // Registration of new connections happens under the same lock, so the snapshot holds
         // exactly the connections that predate this switch.
         let (seq, must_close) = {
             let live = lock(&self.shared.live);
             let mut seq = 0;
-            self.control.send_modify(|control| {
+            let mut marked = None;
+            self.shared.control.send_modify(|control| {
                 change(control);
                 control.seq += 1;
                 seq = control.seq;
+                marked = control.marked;
             });
-            let must_close: Vec<u64> = if close_open {
-                live.keys().copied().collect()
-            } else {
-                Vec::new()
+            let must_close: Vec<u64> = match close {
+                Close::All => live.keys().copied().collect(),
+                Close::Marked => marked
+                    .filter(|id| live.contains_key(id))
+                    .into_iter()
+                    .collect(),
+                Close::None => Vec::new(),
             };
             (seq, must_close)
         };
@@ -513,7 +636,9 @@ impl FaultProxy {
 
 impl Drop for FaultProxy {
     fn drop(&mut self) {
-        self.control.send_modify(|control| control.shutdown = true);
+        self.shared
+            .control
+            .send_modify(|control| control.shutdown = true);
         let done = lock(&self.shared.done);
         let (done, _) = self
             .shared
@@ -534,6 +659,14 @@ impl Drop for FaultProxy {
             }
         }
     }
+}
+
+/// Which open connections a switch waits to see closed.
+#[derive(Debug, Clone, Copy)]
+enum Close {
+    None,
+    All,
+    Marked,
 }
 
 /// Listen backlog of the proxy port.
@@ -627,9 +760,9 @@ async fn rebind(port: u16) -> std::io::Result<TcpListener> {
     }
 }
 
-/// Whether this connection must close now.
-fn must_reset(control: &Control, epoch: u64) -> bool {
-    control.shutdown || control.reset_epoch != epoch || control.mode.closes_connections()
+/// Whether connection `id` must close now.
+fn must_reset(control: &Control, id: u64, epoch: u64) -> bool {
+    control.shutdown || control.reset_epoch != epoch || control.mode_of(id).closes_connections()
 }
 
 /// Serves one client connection until it ends or is reset.
@@ -640,7 +773,7 @@ async fn connection(
     id: u64,
     epoch: u64,
 ) {
-    if must_reset(&control.borrow(), epoch) {
+    if must_reset(&control.borrow(), id, epoch) {
         let _ = client.set_zero_linger();
         drop(client);
         shared.unregister(id);
@@ -666,7 +799,7 @@ async fn connection(
     let mut reset_watch = control.clone();
     let reset = async move {
         loop {
-            if must_reset(&reset_watch.borrow_and_update(), epoch) {
+            if must_reset(&reset_watch.borrow_and_update(), id, epoch) {
                 return;
             }
             if reset_watch.changed().await.is_err() {
@@ -682,14 +815,14 @@ async fn connection(
                 &mut server_write,
                 Direction::ToServer,
                 control.clone(),
-                &shared.to_server,
+                (shared.as_ref(), id),
             ),
             pump(
                 &mut server_read,
                 &mut client_write,
                 Direction::ToClient,
                 control.clone(),
-                &shared.to_client,
+                (shared.as_ref(), id),
             ),
         );
     };
@@ -730,15 +863,20 @@ impl Direction {
     }
 }
 
-/// Moves bytes one way: a reader that judges each chunk by the mode, and a writer that writes
-/// it when due. On end of input it half-closes the destination.
+/// Moves bytes one way for connection `id`: a reader that judges each chunk by the mode (a
+/// request may first take the armed mark), and a writer that writes it when due. On end of
+/// input it half-closes the destination.
 async fn pump(
     src: &mut OwnedReadHalf,
     dst: &mut OwnedWriteHalf,
     direction: Direction,
     control: watch::Receiver<Control>,
-    counter: &AtomicU64,
+    (shared, id): (&Shared, u64),
 ) -> std::io::Result<()> {
+    let counter = match direction {
+        Direction::ToServer => &shared.to_server,
+        Direction::ToClient => &shared.to_client,
+    };
     let (queue, mut due_chunks) = mpsc::channel::<(Instant, Vec<u8>)>(QUEUE_CHUNKS);
     let mut reader_control = control.clone();
     let reader = async move {
@@ -748,8 +886,11 @@ async fn pump(
             if n == 0 {
                 return Ok::<(), std::io::Error>(());
             }
+            if direction == Direction::ToServer {
+                shared.take_mark(id, &buf[..n]);
+            }
             let due = loop {
-                let mode = reader_control.borrow_and_update().mode;
+                let mode = reader_control.borrow_and_update().mode_of(id);
                 match direction.schedule(mode) {
                     Ok(due) => break due,
                     // Held (blackhole) until the mode changes; a reset ends the connection
@@ -772,7 +913,7 @@ async fn pump(
     let writer = async move {
         while let Some((due, bytes)) = due_chunks.recv().await {
             tokio::time::sleep_until(due).await;
-            while writer_control.borrow_and_update().mode == Mode::Blackhole {
+            while writer_control.borrow_and_update().mode_of(id) == Mode::Blackhole {
                 if writer_control.changed().await.is_err() {
                     return Ok(());
                 }

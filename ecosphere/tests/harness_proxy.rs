@@ -194,6 +194,62 @@ fn reset_all_closes_current_connections_only() {
     assert_eq!(ping(&mut fresh).expect("PING"), "PONG");
 }
 
+fn echo(con: &mut Connection, what: &str) -> RedisResult<String> {
+    redis::cmd("ECHO").arg(what).query(con)
+}
+
+#[test]
+fn a_marked_connection_alone_gets_its_own_mode_and_the_mark_is_taken_once() {
+    let (server, proxy) = setup();
+    assert!(
+        proxy.mark_next_sending(b"").is_err(),
+        "an empty pattern is refused"
+    );
+    let mut plain = connect(&proxy, SHORT);
+    let mut marked = connect(&proxy, SHORT);
+    proxy.mark_next_sending(b"single-me-out").expect("arm");
+    assert_eq!(
+        echo(&mut plain, "nothing special").expect("ECHO"),
+        "nothing special"
+    );
+    assert_eq!(proxy.marks_taken(), 0);
+    assert_eq!(
+        echo(&mut marked, "single-me-out").expect("ECHO"),
+        "single-me-out"
+    );
+    assert_eq!(proxy.marks_taken(), 1);
+
+    // Blackhole the marked connection only: its request is held, the other flows.
+    proxy
+        .set_marked_mode(Some(Mode::Blackhole))
+        .expect("blackhole marked");
+    let err = set(&mut marked, "held").expect_err("held");
+    assert!(err.is_timeout(), "{err:?}");
+    assert_eq!(ping(&mut plain).expect("PING"), "PONG");
+    // One-shot: a later connection sending the pattern is not marked.
+    let mut later = connect(&proxy, SHORT);
+    assert_eq!(
+        echo(&mut later, "single-me-out").expect("ECHO"),
+        "single-me-out"
+    );
+    assert_eq!(proxy.marks_taken(), 1);
+    // Back to the proxy's mode: the held request arrives.
+    proxy.set_marked_mode(None).expect("follow the proxy");
+    assert!(
+        wait_for_key(&server, "held", Duration::from_secs(2)),
+        "held bytes lost"
+    );
+
+    // A mode armed before the mark is taken applies from the chunk that takes it.
+    proxy
+        .set_marked_mode(Some(Mode::Reset))
+        .expect("reset marked");
+    proxy.mark_next_sending(b"reset-me").expect("arm");
+    let err = echo(&mut plain, "reset-me").expect_err("reset before forwarding");
+    assert!(!err.is_timeout(), "{err:?}");
+    assert_eq!(echo(&mut later, "still here").expect("ECHO"), "still here");
+}
+
 #[test]
 fn refuse_stops_listening_until_the_mode_changes() {
     let (_server, proxy) = setup();

@@ -642,3 +642,74 @@ async fn d7_a_forced_unlock_is_noticed_at_once() -> TestResult {
     assert_eq!(watch.loss_reason(), None, "a clean release reported a loss");
     Ok(())
 }
+
+/// Issue 35, defect 6: a create whose answer was lost is looked for by the next attempt
+/// (`find_pending`); that recovery forgot the pending create before reading the znode it
+/// found, so a read that failed there left the znode in our session with nothing pointing to
+/// it. Every later attempt queued a new contender behind it: this process (and every other)
+/// waited for as long as the session lived. The read is failed here by a proxy that holds
+/// exactly that request (the connection is marked by the znode's path) past the operation
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d6_a_failed_recovery_of_a_lost_create_keeps_looking_for_it() -> TestResult {
+    let zk = ZkServer::start()?;
+    let proxy = FaultProxy::start(zk.addr())?;
+    let a = ZkClient::builder(proxy.addr().to_string())
+        .session_timeout(Duration::from_secs(30))
+        .operation_timeout(Duration::from_millis(500))
+        .connect()
+        .await?;
+    let b = client(&zk).await;
+    let la = ZkLock::builder(&a, "d6").build()?;
+    let lb = ZkLock::builder(&b, "d6").build()?;
+    // The lock's directory exists, so that the create below is the only write of the attempt.
+    la.lock().await?.unlock().await?;
+
+    // 1. A's create lands; its answer is lost.
+    proxy.set_mode(Mode::DropReplies)?;
+    let e = la
+        .try_lock_for(Duration::from_secs(1))
+        .await
+        .expect_err("the create's answer was lost");
+    println!("the lost create: {e}");
+    let orphan = lb
+        .status()
+        .await?
+        .holder
+        .ok_or("A's create did not reach the server")?
+        .znode;
+
+    // 2. The recovery (the background drain of the failed wait, or the next attempt) lists
+    //    the directory, finds that znode and reads it: that read goes unanswered (the proxy
+    //    holds the connection that asks for the path).
+    proxy.set_mode(Mode::Pass)?;
+    proxy.reset_all()?;
+    // A is connected again (its session kept) before the mark is armed.
+    eventually("A reconnects", Duration::from_secs(10), || async {
+        la.status().await.is_ok()
+    })
+    .await;
+    proxy.set_marked_mode(Some(Mode::Blackhole))?;
+    proxy.mark_next_sending(orphan.as_bytes())?;
+    let e = la
+        .try_lock_for(Duration::from_secs(1))
+        .await
+        .expect_err("the connection is held");
+    println!("while the recovery's read is held: {e}");
+    assert_eq!(proxy.marks_taken(), 1, "the recovery never read {orphan}");
+
+    // 3. The connection comes back: A finds its contender (and either holds the lock through
+    //    it or deletes it and queues anew), and holds the lock with nothing of its own ahead.
+    proxy.set_marked_mode(Some(Mode::Reset))?;
+    let g = la
+        .try_lock_for(Duration::from_secs(15))
+        .await
+        .map_err(|e| format!("A queued behind its own lost create {orphan}: {e}"))?;
+    let status = lb.status().await?;
+    assert!(status.waiters.is_empty(), "{:?}", status.waiters);
+    g.unlock().await?;
+    // Nothing of A's is left: B holds at once.
+    let gb = lb.try_lock_for(Duration::from_secs(2)).await?;
+    gb.unlock().await?;
+    Ok(())
+}
