@@ -921,3 +921,186 @@ async fn d13_passes_stop_a_renewal_period_after_the_last_confirmation() {
         last.duration_since(cut)
     );
 }
+
+/// Subscribers of `channel` as the server counts them.
+fn numsub(server: &RedisServer, channel: &str) -> i64 {
+    let v: Vec<redis::Value> =
+        redis::from_redis_value(server.command(&["PUBSUB", "NUMSUB", channel]).unwrap()).unwrap();
+    redis::from_redis_value(v[1].clone()).unwrap()
+}
+
+/// Defect 17 (a): the pub/sub connection's keepalive restarted on every event the listener
+/// handled, local requests included, so a lock whose waiters came and went kept a half-open
+/// connection (here: the proxy holds the pub/sub connection's bytes, its socket open) from
+/// ever being checked. Every release published meanwhile was lost and the waiters woke only
+/// on their spin wait. The keepalive now runs from the server's last sign of life: the silent
+/// connection is found out and replaced while the waiters keep coming and going.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d17_a_half_open_pubsub_connection_is_replaced_while_waiters_come_and_go() {
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).unwrap();
+    // The first connection that subscribes is the proxied client's pub/sub connection.
+    proxy.mark_next_sending(b"$9\r\nSUBSCRIBE\r\n").unwrap();
+    let holder = client(&server);
+    let lease = Duration::from_secs(60);
+    let gq = lock(&holder, "quiet", lease).lock().await.unwrap();
+    let gb = lock(&holder, "busy", lease).lock().await.unwrap();
+    let proxied = RedisClient::open(proxy.url()).unwrap();
+    let spin = Duration::from_secs(60);
+    let build = |name: &str| {
+        SingleLock::builder(&proxied, name)
+            .lease(lease)
+            .spin_wait(spin)
+            .build()
+            .unwrap()
+    };
+    let (quiet, busy) = (build("quiet"), build("busy"));
+    // Waiters on `busy` come and go back to back (each gives up after 300 ms; the channel
+    // stays subscribed through its linger), bounded in time.
+    let churn = tokio::spawn(async move {
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < until {
+            let _ = busy.try_lock_for(Duration::from_millis(300)).await;
+        }
+    });
+    let waiter = tokio::spawn(async move { quiet.lock().await });
+    eventually(Duration::from_secs(5), "both channels subscribed", || {
+        proxy.marks_taken() == 1
+            && numsub(&server, "slate:{quiet}:released") == 1
+            && numsub(&server, "slate:{busy}:released") == 1
+    })
+    .await;
+
+    // The pub/sub connection goes silent, its socket open; the command connection flows.
+    proxy.set_marked_mode(Some(Mode::Blackhole)).unwrap();
+    let silent = std::time::Instant::now();
+    // The server sees the silent connection subscribed still; a second subscriber is its
+    // replacement (the keepalive is 5 s).
+    eventually(
+        Duration::from_secs(15),
+        "the silent pub/sub connection replaced",
+        || numsub(&server, "slate:{quiet}:released") == 2,
+    )
+    .await;
+    println!("replaced {:?} after it went silent", silent.elapsed());
+    let released = std::time::Instant::now();
+    gq.unlock().await.unwrap();
+    let g = within(Duration::from_secs(5), "the woken waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let woke = released.elapsed();
+    assert!(
+        woke < spin / 4,
+        "the waiter woke {woke:?} after the release: by its spin wait, not a notification"
+    );
+    g.unlock().await.unwrap();
+    churn.abort();
+    drop(gb);
+}
+
+/// Defect 17 (c): on a cluster, a node's broken pub/sub connection moves its channels to
+/// `lost` until redis-rs resubscribes them. A channel whose last waiter left meanwhile was
+/// never unsubscribed (only confirmed channels were), and redis-rs's resubscription of it was
+/// dropped on the floor: the server kept the subscription for the client's life, one more for
+/// every such name. Here the node drops the connection and stops; the next subscription makes
+/// redis-rs notice, the waiter's retry fails on the stopped node and it leaves; the node comes
+/// back and a later subscription makes redis-rs reconnect and restore its subscriptions. The
+/// channel nobody wants must be gone from the server after its linger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d17_c_a_channel_lost_with_its_node_and_then_unwanted_is_unsubscribed() {
+    let mut cluster = ecosphere::cluster::RedisCluster::start(3, 0).expect("cluster");
+    let client = RedisClient::open_cluster(
+        cluster.urls(),
+        ClientOptions::builder()
+            .command_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let holder = RedisClient::open_cluster(cluster.urls(), ClientOptions::default()).unwrap();
+    let master_of = |name: &str| {
+        let slot = cluster
+            .slot_of(format!("slate:{{{name}}}").as_bytes())
+            .expect("CLUSTER KEYSLOT");
+        cluster.master_of(slot).expect("the slot's master")
+    };
+    let node = master_of("d17c-0");
+    let names: Vec<String> = (0..1000)
+        .map(|i| format!("d17c-{i}"))
+        .filter(|n| master_of(n) == node)
+        .take(3)
+        .collect();
+    let lease = Duration::from_secs(60);
+    let mut held = Vec::new();
+    for name in &names {
+        held.push(lock(&holder, name, lease).lock().await.unwrap());
+    }
+    let build = |name: &str| {
+        SingleLock::builder(&client, name)
+            .lease(lease)
+            .spin_wait(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let channel = format!("slate:{{{}}}:released", names[0]);
+    let subscribers = |cluster: &ecosphere::cluster::RedisCluster| -> i64 {
+        let v: Vec<redis::Value> = redis::from_redis_value(
+            cluster
+                .node(node)
+                .command(&["PUBSUB", "SHARDNUMSUB", &channel])
+                .unwrap(),
+        )
+        .unwrap();
+        redis::from_redis_value(v[1].clone()).unwrap()
+    };
+    let first = build(&names[0]);
+    let waiter = tokio::spawn(async move { first.try_lock_for(Duration::from_secs(60)).await });
+    eventually(Duration::from_secs(5), "the channel subscribed", || {
+        subscribers(&cluster) == 1
+    })
+    .await;
+
+    // 1. The node drops the client's pub/sub connection, then stops.
+    let list = match cluster.node(node).command(&["CLIENT", "LIST"]).unwrap() {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("CLIENT LIST: {other:?}"),
+    };
+    let id = list
+        .lines()
+        .find(|l| l.contains(" ssub=1 "))
+        .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .expect("the sharded subscriber in CLIENT LIST")
+        .to_owned();
+    cluster
+        .node(node)
+        .command(&["CLIENT", "KILL", "ID", &id])
+        .unwrap();
+    cluster.node_mut(node).pause().unwrap();
+
+    // 2. A subscription for another name on that node makes redis-rs notice the broken
+    //    connection; the first waiter, told its channel is lost, retries on the stopped node,
+    //    fails and leaves.
+    let second = build(&names[1]);
+    let other = tokio::spawn(async move { second.try_lock_for(Duration::from_secs(60)).await });
+    let left = within(Duration::from_secs(20), "the first waiter leaving", waiter)
+        .await
+        .unwrap();
+    println!("the first waiter left: {:?}", left.err());
+    other.abort();
+    let _ = other.await;
+
+    // 3. The node is back; a later subscription on it makes redis-rs reconnect and restore
+    //    what it had subscribed.
+    cluster.node_mut(node).resume().unwrap();
+    let third = build(&names[2]);
+    let _ = third.try_lock_for(Duration::from_secs(2)).await;
+    eventually(
+        Duration::from_secs(15),
+        "the unwanted channel unsubscribed on the server",
+        || subscribers(&cluster) == 0,
+    )
+    .await;
+    drop(held);
+}
