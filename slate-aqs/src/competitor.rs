@@ -1,7 +1,7 @@
 //! The strategy a [`Synchronizer`](crate::Synchronizer) drives: one remote attempt and hooks.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slate_core::{HolderId, Result};
 
@@ -177,6 +177,29 @@ pub trait Competitor: Send + Sync + 'static {
         holder: HolderId,
     ) -> impl Future<Output = Result<Attempt<Self::Grant>>> + Send + 'static {
         self.attempt_shared(holder)
+    }
+
+    /// When `grant`'s lease runs out, if it has one: the backend's own conservative deadline,
+    /// never after the remote's expiry of the hold.
+    ///
+    /// A grant that would displace another local holder is recorded only while this is in
+    /// the future (checked under the synchronizer's lock, as it records). A grant processed
+    /// after its lease ran out (its answer stuck behind a task starved for longer than a
+    /// lease) holds nothing, and recording it would displace whoever the remote granted
+    /// since, a live hold (issue 28, item 14). It goes to [`abandon`](Competitor::abandon)
+    /// instead, and the caller goes on as after a busy answer. A grant that displaces nobody
+    /// (a re-entry, a grant on a free lock) is recorded as it is; its guard reports its own
+    /// loss.
+    ///
+    /// Why a recorded grant may displace a local owner: the remote holds one exclusive grant
+    /// at a time, and a grant whose conservative deadline has not passed is still held
+    /// there, so any other local owner's remote hold has ended (released remotely before its
+    /// local release, or lost).
+    ///
+    /// The default, `None`, is a grant without a lease (always recorded).
+    fn grant_deadline(&self, grant: &Self::Grant) -> Option<Instant> {
+        let _ = grant;
+        None
     }
 
     /// How many local passes the fresh remote hold `grant` may serve after its own holder

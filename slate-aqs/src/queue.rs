@@ -229,6 +229,12 @@ impl Queue {
         self.slots[key].timer < EXPIRED
     }
 
+    /// `key`'s deadline, while it is on the heap.
+    pub(crate) fn deadline_of(&self, key: usize) -> Option<u64> {
+        let i = self.slots[key].timer;
+        (i < EXPIRED).then(|| self.deadlines[i as usize].at)
+    }
+
     /// Whether the shared timer found `key`'s deadline passed.
     pub(crate) fn is_expired(&self, key: usize) -> bool {
         self.slots[key].timer == EXPIRED

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use slate_core::{Error, HolderId, LossReason, Result, TimeoutKind, Wait};
 
 use crate::competitor::{Attempt, Competitor, Notifications};
-use crate::deadlines::Timers;
+use crate::deadlines::{Drained, Timers};
 use crate::in_flight::InFlight;
 use crate::queue::Queue;
 use crate::sync::{Mutex, MutexGuard};
@@ -230,16 +230,16 @@ impl State {
         self.owner.is_none() && (shared || self.readers.is_empty())
     }
 
-    /// Unlinks `key` from the queue: whether it was the head, and the shared timer's task to
-    /// wake if this took the last deadline off the heap (so the task finishes now rather than
-    /// at its next deadline).
-    fn unlink(&mut self, key: usize) -> (bool, Option<Waker>) {
+    /// Unlinks `key` from the queue: whether it was the head, and the shared timer's tasks to
+    /// wake if this took the last deadline off the heap (so they finish now rather than
+    /// at their next deadlines).
+    fn unlink(&mut self, key: usize) -> (bool, Drained) {
         let timed = self.queue.on_timer(key);
         let was_head = self.queue.remove(key);
         let timer = if timed && self.queue.no_deadlines() {
             self.timers.drained()
         } else {
-            None
+            Drained::default()
         };
         (was_head, timer)
     }
@@ -1195,16 +1195,35 @@ impl<C: Competitor> Synchronizer<C> {
                         reentrant,
                         remote,
                         passable,
-                    } => match InFlight::start(self, remote, reentrant, passable, shared).await {
-                        // The remote holder comes back with the answer: the future keeps one
-                        // copy of it (in the attempt), not two.
-                        (remote, Ok(Attempt::Acquired(grant))) if shared => {
-                            return self.grant_shared(holder, remote, &mut slot, grant);
-                        }
-                        (remote, Ok(Attempt::Acquired(grant))) => {
-                            return self.grant(holder, remote, passable, &mut slot, grant);
-                        }
-                        (_, Ok(Attempt::Busy { retry_after })) if immediate => {
+                    } => {
+                        let retry_after = match InFlight::start(
+                            self, remote, reentrant, passable, shared,
+                        )
+                        .await
+                        {
+                            // The remote holder comes back with the answer: the future keeps
+                            // one copy of it (in the attempt), not two.
+                            (remote, Ok(Attempt::Acquired(grant))) => {
+                                let recorded = if shared {
+                                    self.grant_shared(holder, remote, &mut slot, grant)
+                                } else {
+                                    self.grant(holder, remote, passable, &mut slot, grant)
+                                };
+                                match recorded? {
+                                    Some(grant) => return Ok(grant),
+                                    // Its lease ran out before it was processed: given back,
+                                    // and as good as a busy answer.
+                                    None => None,
+                                }
+                            }
+                            (_, Ok(Attempt::Busy { retry_after })) => retry_after,
+                            (_, Err(e)) => {
+                                slot.leave_after_attempt();
+                                tracing::debug!(lock = %self.label, %holder, error = %e, "attempt failed");
+                                return Err(e);
+                            }
+                        };
+                        if immediate {
                             // The busy answer may have put this process in the backend's
                             // queue: with nobody queued here, nobody will claim that place.
                             if self.waiters() == 0 {
@@ -1212,24 +1231,17 @@ impl<C: Competitor> Synchronizer<C> {
                             }
                             return Err(self.busy(retry_after));
                         }
-                        (_, Ok(Attempt::Busy { .. })) if reentrant => {
+                        if reentrant {
                             return Err(self.lease_lost(holder));
                         }
-                        (_, Ok(Attempt::Busy { retry_after })) => {
-                            let now = deadline.map(|_| timer.now());
-                            if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
-                                slot.leave_after_attempt();
-                                return Err(self.timed_out(start, deadline, now));
-                            }
-                            tracing::trace!(lock = %self.label, %holder, ?retry_after, "busy");
-                            retry = Retry::AfterBusy { epoch, retry_after };
-                        }
-                        (_, Err(e)) => {
+                        let now = deadline.map(|_| timer.now());
+                        if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
                             slot.leave_after_attempt();
-                            tracing::debug!(lock = %self.label, %holder, error = %e, "attempt failed");
-                            return Err(e);
+                            return Err(self.timed_out(start, deadline, now));
                         }
-                    },
+                        tracing::trace!(lock = %self.label, %holder, ?retry_after, "busy");
+                        retry = Retry::AfterBusy { epoch, retry_after };
+                    }
                     Step::PrepareWait { epoch, retry_after } => {
                         let notifications = SyncFuture::new(self.competitor.prepare_wait()).await;
                         if notifications == Notifications::Started && !started_retried {
@@ -1440,11 +1452,15 @@ impl<C: Competitor> Synchronizer<C> {
 
     fn poll_cond(&self, key: usize, cond: Cond, cx: &mut Context<'_>) -> bool {
         let mut st = self.lock();
-        // A timed waiter is also ready when its deadline expired, or when no timer task runs
-        // (its task was dropped with its runtime): it re-parks through `deadlines::ensure`.
+        // A timed waiter is also ready when its deadline expired, or when no timer task on the
+        // runtime polling it will wake it in time (its task was dropped with its runtime, or
+        // it was parked from another runtime): it re-parks through `deadlines::ensure`.
         let ready = st.queue.node_mut(key).passed
             || st.queue.is_expired(key)
-            || (st.queue.on_timer(key) && !st.timers.running())
+            || st
+                .queue
+                .deadline_of(key)
+                .is_some_and(|d| !st.timers.serves_here(d))
             || match cond {
                 Cond::Head => st.queue.is_head(key),
                 Cond::Free { shared } => st.locally_free(shared),
@@ -1460,7 +1476,9 @@ impl<C: Competitor> Synchronizer<C> {
         ready
     }
 
-    /// Records a grant for `holder` (unlinking its waiter, if queued) and runs the hooks.
+    /// Records a grant for `holder` (unlinking its waiter, if queued) and runs the hooks;
+    /// `None` (the grant given back) if its lease had run out (see
+    /// [`Competitor::grant_deadline`]).
     fn grant(
         &self,
         holder: HolderId,
@@ -1468,15 +1486,26 @@ impl<C: Competitor> Synchronizer<C> {
         passable: bool,
         slot: &mut QueueSlot<'_, C>,
         grant: C::Grant,
-    ) -> Result<C::Grant> {
+    ) -> Result<Option<C::Grant>> {
         // Asked outside the lock (hooks never run under it); used for a fresh hold only.
         let budget = if passable {
             self.competitor.pass_budget(&grant)
         } else {
             0
         };
+        let lease_end = self.competitor.grant_deadline(&grant);
         let (new_owner, displaced, readers, drained, unpassed) = {
             let mut st = self.lock();
+            // Only a grant that would displace another holder is checked: a re-entry or a
+            // grant on a free lock displaces nobody (and its guard reports its own loss).
+            let displaces = match st.owner {
+                Some(o) => !o.is(holder),
+                None => !st.readers.is_empty(),
+            };
+            if displaces && lease_end.is_some_and(|end| Instant::now() >= end) {
+                drop(st);
+                return Ok(self.outlived(holder, remote, grant));
+            }
             let fresh = Owner {
                 holder: Some(holder),
                 depth: 1,
@@ -1506,7 +1535,7 @@ impl<C: Competitor> Synchronizer<C> {
                     debug_assert!(was_head, "only the head attempts from the queue");
                     (st.queue.is_empty(), timer)
                 }
-                None => (false, None),
+                None => (false, Drained::default()),
             };
             // A different owner can only be recorded here if its remote hold already ended
             // (released remotely, local release not yet called; or lease lost): the remote
@@ -1556,21 +1585,35 @@ impl<C: Competitor> Synchronizer<C> {
         }
         self.competitor.after_acquire(remote, &grant);
         tracing::debug!(lock = %self.label, %holder, depth, "granted");
-        Ok(grant)
+        Ok(Some(grant))
+    }
+
+    /// A grant processed after its lease ran out holds nothing: it is given back unrecorded
+    /// (recording it would displace whoever the remote granted since; issue 28, item 14).
+    fn outlived(&self, holder: HolderId, remote: HolderId, grant: C::Grant) -> Option<C::Grant> {
+        tracing::debug!(lock = %self.label, %holder, "a grant was processed after its lease ran out; giving it back");
+        self.competitor.abandon(remote, grant);
+        None
     }
 
     /// Records a shared grant for `holder` (unlinking its waiter, if queued, and waking the
     /// next head so that shared waiters at the head are admitted one after the other) and
-    /// runs the hooks.
+    /// runs the hooks; `None` (the grant given back) if its lease had run out.
     fn grant_shared(
         &self,
         holder: HolderId,
         remote: HolderId,
         slot: &mut QueueSlot<'_, C>,
         grant: C::Grant,
-    ) -> Result<C::Grant> {
+    ) -> Result<Option<C::Grant>> {
+        let lease_end = self.competitor.grant_deadline(&grant);
         let (displaced, drained, wakers) = {
             let mut st = self.lock();
+            let displaces = st.owner.is_some_and(|o| !o.is(holder));
+            if displaces && lease_end.is_some_and(|end| Instant::now() >= end) {
+                drop(st);
+                return Ok(self.outlived(holder, remote, grant));
+            }
             if st.readers.add(holder).is_none() {
                 drop(st);
                 slot.leave();
@@ -1624,7 +1667,7 @@ impl<C: Competitor> Synchronizer<C> {
         }
         self.competitor.after_acquire(remote, &grant);
         tracing::debug!(lock = %self.label, %holder, "granted shared");
-        Ok(grant)
+        Ok(Some(grant))
     }
 
     /// Records that `holder`, the head, took the hold of `passed` it was passed, and runs the
@@ -1662,9 +1705,7 @@ impl<C: Competitor> Synchronizer<C> {
             st.debug_check();
             (st.queue.is_empty(), remote, timer)
         };
-        if let Some(timer) = timer {
-            timer.wake();
-        }
+        timer.wake();
         if drained {
             self.competitor.queue_drained();
         }
@@ -1763,9 +1804,7 @@ impl<C: Competitor> Synchronizer<C> {
             };
             (waker, st.queue.is_empty(), dropped, timer)
         };
-        if let Some(timer) = timer {
-            timer.wake();
-        }
+        timer.wake();
         if let Some(remote) = dropped {
             tracing::debug!(lock = %self.label, %remote, "a waiter passed the hold left; releasing it");
             self.competitor.drop_pass(remote);

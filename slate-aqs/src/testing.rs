@@ -36,11 +36,11 @@
 //! # Ok::<(), slate_aqs::Error>(())
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slate_core::{BackendKind, Error, HolderId, LossReason, Result};
 
@@ -398,6 +398,11 @@ pub enum Behavior {
     /// Wait this long on tokio's timer, then answer busy (a busy answer that was decided
     /// before a release happened, still on the wire).
     SlowBusy(Duration),
+    /// Look at the remote at once (as [`Behavior::Remote`]), then hold the answer this long on
+    /// tokio's timer: a grant decided long before it is processed (a reply stuck behind a
+    /// starved task). With [`MemoryCompetitor::set_lease`], its lease counts from the
+    /// decision.
+    LateAnswer(Duration),
     /// Never answer.
     Never,
 }
@@ -489,6 +494,7 @@ struct Plan {
     prepare_delay: Option<Duration>,
     retry_after: Option<Duration>,
     pass_budget: u32,
+    lease: Option<Duration>,
 }
 
 /// A [`Competitor`] against a [`MemoryRemote`], with scripted behaviour per attempt.
@@ -510,6 +516,8 @@ struct Plan {
 pub struct MemoryCompetitor {
     remote: Arc<MemoryRemote>,
     plan: Mutex<Plan>,
+    /// The lease deadline of each holder's last grant (with [`MemoryCompetitor::set_lease`]).
+    deadlines: Arc<Mutex<HashMap<HolderId, Instant>>>,
     counters: Arc<Counters>,
     take_pass_hook: Mutex<Option<Hook>>,
 }
@@ -543,7 +551,9 @@ impl MemoryCompetitor {
                 prepare_delay: None,
                 retry_after: None,
                 pass_budget: 0,
+                lease: None,
             }),
+            deadlines: Arc::default(),
             counters: Arc::default(),
             take_pass_hook: Mutex::new(None),
         }
@@ -642,6 +652,27 @@ impl MemoryCompetitor {
         self.plan().retry_after = retry_after;
     }
 
+    /// Gives the grants decided from now on a lease of `lease` from the remote's decision
+    /// ([`Competitor::grant_deadline`]; default `None`: no lease). The memory remote does not
+    /// expire holds by itself: a test ends one with [`MemoryRemote::release_silently`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// # use std::time::Duration;
+    /// MemoryCompetitor::new(MemoryRemote::new()).set_lease(Some(Duration::from_secs(1)));
+    /// ```
+    pub fn set_lease(&self, lease: Option<Duration>) {
+        self.plan().lease = lease;
+        if lease.is_none() {
+            self.deadlines
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
+    }
+
     /// How many local passes a fresh hold of a passable waiter allows from now on (default
     /// 0: none). See [`Synchronizer::acquire_passable`].
     ///
@@ -706,18 +737,24 @@ impl MemoryCompetitor {
         reentry: bool,
         shared: bool,
     ) -> impl Future<Output = Result<Attempt<MemoryGrant>>> + Send + 'static {
-        let (behavior, retry_after) = {
+        let (behavior, retry_after, lease) = {
             let mut plan = self.plan();
             let next = plan.script.pop_front().unwrap_or(plan.default);
-            (next, plan.retry_after)
+            (next, plan.retry_after, plan.lease)
         };
+        let deadlines = Arc::clone(&self.deadlines);
         bump(&self.counters.attempts);
         bump(&self.counters.live_attempts);
         let live = Live(Arc::clone(&self.counters));
         let remote = Arc::clone(&self.remote);
         async move {
             let counters = &live.0;
+            let mut late = None;
             let behavior = match behavior {
+                Behavior::LateAnswer(d) => {
+                    late = Some(d);
+                    Behavior::Remote
+                }
                 Behavior::Slow(d) => {
                     tokio::time::sleep(d).await;
                     Behavior::Remote
@@ -735,6 +772,12 @@ impl MemoryCompetitor {
             };
             let acquired = |count| {
                 bump(&counters.acquired);
+                if let Some(lease) = lease {
+                    deadlines
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(holder, Instant::now() + lease);
+                }
                 Ok(Attempt::Acquired(MemoryGrant {
                     holder,
                     count,
@@ -742,7 +785,7 @@ impl MemoryCompetitor {
                     shared,
                 }))
             };
-            match behavior {
+            let answer = match behavior {
                 Behavior::Remote if reentry => {
                     let count = if shared {
                         remote.try_reenter_shared(holder)
@@ -775,7 +818,11 @@ impl MemoryCompetitor {
                         None,
                     ))
                 }
+            };
+            if let Some(d) = late {
+                tokio::time::sleep(d).await;
             }
+            answer
         }
     }
 }
@@ -834,6 +881,14 @@ impl Competitor for MemoryCompetitor {
         } else {
             self.remote.release(holder)
         };
+    }
+
+    fn grant_deadline(&self, grant: &MemoryGrant) -> Option<Instant> {
+        self.deadlines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&grant.holder)
+            .copied()
     }
 
     fn pass_budget(&self, grant: &MemoryGrant) -> u32 {

@@ -171,3 +171,230 @@ async fn i13_a_new_head_does_not_inherit_a_stale_retry_state() {
         .unwrap();
     assert_eq!(granted.holder, b);
 }
+
+/// Item 10: the shared deadline timer was one task per synchronizer, on the runtime of the
+/// waiter that started it. That runtime can stay alive and undriven (a current-thread runtime
+/// kept after its `block_on` returned): a waiter on another runtime with an earlier deadline
+/// asked that task to re-arm, and it never ran, so the waiter did not time out. There is now a
+/// task on each runtime that has timed waiters.
+#[test]
+fn i10_a_timer_on_an_undriven_runtime_does_not_hold_up_another_runtimes_deadline() {
+    let sync = Arc::new(Synchronizer::new(
+        "i10",
+        MemoryCompetitor::new(MemoryRemote::new()),
+        Duration::from_millis(50),
+    ));
+    let owner = HolderId::new();
+    let driven = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    driven.block_on(sync.acquire(owner, Wait::Forever)).unwrap();
+
+    // A waiter with a far deadline parks on a current-thread runtime, which then stops being
+    // driven (the runtime stays alive; so does the parked waiter).
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut far = Box::pin(sync.acquire(
+        HolderId::new(),
+        Wait::for_duration(Duration::from_secs(600)),
+    ));
+    let first = idle.block_on(std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(far.as_mut().poll(cx))
+    }));
+    assert!(first.is_pending());
+    assert!(sync.deadline_timer_running());
+
+    // A waiter with a near deadline on the driven runtime times out on time.
+    let started = Instant::now();
+    let near = driven.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            sync.acquire(
+                HolderId::new(),
+                Wait::for_duration(Duration::from_millis(200)),
+            ),
+        )
+        .await
+    });
+    let took = started.elapsed();
+    let near = near.unwrap_or_else(|_| {
+        panic!("a 200 ms wait had not timed out after {took:?}: its deadline was left to the undriven runtime's timer")
+    });
+    assert!(near.expect_err("the lock is held").is_timeout());
+    assert!(took < Duration::from_secs(2), "timed out after {took:?}");
+    drop(far);
+    sync.release(owner);
+    sync.check_invariants().unwrap();
+}
+
+/// Item 14, first half: an immediate shared attempt (`try_read`, a semaphore's
+/// `try_acquire`) went to the remote whenever no exclusive owner held locally, queue or not,
+/// so a stream of them kept the read lock held beside the first reader and the process's own
+/// queued writer never got in, against the promise that a queued writer is never starved by
+/// readers. An immediate shared attempt now answers busy while waiters are queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i14_immediate_readers_do_not_pass_a_queued_writer() {
+    let sync = Arc::new(Synchronizer::new(
+        "i14",
+        MemoryCompetitor::new(MemoryRemote::new()),
+        Duration::from_millis(5),
+    ));
+    testing::subscribe(&sync);
+    let (first, w) = (HolderId::new(), HolderId::new());
+    sync.acquire_shared(first, Wait::Forever).await.unwrap();
+    let writer = tokio::spawn({
+        let sync = sync.clone();
+        async move { sync.acquire(w, Wait::Forever).await }
+    });
+    let started = Instant::now();
+    while sync.waiters() < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the writer queued"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for i in 0..20 {
+        let e = sync
+            .acquire_shared(HolderId::new(), Wait::Immediate)
+            .await
+            .map(|_| ())
+            .expect_err(&format!("immediate reader {i} passed the queued writer"));
+        assert!(e.is_busy(), "{e}");
+    }
+    testing::release_shared(&sync, first).unwrap();
+    tokio::time::timeout(Duration::from_secs(2), writer)
+        .await
+        .expect("the writer holds once the reader left")
+        .unwrap()
+        .unwrap();
+    testing::release(&sync, w).unwrap();
+    sync.check_invariants().unwrap();
+}
+
+/// Item 14, second half: "the last grant processed wins". A grant recorded while another
+/// local owner holds displaces it, on the ground that the remote granted it after that
+/// owner's remote hold ended. A grant processed after its own lease ran out breaks that
+/// ground: here LATE's immediate attempt is granted, its answer held 400 ms (a task starved
+/// of CPU), its 100 ms lease runs out at the remote, and LIVE takes the lock. LATE's grant,
+/// processed last, displaced LIVE, whose remote hold was live: the local owner was a holder
+/// that held nothing. Now a grant whose lease ran out is given back unrecorded, as busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i14_a_grant_processed_after_its_lease_does_not_displace_a_live_hold() {
+    let remote = MemoryRemote::new();
+    let competitor = MemoryCompetitor::new(remote.clone());
+    competitor.set_lease(Some(Duration::from_millis(100)));
+    let sync = Arc::new(Synchronizer::new(
+        "i14b",
+        competitor,
+        Duration::from_millis(5),
+    ));
+    let (late, live) = (HolderId::new(), HolderId::new());
+    sync.competitor()
+        .script([Behavior::LateAnswer(Duration::from_millis(400))]);
+    let try_late = tokio::spawn({
+        let sync = sync.clone();
+        async move { sync.acquire(late, Wait::Immediate).await.map(|_| ()) }
+    });
+    let started = Instant::now();
+    while remote.holder().map(|(h, _)| h) != Some(late) {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "LATE granted remotely"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // LATE's lease runs out at the remote; LIVE takes the lock there and here.
+    remote.release_silently(late).unwrap();
+    sync.acquire(live, Wait::Forever).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(2), try_late)
+        .await
+        .expect("LATE's answer arrives")
+        .unwrap();
+    let e = answer.expect_err("a grant whose lease ran out displaced the live holder");
+    assert!(e.is_busy(), "{e}");
+    assert_eq!(
+        sync.competitor().stats().abandoned,
+        1,
+        "LATE's grant given back"
+    );
+    assert_eq!(remote.holder(), Some((live, 1)));
+    assert_eq!(testing::release(&sync, live).unwrap(), 0);
+    sync.check_invariants().unwrap();
+}
+
+/// Item 10, found by the review of its fix: with a timer task per runtime, a waiter parked
+/// from one runtime (whose task alone was told its deadline) and then polled on another,
+/// whose task sleeps until a later deadline, parked again without telling that task, and
+/// timed out at the later deadline. A timed waiter now re-parks through `ensure` whenever the
+/// task of the runtime polling it would not wake it in time.
+#[test]
+fn i10_a_waiter_polled_on_another_runtime_keeps_its_deadline() {
+    let sync = Arc::new(Synchronizer::new(
+        "i10b",
+        MemoryCompetitor::new(MemoryRemote::new()),
+        Duration::from_millis(50),
+    ));
+    let owner = HolderId::new();
+    let driven = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    driven.block_on(sync.acquire(owner, Wait::Forever)).unwrap();
+    // A far waiter parks on the driven runtime: its task sleeps until that far deadline.
+    let far = driven.spawn({
+        let sync = sync.clone();
+        async move {
+            sync.acquire(
+                HolderId::new(),
+                Wait::for_duration(Duration::from_secs(600)),
+            )
+            .await
+            .map(|_| ())
+        }
+    });
+    let started = Instant::now();
+    while sync.waiters() < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the far waiter queued"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // A near waiter parks from a current-thread runtime (whose own task is told its
+    // deadline), which is then left undriven.
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut near = Box::pin(sync.acquire(
+        HolderId::new(),
+        Wait::for_duration(Duration::from_millis(300)),
+    ));
+    let first = idle.block_on(std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(near.as_mut().poll(cx))
+    }));
+    assert!(first.is_pending());
+    // The near waiter is polled on the driven runtime from now on.
+    let started = Instant::now();
+    let answer =
+        driven.block_on(async { tokio::time::timeout(Duration::from_secs(5), near).await });
+    let took = started.elapsed();
+    let answer = answer.unwrap_or_else(|_| {
+        panic!("a 300 ms wait had not timed out after {took:?}: the driven runtime's task slept until the far deadline")
+    });
+    assert!(
+        answer
+            .map(|_| ())
+            .expect_err("the lock is held")
+            .is_timeout()
+    );
+    assert!(took < Duration::from_secs(2), "timed out after {took:?}");
+    far.abort();
+    sync.release(owner);
+}

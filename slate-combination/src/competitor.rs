@@ -909,6 +909,10 @@ async fn on_lock_runtime(
 impl Competitor for CombinationCompetitor {
     type Grant = Grant;
 
+    fn grant_deadline(&self, grant: &Grant) -> Option<Instant> {
+        Some(grant.deadline)
+    }
+
     fn attempt(
         &self,
         holder: HolderId,

@@ -7,7 +7,7 @@
 //! | --- | --- | --- |
 //! | unverified (new, or data loss seen) | after a verification at the next attempt's start | verification: marker present with the server's own stamp → usable; marker missing → quarantined (a server younger than the quarantine until it is that old, an older one for a full quarantine; then the marker is written); marker stamped by another server → quarantined for a full quarantine (then stamped again); unreachable → unavailable |
 //! | usable | yes | a command fails (→ unavailable), an acquire answers "data lost" or a renewal finds its entry gone (→ unverified) |
-//! | unavailable (since, last error) | no | the re-probe interval passed and a verification succeeds |
+//! | unavailable (since, last error) | no | its next probe is due (1 s after the failure, then as long again as it has been down, at most the re-probe interval) and a verification succeeds |
 //! | quarantined (until) | no | the time passes and a verification succeeds |
 //!
 //! A verification is `INFO server` plus the node marker check (see `slate_combination::node`): a
@@ -45,7 +45,7 @@ use slate_redis::{ClientOptions, ClientOptionsBuilder, RedisClient};
 /// | option | default | meaning |
 /// | --- | --- | --- |
 /// | node operation time | 50 ms | budget of one command on one node (its command timeout) |
-/// | re-probe interval | 15 min | how long an unavailable node is skipped before a probe may bring it back |
+/// | re-probe interval | 15 min | the longest an unavailable node is skipped before a probe may bring it back (probes back off from 1 s up to it) |
 /// | quarantine | 30 s | how long a restarted server is not used (must be at least every lock's lease) |
 ///
 /// # Examples
@@ -123,8 +123,11 @@ impl NodeSetOptionsBuilder {
         self
     }
 
-    /// Sets how long an unavailable node is skipped before a probe may bring it back
-    /// (default 15 min).
+    /// Sets the longest an unavailable node is skipped before a probe may bring it back
+    /// (default 15 min). A node that fails is probed again after 1 s, then after as long again
+    /// as it has been unavailable (1, 2, 4, 8 s...), up to this interval: a passing fault is
+    /// over for this process within seconds, and a node that stays down costs one probe per
+    /// interval.
     ///
     /// # Examples
     ///
@@ -315,8 +318,18 @@ fn same_server(j: usize, i: usize, a: &str, b: &str, run_id: Option<&str>) -> Er
     )
 }
 
-/// How soon a node whose first contact failed is probed again.
-const FIRST_CONTACT_RETRY: Duration = Duration::from_secs(1);
+/// How soon a node that just failed is probed again.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a node unavailable for `down` so far is skipped before the next probe: 1 s, then
+/// as long again as it has been down (1, 2, 4, 8 s...), up to `ceiling` (the re-probe
+/// interval). A passing fault (one timeout) puts this process's view, and with it its lead
+/// node, back in line with the other processes' within seconds; a node that stays down costs
+/// a probe per interval (issue 28, item 5: one timeout benched a node for 15 minutes in one
+/// process, whose lead then differed from everyone else's).
+fn reprobe_after(down: Duration, ceiling: Duration) -> Duration {
+    down.max(FIRST_RETRY).min(ceiling)
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Health {
@@ -871,21 +884,14 @@ impl NodeSet {
         h.failovers = failovers;
     }
 
-    /// Marks node `i` unavailable after a failed command, or after a failed re-check (which
-    /// restarts the re-probe interval, so a dead node is not re-checked at every attempt).
-    ///
-    /// A node never verified since this process started (its first contact failed, typically a
-    /// connection set up under load) is re-probed after at most one second instead of the full
-    /// interval: one slow first contact must not bench a healthy node for minutes.
+    /// Marks node `i` unavailable after a failed command, or after a failed re-check. Its next
+    /// probe is due after [`reprobe_after`] (1 s, then as long again as it has been down, up
+    /// to the re-probe interval), so a dead node is not re-checked at every attempt and a
+    /// passing fault does not bench a healthy node for minutes.
     pub(crate) fn mark_failed(&self, i: usize, error: &Error) {
         if let Some(node) = self.inner.nodes.get(i) {
             let now = Instant::now();
             let mut h = node.health();
-            let reprobe = if h.run_id.is_none() {
-                self.inner.options.reprobe.min(FIRST_CONTACT_RETRY)
-            } else {
-                self.inner.options.reprobe
-            };
             let since = match &h.health {
                 Health::Unavailable { since, .. } => *since,
                 _ => {
@@ -896,7 +902,7 @@ impl NodeSet {
             h.health = Health::Unavailable {
                 since,
                 error: error.to_string(),
-                next_probe: now + reprobe,
+                next_probe: now + reprobe_after(now - since, self.inner.options.reprobe),
             };
         }
     }

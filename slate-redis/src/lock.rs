@@ -704,6 +704,10 @@ impl RedisCompetitor {
 impl Competitor for RedisCompetitor {
     type Grant = Grant;
 
+    fn grant_deadline(&self, grant: &Grant) -> Option<Instant> {
+        Some(grant.deadline)
+    }
+
     fn attempt(
         &self,
         holder: HolderId,

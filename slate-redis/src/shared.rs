@@ -904,6 +904,10 @@ impl Call {
 impl Competitor for SharedCompetitor {
     type Grant = SharedGrant;
 
+    fn grant_deadline(&self, grant: &SharedGrant) -> Option<Instant> {
+        Some(grant.deadline)
+    }
+
     fn attempt(
         &self,
         holder: HolderId,

@@ -584,6 +584,10 @@ async fn delete_once(client: &ZkClient, path: &str, session: i64) -> Result<bool
 impl Competitor for ZkCompetitor {
     type Grant = Grant;
 
+    fn grant_deadline(&self, grant: &Grant) -> Option<Instant> {
+        Some(lease_deadline(grant.touched, grant.timeout))
+    }
+
     fn attempt(
         &self,
         holder: HolderId,
