@@ -63,12 +63,13 @@ enum Cmd {
     #[command(
         long_about = "Take the lock, run CMD while holding it (the lease is renewed in the \
 background), release the lock when CMD exits and exit with CMD's exit code.\n\n\
-SIGINT, SIGTERM and SIGHUP sent to slate are forwarded to CMD's process group (a Ctrl-C at the \
-terminal reaches CMD directly); slate waits for CMD to exit, then releases.\n\n\
-CMD runs in a process group of its own, watched by a small guardian process: whatever kills \
-slate (SIGKILL included), the whole group (CMD, its children and grandchildren) is killed at \
-once, before another holder can get the lock. When CMD exits, anything it left running in its \
-group is killed before the lock is released.\n\n\
+SIGINT, SIGTERM and SIGHUP sent to slate are forwarded to CMD and its process group (a Ctrl-C \
+at the terminal reaches CMD directly); slate waits for CMD to exit, then releases.\n\n\
+CMD is started by a small guardian process, the parent (on Linux the subreaper) of its whole \
+tree, whatever process groups or sessions it moves to. The guardian kills the whole tree when \
+slate dies (SIGKILL included), when the lease is about to end without a renewal having reached \
+it (slate stopped, hung or starved: it holds the lease deadline itself), and when CMD exits, \
+before the lock is released: nothing of CMD runs once another holder can get the lock.\n\n\
 CMD gets SLATE_LOCK, SLATE_FENCING_TOKEN (strictly increasing across holders: pass it to the \
 storage you write to) and SLATE_HOLDER in its environment.\n\n\
 By default (or with --write) CMD runs alone. With --read it runs beside the other --read jobs \
@@ -123,10 +124,10 @@ slate completions fish > ~/.config/fish/completions/slate.fish")]
     /// One worker process of the demo (internal).
     #[command(hide = true)]
     DemoWorker(demo::worker::WorkerArgs),
-    /// The guardian of `slate run`'s command (internal): kills the command's process group
-    /// when `slate run` dies.
+    /// The guardian of `slate run`'s command (internal): runs the command and kills its whole
+    /// tree when the lease ends or `slate run` dies.
     #[command(hide = true, name = "guard")]
-    Guard,
+    Guard(tree::GuardArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -295,7 +296,7 @@ fn urls(common: &Common) -> Result<Vec<String>, u8> {
 fn dispatch(cli: Cli) -> Result<u8, u8> {
     match cli.command {
         Cmd::DemoWorker(args) => Ok(demo::worker::main(args)),
-        Cmd::Guard => Ok(tree::guard()),
+        Cmd::Guard(args) => Ok(tree::guard(&args)),
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             // The public commands only (some generators list hidden ones too).

@@ -1,9 +1,8 @@
 //! `slate run`: take a lock, run a command while holding it (renewed), release when it exits.
 
 use std::ffi::OsString;
-use std::io::ErrorKind;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
@@ -13,15 +12,15 @@ use slate_core::{
     Wait,
 };
 use slate_redis::{RwLock, Semaphore};
-use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
 
 use crate::duration::{WaitFor, human};
 use crate::exit;
 use crate::target::Target;
-use crate::tree::Tree;
+use crate::tree::{Deadlines, Event, Tree, kill_margin, term_grace};
 
-/// How long CMD has between SIGTERM and SIGKILL under `--on-lost term`.
+/// How long CMD has between SIGTERM and SIGKILL under `--on-lost term` (at most a quarter of
+/// the lease: the SIGKILL lands before the lease ends).
 pub const TERM_GRACE: Duration = Duration::from_secs(5);
 
 /// How long the release after CMD's exit may take before slate gives up on it (the entry then
@@ -33,7 +32,8 @@ const RELEASE_BUDGET: Duration = Duration::from_secs(10);
 pub enum OnLost {
     /// SIGKILL CMD at once.
     Kill,
-    /// SIGTERM CMD, then SIGKILL it if it still runs 5 s later.
+    /// SIGTERM CMD, then SIGKILL it if it still runs 5 s later (sooner when less of the
+    /// lease is left: the SIGKILL lands before the lease ends).
     Term,
     /// Let CMD go on (a warning is printed).
     Ignore,
@@ -337,6 +337,21 @@ where
         }
     };
     let name = &spec.name;
+    // The guardian is started (and `slate`'s binary located) before the lock is taken: a run
+    // that cannot guard its command must not hold the lock, even for a moment.
+    let tree = match std::env::current_exe() {
+        Ok(exe) => Tree::start(&exe, &spec.command).await,
+        Err(e) => Err(e),
+    };
+    let mut tree = match tree {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!(
+                "slate: cannot start the guardian of the command ({e}); not taking lock {name:?}"
+            );
+            return exit::INTERNAL;
+        }
+    };
     let holder = HolderId::new();
     // No deadline: forever (also for a wait too long to represent).
     let deadline = match spec.wait {
@@ -355,6 +370,7 @@ where
             r = take(holder, wait) => r,
             sig = signals.next() => {
                 eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
+                tree.end().await;
                 return signal_exit(sig);
             }
         };
@@ -377,10 +393,12 @@ where
                 () = tokio::time::sleep(RETRY_PAUSE) => continue,
                 sig = signals.next() => {
                     eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
+                    tree.end().await;
                     return signal_exit(sig);
                 }
             }
         }
+        tree.end().await;
         let code = acquire_error_code(&e);
         if code == exit::BUSY {
             eprintln!(
@@ -400,44 +418,72 @@ where
     if spec.verbose {
         eprintln!("slate: acquired lock {name:?} (fencing token {token}, holder {holder})");
     }
-    let mut tree = match Tree::start() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!(
-                "slate: cannot start the guardian of the command's process group ({e}); not \
-                 running the command"
-            );
-            release(guard, name, spec.verbose, false).await;
-            return exit::INTERNAL;
-        }
-    };
-    let mut child = match spawn(spec, token, holder, &tree) {
-        Ok(c) => c,
-        Err((code, msg)) => {
-            eprintln!("slate: {msg}");
-            tree.end().await;
-            release(guard, name, spec.verbose, false).await;
-            return code;
-        }
-    };
-    tree.take_terminal();
-    let outcome = supervise(&mut child, &tree, &guard, &mut signals, spec).await;
+    if tree.deadlines(deadlines(&guard, spec)).await.is_err() {
+        eprintln!("slate: the guardian of the command died; not running the command");
+        tree.end().await;
+        release(guard, name, spec.verbose, false).await;
+        return exit::INTERNAL;
+    }
+    let env = [
+        ("SLATE_LOCK", spec.name.clone()),
+        ("SLATE_FENCING_TOKEN", token.to_string()),
+        ("SLATE_HOLDER", holder.to_string()),
+    ];
+    if let Err((code, msg)) = tree.run(&env).await {
+        eprintln!("slate: {msg}");
+        tree.end().await;
+        release(guard, name, spec.verbose, false).await;
+        return code;
+    }
+    let outcome = supervise(&mut tree, &guard, &mut signals, spec).await;
     // Nothing of CMD's tree runs on once the lock is released.
     tree.end().await;
-    release(guard, name, spec.verbose, outcome.lost.is_some()).await;
+    // A lease that ended as the command exited is a loss too (the command may have run its
+    // last moments without the lock).
+    let lost = outcome.lost.or_else(|| guard.lease().loss_reason());
+    release(guard, name, spec.verbose, lost.is_some()).await;
     match outcome.status {
-        Ok(status) => {
-            if outcome.lost.is_some() && spec.on_lost != OnLost::Ignore {
+        Some(status) => {
+            if lost.is_some() && spec.on_lost != OnLost::Ignore {
                 exit::LEASE_LOST
             } else {
                 status_code(status)
             }
         }
-        Err(e) => {
-            eprintln!("slate: waiting for the command failed: {e}");
+        None => {
+            eprintln!("slate: the guardian of the command died; its tree was killed");
             exit::INTERNAL
         }
     }
+}
+
+/// When the guardian acts on its own if no newer deadline reaches it (none under
+/// `--on-lost ignore`: the command may outlive the lease; `slate`'s own death still ends it).
+fn deadlines<G: LockGuard>(guard: &G, spec: &RunSpec) -> Deadlines {
+    let lease_end = guard.lease_deadline();
+    let kill_at = lease_end
+        .checked_sub(kill_margin(spec.lease))
+        .unwrap_or(lease_end);
+    match spec.on_lost {
+        OnLost::Kill => Deadlines {
+            kill_at,
+            term_at: None,
+        },
+        OnLost::Term => Deadlines {
+            kill_at,
+            term_at: kill_at.checked_sub(term_grace(spec.lease, TERM_GRACE)),
+        },
+        OnLost::Ignore => Deadlines {
+            kill_at: far_future(),
+            term_at: None,
+        },
+    }
+}
+
+fn far_future() -> Instant {
+    let now = Instant::now();
+    now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600))
+        .unwrap_or(now)
 }
 
 /// The exit code mirroring CMD's status.
@@ -449,57 +495,54 @@ fn status_code(status: ExitStatus) -> u8 {
     }
 }
 
-fn spawn(spec: &RunSpec, token: u64, holder: HolderId, tree: &Tree) -> Result<Child, (u8, String)> {
-    let (program, args) = spec
-        .command
-        .split_first()
-        .ok_or((exit::USAGE, "no command given".to_owned()))?;
-    let mut command = Command::new(program);
-    tree.adopt(&mut command);
-    command
-        .args(args)
-        .env("SLATE_LOCK", &spec.name)
-        .env("SLATE_FENCING_TOKEN", token.to_string())
-        .env("SLATE_HOLDER", holder.to_string())
-        .stdin(Stdio::inherit())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| {
-            let shown = program.to_string_lossy();
-            match e.kind() {
-                ErrorKind::NotFound => (exit::NOT_FOUND, format!("{shown}: command not found")),
-                ErrorKind::PermissionDenied => {
-                    (exit::CANNOT_EXECUTE, format!("{shown}: permission denied"))
-                }
-                _ => (exit::CANNOT_EXECUTE, format!("{shown}: cannot run: {e}")),
-            }
-        })
-}
-
 /// How the supervised run ended.
 struct Outcome {
-    status: std::io::Result<ExitStatus>,
+    /// CMD's status; `None` when the guardian died first.
+    status: Option<ExitStatus>,
     lost: Option<LossReason>,
 }
 
-/// Waits for CMD, forwarding SIGINT/SIGTERM/SIGHUP to its group and acting on lease loss
-/// (the `--on-lost` signals go to the whole group: CMD's tree must not run on without the
-/// lock).
+/// Waits for CMD (through its guardian), forwarding SIGINT/SIGTERM/SIGHUP to it, sending
+/// every new lease deadline to the guardian, and acting on lease loss (`--on-lost`: the
+/// guardian signals CMD's whole tree, not only its process group).
 async fn supervise<G: LockGuard>(
-    child: &mut Child,
-    tree: &Tree,
+    tree: &mut Tree,
     guard: &G,
     signals: &mut Signals,
     spec: &RunSpec,
 ) -> Outcome {
     let name = &spec.name;
     let mut lost: Option<LossReason> = None;
-    let mut kill_at: Option<tokio::time::Instant> = None;
+    let mut lease = guard.lease().clone();
     loop {
         tokio::select! {
-            status = child.wait() => return Outcome { status, lost },
+            event = tree.next() => {
+                let status = match event {
+                    Event::Exited(status) => Some(status),
+                    Event::Acted(sig) => {
+                        // No renewal reached the guardian before the lease's end: this
+                        // process was stopped or starved, or the renewals failed.
+                        if lost.is_none() {
+                            eprintln!(
+                                "slate: lease on lock {name:?} lost (no renewal before its \
+                                 deadline); the guardian sent the command {sig}"
+                            );
+                            lost = Some(LossReason::DeadlineExpired);
+                        }
+                        continue;
+                    }
+                    Event::GuardianGone => {
+                        // Nothing guards the tree any more: end it from here.
+                        tree.signal(Signal::SIGKILL);
+                        None
+                    }
+                };
+                return Outcome { status, lost };
+            }
             sig = signals.next() => tree.signal(sig),
+            () = lease.changed(), if lost.is_none() && !lease.is_closed() => {
+                let _ = tree.deadlines(deadlines(guard, spec)).await;
+            }
             reason = guard.lost(), if lost.is_none() => {
                 lost = Some(reason);
                 match spec.on_lost {
@@ -508,16 +551,16 @@ async fn supervise<G: LockGuard>(
                             "slate: lease on lock {name:?} lost ({reason}); killing the command \
                              (SIGKILL, --on-lost kill)"
                         );
-                        tree.signal(Signal::SIGKILL);
+                        tree.lost(None).await;
                     }
                     OnLost::Term => {
+                        let grace = term_grace(spec.lease, TERM_GRACE);
                         eprintln!(
                             "slate: lease on lock {name:?} lost ({reason}); terminating the \
-                             command (SIGTERM, SIGKILL in {}s, --on-lost term)",
-                            TERM_GRACE.as_secs()
+                             command (SIGTERM, SIGKILL in {}, --on-lost term)",
+                            human(grace)
                         );
-                        tree.signal(Signal::SIGTERM);
-                        kill_at = Some(tokio::time::Instant::now() + TERM_GRACE);
+                        tree.lost(Some(grace)).await;
                     }
                     OnLost::Ignore => {
                         eprintln!(
@@ -526,16 +569,6 @@ async fn supervise<G: LockGuard>(
                         );
                     }
                 }
-            }
-            () = async {
-                match kill_at {
-                    Some(t) => tokio::time::sleep_until(t).await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                eprintln!("slate: the command is still running {}s after SIGTERM; SIGKILL", TERM_GRACE.as_secs());
-                tree.signal(Signal::SIGKILL);
-                kill_at = None;
             }
         }
     }

@@ -1,114 +1,348 @@
-//! CMD's process tree and its guardian: no process of CMD's tree outlives `slate run`'s hold
-//! of the lock, whatever kills `slate` (SIGKILL, the OOM killer, a container runtime).
+//! CMD's process tree and its guardian: no process of CMD's tree runs once `slate run`'s lease
+//! is over, whatever happens to `slate` (killed, stopped, hung, starved of CPU) and whatever
+//! the tree does with process groups (`timeout`, `bash -c 'set -m; ...'`, a double fork).
 //!
 //! ## How
 //!
-//! - The **guardian** is a second `slate` process (`slate guard`, internal) started first, as
-//!   the leader of a new process group. It ignores the terminal's signals (INT, TERM, HUP,
-//!   QUIT), blocks on a pipe from `slate run` whose write end only `slate run` holds, and when
-//!   that pipe closes (`slate run` exited or was killed: the kernel closes its descriptors) it
-//!   sends SIGKILL to its whole process group, itself included.
-//! - **CMD** is started in the guardian's process group, so CMD's children and grandchildren
-//!   are in it too unless they leave it on purpose (`setsid`, a daemon's double fork).
-//! - When CMD exits, `slate run` kills whatever CMD left running in the group (and the
-//!   guardian) **before** it releases the lock; when the lease is lost, `--on-lost` signals go
-//!   to the whole group.
-//! - If `slate` owned the terminal (foreground), the group gets it while CMD runs (an
-//!   interactive CMD can read the terminal and gets Ctrl-C directly), and `slate` takes it back
-//!   after.
+//! - The **guardian** is a second `slate` process (`slate guard`, internal), started before
+//!   the lock is taken: `slate run` waits for its `ready` (a guardian that cannot start, or
+//!   dies at once, fails the run before any lock is held). It talks to `slate run` over a Unix
+//!   socket that only the two of them hold.
+//! - The guardian is CMD's **parent**, the leader of CMD's process group, and on Linux a
+//!   **child subreaper** (`PR_SET_CHILD_SUBREAPER`): a process of CMD's tree whose parent
+//!   exits (a daemon's double fork, `setsid`, `timeout`'s own process group) is re-parented to
+//!   the guardian, never to init. Every process of the tree stays a descendant of the
+//!   guardian, whatever group or session it moved to.
+//! - The guardian **holds the lease deadline itself**: `slate run` sends each new deadline
+//!   (on the system-wide monotonic clock) as the lease is renewed. When the last deadline it
+//!   was given, minus a margin, passes, the guardian kills the tree, whether `slate` died,
+//!   was stopped (`SIGSTOP`, a debugger), hangs or is starved. With `--on-lost term` it sends
+//!   SIGTERM a grace period earlier (see [`Deadlines`]).
+//! - **Killing the tree**: SIGKILL to every descendant of the guardian found in `/proc`
+//!   (orphans included, thanks to the subreaper), repeated until none is left, every zombie
+//!   reaped. On other Unixes (no subreaper, no `/proc`): SIGKILL to the process group, which
+//!   misses processes that left it.
+//! - The socket closing (`slate run` exited or was killed: the kernel closes its end) kills
+//!   the tree at once. So does the end of CMD (`slate run` asks for it before it releases the
+//!   lock: nothing CMD left behind runs on without the lock).
+//! - Signals `slate` receives (INT, TERM, HUP) go to CMD's group and to CMD itself. A signal
+//!   `slate` inherited as ignored (`nohup`) stays ignored in the guardian and in CMD.
+//! - If `slate` owns the terminal (foreground), the group gets it before CMD starts and
+//!   `slate` takes it back after.
 //!
-//! Between `slate`'s death and the group's SIGKILL there is one pipe wake-up (microseconds);
-//! the lock's entry outlives `slate` by at least half a lease (it was renewed every half
-//! lease), so the tree is gone before any other holder can be granted the lock. The lease
-//! stays the outer bound for what no process can see: a machine that stops as a whole.
-//!
-//! This holds on every Unix (process groups, `killpg` and pipe EOF are POSIX). What escapes:
-//! a process that leaves the group (`setsid`), and a guardian killed on its own (SIGKILL of
-//! that one PID) before `slate` dies; on Linux the supervision of a whole cgroup (systemd's
-//! `KillMode=control-group`) covers both.
+//! What still escapes: a process started outside the tree on its behalf (a service manager's
+//! unit, `at`, a job handed to a daemon); a guardian killed on its own (SIGKILL of that one
+//! PID) while `slate` stays stopped, which leaves the tree to the lease; a machine that stops
+//! as a whole (the lease is the bound).
 
-use std::io::Read;
-use std::os::fd::AsFd;
-use std::process::Stdio;
+use std::ffi::OsString;
+use std::io::ErrorKind;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::process::{Child, Command};
+
+use crate::exit;
 
 /// The hidden subcommand that runs the guardian.
 pub const GUARD_SUBCOMMAND: &str = "guard";
 
-/// CMD's process group, kept by its guardian.
+/// How long the guardian may take to start and say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the guardian may take to start CMD.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long `end` waits for the guardian to report the tree gone.
+const END_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Rounds of the kill (each finds the descendants still alive and kills them).
+const KILL_ROUNDS: u32 = 200;
+
+/// Where the guardian's socket lives while it connects: a directory only this user can enter.
+struct SocketDir(PathBuf);
+
+impl SocketDir {
+    fn create() -> std::io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!("slate-run-{}-{nanos:x}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        Ok(SocketDir(dir))
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.0.join("guardian.sock")
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.socket());
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// When the guardian acts on its own if no newer deadline reaches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// SIGKILL to the tree (the lease deadline minus [`kill_margin`]).
+    pub kill_at: Instant,
+    /// SIGTERM to the tree (`--on-lost term`: a grace period before `kill_at`).
+    pub term_at: Option<Instant>,
+}
+
+/// How long before the lease deadline the guardian's SIGKILL goes out: a twentieth of the
+/// lease, at least 10 ms and at most 1 s (the kill, the reaping and a scheduler's delay fit
+/// in it; the deadline itself is already the client's conservative view of the server's
+/// expiry).
+#[must_use]
+pub fn kill_margin(lease: Duration) -> Duration {
+    (lease / 20).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// How long before the SIGKILL the SIGTERM of `--on-lost term` goes out: `grace`, at most a
+/// quarter of the lease (a renewal every third of the lease keeps the deadline far enough
+/// ahead that a healthy run never reaches it).
+#[must_use]
+pub fn term_grace(lease: Duration, grace: Duration) -> Duration {
+    grace.min(lease / 4)
+}
+
+/// What the guardian reports.
+#[derive(Debug)]
+pub enum Event {
+    /// CMD (the guardian's child) exited.
+    Exited(ExitStatus),
+    /// The guardian acted on its own deadline (no newer one reached it): it sent the tree
+    /// this signal (SIGTERM under `--on-lost term`, then SIGKILL).
+    Acted(Signal),
+    /// The guardian is gone (killed, crashed): nothing guards the tree any more.
+    GuardianGone,
+}
+
+/// CMD's tree, kept by its guardian.
 pub struct Tree {
-    /// The group (the guardian's PID).
+    /// CMD's process group (the guardian's PID).
     pgid: Pid,
     guardian: Child,
-    /// The write end of the guardian's pipe: dropping it (or dying) fires the guardian.
-    lifeline: Option<ChildStdin>,
+    lines: Lines<BufReader<OwnedReadHalf>>,
+    /// The socket's write end: dropping it (or dying) fires the guardian.
+    out: Option<OwnedWriteHalf>,
+    /// CMD, once started and until it exited.
+    cmd: Option<Pid>,
     /// Whether the group was given the terminal (and must give it back).
     took_terminal: bool,
 }
 
 impl Tree {
-    /// Starts the guardian, a new process group.
+    /// Starts the guardian of `command` (run later by [`Tree::run`]) and waits until it is
+    /// ready. `exe` is `slate`'s own binary, located before the lock is taken.
     ///
     /// # Errors
     ///
-    /// The guardian could not be started (then CMD must not be).
-    pub fn start() -> std::io::Result<Self> {
-        let exe = std::env::current_exe()?;
+    /// The guardian could not be started or did not get ready (then CMD must not run).
+    pub async fn start(exe: &Path, command: &[OsString]) -> std::io::Result<Self> {
+        let dir = SocketDir::create()?;
+        let listener = UnixListener::bind(dir.socket())?;
         let mut guardian = Command::new(exe)
             .arg(GUARD_SUBCOMMAND)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .arg("--socket")
+            .arg(dir.socket())
+            .arg("--")
+            .args(command)
+            .stdin(Stdio::inherit())
+            .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
             .process_group(0)
+            .kill_on_drop(true)
             .spawn()?;
-        let lifeline = guardian.stdin.take();
         let pid = guardian
             .id()
             .and_then(|p| i32::try_from(p).ok())
             .ok_or_else(|| std::io::Error::other("the guardian exited at once"))?;
-        Ok(Tree {
+        let accepted = tokio::select! {
+            a = tokio::time::timeout(READY_TIMEOUT, listener.accept()) => a,
+            status = guardian.wait() => {
+                return Err(std::io::Error::other(format!("the guardian exited at once ({})", status?)));
+            }
+        };
+        let (stream, _) = accepted
+            .map_err(|_| std::io::Error::other("the guardian did not connect within 10 s"))??;
+        drop(dir);
+        let (read, write) = stream.into_split();
+        let mut tree = Tree {
             pgid: Pid::from_raw(pid),
             guardian,
-            lifeline,
+            lines: BufReader::new(read).lines(),
+            out: Some(write),
+            cmd: None,
             took_terminal: false,
-        })
-    }
-
-    /// Puts `command` into the group (call before spawning it).
-    pub fn adopt(&self, command: &mut Command) {
-        command.process_group(self.pgid.as_raw());
-    }
-
-    /// Gives the terminal to the group if `slate` has it (so that CMD can read it and gets the
-    /// terminal's signals itself).
-    pub fn take_terminal(&mut self) {
-        let stdin = std::io::stdin();
-        if matches!(nix::unistd::tcgetpgrp(stdin.as_fd()), Ok(fg) if fg == nix::unistd::getpgrp()) {
-            self.took_terminal =
-                without_sigttou(|| nix::unistd::tcsetpgrp(stdin.as_fd(), self.pgid).is_ok());
+        };
+        match tokio::time::timeout(READY_TIMEOUT, tree.lines.next_line()).await {
+            Ok(Ok(Some(line))) if line == "ready" => Ok(tree),
+            Ok(Ok(Some(line))) => Err(std::io::Error::other(format!(
+                "the guardian answered {line:?} instead of ready"
+            ))),
+            Ok(Ok(None)) | Ok(Err(_)) => Err(std::io::Error::other("the guardian died")),
+            Err(_) => Err(std::io::Error::other(
+                "the guardian did not get ready within 10 s",
+            )),
         }
     }
 
-    /// Sends `sig` to every process of the group (CMD's whole tree).
-    pub fn signal(&self, sig: Signal) {
-        // ESRCH: the group is already gone.
-        let _ = signal::killpg(self.pgid, sig);
+    async fn send(&mut self, line: &str) -> std::io::Result<()> {
+        let out = self
+            .out
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("the guardian's socket is closed"))?;
+        out.write_all(format!("{line}\n").as_bytes()).await
     }
 
-    /// Ends the group: SIGKILL to whatever is left in it (CMD's leftovers, the guardian), the
-    /// guardian reaped, the terminal given back. Call before releasing the lock.
+    /// Tells the guardian when to act on its own (see [`Deadlines`]).
+    ///
+    /// # Errors
+    ///
+    /// The guardian is gone.
+    pub async fn deadlines(&mut self, d: Deadlines) -> std::io::Result<()> {
+        let term = d
+            .term_at
+            .map_or_else(|| "-".to_owned(), |t| monotonic_ns(t).to_string());
+        self.send(&format!("deadline {} {term}", monotonic_ns(d.kill_at)))
+            .await
+    }
+
+    /// Gives the terminal to the group if `slate` has it (so that CMD can read it and gets the
+    /// terminal's signals itself), then has the guardian start CMD with `env` added; returns
+    /// CMD's PID, or the exit code and message for a command that cannot run.
+    ///
+    /// # Errors
+    ///
+    /// CMD could not be started: (exit code, message).
+    pub async fn run(&mut self, env: &[(&str, String)]) -> Result<Pid, (u8, String)> {
+        self.take_terminal();
+        let mut line = String::from("run");
+        for (k, v) in env {
+            line.push(' ');
+            line.push_str(&hex(k.as_bytes()));
+            line.push('=');
+            line.push_str(&hex(v.as_bytes()));
+        }
+        if self.send(&line).await.is_err() {
+            return Err((
+                exit::INTERNAL,
+                "the guardian is gone; not running the command".into(),
+            ));
+        }
+        let answer = tokio::time::timeout(START_TIMEOUT, self.lines.next_line()).await;
+        let Ok(Ok(Some(answer))) = answer else {
+            return Err((
+                exit::INTERNAL,
+                "the guardian did not start the command".into(),
+            ));
+        };
+        if let Some(pid) = answer.strip_prefix("started ") {
+            let pid = pid
+                .parse()
+                .map_err(|_| (exit::INTERNAL, format!("the guardian said {answer:?}")))?;
+            let pid = Pid::from_raw(pid);
+            self.cmd = Some(pid);
+            return Ok(pid);
+        }
+        let failed = answer.strip_prefix("failed ").unwrap_or(&answer);
+        let (code, message) = failed.split_once(' ').unwrap_or((failed, ""));
+        Err((
+            code.parse().unwrap_or(exit::CANNOT_EXECUTE),
+            message.to_owned(),
+        ))
+    }
+
+    /// The guardian's next report.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a line read is never lost (tokio's `Lines::next_line` is cancel safe).
+    pub async fn next(&mut self) -> Event {
+        loop {
+            match self.lines.next_line().await {
+                Ok(Some(line)) => {
+                    if let Some(raw) = line.strip_prefix("exited ")
+                        && let Ok(raw) = raw.parse()
+                    {
+                        self.cmd = None;
+                        return Event::Exited(ExitStatus::from_raw(raw));
+                    }
+                    match line.strip_prefix("acted ") {
+                        Some("term") => return Event::Acted(Signal::SIGTERM),
+                        Some("kill") => return Event::Acted(Signal::SIGKILL),
+                        _ => {}
+                    }
+                }
+                Ok(None) | Err(_) => return Event::GuardianGone,
+            }
+        }
+    }
+
+    /// Sends `sig` to CMD's group and to CMD itself (it may have left the group).
+    pub fn signal(&self, sig: Signal) {
+        // ESRCH: already gone.
+        let _ = signal::killpg(self.pgid, sig);
+        if let Some(cmd) = self.cmd {
+            let _ = signal::kill(cmd, sig);
+        }
+    }
+
+    /// The lease is lost: the guardian kills the tree now (`term`: None) or sends SIGTERM now
+    /// and SIGKILL when `grace` runs out (or its kill deadline comes, whichever first).
+    pub async fn lost(&mut self, term: Option<Duration>) {
+        let line = match term {
+            None => "kill".to_owned(),
+            Some(grace) => format!("term {}", grace.as_millis()),
+        };
+        let _ = self.send(&line).await;
+    }
+
+    /// Ends the tree: the guardian kills whatever is left of it and exits, the terminal is
+    /// given back. Call before releasing the lock.
     pub async fn end(mut self) {
-        self.signal(Signal::SIGKILL);
-        drop(self.lifeline.take());
-        let _ = self.guardian.wait().await;
+        if self.send("end").await.is_ok() {
+            let _ = tokio::time::timeout(END_TIMEOUT, async {
+                while !matches!(self.next().await, Event::GuardianGone) {}
+            })
+            .await;
+        }
+        drop(self.out.take());
+        // Bounded: a guardian that did not finish is killed (its group with it).
+        if tokio::time::timeout(END_TIMEOUT, self.guardian.wait())
+            .await
+            .is_err()
+        {
+            let _ = signal::killpg(self.pgid, Signal::SIGKILL);
+            let _ = self.guardian.wait().await;
+        }
         if self.took_terminal {
             let stdin = std::io::stdin();
             without_sigttou(|| {
-                let _ = nix::unistd::tcsetpgrp(stdin.as_fd(), nix::unistd::getpgrp());
+                let _ = nix::unistd::tcsetpgrp(&stdin, nix::unistd::getpgrp());
             });
+        }
+    }
+
+    fn take_terminal(&mut self) {
+        let stdin = std::io::stdin();
+        if matches!(nix::unistd::tcgetpgrp(&stdin), Ok(fg) if fg == nix::unistd::getpgrp()) {
+            self.took_terminal =
+                without_sigttou(|| nix::unistd::tcsetpgrp(&stdin, self.pgid).is_ok());
         }
     }
 }
@@ -127,36 +361,416 @@ fn without_sigttou<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// The guardian (`slate guard`): waits for its stdin to close, then kills its process group.
-/// Returns the exit code (only reached if the group kill failed).
-pub fn guard() -> u8 {
-    // The terminal sends INT/QUIT/HUP (and `kill` TERM) to the whole foreground group; the
-    // guardian must outlive them. Handled (by tokio's signal driver), they are harmless.
+/// `t` on the system-wide monotonic clock (`CLOCK_MONOTONIC`, which `Instant` reads on Linux),
+/// in nanoseconds: the form a deadline crosses the process boundary in.
+fn monotonic_ns(t: Instant) -> u128 {
+    let now = Instant::now();
+    let mono = mono_now();
+    if t >= now {
+        mono + (t - now).as_nanos()
+    } else {
+        mono.saturating_sub((now - t).as_nanos())
+    }
+}
+
+/// The monotonic clock now, in nanoseconds.
+fn mono_now() -> u128 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |ts| {
+        u128::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000
+            + u128::try_from(ts.tv_nsec()).unwrap_or(0)
+    })
+}
+
+/// The tokio instant of a monotonic-clock time in nanoseconds.
+fn from_monotonic_ns(ns: u128) -> tokio::time::Instant {
+    let mono = mono_now();
+    let now = tokio::time::Instant::now();
+    if ns >= mono {
+        let ahead = u64::try_from(ns - mono).unwrap_or(u64::MAX);
+        now.checked_add(Duration::from_nanos(ahead))
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+    } else {
+        let behind = u64::try_from(mono - ns).unwrap_or(u64::MAX);
+        now.checked_sub(Duration::from_nanos(behind)).unwrap_or(now)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The guardian's arguments (`slate guard --socket PATH -- CMD...`).
+#[derive(Debug, clap::Args)]
+pub struct GuardArgs {
+    /// The socket `slate run` listens on.
+    #[arg(long)]
+    socket: PathBuf,
+    /// The command to run.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    command: Vec<OsString>,
+}
+
+/// The guardian (`slate guard`). Returns its exit code.
+pub fn guard(args: &GuardArgs) -> u8 {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     else {
-        return crate::exit::INTERNAL;
+        return exit::INTERNAL;
     };
-    let _handlers = rt.block_on(async {
-        [
-            tokio::signal::unix::SignalKind::interrupt(),
-            tokio::signal::unix::SignalKind::terminate(),
-            tokio::signal::unix::SignalKind::hangup(),
-            tokio::signal::unix::SignalKind::quit(),
-        ]
-        .map(tokio::signal::unix::signal)
-    });
-    let mut stdin = std::io::stdin().lock();
-    let mut buf = [0u8; 64];
-    loop {
-        match stdin.read(&mut buf) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
+    rt.block_on(Guardian::serve(args))
+}
+
+/// The guardian's state.
+struct Guardian {
+    out: OwnedWriteHalf,
+    cmd: Option<Pid>,
+    kill_at: Option<tokio::time::Instant>,
+    term_at: Option<tokio::time::Instant>,
+    termed: bool,
+}
+
+impl Guardian {
+    async fn serve(args: &GuardArgs) -> u8 {
+        // The terminal sends INT/QUIT/HUP (and `kill` TERM) to the whole foreground group; the
+        // guardian must outlive them. Handled (by tokio's signal driver), they are harmless,
+        // and a handled signal is reset to the default in CMD by `exec`. One inherited as
+        // ignored (`nohup`) stays ignored, here and in CMD.
+        let ignored = ignored_signals();
+        let mut handlers = Vec::new();
+        for (sig, kind) in [
+            (Signal::SIGINT, tokio::signal::unix::SignalKind::interrupt()),
+            (
+                Signal::SIGTERM,
+                tokio::signal::unix::SignalKind::terminate(),
+            ),
+            (Signal::SIGHUP, tokio::signal::unix::SignalKind::hangup()),
+            (Signal::SIGQUIT, tokio::signal::unix::SignalKind::quit()),
+        ] {
+            if !ignored.contains(&sig) {
+                match tokio::signal::unix::signal(kind) {
+                    Ok(h) => handlers.push(h),
+                    Err(_) => return exit::INTERNAL,
+                }
+            }
+        }
+        let Ok(mut children) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+        else {
+            return exit::INTERNAL;
+        };
+        #[cfg(target_os = "linux")]
+        if nix::sys::prctl::set_child_subreaper(true).is_err() {
+            eprintln!(
+                "slate guard: cannot become a child subreaper; orphans of the command may escape"
+            );
+        }
+        let Ok(stream) = UnixStream::connect(&args.socket).await else {
+            return exit::INTERNAL;
+        };
+        let (read, out) = stream.into_split();
+        let mut lines = BufReader::new(read).lines();
+        let mut g = Guardian {
+            out,
+            cmd: None,
+            kill_at: None,
+            term_at: None,
+            termed: false,
+        };
+        if g.say("ready").await.is_err() {
+            return exit::INTERNAL;
+        }
+        loop {
+            let term_at = g.term_at.filter(|_| !g.termed);
+            let kill_at = g.kill_at;
+            tokio::select! {
+                line = lines.next_line() => match line {
+                    Ok(Some(line)) => {
+                        if g.command(&line, args).await {
+                            return exit::OK;
+                        }
+                    }
+                    // `slate run` is gone: nothing may run on.
+                    Ok(None) | Err(_) => {
+                        kill_tree();
+                        return exit::OK;
+                    }
+                },
+                _ = children.recv() => g.reap().await,
+                () = sleep_until(term_at) => {
+                    g.termed = true;
+                    terminate_tree();
+                    let _ = g.say("acted term").await;
+                }
+                () = sleep_until(kill_at) => {
+                    g.kill_at = None;
+                    kill_tree();
+                    let _ = g.say("acted kill").await;
+                    g.reap().await;
+                }
+            }
         }
     }
-    let _ = signal::killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
-    crate::exit::INTERNAL
+
+    async fn say(&mut self, line: &str) -> std::io::Result<()> {
+        self.out.write_all(format!("{line}\n").as_bytes()).await
+    }
+
+    /// Acts on one line from `slate run`; true when the guardian is done.
+    async fn command(&mut self, line: &str, args: &GuardArgs) -> bool {
+        let mut words = line.split(' ');
+        match words.next() {
+            Some("deadline") => {
+                let kill = words.next().and_then(|w| w.parse().ok());
+                let term = words.next().and_then(|w| w.parse().ok());
+                self.kill_at = kill.map(from_monotonic_ns);
+                self.term_at = term.map(from_monotonic_ns);
+            }
+            Some("run") => {
+                let env: Vec<(Vec<u8>, Vec<u8>)> = words
+                    .filter_map(|w| {
+                        let (k, v) = w.split_once('=')?;
+                        Some((unhex(k)?, unhex(v)?))
+                    })
+                    .collect();
+                let answer = self.spawn(&args.command, &env);
+                let _ = self.say(&answer).await;
+            }
+            Some("kill") => {
+                kill_tree();
+                self.reap().await;
+            }
+            Some("term") => {
+                let grace = words
+                    .next()
+                    .and_then(|w| w.parse().ok())
+                    .map_or(Duration::ZERO, Duration::from_millis);
+                terminate_tree();
+                self.termed = true;
+                let at = tokio::time::Instant::now() + grace;
+                self.kill_at = Some(self.kill_at.map_or(at, |k| k.min(at)));
+            }
+            Some("end") => {
+                kill_tree();
+                self.reap().await;
+                return true;
+            }
+            _ => {}
+        }
+        false
+    }
+
+    /// Starts CMD (in the guardian's process group); the answer for `slate run`.
+    fn spawn(&mut self, command: &[OsString], env: &[(Vec<u8>, Vec<u8>)]) -> String {
+        use std::os::unix::ffi::OsStringExt;
+        let Some((program, rest)) = command.split_first() else {
+            return format!("failed {} no command given", exit::USAGE);
+        };
+        let mut cmd = std::process::Command::new(program);
+        cmd.args(rest);
+        for (k, v) in env {
+            cmd.env(OsString::from_vec(k.clone()), OsString::from_vec(v.clone()));
+        }
+        match cmd.spawn() {
+            Ok(child) => {
+                let pid = i32::try_from(child.id()).unwrap_or(0);
+                // Reaped by `reap` (waitpid), not through the handle.
+                drop(child);
+                self.cmd = Some(Pid::from_raw(pid));
+                format!("started {pid}")
+            }
+            Err(e) => {
+                let shown = program.to_string_lossy();
+                match e.kind() {
+                    ErrorKind::NotFound => {
+                        format!("failed {} {shown}: command not found", exit::NOT_FOUND)
+                    }
+                    ErrorKind::PermissionDenied => {
+                        format!("failed {} {shown}: permission denied", exit::CANNOT_EXECUTE)
+                    }
+                    _ => format!("failed {} {shown}: cannot run: {e}", exit::CANNOT_EXECUTE),
+                }
+            }
+        }
+    }
+
+    /// Reaps every child that exited (CMD and the orphans re-parented here); reports CMD's
+    /// status.
+    async fn reap(&mut self) {
+        use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if Some(pid) == self.cmd => {
+                    self.cmd = None;
+                    let _ = self.say(&format!("exited {}", (code & 0xff) << 8)).await;
+                }
+                Ok(WaitStatus::Signaled(pid, sig, core)) if Some(pid) == self.cmd => {
+                    self.cmd = None;
+                    let raw = sig as i32 | if core { 0x80 } else { 0 };
+                    let _ = self.say(&format!("exited {raw}")).await;
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Signals inherited as ignored, from `/proc/self/status` (`SigIgn`); none elsewhere.
+fn ignored_signals() -> Vec<Signal> {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return Vec::new();
+    };
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .unwrap_or(0);
+    [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ]
+    .into_iter()
+    .filter(|&s| mask & (1 << (s as i32 - 1)) != 0)
+    .collect()
+}
+
+/// The live descendants of this process (zombies excepted), from `/proc`.
+#[cfg(target_os = "linux")]
+fn descendants() -> Vec<Pid> {
+    use std::collections::HashMap;
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": the name may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let mut fields = rest.split(' ');
+        let state = fields.next().unwrap_or("");
+        let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        if state == "Z" || state == "X" {
+            continue;
+        }
+        children.entry(ppid).or_default().push(pid);
+    }
+    let mut found = Vec::new();
+    let mut next = vec![std::process::id().cast_signed()];
+    while let Some(p) = next.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            found.push(Pid::from_raw(c));
+            next.push(c);
+        }
+    }
+    found
+}
+
+/// SIGKILL to every descendant until none is left (their zombies are reaped by the guardian,
+/// their parent or subreaper).
+fn kill_tree() {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = signal::killpg(nix::unistd::getpgrp(), None);
+        for _ in 0..KILL_ROUNDS {
+            let alive = descendants();
+            if alive.is_empty() {
+                return;
+            }
+            for p in alive {
+                let _ = signal::kill(p, Signal::SIGKILL);
+            }
+            // Let the kills land (and zombies be reaped) before looking again.
+            let _ = nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        // The group, the guardian included: the best a portable process can do.
+        let _ = signal::killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
+    }
+}
+
+/// SIGTERM to every descendant (`--on-lost term`).
+fn terminate_tree() {
+    #[cfg(target_os = "linux")]
+    for p in descendants() {
+        let _ = signal::kill(p, Signal::SIGTERM);
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = signal::killpg(nix::unistd::getpgrp(), Signal::SIGTERM);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_any_bytes() {
+        for bytes in [&b""[..], b"SLATE_LOCK", b"\x00\xff a=b"] {
+            assert_eq!(unhex(&hex(bytes)).as_deref(), Some(bytes));
+        }
+        assert_eq!(unhex("abc"), None);
+        assert_eq!(unhex("zz"), None);
+    }
+
+    #[test]
+    fn monotonic_times_cross_the_process_boundary() {
+        let t = Instant::now() + Duration::from_secs(3);
+        let back = from_monotonic_ns(monotonic_ns(t));
+        let diff = back.into_std().max(t) - back.into_std().min(t);
+        assert!(diff < Duration::from_millis(50), "{diff:?}");
+    }
+
+    #[test]
+    fn margins() {
+        assert_eq!(
+            kill_margin(Duration::from_secs(2)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            kill_margin(Duration::from_millis(100)),
+            Duration::from_millis(10)
+        );
+        assert_eq!(kill_margin(Duration::from_secs(60)), Duration::from_secs(1));
+        assert_eq!(
+            term_grace(Duration::from_secs(8), Duration::from_secs(5)),
+            Duration::from_secs(2)
+        );
+    }
 }

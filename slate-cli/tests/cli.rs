@@ -1183,3 +1183,163 @@ fn status_warns_about_a_server_that_can_evict_lock_keys() {
     let v = status_json(&[&url], "evict");
     assert_eq!(v["nodes"][0]["eviction_policy"], "volatile-lru");
 }
+
+/// Issue 34: starts `slate run` on lock `name` (lease 2 s, `extra` flags) running `script`,
+/// which prints `tree PID` for each of its `n` processes; does `fault` to that `slate`; then
+/// starts a second `slate run` on the lock. When the second command runs, no process of the
+/// first tree may be alive. Returns the first run (for a fault that left it stopped).
+fn tree_gone_before_the_next_holder(
+    name: &str,
+    extra: &[&str],
+    script: &str,
+    n: usize,
+    fault: impl FnOnce(Pid),
+) -> Running {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let mut args = vec!["run", "--lock", name, "--lease", "2s", "--redis", &url];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    let first = Running::start(&args);
+    let tree: Vec<i32> = (0..n)
+        .map(|_| {
+            first
+                .line(|l| l.starts_with("tree "))
+                .trim_start_matches("tree ")
+                .parse()
+                .expect("pid")
+        })
+        .collect();
+    assert!(tree.iter().all(|&p| alive(p)), "the tree runs: {tree:?}");
+    fault(first.pid());
+    let second = Running::start(&[
+        "run", "--lock", name, "--wait", "30s", "--redis", &url, "--", "echo", "second",
+    ]);
+    second.line(|l| l == "second");
+    let survivors: Vec<i32> = tree.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(
+        survivors.is_empty(),
+        "processes of the first command still ran when the second started: {survivors:?}"
+    );
+    let (code, err) = second.finish();
+    assert_eq!(code, Some(0), "{err}");
+    first
+}
+
+/// Issue 34: GNU `timeout` moves itself into a process group of its own, so a kill of the
+/// command's group missed it, and the job ran on beside the next holder after `slate` was
+/// SIGKILLed. The guardian is now the tree's parent and subreaper and kills every
+/// descendant, whatever its group.
+#[test]
+fn i34_a_job_under_timeout_dies_with_a_killed_slate() {
+    tree_gone_before_the_next_holder(
+        "under-timeout",
+        &[],
+        "exec timeout 60 sh -c 'echo tree $$; sleep 60 & echo tree $!; wait'",
+        2,
+        |slate| signal::kill(slate, Signal::SIGKILL).expect("SIGKILL slate"),
+    );
+}
+
+/// Issue 34: a job control shell (`set -m`) puts each background job in a group of its own.
+#[test]
+fn i34_background_jobs_of_a_job_control_shell_die_with_a_killed_slate() {
+    tree_gone_before_the_next_holder(
+        "set-m",
+        &[],
+        "exec bash -c 'set -m; echo tree $$; sleep 60 & echo tree $!; sleep 60 & echo tree $!; wait'",
+        3,
+        |slate| signal::kill(slate, Signal::SIGKILL).expect("SIGKILL slate"),
+    );
+}
+
+/// Issue 34: a double fork (the middle process exits, its child is orphaned) and `setsid`
+/// leave the group and the session; the orphan comes back to the guardian (a subreaper).
+#[test]
+fn i34_a_double_forked_orphan_dies_with_a_killed_slate() {
+    tree_gone_before_the_next_holder(
+        "double-fork",
+        &[],
+        "echo tree $$; (setsid sleep 60 & echo tree $!); (sleep 60 & echo tree $!); sleep 60",
+        3,
+        |slate| signal::kill(slate, Signal::SIGKILL).expect("SIGKILL slate"),
+    );
+}
+
+/// Issue 34: a stopped `slate` (SIGSTOP, a debugger) renews nothing; the guardian, which holds
+/// the lease deadline itself, kills the tree before the lease ends, so nothing of it runs
+/// beside the next holder. Before, it watched only for `slate`'s death.
+#[test]
+fn i34_a_stopped_slate_cannot_keep_its_job_running_past_the_lease() {
+    let first = tree_gone_before_the_next_holder(
+        "stopped",
+        &[],
+        "echo tree $$; sleep 60 & echo tree $!; wait",
+        2,
+        |slate| signal::kill(slate, Signal::SIGSTOP).expect("SIGSTOP slate"),
+    );
+    signal::kill(first.pid(), Signal::SIGCONT).expect("SIGCONT slate");
+    let (code, err) = first.finish();
+    assert_eq!(code, Some(76), "{err}");
+    assert!(err.contains("lost"), "{err}");
+}
+
+/// Issue 34: `--on-lost term` sent SIGTERM at the loss and SIGKILL 5 s later: a job that
+/// ignores SIGTERM ran up to 5 s beside the next holder. The SIGTERM now goes out a grace
+/// period (at most a quarter of the lease) before the SIGKILL, which lands before the lease
+/// ends; here `slate` is stopped, so the guardian does both on its own.
+#[test]
+fn i34_on_lost_term_with_a_job_that_ignores_sigterm_ends_before_the_lease() {
+    let first = tree_gone_before_the_next_holder(
+        "ignores-term",
+        &["--on-lost", "term"],
+        "trap '' TERM; echo tree $$; sleep 60 & echo tree $!; wait",
+        2,
+        |slate| signal::kill(slate, Signal::SIGSTOP).expect("SIGSTOP slate"),
+    );
+    signal::kill(first.pid(), Signal::SIGCONT).expect("SIGCONT slate");
+    let (code, err) = first.finish();
+    assert_eq!(code, Some(76), "{err}");
+}
+
+/// Issue 34: on a lease loss the kill went to the guardian's process group only, so a job
+/// under `timeout` (a group of its own) ran on without the lock, and `slate` waited for it.
+/// Here the server hangs (no renewal can succeed): the whole tree is gone when `slate` exits
+/// with 76.
+#[test]
+fn i34_a_job_under_timeout_dies_when_the_lease_is_lost() {
+    let mut server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let run = Running::start(&[
+        "run",
+        "--lock",
+        "lost-under-timeout",
+        "--lease",
+        "1s",
+        "--redis",
+        &url,
+        "--",
+        "timeout",
+        "60",
+        "sh",
+        "-c",
+        "echo tree $$; sleep 60 & echo tree $!; wait",
+    ]);
+    let tree: Vec<i32> = (0..2)
+        .map(|_| {
+            run.line(|l| l.starts_with("tree "))
+                .trim_start_matches("tree ")
+                .parse()
+                .expect("pid")
+        })
+        .collect();
+    server.pause().expect("pause");
+    let (code, err) = run.finish();
+    server.resume().expect("resume");
+    assert_eq!(code, Some(76), "{err}");
+    let survivors: Vec<i32> = tree.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(
+        survivors.is_empty(),
+        "ran on after the loss: {survivors:?}\n{err}"
+    );
+}
