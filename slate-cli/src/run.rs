@@ -17,7 +17,7 @@ use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use crate::duration::{WaitFor, human};
 use crate::exit;
 use crate::target::Target;
-use crate::tree::{Deadlines, Event, Tree, kill_margin, term_grace};
+use crate::tree::{Deadlines, Event, Tree, from_terminal, kill_margin, term_grace};
 
 /// How long CMD has between SIGTERM and SIGKILL under `--on-lost term` (at most a quarter of
 /// the lease: the SIGKILL lands before the lease ends).
@@ -249,28 +249,47 @@ async fn drain(readers: &RwLock, wait: Wait, name: &str) -> Result<(), Error> {
     }
 }
 
-/// SIGINT, SIGTERM and SIGHUP streams.
+/// SIGINT, SIGTERM and SIGHUP streams (none for a signal `slate` inherited as ignored, e.g.
+/// SIGHUP under `nohup`: it stays ignored, here and in CMD).
 struct Signals {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
 }
 
 impl Signals {
     fn install() -> std::io::Result<Self> {
+        let ignored = crate::tree::ignored_signals();
+        let handle = |sig: Signal, kind: SignalKind| -> std::io::Result<_> {
+            if ignored.contains(&sig) {
+                Ok(None)
+            } else {
+                unix_signal(kind).map(Some)
+            }
+        };
         Ok(Signals {
-            int: unix_signal(SignalKind::interrupt())?,
-            term: unix_signal(SignalKind::terminate())?,
-            hup: unix_signal(SignalKind::hangup())?,
+            int: handle(Signal::SIGINT, SignalKind::interrupt())?,
+            term: handle(Signal::SIGTERM, SignalKind::terminate())?,
+            hup: handle(Signal::SIGHUP, SignalKind::hangup())?,
         })
     }
 
     /// The next SIGINT, SIGTERM or SIGHUP.
     async fn next(&mut self) -> Signal {
+        async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    if s.recv().await.is_none() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        }
         tokio::select! {
-            _ = self.int.recv() => Signal::SIGINT,
-            _ = self.term.recv() => Signal::SIGTERM,
-            _ = self.hup.recv() => Signal::SIGHUP,
+            () = recv(&mut self.int) => Signal::SIGINT,
+            () = recv(&mut self.term) => Signal::SIGTERM,
+            () = recv(&mut self.hup) => Signal::SIGHUP,
         }
     }
 }
@@ -451,7 +470,10 @@ where
             }
         }
         None => {
-            eprintln!("slate: the guardian of the command died; its tree was killed");
+            eprintln!(
+                "slate: the guardian of the command died; the command and its process group \
+                 were killed, processes of it that left the group may still run"
+            );
             exit::INTERNAL
         }
     }
@@ -533,13 +555,17 @@ async fn supervise<G: LockGuard>(
                     }
                     Event::GuardianGone => {
                         // Nothing guards the tree any more: end it from here.
-                        tree.signal(Signal::SIGKILL);
+                        tree.kill_orphaned();
                         None
                     }
                 };
                 return Outcome { status, lost };
             }
-            sig = signals.next() => tree.signal(sig),
+            sig = signals.next() => {
+                if !from_terminal(sig) {
+                    tree.signal(sig).await;
+                }
+            }
             () = lease.changed(), if lost.is_none() && !lease.is_closed() => {
                 let _ = tree.deadlines(deadlines(guard, spec)).await;
             }

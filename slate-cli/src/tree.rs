@@ -8,11 +8,12 @@
 //!   the lock is taken: `slate run` waits for its `ready` (a guardian that cannot start, or
 //!   dies at once, fails the run before any lock is held). It talks to `slate run` over a Unix
 //!   socket that only the two of them hold.
-//! - The guardian is CMD's **parent**, the leader of CMD's process group, and on Linux a
-//!   **child subreaper** (`PR_SET_CHILD_SUBREAPER`): a process of CMD's tree whose parent
-//!   exits (a daemon's double fork, `setsid`, `timeout`'s own process group) is re-parented to
-//!   the guardian, never to init. Every process of the tree stays a descendant of the
-//!   guardian, whatever group or session it moved to.
+//! - The guardian is CMD's **parent** and on Linux a **child subreaper**
+//!   (`PR_SET_CHILD_SUBREAPER`): a process of CMD's tree whose parent exits (a daemon's double
+//!   fork, `setsid`, `timeout`'s own process group) is re-parented to the guardian, never to
+//!   init. Every process of the tree stays a descendant of the guardian, whatever group or
+//!   session it moved to. The guardian and CMD stay in `slate`'s process group (the shell's
+//!   job; see [`OWN_GROUP`] for elsewhere).
 //! - The guardian **holds the lease deadline itself**: `slate run` sends each new deadline
 //!   (on the system-wide monotonic clock) as the lease is renewed. When the last deadline it
 //!   was given, minus a margin, passes, the guardian kills the tree, whether `slate` died,
@@ -25,10 +26,12 @@
 //! - The socket closing (`slate run` exited or was killed: the kernel closes its end) kills
 //!   the tree at once. So does the end of CMD (`slate run` asks for it before it releases the
 //!   lock: nothing CMD left behind runs on without the lock).
-//! - Signals `slate` receives (INT, TERM, HUP) go to CMD's group and to CMD itself. A signal
-//!   `slate` inherited as ignored (`nohup`) stays ignored in the guardian and in CMD.
-//! - If `slate` owns the terminal (foreground), the group gets it before CMD starts and
-//!   `slate` takes it back after.
+//! - Signals `slate` receives (INT, TERM, HUP) go to every process of the tree, except those
+//!   the terminal sent to the whole job (Ctrl-C, a hangup: CMD got them too). A signal `slate`
+//!   inherited as ignored (`nohup`) stays ignored in the guardian and in CMD.
+//! - **Job control** (Linux): Ctrl-Z stops the job (`slate` and CMD) like any other, but not
+//!   the guardian: a job stopped longer than its lease is killed at the lease's end (after
+//!   `fg`, `slate` reports the loss, exit 76); one resumed in time goes on holding the lock.
 //!
 //! What still escapes: a process started outside the tree on its behalf (a service manager's
 //! unit, `at`, a job handed to a daemon); a guardian killed on its own (SIGKILL of that one
@@ -65,6 +68,14 @@ const END_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Rounds of the kill (each finds the descendants still alive and kills them).
 const KILL_ROUNDS: u32 = 200;
+
+/// Whether the tree gets a process group of its own (and the terminal while it runs). Only
+/// where the guardian cannot find its descendants (no `/proc`, no subreaper): there the group
+/// is how it reaches them. On Linux the guardian and CMD stay in `slate`'s process group, the
+/// shell's job: Ctrl-C, Ctrl-Z and `fg` act on the job as on any other (a pager after a pipe
+/// stays in the foreground with it), and the guardian, which ignores the terminal's signals,
+/// keeps the lease's time while the job is stopped.
+const OWN_GROUP: bool = !cfg!(target_os = "linux");
 
 /// Where the guardian's socket lives while it connects: a directory only this user can enter.
 struct SocketDir(PathBuf);
@@ -133,8 +144,10 @@ pub enum Event {
 
 /// CMD's tree, kept by its guardian.
 pub struct Tree {
-    /// CMD's process group (the guardian's PID).
-    pgid: Pid,
+    /// The guardian's PID.
+    pid: Pid,
+    /// CMD's process group (the guardian's PID), with [`OWN_GROUP`].
+    pgid: Option<Pid>,
     guardian: Child,
     lines: Lines<BufReader<OwnedReadHalf>>,
     /// The socket's write end: dropping it (or dying) fires the guardian.
@@ -155,18 +168,27 @@ impl Tree {
     pub async fn start(exe: &Path, command: &[OsString]) -> std::io::Result<Self> {
         let dir = SocketDir::create()?;
         let listener = UnixListener::bind(dir.socket())?;
-        let mut guardian = Command::new(exe)
+        let mut spawn = Command::new(exe);
+        spawn
             .arg(GUARD_SUBCOMMAND)
             .arg("--socket")
-            .arg(dir.socket())
+            .arg(dir.socket());
+        if !OWN_GROUP {
+            // CMD joins `slate`'s group (the shell's job); the guardian keeps a group of its
+            // own, out of reach of the terminal's signals and of a `kill 0` by CMD.
+            spawn
+                .arg("--join-group")
+                .arg(nix::unistd::getpgrp().as_raw().to_string());
+        }
+        spawn
             .arg("--")
             .args(command)
             .stdin(Stdio::inherit())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()?;
+            .kill_on_drop(true);
+        let mut guardian = spawn.spawn()?;
         let pid = guardian
             .id()
             .and_then(|p| i32::try_from(p).ok())
@@ -182,7 +204,8 @@ impl Tree {
         drop(dir);
         let (read, write) = stream.into_split();
         let mut tree = Tree {
-            pgid: Pid::from_raw(pid),
+            pid: Pid::from_raw(pid),
+            pgid: OWN_GROUP.then_some(Pid::from_raw(pid)),
             guardian,
             lines: BufReader::new(read).lines(),
             out: Some(write),
@@ -222,9 +245,9 @@ impl Tree {
             .await
     }
 
-    /// Gives the terminal to the group if `slate` has it (so that CMD can read it and gets the
-    /// terminal's signals itself), then has the guardian start CMD with `env` added; returns
-    /// CMD's PID, or the exit code and message for a command that cannot run.
+    /// Has the guardian start CMD with `env` added (with [`OWN_GROUP`], after giving the
+    /// group the terminal if `slate` has it); returns CMD's PID, or the exit code and message
+    /// for a command that cannot run.
     ///
     /// # Errors
     ///
@@ -244,8 +267,21 @@ impl Tree {
                 "the guardian is gone; not running the command".into(),
             ));
         }
-        let answer = tokio::time::timeout(START_TIMEOUT, self.lines.next_line()).await;
-        let Ok(Ok(Some(answer))) = answer else {
+        let answer = tokio::time::timeout(START_TIMEOUT, async {
+            loop {
+                match self.lines.next_line().await {
+                    Ok(Some(line))
+                        if line.starts_with("started ") || line.starts_with("failed ") =>
+                    {
+                        return Some(line);
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => return None,
+                }
+            }
+        })
+        .await;
+        let Ok(Some(answer)) = answer else {
             return Err((
                 exit::INTERNAL,
                 "the guardian did not start the command".into(),
@@ -293,13 +329,29 @@ impl Tree {
         }
     }
 
-    /// Sends `sig` to CMD's group and to CMD itself (it may have left the group).
-    pub fn signal(&self, sig: Signal) {
-        // ESRCH: already gone.
-        let _ = signal::killpg(self.pgid, sig);
+    /// Sends `sig` to every process of CMD's tree (the guardian signals its descendants,
+    /// whatever their group); to CMD (and its group) from here if the guardian is gone.
+    pub async fn signal(&mut self, sig: Signal) {
+        if self.send(&format!("signal {}", sig as i32)).await.is_err() {
+            self.signal_here(sig);
+        }
+    }
+
+    /// `sig` to CMD and its group from `slate` itself (ESRCH, already gone, is ignored).
+    fn signal_here(&self, sig: Signal) {
+        if let Some(pgid) = self.pgid {
+            let _ = signal::killpg(pgid, sig);
+        }
         if let Some(cmd) = self.cmd {
             let _ = signal::kill(cmd, sig);
         }
+    }
+
+    /// The guardian is gone: CMD and its group are killed from here. What left the group
+    /// was re-parented past the dead guardian and is out of reach; the caller keeps the lock
+    /// until its lease ends rather than release it.
+    pub fn kill_orphaned(&self) {
+        self.signal_here(Signal::SIGKILL);
     }
 
     /// The lease is lost: the guardian kills the tree now (`term`: None) or sends SIGTERM now
@@ -322,12 +374,18 @@ impl Tree {
             .await;
         }
         drop(self.out.take());
-        // Bounded: a guardian that did not finish is killed (its group with it).
+        // Bounded: a guardian that did not finish is killed, after its descendants (they
+        // would be orphaned out of anyone's reach).
         if tokio::time::timeout(END_TIMEOUT, self.guardian.wait())
             .await
             .is_err()
         {
-            let _ = signal::killpg(self.pgid, Signal::SIGKILL);
+            #[cfg(target_os = "linux")]
+            for (p, _) in descendants_of(self.pid) {
+                let _ = signal::kill(p, Signal::SIGKILL);
+            }
+            self.signal_here(Signal::SIGKILL);
+            let _ = signal::kill(self.pid, Signal::SIGKILL);
             let _ = self.guardian.wait().await;
         }
         if self.took_terminal {
@@ -339,12 +397,25 @@ impl Tree {
     }
 
     fn take_terminal(&mut self) {
+        let Some(pgid) = self.pgid else { return };
         let stdin = std::io::stdin();
         if matches!(nix::unistd::tcgetpgrp(&stdin), Ok(fg) if fg == nix::unistd::getpgrp()) {
-            self.took_terminal =
-                without_sigttou(|| nix::unistd::tcsetpgrp(&stdin, self.pgid).is_ok());
+            self.took_terminal = without_sigttou(|| nix::unistd::tcsetpgrp(&stdin, pgid).is_ok());
         }
     }
+}
+
+/// Whether `sig` most likely came from the terminal to `slate`'s whole process group (Ctrl-C,
+/// a hangup), which CMD is in too (without [`OWN_GROUP`]): then it is not sent again, so that
+/// CMD sees one SIGINT per Ctrl-C.
+#[must_use]
+pub fn from_terminal(sig: Signal) -> bool {
+    if OWN_GROUP || !matches!(sig, Signal::SIGINT | Signal::SIGHUP | Signal::SIGQUIT) {
+        return false;
+    }
+    std::fs::File::open("/dev/tty").is_ok_and(
+        |tty| matches!(nix::unistd::tcgetpgrp(&tty), Ok(fg) if fg == nix::unistd::getpgrp()),
+    )
 }
 
 /// Runs `f` with SIGTTOU blocked on this thread: a process outside the terminal's foreground
@@ -415,6 +486,9 @@ pub struct GuardArgs {
     /// The socket `slate run` listens on.
     #[arg(long)]
     socket: PathBuf,
+    /// The process group CMD joins (`slate`'s, the shell's job); else the guardian's.
+    #[arg(long)]
+    join_group: Option<i32>,
     /// The command to run.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
     command: Vec<OsString>,
@@ -435,6 +509,8 @@ pub fn guard(args: &GuardArgs) -> u8 {
 struct Guardian {
     out: OwnedWriteHalf,
     cmd: Option<Pid>,
+    /// The guardian acted on its kill deadline: the lease is over, CMD may no longer start.
+    expired: bool,
     kill_at: Option<tokio::time::Instant>,
     term_at: Option<tokio::time::Instant>,
     termed: bool,
@@ -446,16 +522,27 @@ impl Guardian {
         // guardian must outlive them. Handled (by tokio's signal driver), they are harmless,
         // and a handled signal is reset to the default in CMD by `exec`. One inherited as
         // ignored (`nohup`) stays ignored, here and in CMD.
+        use tokio::signal::unix::SignalKind;
         let ignored = ignored_signals();
         let mut handlers = Vec::new();
         for (sig, kind) in [
-            (Signal::SIGINT, tokio::signal::unix::SignalKind::interrupt()),
+            (Signal::SIGINT, SignalKind::interrupt()),
+            (Signal::SIGTERM, SignalKind::terminate()),
+            (Signal::SIGHUP, SignalKind::hangup()),
+            (Signal::SIGQUIT, SignalKind::quit()),
+            // Ctrl-Z stops the job, never its guardian (it keeps the lease's time).
             (
-                Signal::SIGTERM,
-                tokio::signal::unix::SignalKind::terminate(),
+                Signal::SIGTSTP,
+                SignalKind::from_raw(Signal::SIGTSTP as i32),
             ),
-            (Signal::SIGHUP, tokio::signal::unix::SignalKind::hangup()),
-            (Signal::SIGQUIT, tokio::signal::unix::SignalKind::quit()),
+            (
+                Signal::SIGTTIN,
+                SignalKind::from_raw(Signal::SIGTTIN as i32),
+            ),
+            (
+                Signal::SIGTTOU,
+                SignalKind::from_raw(Signal::SIGTTOU as i32),
+            ),
         ] {
             if !ignored.contains(&sig) {
                 match tokio::signal::unix::signal(kind) {
@@ -470,6 +557,14 @@ impl Guardian {
             return exit::INTERNAL;
         };
         #[cfg(target_os = "linux")]
+        if !can_find_descendants() {
+            eprintln!(
+                "slate: /proc is not mounted: the guardian could not find the command's \
+                 processes to end them with the lease; mount /proc (or run slate where it is)"
+            );
+            return exit::INTERNAL;
+        }
+        #[cfg(target_os = "linux")]
         if nix::sys::prctl::set_child_subreaper(true).is_err() {
             eprintln!(
                 "slate guard: cannot become a child subreaper; orphans of the command may escape"
@@ -483,6 +578,7 @@ impl Guardian {
         let mut g = Guardian {
             out,
             cmd: None,
+            expired: false,
             kill_at: None,
             term_at: None,
             termed: false,
@@ -514,6 +610,7 @@ impl Guardian {
                 }
                 () = sleep_until(kill_at) => {
                     g.kill_at = None;
+                    g.expired = true;
                     kill_tree();
                     let _ = g.say("acted kill").await;
                     g.reap().await;
@@ -543,12 +640,36 @@ impl Guardian {
                         Some((unhex(k)?, unhex(v)?))
                     })
                     .collect();
-                let answer = self.spawn(&args.command, &env);
+                // A `run` that comes after the lease's end (slate stopped between the deadline
+                // and the run) starts nothing.
+                let expired = self.expired
+                    || self
+                        .kill_at
+                        .is_some_and(|t| t <= tokio::time::Instant::now());
+                let answer = if expired {
+                    self.expired = true;
+                    self.kill_at = None;
+                    format!(
+                        "failed {} the lease ran out before the command could start",
+                        exit::LEASE_LOST
+                    )
+                } else {
+                    self.spawn(&args.command, args.join_group, &env)
+                };
                 let _ = self.say(&answer).await;
             }
             Some("kill") => {
                 kill_tree();
                 self.reap().await;
+            }
+            Some("signal") => {
+                if let Some(sig) = words
+                    .next()
+                    .and_then(|w| w.parse::<i32>().ok())
+                    .and_then(|n| Signal::try_from(n).ok())
+                {
+                    signal_tree(sig);
+                }
             }
             Some("term") => {
                 let grace = words
@@ -571,13 +692,22 @@ impl Guardian {
     }
 
     /// Starts CMD (in the guardian's process group); the answer for `slate run`.
-    fn spawn(&mut self, command: &[OsString], env: &[(Vec<u8>, Vec<u8>)]) -> String {
+    fn spawn(
+        &mut self,
+        command: &[OsString],
+        group: Option<i32>,
+        env: &[(Vec<u8>, Vec<u8>)],
+    ) -> String {
         use std::os::unix::ffi::OsStringExt;
+        use std::os::unix::process::CommandExt;
         let Some((program, rest)) = command.split_first() else {
             return format!("failed {} no command given", exit::USAGE);
         };
         let mut cmd = std::process::Command::new(program);
         cmd.args(rest);
+        if let Some(group) = group {
+            cmd.process_group(group);
+        }
         for (k, v) in env {
             cmd.env(OsString::from_vec(k.clone()), OsString::from_vec(v.clone()));
         }
@@ -633,8 +763,10 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// Signals inherited as ignored, from `/proc/self/status` (`SigIgn`); none elsewhere.
-fn ignored_signals() -> Vec<Signal> {
+/// Signals inherited as ignored, from `/proc/self/status` (`SigIgn`); none elsewhere. `slate`
+/// installs no handler for them (so that the guardian and CMD inherit them ignored).
+#[must_use]
+pub fn ignored_signals() -> Vec<Signal> {
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
         return Vec::new();
     };
@@ -648,17 +780,26 @@ fn ignored_signals() -> Vec<Signal> {
         Signal::SIGTERM,
         Signal::SIGHUP,
         Signal::SIGQUIT,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
     ]
     .into_iter()
     .filter(|&s| mask & (1 << (s as i32 - 1)) != 0)
     .collect()
 }
 
-/// The live descendants of this process (zombies excepted), from `/proc`.
+/// The descendants of this process, from `/proc`, each with whether it shows as a zombie.
 #[cfg(target_os = "linux")]
-fn descendants() -> Vec<Pid> {
+fn descendants() -> Vec<(Pid, bool)> {
+    descendants_of(Pid::this())
+}
+
+/// The descendants of `root`, from `/proc`, each with whether it shows as a zombie.
+#[cfg(target_os = "linux")]
+fn descendants_of(root: Pid) -> Vec<(Pid, bool)> {
     use std::collections::HashMap;
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    let mut children: HashMap<i32, Vec<(i32, bool)>> = HashMap::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -682,20 +823,28 @@ fn descendants() -> Vec<Pid> {
         let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else {
             continue;
         };
-        if state == "Z" || state == "X" {
-            continue;
-        }
-        children.entry(ppid).or_default().push(pid);
+        // A zombie is walked through too: a process whose main thread exited shows `Z`
+        // while its other threads (and its children) run on.
+        children
+            .entry(ppid)
+            .or_default()
+            .push((pid, state == "Z" || state == "X"));
     }
     let mut found = Vec::new();
-    let mut next = vec![std::process::id().cast_signed()];
+    let mut next = vec![root.as_raw()];
     while let Some(p) = next.pop() {
-        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
-            found.push(Pid::from_raw(c));
+        for &(c, zombie) in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            found.push((Pid::from_raw(c), zombie));
             next.push(c);
         }
     }
     found
+}
+
+/// Whether this machine lets the guardian find its descendants (`/proc` mounted).
+#[cfg(target_os = "linux")]
+fn can_find_descendants() -> bool {
+    std::fs::metadata("/proc/self/stat").is_ok()
 }
 
 /// SIGKILL to every descendant until none is left (their zombies are reaped by the guardian,
@@ -703,17 +852,16 @@ fn descendants() -> Vec<Pid> {
 fn kill_tree() {
     #[cfg(target_os = "linux")]
     {
-        let _ = signal::killpg(nix::unistd::getpgrp(), None);
         for _ in 0..KILL_ROUNDS {
-            let alive = descendants();
-            if alive.is_empty() {
+            let found = descendants();
+            if found.iter().all(|&(_, zombie)| zombie) {
                 return;
             }
-            for p in alive {
+            for (p, _) in found {
                 let _ = signal::kill(p, Signal::SIGKILL);
             }
-            // Let the kills land (and zombies be reaped) before looking again.
-            let _ = nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+            // Let the kills land before looking again. Nothing is reaped here: CMD's status
+            // must reach `reap` (which the callers run next).
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -726,13 +874,19 @@ fn kill_tree() {
 
 /// SIGTERM to every descendant (`--on-lost term`).
 fn terminate_tree() {
+    signal_tree(Signal::SIGTERM);
+}
+
+/// `sig` to every descendant (elsewhere than Linux: to the group, the guardian included,
+/// which handles the forwarded signals).
+fn signal_tree(sig: Signal) {
     #[cfg(target_os = "linux")]
-    for p in descendants() {
-        let _ = signal::kill(p, Signal::SIGTERM);
+    for (p, _) in descendants() {
+        let _ = signal::kill(p, sig);
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = signal::killpg(nix::unistd::getpgrp(), Signal::SIGTERM);
+        let _ = signal::killpg(nix::unistd::getpgrp(), sig);
     }
 }
 

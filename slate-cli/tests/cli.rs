@@ -1185,23 +1185,33 @@ fn status_warns_about_a_server_that_can_evict_lock_keys() {
 }
 
 /// Issue 34: starts `slate run` on lock `name` (lease 2 s, `extra` flags) running `script`,
-/// which prints `tree PID` for each of its `n` processes; does `fault` to that `slate`; then
-/// starts a second `slate run` on the lock. When the second command runs, no process of the
-/// first tree may be alive. Returns the first run (for a fault that left it stopped).
+/// which prints `tree PID` for each of its `n` processes and has `{HB}` where a heartbeat
+/// process goes (one more `tree` line: it writes the time every 10 ms); does `fault` to that
+/// `slate`; then starts a second `slate run` on the lock, whose command prints the time it
+/// starts. The first tree's last heartbeat must come before that, and no process of it may be
+/// alive then. Returns the first run (for a fault that left it stopped).
 fn tree_gone_before_the_next_holder(
     name: &str,
     extra: &[&str],
     script: &str,
     n: usize,
-    fault: impl FnOnce(Pid),
+    fault: impl FnOnce(Pid, &str),
 ) -> Running {
     let server = LocalServer::start().expect("redis-server");
     let url = server.url();
+    let dir = std::env::temp_dir().join(format!("slate-hb-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("heartbeat dir");
+    let hb = dir.join("hb");
+    let beat = format!(
+        "(while :; do date +%s%N > {0}.tmp; mv -f {0}.tmp {0}; sleep 0.01; done) & echo tree $!;",
+        hb.display()
+    );
+    let script = script.replace("{HB}", &beat);
     let mut args = vec!["run", "--lock", name, "--lease", "2s", "--redis", &url];
     args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", "sh", "-c", script]);
+    args.extend_from_slice(&["--", "sh", "-c", &script]);
     let first = Running::start(&args);
-    let tree: Vec<i32> = (0..n)
+    let tree: Vec<i32> = (0..=n)
         .map(|_| {
             first
                 .line(|l| l.starts_with("tree "))
@@ -1211,18 +1221,49 @@ fn tree_gone_before_the_next_holder(
         })
         .collect();
     assert!(tree.iter().all(|&p| alive(p)), "the tree runs: {tree:?}");
-    fault(first.pid());
+    let read_beat = || -> u128 {
+        std::fs::read_to_string(&hb)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let started = Instant::now();
+    while read_beat() == 0 {
+        assert!(started.elapsed() < PATIENCE, "no heartbeat");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fault(first.pid(), &url);
     let second = Running::start(&[
-        "run", "--lock", name, "--wait", "30s", "--redis", &url, "--", "echo", "second",
+        "run",
+        "--lock",
+        name,
+        "--wait",
+        "30s",
+        "--redis",
+        &url,
+        "--",
+        "date",
+        "+second %s%N",
     ]);
-    second.line(|l| l == "second");
+    let second_started: u128 = second
+        .line(|l| l.starts_with("second "))
+        .trim_start_matches("second ")
+        .parse()
+        .expect("time");
     let survivors: Vec<i32> = tree.iter().copied().filter(|&p| alive(p)).collect();
     assert!(
         survivors.is_empty(),
         "processes of the first command still ran when the second started: {survivors:?}"
     );
+    let last_beat = read_beat();
+    assert!(
+        last_beat < second_started,
+        "the first tree beat {} ms after the second holder's command started",
+        (last_beat - second_started) / 1_000_000
+    );
     let (code, err) = second.finish();
     assert_eq!(code, Some(0), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
     first
 }
 
@@ -1235,9 +1276,9 @@ fn i34_a_job_under_timeout_dies_with_a_killed_slate() {
     tree_gone_before_the_next_holder(
         "under-timeout",
         &[],
-        "exec timeout 60 sh -c 'echo tree $$; sleep 60 & echo tree $!; wait'",
+        "exec timeout 60 sh -c '{HB} echo tree $$; sleep 60 & echo tree $!; wait'",
         2,
-        |slate| signal::kill(slate, Signal::SIGKILL).expect("SIGKILL slate"),
+        |slate, _| signal::kill(slate, Signal::SIGKILL).expect("SIGKILL slate"),
     );
 }
 
@@ -1247,9 +1288,9 @@ fn i34_background_jobs_of_a_job_control_shell_die_with_a_killed_slate() {
     tree_gone_before_the_next_holder(
         "set-m",
         &[],
-        "exec bash -c 'set -m; echo tree $$; sleep 60 & echo tree $!; sleep 60 & echo tree $!; wait'",
+        "exec bash -c 'set -m; {HB} echo tree $$; sleep 60 & echo tree $!; sleep 60 & echo tree $!; wait'",
         3,
-        |slate| signal::kill(slate, Signal::SIGKILL).expect("SIGKILL slate"),
+        |slate, _| signal::kill(slate, Signal::SIGKILL).expect("SIGKILL slate"),
     );
 }
 
@@ -1260,9 +1301,9 @@ fn i34_a_double_forked_orphan_dies_with_a_killed_slate() {
     tree_gone_before_the_next_holder(
         "double-fork",
         &[],
-        "echo tree $$; (setsid sleep 60 & echo tree $!); (sleep 60 & echo tree $!); sleep 60",
+        "echo tree $$; (setsid sh -c '{HB} wait' & echo tree $!); (sleep 60 & echo tree $!); sleep 60",
         3,
-        |slate| signal::kill(slate, Signal::SIGKILL).expect("SIGKILL slate"),
+        |slate, _| signal::kill(slate, Signal::SIGKILL).expect("SIGKILL slate"),
     );
 }
 
@@ -1274,9 +1315,9 @@ fn i34_a_stopped_slate_cannot_keep_its_job_running_past_the_lease() {
     let first = tree_gone_before_the_next_holder(
         "stopped",
         &[],
-        "echo tree $$; sleep 60 & echo tree $!; wait",
+        "{HB} echo tree $$; sleep 60 & echo tree $!; wait",
         2,
-        |slate| signal::kill(slate, Signal::SIGSTOP).expect("SIGSTOP slate"),
+        |slate, _| signal::kill(slate, Signal::SIGSTOP).expect("SIGSTOP slate"),
     );
     signal::kill(first.pid(), Signal::SIGCONT).expect("SIGCONT slate");
     let (code, err) = first.finish();
@@ -1293,9 +1334,9 @@ fn i34_on_lost_term_with_a_job_that_ignores_sigterm_ends_before_the_lease() {
     let first = tree_gone_before_the_next_holder(
         "ignores-term",
         &["--on-lost", "term"],
-        "trap '' TERM; echo tree $$; sleep 60 & echo tree $!; wait",
+        "trap '' TERM; {HB} echo tree $$; sleep 60 & echo tree $!; wait",
         2,
-        |slate| signal::kill(slate, Signal::SIGSTOP).expect("SIGSTOP slate"),
+        |slate, _| signal::kill(slate, Signal::SIGSTOP).expect("SIGSTOP slate"),
     );
     signal::kill(first.pid(), Signal::SIGCONT).expect("SIGCONT slate");
     let (code, err) = first.finish();
@@ -1303,9 +1344,9 @@ fn i34_on_lost_term_with_a_job_that_ignores_sigterm_ends_before_the_lease() {
 }
 
 /// Issue 34: on a lease loss the kill went to the guardian's process group only, so a job
-/// under `timeout` (a group of its own) ran on without the lock, and `slate` waited for it.
-/// Here the server hangs (no renewal can succeed): the whole tree is gone when `slate` exits
-/// with 76.
+/// under `timeout` (a group of its own) ran on without the lock, and `slate` waited for it
+/// (60 s here). The server hangs (no renewal can succeed): the whole tree is killed by the
+/// lease's end, `slate` exits 76, and nothing of the tree is left.
 #[test]
 fn i34_a_job_under_timeout_dies_when_the_lease_is_lost() {
     let mut server = LocalServer::start().expect("redis-server");
@@ -1342,4 +1383,61 @@ fn i34_a_job_under_timeout_dies_when_the_lease_is_lost() {
         survivors.is_empty(),
         "ran on after the loss: {survivors:?}\n{err}"
     );
+}
+
+/// Issue 34: `slate` replaced the dispositions it inherited: under `nohup` (SIGHUP ignored)
+/// it installed a handler, so the guardian and the command got the default back, and a
+/// SIGHUP sent to `slate` was forwarded to the command. An inherited ignored signal now stays
+/// ignored in `slate`, the guardian and the command.
+#[test]
+fn i34_a_signal_ignored_by_nohup_stays_ignored_in_the_command() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let exe = env!("CARGO_BIN_EXE_slate");
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "trap '' HUP; exec {exe} run --lock nohup --redis {url} -- sh -c 'echo tree $$; sleep 60'"
+            ),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let lines = lines_of(child.stdout.take().expect("stdout"));
+    let cmd: i32 = wait_line(&lines, |l| l.starts_with("tree "))
+        .trim_start_matches("tree ")
+        .parse()
+        .expect("pid");
+    let ignored = |pid: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("SigIgn:"))
+                    .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            })
+            .unwrap_or(0)
+    };
+    let hup = 1 << (Signal::SIGHUP as i32 - 1);
+    assert_ne!(
+        ignored(cmd.cast_unsigned()) & hup,
+        0,
+        "SIGHUP is not ignored in the command"
+    );
+    let slate_pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    signal::kill(slate_pid, Signal::SIGHUP).expect("SIGHUP");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        alive(cmd),
+        "the command died of a SIGHUP that nohup ignores"
+    );
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "slate died of SIGHUP"
+    );
+    signal::kill(slate_pid, Signal::SIGTERM).expect("SIGTERM");
+    let status = child.wait().expect("wait");
+    assert!(!status.success());
 }
