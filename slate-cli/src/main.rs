@@ -468,6 +468,11 @@ fn parse_cli() -> Result<Cli, u8> {
 
 fn main() -> ExitCode {
     let code = parse_cli().and_then(dispatch).unwrap_or_else(|code| code);
+    if let Some(sig) = run::die_of() {
+        // Everything is released: end the way the signal would have ended us (the exit code
+        // below only if the re-raise fails).
+        let _ = signal_hook::low_level::emulate_default_handler(sig as i32);
+    }
     ExitCode::from(code)
 }
 

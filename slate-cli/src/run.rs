@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
@@ -17,7 +18,7 @@ use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use crate::duration::{WaitFor, human};
 use crate::exit;
 use crate::target::Target;
-use crate::tree::{Deadlines, Event, Tree, from_terminal, kill_margin, term_grace};
+use crate::tree::{Deadlines, Event, Tree, TtyModes, from_terminal, kill_margin, term_grace};
 
 /// How long CMD has between SIGTERM and SIGKILL under `--on-lost term` (at most a quarter of
 /// the lease: the SIGKILL lands before the lease ends).
@@ -298,6 +299,23 @@ fn signal_exit(sig: Signal) -> u8 {
     exit::SIGNAL_BASE + u8::try_from(sig as i32).unwrap_or(0)
 }
 
+/// The signal `slate run` should die of once it has cleaned up (0: none).
+static DIE_OF: AtomicI32 = AtomicI32::new(0);
+
+/// The signal `slate run` ended because of, if any: it received it (while waiting, or while
+/// CMD ran and CMD died of it too). Shells tell a job interrupted by Ctrl-C from one that
+/// merely exited 130 by how it ended (a loop in a script stops only for the former), so
+/// `main` re-raises it after everything is released.
+#[must_use]
+pub fn die_of() -> Option<Signal> {
+    Signal::try_from(DIE_OF.load(Ordering::Relaxed)).ok()
+}
+
+fn ended_by(sig: Signal) -> u8 {
+    DIE_OF.store(sig as i32, Ordering::Relaxed);
+    signal_exit(sig)
+}
+
 /// Pause between attempts after a transient failure (Redis unreachable, too few nodes).
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
@@ -390,7 +408,7 @@ where
             sig = signals.next() => {
                 eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
                 tree.end().await;
-                return signal_exit(sig);
+                return ended_by(sig);
             }
         };
         let e = match acquired {
@@ -413,7 +431,7 @@ where
                 sig = signals.next() => {
                     eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
                     tree.end().await;
-                    return signal_exit(sig);
+                    return ended_by(sig);
                 }
             }
         }
@@ -448,6 +466,7 @@ where
         ("SLATE_FENCING_TOKEN", token.to_string()),
         ("SLATE_HOLDER", holder.to_string()),
     ];
+    let modes = TtyModes::save();
     if let Err((code, msg)) = tree.run(&env).await {
         eprintln!("slate: {msg}");
         tree.end().await;
@@ -457,6 +476,7 @@ where
     let outcome = supervise(&mut tree, &guard, &mut signals, spec).await;
     // Nothing of CMD's tree runs on once the lock is released.
     tree.end().await;
+    modes.restore();
     // A lease that ended as the command exited is a loss too (the command may have run its
     // last moments without the lock).
     let lost = outcome.lost.or_else(|| guard.lease().loss_reason());
@@ -465,6 +485,12 @@ where
         Some(status) => {
             if lost.is_some() && spec.on_lost != OnLost::Ignore {
                 exit::LEASE_LOST
+            } else if let Some(sig) = outcome
+                .received
+                .filter(|s| status.signal() == Some(*s as i32))
+            {
+                // CMD died of the signal `slate` got (Ctrl-C): so does `slate`.
+                ended_by(sig)
             } else {
                 status_code(status)
             }
@@ -522,6 +548,8 @@ struct Outcome {
     /// CMD's status; `None` when the guardian died first.
     status: Option<ExitStatus>,
     lost: Option<LossReason>,
+    /// The last of SIGINT/SIGTERM/SIGHUP `slate` received while CMD ran.
+    received: Option<Signal>,
 }
 
 /// Waits for CMD (through its guardian), forwarding SIGINT/SIGTERM/SIGHUP to it, sending
@@ -535,6 +563,7 @@ async fn supervise<G: LockGuard>(
 ) -> Outcome {
     let name = &spec.name;
     let mut lost: Option<LossReason> = None;
+    let mut received = None;
     let mut lease = guard.lease().clone();
     loop {
         tokio::select! {
@@ -559,9 +588,14 @@ async fn supervise<G: LockGuard>(
                         None
                     }
                 };
-                return Outcome { status, lost };
+                return Outcome {
+                    status,
+                    lost,
+                    received,
+                };
             }
             sig = signals.next() => {
+                received = Some(sig);
                 if !from_terminal(sig) {
                     tree.signal(sig).await;
                 }

@@ -418,6 +418,32 @@ pub fn from_terminal(sig: Signal) -> bool {
     )
 }
 
+/// The terminal's modes when CMD started, put back after it: a command killed in raw or
+/// no-echo mode (by the lease, or by its own crash) would otherwise leave the terminal so,
+/// and the shell, seeing `slate` exit normally, would keep them.
+pub struct TtyModes(Option<nix::sys::termios::Termios>);
+
+impl TtyModes {
+    /// The modes of `slate`'s standard input, if it is a terminal.
+    #[must_use]
+    pub fn save() -> Self {
+        Self(nix::sys::termios::tcgetattr(std::io::stdin()).ok())
+    }
+
+    /// Puts the saved modes back (after the output still queued is written).
+    pub fn restore(&self) {
+        if let Some(modes) = &self.0 {
+            without_sigttou(|| {
+                let _ = nix::sys::termios::tcsetattr(
+                    std::io::stdin(),
+                    nix::sys::termios::SetArg::TCSADRAIN,
+                    modes,
+                );
+            });
+        }
+    }
+}
+
 /// Runs `f` with SIGTTOU blocked on this thread: a process outside the terminal's foreground
 /// group may then take the terminal back (otherwise the kernel stops it with SIGTTOU).
 fn without_sigttou<T>(f: impl FnOnce() -> T) -> T {

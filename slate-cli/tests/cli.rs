@@ -1441,3 +1441,98 @@ fn i34_a_signal_ignored_by_nohup_stays_ignored_in_the_command() {
     let status = child.wait().expect("wait");
     assert!(!status.success());
 }
+
+/// Issue 34: `slate` exited 130 on SIGINT instead of dying of it, so a shell loop around it
+/// went on after a Ctrl-C. It now re-raises the signal once everything is released: while
+/// waiting for the lock, and when its command died of the SIGINT it forwarded.
+#[test]
+fn i34_slate_dies_of_the_sigint_that_ended_it() {
+    use std::os::unix::process::ExitStatusExt;
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let died_of_sigint = |args: &[&str]| {
+        let mut child = slate(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn slate");
+        let out = lines_of(child.stdout.take().expect("stdout"));
+        wait_line(&out, |l| l == "ready");
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        signal::kill(pid, Signal::SIGINT).expect("SIGINT");
+        let status = child.wait().expect("wait");
+        assert_eq!(status.signal(), Some(Signal::SIGINT as i32), "{status:?}");
+    };
+    // The command dies of the forwarded SIGINT.
+    let holder = Running::start(&[
+        "run",
+        "--lock",
+        "reraise",
+        "--redis",
+        &url,
+        "--",
+        "sh",
+        "-c",
+        "echo ready; sleep 60",
+    ]);
+    holder.line(|l| l == "ready");
+    // A second run waits for the lock: SIGINT while waiting.
+    let mut waiting = slate(&[
+        "run",
+        "--lock",
+        "reraise",
+        "--wait",
+        "30s",
+        "--verbose",
+        "--redis",
+        &url,
+        "--",
+        "true",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn slate");
+    // Its handlers are in place once its guardian (started before the wait) runs.
+    let deadline = Instant::now() + PATIENCE;
+    while !has_child(waiting.id()) {
+        assert!(
+            Instant::now() < deadline,
+            "the waiting slate started no guardian"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = Pid::from_raw(i32::try_from(waiting.id()).expect("pid"));
+    signal::kill(pid, Signal::SIGINT).expect("SIGINT");
+    let status = waiting.wait().expect("wait");
+    assert_eq!(
+        status.signal(),
+        Some(Signal::SIGINT as i32),
+        "waiting: {status:?}"
+    );
+    drop(holder);
+    died_of_sigint(&[
+        "run",
+        "--lock",
+        "reraise2",
+        "--redis",
+        &url,
+        "--",
+        "sh",
+        "-c",
+        "echo ready; sleep 60",
+    ]);
+}
+
+/// Whether process `pid` has a child (from `/proc`).
+fn has_child(pid: u32) -> bool {
+    std::fs::read_dir("/proc").is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split(' ').nth(1))
+                    .is_some_and(|ppid| ppid == pid.to_string())
+            })
+        })
+    })
+}

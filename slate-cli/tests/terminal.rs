@@ -215,3 +215,27 @@ fn a_pager_after_a_pipe_keeps_the_terminal() {
     assert_eq!(number_after(&screen, "exit="), Some(0), "{screen}");
     assert!(!screen.contains("Stopped"), "{screen}");
 }
+
+/// The terminal's modes are put back after the command: one killed in no-echo mode (here by
+/// the lease's end, the server hung) left the terminal so, and the shell, seeing `slate` exit
+/// normally, kept them.
+#[test]
+fn the_terminal_modes_come_back_after_a_killed_command() {
+    let mut server = LocalServer::start().expect("redis-server");
+    let tmux = Tmux::start();
+    tmux.type_line(&format!(
+        "{} run --lock tty-modes --lease 1s --redis {} -- sh -c 'stty -echo; echo ready; sleep 60'; echo \"exit=$?\"",
+        slate(),
+        server.url()
+    ));
+    tmux.wait_for("the command running", |s| s.lines().any(|l| l == "ready"));
+    server.pause().expect("pause");
+    let screen = tmux.wait_for("slate's exit", |s| number_after(s, "exit=").is_some());
+    server.resume().expect("resume");
+    assert_eq!(number_after(&screen, "exit="), Some(76), "{screen}");
+    tmux.type_line("stty -a | tr ' ' '\\n' | grep -x -e echo -e -echo | sed 's/^/mode=/'");
+    let screen = tmux.wait_for("stty's answer", |s| {
+        s.lines().any(|l| l.starts_with("mode="))
+    });
+    assert!(screen.lines().any(|l| l == "mode=echo"), "{screen}");
+}
