@@ -13,12 +13,11 @@ use slate_core::{
     Wait,
 };
 use slate_redis::{RwLock, Semaphore};
-use tokio::signal::unix::{SignalKind, signal as unix_signal};
 
 use crate::duration::{WaitFor, human};
 use crate::exit;
 use crate::target::Target;
-use crate::tree::{Deadlines, Event, Tree, TtyModes, from_terminal, kill_margin, term_grace};
+use crate::tree::{Deadlines, Event, Tree, TtyModes, kill_margin, term_grace};
 
 /// How long CMD has between SIGTERM and SIGKILL under `--on-lost term` (at most a quarter of
 /// the lease: the SIGKILL lands before the lease ends).
@@ -250,48 +249,60 @@ async fn drain(readers: &RwLock, wait: Wait, name: &str) -> Result<(), Error> {
     }
 }
 
-/// SIGINT, SIGTERM and SIGHUP streams (none for a signal `slate` inherited as ignored, e.g.
-/// SIGHUP under `nohup`: it stays ignored, here and in CMD).
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT, each with whether the kernel sent it (the terminal,
+/// to the whole job) or a process did (`kill`); none for a signal `slate` inherited as
+/// ignored, e.g. SIGHUP under `nohup`: it stays ignored, here and in CMD.
 struct Signals {
-    int: Option<tokio::signal::unix::Signal>,
-    term: Option<tokio::signal::unix::Signal>,
-    hup: Option<tokio::signal::unix::Signal>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<(Signal, bool)>,
+    handle: signal_hook::iterator::Handle,
 }
 
 impl Signals {
     fn install() -> std::io::Result<Self> {
+        use signal_hook::iterator::SignalsInfo;
+        use signal_hook::iterator::exfiltrator::WithOrigin;
+        use signal_hook::low_level::siginfo::Cause;
         let ignored = crate::tree::ignored_signals();
-        let handle = |sig: Signal, kind: SignalKind| -> std::io::Result<_> {
-            if ignored.contains(&sig) {
-                Ok(None)
-            } else {
-                unix_signal(kind).map(Some)
-            }
-        };
-        Ok(Signals {
-            int: handle(Signal::SIGINT, SignalKind::interrupt())?,
-            term: handle(Signal::SIGTERM, SignalKind::terminate())?,
-            hup: handle(Signal::SIGHUP, SignalKind::hangup())?,
-        })
-    }
-
-    /// The next SIGINT, SIGTERM or SIGHUP.
-    async fn next(&mut self) -> Signal {
-        async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
-            match s {
-                Some(s) => {
-                    if s.recv().await.is_none() {
-                        std::future::pending::<()>().await;
+        let wanted: Vec<i32> = [
+            Signal::SIGINT,
+            Signal::SIGTERM,
+            Signal::SIGHUP,
+            Signal::SIGQUIT,
+        ]
+        .into_iter()
+        .filter(|s| !ignored.contains(s))
+        .map(|s| s as i32)
+        .collect();
+        let mut signals = SignalsInfo::<WithOrigin>::new(&wanted)?;
+        let handle = signals.handle();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("slate-signals".into())
+            .spawn(move || {
+                for origin in signals.forever() {
+                    let Ok(sig) = Signal::try_from(origin.signal) else {
+                        continue;
+                    };
+                    if tx.send((sig, origin.cause == Cause::Kernel)).is_err() {
+                        return;
                     }
                 }
-                None => std::future::pending().await,
-            }
+            })?;
+        Ok(Signals { rx, handle })
+    }
+
+    /// The next signal, and whether the kernel sent it (the terminal, to the whole job).
+    async fn next(&mut self) -> (Signal, bool) {
+        match self.rx.recv().await {
+            Some(received) => received,
+            None => std::future::pending().await,
         }
-        tokio::select! {
-            () = recv(&mut self.int) => Signal::SIGINT,
-            () = recv(&mut self.term) => Signal::SIGTERM,
-            () = recv(&mut self.hup) => Signal::SIGHUP,
-        }
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        self.handle.close();
     }
 }
 
@@ -405,7 +416,7 @@ where
         };
         let acquired = tokio::select! {
             r = take(holder, wait) => r,
-            sig = signals.next() => {
+            (sig, _) = signals.next() => {
                 eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
                 tree.end().await;
                 return ended_by(sig);
@@ -428,7 +439,7 @@ where
             }
             tokio::select! {
                 () = tokio::time::sleep(RETRY_PAUSE) => continue,
-                sig = signals.next() => {
+                (sig, _) = signals.next() => {
                     eprintln!("slate: {sig} while waiting for lock {name:?}; not running the command");
                     tree.end().await;
                     return ended_by(sig);
@@ -476,7 +487,10 @@ where
     let outcome = supervise(&mut tree, &guard, &mut signals, spec).await;
     // Nothing of CMD's tree runs on once the lock is released.
     tree.end().await;
-    modes.restore();
+    // A command that ended normally put its modes back itself.
+    if outcome.status.is_none_or(|s| s.signal().is_some()) {
+        modes.restore();
+    }
     // A lease that ended as the command exited is a loss too (the command may have run its
     // last moments without the lock).
     let lost = outcome.lost.or_else(|| guard.lease().loss_reason());
@@ -497,8 +511,8 @@ where
         }
         None => {
             eprintln!(
-                "slate: the guardian of the command died; the command and its process group \
-                 were killed, processes of it that left the group may still run"
+                "slate: the guardian of the command died; the command was killed, processes it \
+                 started may still run"
             );
             exit::INTERNAL
         }
@@ -594,11 +608,9 @@ async fn supervise<G: LockGuard>(
                     received,
                 };
             }
-            sig = signals.next() => {
+            (sig, from_terminal) = signals.next() => {
                 received = Some(sig);
-                if !from_terminal(sig) {
-                    tree.signal(sig).await;
-                }
+                tree.signal(sig, from_terminal).await;
             }
             () = lease.changed(), if lost.is_none() && !lease.is_closed() => {
                 let _ = tree.deadlines(deadlines(guard, spec)).await;

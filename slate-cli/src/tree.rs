@@ -12,8 +12,9 @@
 //!   (`PR_SET_CHILD_SUBREAPER`): a process of CMD's tree whose parent exits (a daemon's double
 //!   fork, `setsid`, `timeout`'s own process group) is re-parented to the guardian, never to
 //!   init. Every process of the tree stays a descendant of the guardian, whatever group or
-//!   session it moved to. The guardian and CMD stay in `slate`'s process group (the shell's
-//!   job; see [`OWN_GROUP`] for elsewhere).
+//!   session it moved to. CMD joins `slate`'s process group (the shell's job); the guardian
+//!   keeps a group of its own, out of reach of the terminal's signals and of a `kill 0` by
+//!   CMD (see [`OWN_GROUP`] for elsewhere).
 //! - The guardian **holds the lease deadline itself**: `slate run` sends each new deadline
 //!   (on the system-wide monotonic clock) as the lease is renewed. When the last deadline it
 //!   was given, minus a margin, passes, the guardian kills the tree, whether `slate` died,
@@ -26,8 +27,9 @@
 //! - The socket closing (`slate run` exited or was killed: the kernel closes its end) kills
 //!   the tree at once. So does the end of CMD (`slate run` asks for it before it releases the
 //!   lock: nothing CMD left behind runs on without the lock).
-//! - Signals `slate` receives (INT, TERM, HUP) go to every process of the tree, except those
-//!   the terminal sent to the whole job (Ctrl-C, a hangup: CMD got them too). A signal `slate`
+//! - Signals `slate` receives (INT, TERM, HUP, QUIT) go to every process of the tree; one the
+//!   kernel sent to the whole job (Ctrl-C, Ctrl-\\, a hangup), only to those that left the
+//!   job's group (the others got it already). A signal `slate`
 //!   inherited as ignored (`nohup`) stays ignored in the guardian and in CMD.
 //! - **Job control** (Linux): Ctrl-Z stops the job (`slate` and CMD) like any other, but not
 //!   the guardian: a job stopped longer than its lease is killed at the lease's end (after
@@ -71,10 +73,10 @@ const KILL_ROUNDS: u32 = 200;
 
 /// Whether the tree gets a process group of its own (and the terminal while it runs). Only
 /// where the guardian cannot find its descendants (no `/proc`, no subreaper): there the group
-/// is how it reaches them. On Linux the guardian and CMD stay in `slate`'s process group, the
-/// shell's job: Ctrl-C, Ctrl-Z and `fg` act on the job as on any other (a pager after a pipe
-/// stays in the foreground with it), and the guardian, which ignores the terminal's signals,
-/// keeps the lease's time while the job is stopped.
+/// is how it reaches them. On Linux CMD joins `slate`'s process group, the shell's job:
+/// Ctrl-C, Ctrl-Z and `fg` act on the job as on any other (a pager after a pipe stays in the
+/// foreground with it), and the guardian, in a group of its own, keeps the lease's time
+/// while the job is stopped.
 const OWN_GROUP: bool = !cfg!(target_os = "linux");
 
 /// Where the guardian's socket lives while it connects: a directory only this user can enter.
@@ -331,8 +333,16 @@ impl Tree {
 
     /// Sends `sig` to every process of CMD's tree (the guardian signals its descendants,
     /// whatever their group); to CMD (and its group) from here if the guardian is gone.
-    pub async fn signal(&mut self, sig: Signal) {
-        if self.send(&format!("signal {}", sig as i32)).await.is_err() {
+    /// `from_terminal`: the kernel sent it to `slate`'s whole group (Ctrl-C, Ctrl-\\, a
+    /// hangup), which CMD is in (without [`OWN_GROUP`]): only the processes that left the
+    /// group get it, so that CMD sees one SIGINT per Ctrl-C.
+    pub async fn signal(&mut self, sig: Signal, from_terminal: bool) {
+        let line = if from_terminal && !OWN_GROUP {
+            format!("signal {} outside", sig as i32)
+        } else {
+            format!("signal {}", sig as i32)
+        };
+        if self.send(&line).await.is_err() && !from_terminal {
             self.signal_here(sig);
         }
     }
@@ -347,9 +357,8 @@ impl Tree {
         }
     }
 
-    /// The guardian is gone: CMD and its group are killed from here. What left the group
-    /// was re-parented past the dead guardian and is out of reach; the caller keeps the lock
-    /// until its lease ends rather than release it.
+    /// The guardian is gone: CMD (and, with [`OWN_GROUP`], its group) is killed from here.
+    /// Its children were re-parented past the dead guardian and are out of reach.
     pub fn kill_orphaned(&self) {
         self.signal_here(Signal::SIGKILL);
     }
@@ -381,8 +390,8 @@ impl Tree {
             .is_err()
         {
             #[cfg(target_os = "linux")]
-            for (p, _) in descendants_of(self.pid) {
-                let _ = signal::kill(p, Signal::SIGKILL);
+            for f in descendants_of(self.pid) {
+                let _ = signal::kill(f.pid, Signal::SIGKILL);
             }
             self.signal_here(Signal::SIGKILL);
             let _ = signal::kill(self.pid, Signal::SIGKILL);
@@ -405,19 +414,6 @@ impl Tree {
     }
 }
 
-/// Whether `sig` most likely came from the terminal to `slate`'s whole process group (Ctrl-C,
-/// a hangup), which CMD is in too (without [`OWN_GROUP`]): then it is not sent again, so that
-/// CMD sees one SIGINT per Ctrl-C.
-#[must_use]
-pub fn from_terminal(sig: Signal) -> bool {
-    if OWN_GROUP || !matches!(sig, Signal::SIGINT | Signal::SIGHUP | Signal::SIGQUIT) {
-        return false;
-    }
-    std::fs::File::open("/dev/tty").is_ok_and(
-        |tty| matches!(nix::unistd::tcgetpgrp(&tty), Ok(fg) if fg == nix::unistd::getpgrp()),
-    )
-}
-
 /// The terminal's modes when CMD started, put back after it: a command killed in raw or
 /// no-echo mode (by the lease, or by its own crash) would otherwise leave the terminal so,
 /// and the shell, seeing `slate` exit normally, would keep them.
@@ -430,16 +426,14 @@ impl TtyModes {
         Self(nix::sys::termios::tcgetattr(std::io::stdin()).ok())
     }
 
-    /// Puts the saved modes back (after the output still queued is written).
+    /// Puts the saved modes back, only while `slate`'s job owns the terminal (a background
+    /// job must not change the modes of whatever runs in the foreground), and at once
+    /// (draining the output first could block on a stopped terminal, with the lock held).
     pub fn restore(&self) {
-        if let Some(modes) = &self.0 {
-            without_sigttou(|| {
-                let _ = nix::sys::termios::tcsetattr(
-                    std::io::stdin(),
-                    nix::sys::termios::SetArg::TCSADRAIN,
-                    modes,
-                );
-            });
+        let Some(modes) = &self.0 else { return };
+        let stdin = std::io::stdin();
+        if matches!(nix::unistd::tcgetpgrp(&stdin), Ok(fg) if fg == nix::unistd::getpgrp()) {
+            let _ = nix::sys::termios::tcsetattr(&stdin, nix::sys::termios::SetArg::TCSANOW, modes);
         }
     }
 }
@@ -689,12 +683,17 @@ impl Guardian {
                 self.reap().await;
             }
             Some("signal") => {
+                // `signal N outside`: the terminal sent it to the job (`slate`'s group), so
+                // only the processes that left the group still need it.
                 if let Some(sig) = words
                     .next()
                     .and_then(|w| w.parse::<i32>().ok())
                     .and_then(|n| Signal::try_from(n).ok())
                 {
-                    signal_tree(sig);
+                    let skip = (words.next() == Some("outside"))
+                        .then_some(args.join_group)
+                        .flatten();
+                    signal_tree(sig, skip);
                 }
             }
             Some("term") => {
@@ -815,17 +814,28 @@ pub fn ignored_signals() -> Vec<Signal> {
     .collect()
 }
 
-/// The descendants of this process, from `/proc`, each with whether it shows as a zombie.
+/// A descendant found in `/proc`.
 #[cfg(target_os = "linux")]
-fn descendants() -> Vec<(Pid, bool)> {
+#[derive(Clone, Copy, Debug)]
+struct Found {
+    pid: Pid,
+    /// It shows as a zombie (dead, or its main thread exited while others run).
+    zombie: bool,
+    /// Its process group.
+    pgrp: i32,
+}
+
+/// The descendants of this process, from `/proc`.
+#[cfg(target_os = "linux")]
+fn descendants() -> Vec<Found> {
     descendants_of(Pid::this())
 }
 
-/// The descendants of `root`, from `/proc`, each with whether it shows as a zombie.
+/// The descendants of `root`, from `/proc`.
 #[cfg(target_os = "linux")]
-fn descendants_of(root: Pid) -> Vec<(Pid, bool)> {
+fn descendants_of(root: Pid) -> Vec<Found> {
     use std::collections::HashMap;
-    let mut children: HashMap<i32, Vec<(i32, bool)>> = HashMap::new();
+    let mut children: HashMap<i32, Vec<Found>> = HashMap::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -849,19 +859,24 @@ fn descendants_of(root: Pid) -> Vec<(Pid, bool)> {
         let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else {
             continue;
         };
+        let pgrp = fields
+            .next()
+            .and_then(|p| p.parse::<i32>().ok())
+            .unwrap_or(0);
         // A zombie is walked through too: a process whose main thread exited shows `Z`
         // while its other threads (and its children) run on.
-        children
-            .entry(ppid)
-            .or_default()
-            .push((pid, state == "Z" || state == "X"));
+        children.entry(ppid).or_default().push(Found {
+            pid: Pid::from_raw(pid),
+            zombie: state == "Z" || state == "X",
+            pgrp,
+        });
     }
     let mut found = Vec::new();
     let mut next = vec![root.as_raw()];
     while let Some(p) = next.pop() {
-        for &(c, zombie) in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
-            found.push((Pid::from_raw(c), zombie));
-            next.push(c);
+        for &f in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            found.push(f);
+            next.push(f.pid.as_raw());
         }
     }
     found
@@ -880,11 +895,11 @@ fn kill_tree() {
     {
         for _ in 0..KILL_ROUNDS {
             let found = descendants();
-            if found.iter().all(|&(_, zombie)| zombie) {
+            if found.iter().all(|f| f.zombie) {
                 return;
             }
-            for (p, _) in found {
-                let _ = signal::kill(p, Signal::SIGKILL);
+            for f in found {
+                let _ = signal::kill(f.pid, Signal::SIGKILL);
             }
             // Let the kills land before looking again. Nothing is reaped here: CMD's status
             // must reach `reap` (which the callers run next).
@@ -900,18 +915,21 @@ fn kill_tree() {
 
 /// SIGTERM to every descendant (`--on-lost term`).
 fn terminate_tree() {
-    signal_tree(Signal::SIGTERM);
+    signal_tree(Signal::SIGTERM, None);
 }
 
-/// `sig` to every descendant (elsewhere than Linux: to the group, the guardian included,
-/// which handles the forwarded signals).
-fn signal_tree(sig: Signal) {
+/// `sig` to every descendant, except those in process group `skip` (elsewhere than Linux: to
+/// the group, the guardian included, which handles the forwarded signals).
+fn signal_tree(sig: Signal, skip: Option<i32>) {
     #[cfg(target_os = "linux")]
-    for (p, _) in descendants() {
-        let _ = signal::kill(p, sig);
+    for f in descendants() {
+        if Some(f.pgrp) != skip {
+            let _ = signal::kill(f.pid, sig);
+        }
     }
     #[cfg(not(target_os = "linux"))]
     {
+        let _ = skip;
         let _ = signal::killpg(nix::unistd::getpgrp(), sig);
     }
 }

@@ -1451,16 +1451,18 @@ fn i34_slate_dies_of_the_sigint_that_ended_it() {
     let server = LocalServer::start().expect("redis-server");
     let url = server.url();
     let died_of_sigint = |args: &[&str]| {
-        let mut child = slate(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn slate");
-        let out = lines_of(child.stdout.take().expect("stdout"));
+        let mut child = KillOnDrop(
+            slate(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn slate"),
+        );
+        let out = lines_of(child.0.stdout.take().expect("stdout"));
         wait_line(&out, |l| l == "ready");
-        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        let pid = Pid::from_raw(i32::try_from(child.0.id()).expect("pid"));
         signal::kill(pid, Signal::SIGINT).expect("SIGINT");
-        let status = child.wait().expect("wait");
+        let status = child.0.wait().expect("wait");
         assert_eq!(status.signal(), Some(Signal::SIGINT as i32), "{status:?}");
     };
     // The command dies of the forwarded SIGINT.
@@ -1477,34 +1479,27 @@ fn i34_slate_dies_of_the_sigint_that_ended_it() {
     ]);
     holder.line(|l| l == "ready");
     // A second run waits for the lock: SIGINT while waiting.
-    let mut waiting = slate(&[
-        "run",
-        "--lock",
-        "reraise",
-        "--wait",
-        "30s",
-        "--verbose",
-        "--redis",
-        &url,
-        "--",
-        "true",
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("spawn slate");
+    let mut waiting = KillOnDrop(
+        slate(&[
+            "run", "--lock", "reraise", "--wait", "30s", "--redis", &url, "--", "true",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn slate"),
+    );
     // Its handlers are in place once its guardian (started before the wait) runs.
     let deadline = Instant::now() + PATIENCE;
-    while !has_child(waiting.id()) {
+    while !has_child(waiting.0.id()) {
         assert!(
             Instant::now() < deadline,
             "the waiting slate started no guardian"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let pid = Pid::from_raw(i32::try_from(waiting.id()).expect("pid"));
+    let pid = Pid::from_raw(i32::try_from(waiting.0.id()).expect("pid"));
     signal::kill(pid, Signal::SIGINT).expect("SIGINT");
-    let status = waiting.wait().expect("wait");
+    let status = waiting.0.wait().expect("wait");
     assert_eq!(
         status.signal(),
         Some(Signal::SIGINT as i32),
@@ -1522,6 +1517,16 @@ fn i34_slate_dies_of_the_sigint_that_ended_it() {
         "-c",
         "echo ready; sleep 60",
     ]);
+}
+
+/// A child process killed (and reaped) when a failing test unwinds.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Whether process `pid` has a child (from `/proc`).

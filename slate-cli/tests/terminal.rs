@@ -124,26 +124,26 @@ fn number_after(screen: &str, prefix: &str) -> Option<i32> {
         .and_then(|n| n.trim().parse().ok())
 }
 
-/// Ctrl-C reaches the command once (the terminal signals the whole job; `slate` does not send
-/// it again), and `slate` ends with the command.
+/// Ctrl-C reaches the command once (the terminal signals the whole job; `slate` sends it only
+/// to what left the job's group), and `slate` ends with the command. The command counts the
+/// SIGINTs it gets, and waits half a second after the first for a second one.
 #[test]
 fn ctrl_c_reaches_the_command_once() {
     let server = LocalServer::start().expect("redis-server");
     let tmux = Tmux::start();
     tmux.type_line(&format!(
-        "{} run --lock tty-int --redis {} -- sh -c 'trap \"echo got-int; sleep 0.5; exit 3\" INT; echo ready; while :; do sleep 0.1; done'; echo \"exit=$?\"",
+        "{} run --lock tty-int --redis {} -- sh -c 'n=0; trap \"n=\\$((n+1)); echo caught-\\$n\" INT; echo ready; while [ $n -lt 1 ]; do sleep 0.1; done; sleep 0.5; sleep 0.5; exit 3'; echo \"exit=$?\"",
         slate(),
         server.url()
     ));
-    tmux.wait_for("the command running", |s| s.contains("\nready"));
+    tmux.wait_for("the command running", |s| s.lines().any(|l| l == "ready"));
     tmux.key("C-c");
     let screen = tmux.wait_for("slate's exit", |s| number_after(s, "exit=").is_some());
-    // (The typed command line shows the trap's text too.)
-    let caught = screen
-        .lines()
-        .filter(|l| l.ends_with("got-int") && !l.contains("trap"))
-        .count();
-    assert_eq!(caught, 1, "{screen}");
+    assert!(screen.lines().any(|l| l.ends_with("caught-1")), "{screen}");
+    assert!(
+        !screen.lines().any(|l| l.ends_with("caught-2")),
+        "the command got the SIGINT twice:\n{screen}"
+    );
     assert_eq!(number_after(&screen, "exit="), Some(3), "{screen}");
 }
 
@@ -238,4 +238,24 @@ fn the_terminal_modes_come_back_after_a_killed_command() {
         s.lines().any(|l| l.starts_with("mode="))
     });
     assert!(screen.lines().any(|l| l == "mode=echo"), "{screen}");
+}
+
+/// Ctrl-C also reaches the parts of the command that left the job's process group (here GNU
+/// `timeout`, which moves into a group of its own): `slate` passes the terminal's SIGINT on
+/// to them. The second slice did not (it took every SIGINT at a terminal for one the whole
+/// group had already received), and the job ignored Ctrl-C.
+#[test]
+fn ctrl_c_reaches_a_command_that_left_the_jobs_group() {
+    let server = LocalServer::start().expect("redis-server");
+    let tmux = Tmux::start();
+    tmux.type_line(&format!(
+        "{} run --lock tty-timeout --redis {} -- timeout 60 sh -c 'trap \"echo caught; exit 5\" INT; echo ready; while :; do sleep 0.1; done'; echo \"exit=$?\"",
+        slate(),
+        server.url()
+    ));
+    tmux.wait_for("the command running", |s| s.lines().any(|l| l == "ready"));
+    tmux.key("C-c");
+    let screen = tmux.wait_for("slate's exit", |s| number_after(s, "exit=").is_some());
+    assert!(screen.lines().any(|l| l.ends_with("caught")), "{screen}");
+    assert_eq!(number_after(&screen, "exit="), Some(5), "{screen}");
 }
