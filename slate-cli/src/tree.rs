@@ -20,9 +20,11 @@
 //!   was given, minus a margin, passes, the guardian kills the tree, whether `slate` died,
 //!   was stopped (`SIGSTOP`, a debugger), hangs or is starved. With `--on-lost term` it sends
 //!   SIGTERM a grace period earlier (see [`Deadlines`]).
-//! - **Killing the tree**: SIGKILL to every descendant of the guardian found in `/proc`
-//!   (orphans included, thanks to the subreaper), repeated until none is left, every zombie
-//!   reaped. On other Unixes (no subreaper, no `/proc`): SIGKILL to the process group, which
+//! - **Killing the tree**: where the guardian can make a cgroup v2 of its own (a cgroup2
+//!   hierarchy mounted, its cgroup writable), CMD's tree is born in one and `cgroup.kill`
+//!   ends it at once; then (and everywhere else on Linux) SIGKILL to every descendant of the
+//!   guardian found in `/proc` (orphans included, thanks to the subreaper), repeated until
+//!   none is left. On other Unixes (no subreaper, no `/proc`): SIGKILL to the process group, which
 //!   misses processes that left it.
 //! - The socket closing (`slate run` exited or was killed: the kernel closes its end) kills
 //!   the tree at once. So does the end of CMD (`slate run` asks for it before it releases the
@@ -585,12 +587,15 @@ impl Guardian {
             return exit::INTERNAL;
         }
         #[cfg(target_os = "linux")]
+        let _ = CGROUP.set(Cgroup::create());
+        #[cfg(target_os = "linux")]
         if nix::sys::prctl::set_child_subreaper(true).is_err() {
             eprintln!(
                 "slate guard: cannot become a child subreaper; orphans of the command may escape"
             );
         }
         let Ok(stream) = UnixStream::connect(&args.socket).await else {
+            remove_cgroup();
             return exit::INTERNAL;
         };
         let (read, out) = stream.into_split();
@@ -604,6 +609,7 @@ impl Guardian {
             termed: false,
         };
         if g.say("ready").await.is_err() {
+            remove_cgroup();
             return exit::INTERNAL;
         }
         loop {
@@ -619,6 +625,7 @@ impl Guardian {
                     // `slate run` is gone: nothing may run on.
                     Ok(None) | Err(_) => {
                         kill_tree();
+                        remove_cgroup();
                         return exit::OK;
                     }
                 },
@@ -709,6 +716,7 @@ impl Guardian {
             Some("end") => {
                 kill_tree();
                 self.reap().await;
+                remove_cgroup();
                 return true;
             }
             _ => {}
@@ -888,11 +896,104 @@ fn can_find_descendants() -> bool {
     std::fs::metadata("/proc/self/stat").is_ok()
 }
 
+/// CMD's tree in a cgroup v2 of its own, where the guardian may make one (Linux, a cgroup2
+/// hierarchy mounted, the guardian's own cgroup writable): `cgroup.kill` ends every process
+/// in it at once, so a tree that forks faster than the `/proc` walk kills cannot outrun it.
+/// The guardian moves itself in before it starts CMD, so that every process of the tree is
+/// born inside, and out again before it kills.
+#[cfg(target_os = "linux")]
+struct Cgroup {
+    dir: PathBuf,
+    /// The guardian's own cgroup, where it goes back to.
+    parent: PathBuf,
+}
+
+/// The guardian's cgroup for CMD's tree, once set up (`None`: none could be made).
+#[cfg(target_os = "linux")]
+static CGROUP: std::sync::OnceLock<Option<Cgroup>> = std::sync::OnceLock::new();
+
+#[cfg(target_os = "linux")]
+impl Cgroup {
+    /// A new cgroup below the guardian's own cgroup v2, with the guardian in it; `None` where
+    /// there is no cgroup2 hierarchy mounted or it may not write there.
+    fn create() -> Option<Self> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?.to_owned();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        for line in mounts.lines() {
+            // "id parent major:minor root mount-point options ... - fstype source options"
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
+            if !right.starts_with("cgroup2 ") {
+                continue;
+            }
+            let fields: Vec<&str> = left.split(' ').collect();
+            let (Some(root), Some(point)) = (fields.get(3), fields.get(4)) else {
+                continue;
+            };
+            let Some(below) = rel.strip_prefix(root.trim_end_matches('/')) else {
+                continue;
+            };
+            let parent = Path::new(point).join(below.trim_start_matches('/'));
+            let dir = parent.join(format!("slate-run-{}", std::process::id()));
+            if std::fs::create_dir(&dir).is_err() {
+                continue;
+            }
+            let cgroup = Cgroup { dir, parent };
+            if std::fs::write(
+                cgroup.dir.join("cgroup.procs"),
+                std::process::id().to_string(),
+            )
+            .is_err()
+            {
+                let _ = std::fs::remove_dir(&cgroup.dir);
+                continue;
+            }
+            return Some(cgroup);
+        }
+        None
+    }
+
+    /// SIGKILL to every process of the tree at once (the guardian first moves out).
+    fn kill(&self) {
+        let _ = std::fs::write(
+            self.parent.join("cgroup.procs"),
+            std::process::id().to_string(),
+        );
+        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
+    }
+
+    /// Kills what is left in it and removes it (bounded: a removal that keeps failing leaves
+    /// an empty cgroup behind).
+    fn remove(&self) {
+        self.kill();
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Removes the tree's cgroup, if one was made (the guardian is done).
+fn remove_cgroup() {
+    #[cfg(target_os = "linux")]
+    if let Some(Some(cgroup)) = CGROUP.get() {
+        cgroup.remove();
+    }
+}
+
 /// SIGKILL to every descendant until none is left (their zombies are reaped by the guardian,
-/// their parent or subreaper).
+/// their parent or subreaper): through the tree's cgroup at once where there is one, then
+/// process by process as found in `/proc`.
 fn kill_tree() {
     #[cfg(target_os = "linux")]
     {
+        if let Some(Some(cgroup)) = CGROUP.get() {
+            cgroup.kill();
+        }
         for _ in 0..KILL_ROUNDS {
             let found = descendants();
             if found.iter().all(|f| f.zombie) {

@@ -1541,3 +1541,78 @@ fn has_child(pid: u32) -> bool {
         })
     })
 }
+
+/// Issue 34: where a cgroup v2 can be made, the command's tree is born in one of its own and
+/// ended with `cgroup.kill`. The test mounts a cgroup2 hierarchy in a private mount namespace
+/// (`unshare`, as root: this machine's cgroups are v1), so only this `slate` sees it.
+#[test]
+fn i34_the_tree_lives_in_a_cgroup_of_its_own_where_one_can_be_made() {
+    let server = LocalServer::start().expect("redis-server");
+    let dir = std::env::temp_dir().join(format!("slate-cg2-{}", std::process::id()));
+    let exe = env!("CARGO_BIN_EXE_slate");
+    let script = format!(
+        "mkdir -p {d} && mount -t cgroup2 none {d} && exec {exe} run --lock cg --lease 2s --redis {url} -- sh -c 'echo tree $$; sleep 60 & echo tree $!; wait'",
+        d = dir.display(),
+        url = server.url()
+    );
+    let mut first = KillOnDrop(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("unshare (util-linux) must be installed"),
+    );
+    let out = lines_of(first.0.stdout.take().expect("stdout"));
+    let err = lines_of(first.0.stderr.take().expect("stderr"));
+    let tree: Vec<i32> = (0..2)
+        .map(|_| {
+            let line = wait_line_or(&out, |l| l.starts_with("tree "), &err);
+            line.trim_start_matches("tree ").parse().expect("pid")
+        })
+        .collect();
+    for &pid in &tree {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+        let v2 = cgroups
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or("");
+        assert!(
+            v2.starts_with("/slate-run-"),
+            "process {pid} of the tree is in cgroup {v2:?}, not one of its own"
+        );
+    }
+    // `slate` dies: the guardian ends the cgroup.
+    let pid = Pid::from_raw(i32::try_from(first.0.id()).expect("pid"));
+    signal::kill(pid, Signal::SIGKILL).expect("SIGKILL slate");
+    let deadline = Instant::now() + PATIENCE;
+    while tree.iter().any(|&p| alive(p)) {
+        assert!(Instant::now() < deadline, "the tree outlived slate");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_dir(&dir);
+}
+
+/// `wait_line`, but a failure shows what the process wrote on stderr.
+fn wait_line_or(
+    rx: &mpsc::Receiver<String>,
+    pred: impl Fn(&str) -> bool,
+    err: &mpsc::Receiver<String>,
+) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.min(Duration::from_millis(100))) {
+            Ok(line) if pred(&line) => return line,
+            Ok(_) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+            Err(_) => {
+                let said: Vec<String> = err.try_iter().collect();
+                panic!(
+                    "the expected line did not come; stderr:\n{}",
+                    said.join("\n")
+                );
+            }
+        }
+    }
+}
