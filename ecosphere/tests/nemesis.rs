@@ -48,6 +48,8 @@ use single_common::*;
 
 /// How long each run's schedule of faults lasts.
 const CHAOS: Duration = Duration::from_secs(4);
+/// Faults every schedule applies at least (the window is extended for them).
+const MIN_FAULTS: usize = 2;
 /// Worker processes per run, and tasks in each.
 const PROCS: usize = 3;
 const TASKS: u64 = 2;
@@ -595,7 +597,10 @@ fn run(topo: &mut dyn Topology, kind: Kind, resource: &RedisServer, i: usize, v:
     go(&go_file);
     let mut faults = Vec::new();
     let end = Instant::now() + CHAOS;
-    while Instant::now() < end {
+    // The window runs on past CHAOS until the schedule has applied MIN_FAULTS (a ZooKeeper
+    // kill and restart can take most of the window), within three windows in all.
+    let cap = end + CHAOS * 2;
+    while Instant::now() < end || (faults.len() < MIN_FAULTS && Instant::now() < cap) {
         std::thread::sleep(seed.millis_between(50, 400));
         if sets
             .iter_mut()
@@ -744,10 +749,9 @@ fn nemesis_run(topo: &mut dyn Topology, kind: Kind) {
                 assert!(inside <= cap, "{ctx}: the witness saw {inside} of {cap}");
             }
         }
-        // At least two faults in the window (a ZooKeeper restart takes a second or two, so a
-        // schedule of kills may fit only two).
+        // At least MIN_FAULTS faults (the window is extended until the schedule applied them).
         assert!(
-            out.faults.len() >= 2,
+            out.faults.len() >= MIN_FAULTS,
             "{ctx}: only {} faults: {:?}",
             out.faults.len(),
             out.faults

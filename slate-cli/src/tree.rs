@@ -21,8 +21,8 @@
 //!   was stopped (`SIGSTOP`, a debugger), hangs or is starved. With `--on-lost term` it sends
 //!   SIGTERM a grace period earlier (see [`Deadlines`]).
 //! - **Killing the tree**: where the guardian can make a cgroup v2 of its own (a cgroup2
-//!   hierarchy mounted, its cgroup writable), CMD's tree is born in one and `cgroup.kill`
-//!   ends it at once; then (and everywhere else on Linux) SIGKILL to every descendant of the
+//!   hierarchy mounted, its cgroup writable, `cgroup.kill` there), CMD's tree is born in one
+//!   (the guardian steps in to start CMD and out at once) and `cgroup.kill` ends it at once; then (and everywhere else on Linux) SIGKILL to every descendant of the
 //!   guardian found in `/proc` (orphans included, thanks to the subreaper), repeated until
 //!   none is left. On other Unixes (no subreaper, no `/proc`): SIGKILL to the process group, which
 //!   misses processes that left it.
@@ -744,7 +744,14 @@ impl Guardian {
         for (k, v) in env {
             cmd.env(OsString::from_vec(k.clone()), OsString::from_vec(v.clone()));
         }
-        match cmd.spawn() {
+        #[cfg(target_os = "linux")]
+        let spawned = match CGROUP.get() {
+            Some(Some(cgroup)) => cgroup.spawn_inside(|| cmd.spawn()),
+            _ => cmd.spawn(),
+        };
+        #[cfg(not(target_os = "linux"))]
+        let spawned = cmd.spawn();
+        match spawned {
             Ok(child) => {
                 let pid = i32::try_from(child.id()).unwrap_or(0);
                 // Reaped by `reap` (waitpid), not through the handle.
@@ -899,23 +906,36 @@ fn can_find_descendants() -> bool {
 /// CMD's tree in a cgroup v2 of its own, where the guardian may make one (Linux, a cgroup2
 /// hierarchy mounted, the guardian's own cgroup writable): `cgroup.kill` ends every process
 /// in it at once, so a tree that forks faster than the `/proc` walk kills cannot outrun it.
-/// The guardian moves itself in before it starts CMD, so that every process of the tree is
-/// born inside, and out again before it kills.
+/// The guardian steps into it only to start CMD (so that every process of the tree is born
+/// inside) and out again at once; it never kills through a cgroup it could not leave.
 #[cfg(target_os = "linux")]
 struct Cgroup {
     dir: PathBuf,
     /// The guardian's own cgroup, where it goes back to.
     parent: PathBuf,
+    /// Whether `cgroup.kill` may be used: CMD was started inside and the guardian is out.
+    usable: std::sync::atomic::AtomicBool,
 }
 
 /// The guardian's cgroup for CMD's tree, once set up (`None`: none could be made).
 #[cfg(target_os = "linux")]
 static CGROUP: std::sync::OnceLock<Option<Cgroup>> = std::sync::OnceLock::new();
 
+/// Writes `data` to an existing file (a cgroup's control files exist; creating one would mean
+/// the directory is not a cgroup).
+#[cfg(target_os = "linux")]
+fn write_existing(path: &Path, data: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .write_all(data.as_bytes())
+}
+
 #[cfg(target_os = "linux")]
 impl Cgroup {
-    /// A new cgroup below the guardian's own cgroup v2, with the guardian in it; `None` where
-    /// there is no cgroup2 hierarchy mounted or it may not write there.
+    /// A new, empty cgroup below the guardian's own cgroup v2; `None` where there is no
+    /// cgroup2 hierarchy mounted or the guardian may not make one there.
     fn create() -> Option<Self> {
         let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
         let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?.to_owned();
@@ -932,49 +952,84 @@ impl Cgroup {
             let (Some(root), Some(point)) = (fields.get(3), fields.get(4)) else {
                 continue;
             };
-            let Some(below) = rel.strip_prefix(root.trim_end_matches('/')) else {
+            let root = root.trim_end_matches('/');
+            let Some(below) = rel
+                .strip_prefix(root)
+                .filter(|b| b.is_empty() || b.starts_with('/'))
+            else {
                 continue;
             };
             let parent = Path::new(point).join(below.trim_start_matches('/'));
+            // A real cgroup directory has its control files.
+            if !parent.join("cgroup.procs").is_file() {
+                continue;
+            }
             let dir = parent.join(format!("slate-run-{}", std::process::id()));
             if std::fs::create_dir(&dir).is_err() {
                 continue;
             }
-            let cgroup = Cgroup { dir, parent };
-            if std::fs::write(
-                cgroup.dir.join("cgroup.procs"),
-                std::process::id().to_string(),
-            )
-            .is_err()
-            {
-                let _ = std::fs::remove_dir(&cgroup.dir);
+            if !dir.join("cgroup.kill").is_file() {
+                // Not a cgroup after all, or a kernel without cgroup.kill (before 5.14).
+                let _ = std::fs::remove_dir(&dir);
                 continue;
             }
-            return Some(cgroup);
+            return Some(Cgroup {
+                dir,
+                parent,
+                usable: std::sync::atomic::AtomicBool::new(false),
+            });
         }
         None
     }
 
-    /// SIGKILL to every process of the tree at once (the guardian first moves out).
-    fn kill(&self) {
-        let _ = std::fs::write(
-            self.parent.join("cgroup.procs"),
-            std::process::id().to_string(),
-        );
-        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
+    /// Runs `spawn` with the guardian inside the cgroup, so that what it starts is born
+    /// there, and steps back out. If stepping in fails, CMD starts outside (the `/proc` walk
+    /// still reaches it); if stepping out fails, the cgroup is never killed through (it would
+    /// kill the guardian too).
+    fn spawn_inside<T>(&self, spawn: impl FnOnce() -> T) -> T {
+        use std::sync::atomic::Ordering;
+        let me = std::process::id().to_string();
+        let entered = write_existing(&self.dir.join("cgroup.procs"), &me).is_ok();
+        let out = spawn();
+        if entered {
+            let left = write_existing(&self.parent.join("cgroup.procs"), &me).is_ok();
+            self.usable.store(left, Ordering::SeqCst);
+        }
+        out
     }
 
-    /// Kills what is left in it and removes it (bounded: a removal that keeps failing leaves
-    /// an empty cgroup behind).
+    /// SIGKILL to every process of the tree at once.
+    fn kill(&self) {
+        if self.usable.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = write_existing(&self.dir.join("cgroup.kill"), "1");
+        }
+    }
+
+    /// Kills what is left in it and removes it, with any cgroups made below it (a nested
+    /// `slate run`'s, emptied by the same kill). Bounded: a removal that keeps failing (a
+    /// process stuck in the kernel) leaves an empty cgroup behind.
     fn remove(&self) {
         self.kill();
         for _ in 0..100 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
+            if remove_cgroup_dir(&self.dir) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// Removes a cgroup directory and the cgroups below it, deepest first; whether it is gone.
+#[cfg(target_os = "linux")]
+fn remove_cgroup_dir(dir: &Path) -> bool {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_dir(&entry.path());
+            }
+        }
+    }
+    std::fs::remove_dir(dir).is_ok() || !dir.exists()
 }
 
 /// Removes the tree's cgroup, if one was made (the guardian is done).

@@ -1544,27 +1544,40 @@ fn has_child(pid: u32) -> bool {
 
 /// Issue 34: where a cgroup v2 can be made, the command's tree is born in one of its own and
 /// ended with `cgroup.kill`. The test mounts a cgroup2 hierarchy in a private mount namespace
-/// (`unshare`, as root: this machine's cgroups are v1), so only this `slate` sees it.
+/// (`unshare`, as root; this machine's cgroups are v1, so this is where `slate` finds one),
+/// kills `slate`, and checks that the tree is gone and the cgroup removed.
 #[test]
 fn i34_the_tree_lives_in_a_cgroup_of_its_own_where_one_can_be_made() {
     let server = LocalServer::start().expect("redis-server");
-    let dir = std::env::temp_dir().join(format!("slate-cg2-{}", std::process::id()));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mnt = dir.path().display().to_string();
     let exe = env!("CARGO_BIN_EXE_slate");
+    // The shell stays in the namespace: after `slate` dies it reports whether any
+    // slate-run-* cgroup is left (the guardian removes its own as it goes).
     let script = format!(
-        "mkdir -p {d} && mount -t cgroup2 none {d} && exec {exe} run --lock cg --lease 2s --redis {url} -- sh -c 'echo tree $$; sleep 60 & echo tree $!; wait'",
-        d = dir.display(),
+        "mount -t cgroup2 none {mnt} || exit 9; \
+         {exe} run --lock cg --lease 2s --redis {url} -- sh -c 'echo tree $$; sleep 60 & echo tree $!; wait' & \
+         echo slate $!; wait; \
+         for i in $(seq 1 200); do \
+           if ! find {mnt} -name 'slate-run-*' | grep -q .; then echo cgroup-gone; exit 0; fi; \
+           sleep 0.01; \
+         done; echo cgroup-left; find {mnt} -name 'slate-run-*'",
         url = server.url()
     );
-    let mut first = KillOnDrop(
+    let mut shell = KillOnDrop(
         Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-c", &script])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("unshare (util-linux) must be installed"),
+            .expect("unshare (util-linux) must be installed; the test needs root"),
     );
-    let out = lines_of(first.0.stdout.take().expect("stdout"));
-    let err = lines_of(first.0.stderr.take().expect("stderr"));
+    let out = lines_of(shell.0.stdout.take().expect("stdout"));
+    let err = lines_of(shell.0.stderr.take().expect("stderr"));
+    let slate_pid: i32 = wait_line_or(&out, |l| l.starts_with("slate "), &err)
+        .trim_start_matches("slate ")
+        .parse()
+        .expect("pid");
     let tree: Vec<i32> = (0..2)
         .map(|_| {
             let line = wait_line_or(&out, |l| l.starts_with("tree "), &err);
@@ -1578,19 +1591,20 @@ fn i34_the_tree_lives_in_a_cgroup_of_its_own_where_one_can_be_made() {
             .find_map(|l| l.strip_prefix("0::"))
             .unwrap_or("");
         assert!(
-            v2.starts_with("/slate-run-"),
+            v2.rsplit('/')
+                .next()
+                .is_some_and(|leaf| leaf.starts_with("slate-run-")),
             "process {pid} of the tree is in cgroup {v2:?}, not one of its own"
         );
     }
-    // `slate` dies: the guardian ends the cgroup.
-    let pid = Pid::from_raw(i32::try_from(first.0.id()).expect("pid"));
-    signal::kill(pid, Signal::SIGKILL).expect("SIGKILL slate");
-    let deadline = Instant::now() + PATIENCE;
-    while tree.iter().any(|&p| alive(p)) {
-        assert!(Instant::now() < deadline, "the tree outlived slate");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = std::fs::remove_dir(&dir);
+    signal::kill(Pid::from_raw(slate_pid), Signal::SIGKILL).expect("SIGKILL slate");
+    let verdict = wait_line_or(&out, |l| l.starts_with("cgroup-"), &err);
+    assert_eq!(
+        verdict, "cgroup-gone",
+        "the guardian left its cgroup behind"
+    );
+    assert!(tree.iter().all(|&p| !alive(p)), "the tree outlived slate");
+    assert!(shell.0.wait().expect("wait").success());
 }
 
 /// `wait_line`, but a failure shows what the process wrote on stderr.
