@@ -415,8 +415,8 @@ impl FaultProxy {
     }
 
     /// Arms a one-shot mark: the first connection (open or new) whose client then sends bytes
-    /// containing `pattern` becomes the marked connection, replacing any earlier one, before
-    /// that chunk is judged. The pattern is looked for within each read, so keep it shorter
+    /// containing `pattern` becomes the marked connection, before that chunk is judged. The
+    /// connection marked before, if any, is unmarked at once (it follows the proxy's mode). The pattern is looked for within each read, so keep it shorter
     /// than a request (on loopback a request of a few hundred bytes arrives in one read).
     ///
     /// # Examples
@@ -434,7 +434,9 @@ impl FaultProxy {
     ///
     /// # Errors
     ///
-    /// [`HarnessError::Config`] for an empty pattern.
+    /// [`HarnessError::Config`] for an empty pattern; [`HarnessError::Timeout`] when the
+    /// earlier mark's release does not apply within 3 s; [`HarnessError::NotRunning`] when
+    /// the proxy thread is gone.
     pub fn mark_next_sending(&self, pattern: &[u8]) -> Result<(), HarnessError> {
         if pattern.is_empty() {
             return Err(HarnessError::Config(
@@ -444,7 +446,7 @@ impl FaultProxy {
             ));
         }
         *lock(&self.shared.mark) = Some(pattern.to_vec());
-        Ok(())
+        self.switch(|control| control.marked = None, Close::None)
     }
 
     /// Gives the marked connection (see [`FaultProxy::mark_next_sending`]) a mode of its own:

@@ -241,10 +241,12 @@ fn a_marked_connection_alone_gets_its_own_mode_and_the_mark_is_taken_once() {
     );
 
     // A mode armed before the mark is taken applies from the chunk that takes it.
+    // Arming unmarks the connection marked before: it is not reset.
+    proxy.mark_next_sending(b"reset-me").expect("arm");
     proxy
         .set_marked_mode(Some(Mode::Reset))
         .expect("reset marked");
-    proxy.mark_next_sending(b"reset-me").expect("arm");
+    assert_eq!(echo(&mut marked, "unmarked").expect("ECHO"), "unmarked");
     let err = echo(&mut plain, "reset-me").expect_err("reset before forwarding");
     assert!(!err.is_timeout(), "{err:?}");
     assert_eq!(echo(&mut later, "still here").expect("ECHO"), "still here");

@@ -18,7 +18,7 @@
 //! | --- | --- | --- |
 //! | single lock | standalone, a fault proxy per process | server paused 100–900 ms, every connection reset, one process's replies dropped 20–300 ms, one process's link blackholed 100–700 ms (bytes held, then delivered late), `SCRIPT FLUSH`, pub/sub connections killed |
 //! | single lock, `synced_replicas(1)` | cluster of 3 masters and 3 replicas | the lock's master paused 100–500 ms (under the node timeout), its slot migrated, a manual failover, `SCRIPT FLUSH`, client and pub/sub connections killed |
-//! | combination lock, sequential and pipelined | 3 nodes, each behind a proxy | one node paused 100–1200 ms, killed and restarted empty, its connections reset, its replies dropped, its link blackholed, `SCRIPT FLUSH`, pub/sub killed |
+//! | combination lock, sequential and pipelined | 3 nodes, each behind a proxy | one node paused 100–1200 ms, killed and restarted empty, its connections reset, its replies dropped, its link blackholed, `SCRIPT FLUSH`, pub/sub killed, one request for the lock held 100–700 ms (the connection that sends it) |
 //! | read-write lock (70 % reads), semaphore (3 permits, holds of 1 and 2) | as the single lock | as the single lock |
 //! | ZooKeeper lock (4 s session) | ensemble of 3 | a server (the leader half the time) killed and restarted after 200–1500 ms, or paused 100–1500 ms |
 //!
@@ -87,6 +87,9 @@ enum Fault {
     MigrateSlot,
     /// `CLUSTER FAILOVER` of the lock's master to its replica.
     Failover,
+    /// A proxy holds one connection, the next to send a request for the lock's key, for a
+    /// while (a stalled request: its timeout, give-back and retry race the held bytes).
+    StallRequest,
 }
 
 /// What a primitive's servers offer the schedule.
@@ -391,6 +394,7 @@ impl Topology for Combination {
             Fault::LostReplies,
             Fault::Blackhole,
             Fault::ScriptFlush,
+            Fault::StallRequest,
         ]
     }
 
@@ -411,7 +415,7 @@ impl Topology for Combination {
         w.extra.push(QUARANTINE.as_millis().to_string());
     }
 
-    fn apply(&mut self, fault: Fault, seed: &mut Seed, _lock: &str) -> String {
+    fn apply(&mut self, fault: Fault, seed: &mut Seed, lock: &str) -> String {
         let n = seed.below(self.nodes.len() as u64) as usize;
         let wipe_allowed = self.last_wipe.is_none_or(|t| t.elapsed() > WIPE_SPACING);
         match fault {
@@ -447,6 +451,25 @@ impl Topology for Combination {
             Fault::ScriptFlush => {
                 command(&self.nodes[n], &["SCRIPT", "FLUSH"]);
                 format!("SCRIPT FLUSH on node {n}")
+            }
+            Fault::StallRequest => {
+                let d = seed.millis_between(100, 700);
+                let proxy = &self.proxies[n];
+                let taken = proxy.marks_taken();
+                proxy
+                    .mark_next_sending(format!("{{{lock}}}").as_bytes())
+                    .expect("arm the mark");
+                proxy
+                    .set_marked_mode(Some(Mode::Blackhole))
+                    .expect("hold the marked connection");
+                std::thread::sleep(d);
+                proxy.set_marked_mode(None).expect("release it");
+                let held = if proxy.marks_taken() > taken {
+                    "held"
+                } else {
+                    "armed, not taken,"
+                };
+                format!("node {n}: the next request for the lock {held} {d:?}")
             }
             other => unreachable!("{other:?} is not a combination fault"),
         }
@@ -670,9 +693,12 @@ fn run(topo: &mut dyn Topology, kind: Kind, resource: &RedisServer, i: usize, v:
         // What each grant promises: a quarter of the lease on Redis (a grant with less than a
         // tenth is given back); on ZooKeeper a lease counts from the session's last proven
         // renewal, about half a session ahead in steady state and less after a fault, and a
-        // first-in-line attempt waits while less than a heartbeat round (an eighth) is left.
+        // first-in-line attempt waits while less than a heartbeat round (an eighth) is left,
+        // measured when it decides: the worker records the grant a little later (under load
+        // on two cores, scenarios side by side, 44 µs short of the eighth was seen), so the
+        // check allows a fortieth of the lease for that.
         min_validity: if topo.name() == "zookeeper" {
-            lease / 8
+            lease / 8 - lease / 40
         } else {
             lease / 4
         },
