@@ -69,6 +69,17 @@ fn worker(group: &SentinelGroup, mode: &'static str, history: &Path, proc: u32) 
     w
 }
 
+/// Whether `server` (a master) has a replica online (`INFO replication`).
+fn has_online_replica(server: &ecosphere::server::RedisServer) -> bool {
+    let text = match server.command(&["INFO", "replication"]) {
+        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(redis::Value::VerbatimString { text, .. }) => text,
+        _ => return false,
+    };
+    text.lines()
+        .any(|l| l.starts_with("slave") && l.contains("state=online"))
+}
+
 /// Runs the scenario; returns the first process's output, the second's, the check report, and
 /// how long after the kill the second process was done.
 fn run(synced: bool) -> (String, String, ecosphere::history::Report, Duration) {
@@ -102,6 +113,20 @@ fn run(synced: bool) -> (String, String, ecosphere::history::Report, Duration) {
         s.join().expect("replica sleeper");
     }
     let promoted = Instant::now();
+    if synced {
+        // `synced_replicas(1)` on the new master needs a replica attached to it: the other
+        // replica re-syncs after the promotion, which under load can outlast the second
+        // process's budget (its grant is then given back, unacknowledged, as promised).
+        let master = group.master().expect("the new master");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !has_online_replica(group.server(master)) {
+            assert!(
+                Instant::now() < deadline,
+                "no replica attached to the new master within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 
     let mut b = worker(&group, "wait", history, 1);
     b.hold = Duration::from_millis(200);
