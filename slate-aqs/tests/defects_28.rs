@@ -185,12 +185,7 @@ fn i10_a_timer_on_an_undriven_runtime_does_not_hold_up_another_runtimes_deadline
         Duration::from_millis(50),
     ));
     let owner = HolderId::new();
-    let driven = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    driven.block_on(sync.acquire(owner, Wait::Forever)).unwrap();
+    let driven = driven_runtime_holding(&sync, owner);
 
     // A waiter with a far deadline parks on a current-thread runtime, which then stops being
     // driven (the runtime stays alive; so does the parked waiter).
@@ -202,10 +197,7 @@ fn i10_a_timer_on_an_undriven_runtime_does_not_hold_up_another_runtimes_deadline
         HolderId::new(),
         Wait::for_duration(Duration::from_secs(600)),
     ));
-    let first = idle.block_on(std::future::poll_fn(|cx| {
-        std::task::Poll::Ready(far.as_mut().poll(cx))
-    }));
-    assert!(first.is_pending());
+    park_once(&idle, far.as_mut());
     assert!(sync.deadline_timer_running());
 
     // A waiter with a near deadline on the driven runtime times out on time.
@@ -340,12 +332,7 @@ fn i10_a_waiter_polled_on_another_runtime_keeps_its_deadline() {
         Duration::from_millis(50),
     ));
     let owner = HolderId::new();
-    let driven = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    driven.block_on(sync.acquire(owner, Wait::Forever)).unwrap();
+    let driven = driven_runtime_holding(&sync, owner);
     // A far waiter parks on the driven runtime: its task sleeps until that far deadline.
     let far = driven.spawn({
         let sync = sync.clone();
@@ -376,10 +363,7 @@ fn i10_a_waiter_polled_on_another_runtime_keeps_its_deadline() {
         HolderId::new(),
         Wait::for_duration(Duration::from_millis(300)),
     ));
-    let first = idle.block_on(std::future::poll_fn(|cx| {
-        std::task::Poll::Ready(near.as_mut().poll(cx))
-    }));
-    assert!(first.is_pending());
+    park_once(&idle, near.as_mut());
     // The near waiter is polled on the driven runtime from now on.
     let started = Instant::now();
     let answer =
@@ -397,4 +381,26 @@ fn i10_a_waiter_polled_on_another_runtime_keeps_its_deadline() {
     assert!(took < Duration::from_secs(2), "timed out after {took:?}");
     far.abort();
     sync.release(owner);
+}
+
+/// A one-worker multi-thread runtime, with `owner` holding `sync` (acquired on it).
+fn driven_runtime_holding(
+    sync: &Synchronizer<MemoryCompetitor>,
+    owner: HolderId,
+) -> tokio::runtime::Runtime {
+    let driven = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    driven.block_on(sync.acquire(owner, Wait::Forever)).unwrap();
+    driven
+}
+
+/// Polls `waiter` once on `rt` (which is then left undriven); it must park.
+fn park_once<F: Future>(rt: &tokio::runtime::Runtime, mut waiter: std::pin::Pin<&mut F>) {
+    let first = rt.block_on(std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(waiter.as_mut().poll(cx))
+    }));
+    assert!(first.is_pending(), "the waiter parked");
 }

@@ -128,6 +128,18 @@ impl Running {
         seen.iter().map(|l| format!("{l}\n")).collect()
     }
 
+    /// The PIDs of the command's `n` processes, each printed as a `tree PID` line.
+    fn tree_pids(&self, n: usize) -> Vec<i32> {
+        (0..n)
+            .map(|_| {
+                self.line(|l| l.starts_with("tree "))
+                    .trim_start_matches("tree ")
+                    .parse()
+                    .expect("pid")
+            })
+            .collect()
+    }
+
     fn pid(&self) -> Pid {
         Pid::from_raw(i32::try_from(self.child.id()).expect("pid"))
     }
@@ -698,15 +710,7 @@ fn a_killed_slate_takes_its_command_tree_with_it() {
     let first = Running::start(&[
         "run", "--lock", "job", "--lease", "2s", "--redis", &url, "--", "sh", "-c", script,
     ]);
-    let tree: Vec<i32> = (0..3)
-        .map(|_| {
-            first
-                .line(|l| l.starts_with("tree "))
-                .trim_start_matches("tree ")
-                .parse()
-                .expect("pid")
-        })
-        .collect();
+    let tree = first.tree_pids(3);
     assert!(tree.iter().all(|&p| alive(p)), "the tree runs: {tree:?}");
     // The holder dies without a chance to clean up (our own child).
     signal::kill(first.pid(), Signal::SIGKILL).expect("SIGKILL slate");
@@ -1211,15 +1215,7 @@ fn tree_gone_before_the_next_holder(
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "sh", "-c", &script]);
     let first = Running::start(&args);
-    let tree: Vec<i32> = (0..=n)
-        .map(|_| {
-            first
-                .line(|l| l.starts_with("tree "))
-                .trim_start_matches("tree ")
-                .parse()
-                .expect("pid")
-        })
-        .collect();
+    let tree = first.tree_pids(n + 1);
     assert!(tree.iter().all(|&p| alive(p)), "the tree runs: {tree:?}");
     let read_beat = || -> u128 {
         std::fs::read_to_string(&hb)
@@ -1366,14 +1362,7 @@ fn i34_a_job_under_timeout_dies_when_the_lease_is_lost() {
         "-c",
         "echo tree $$; sleep 60 & echo tree $!; wait",
     ]);
-    let tree: Vec<i32> = (0..2)
-        .map(|_| {
-            run.line(|l| l.starts_with("tree "))
-                .trim_start_matches("tree ")
-                .parse()
-                .expect("pid")
-        })
-        .collect();
+    let tree = run.tree_pids(2);
     server.pause().expect("pause");
     let (code, err) = run.finish();
     server.resume().expect("resume");
