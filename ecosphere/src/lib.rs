@@ -19,6 +19,7 @@ pub mod proxy;
 pub mod seed;
 pub mod sentinel;
 pub mod server;
+pub mod undriven;
 pub mod workers;
 pub mod zookeeper;
 

@@ -798,6 +798,33 @@ impl RedisServer {
         }))
     }
 
+    /// How many clients are subscribed to `channel` on this server (`PUBSUB NUMSUB`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = ecosphere::server::RedisServer::start()?;
+    /// assert_eq!(server.subscribers("slate:{a}:released")?, 0);
+    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError`] when the command fails or its answer is not a channel and a count.
+    pub fn subscribers(&self, channel: &str) -> Result<i64, HarnessError> {
+        match self.command(&["PUBSUB", "NUMSUB", channel])? {
+            redis::Value::Array(v) if v.len() == 2 => match v[1] {
+                redis::Value::Int(n) => Ok(n),
+                ref other => Err(HarnessError::Config(format!(
+                    "PUBSUB NUMSUB answered a count of {other:?}"
+                ))),
+            },
+            other => Err(HarnessError::Config(format!(
+                "PUBSUB NUMSUB answered {other:?}"
+            ))),
+        }
+    }
+
     /// How many times the server ran these commands so far (`INFO commandstats` `calls=`,
     /// summed; commands run inside Lua scripts included, lower-case names as Redis reports
     /// them, e.g. `["evalsha", "eval"]`). 0 for a command never run.

@@ -383,6 +383,65 @@ fn i10_a_waiter_polled_on_another_runtime_keeps_its_deadline() {
     sync.release(owner);
 }
 
+/// Item 9: the timer task's hand-over guard was created inside the task, so a task dropped
+/// before its first poll (its runtime shut down first) never handed over: the state said a
+/// task ran for the synchronizer's life. On 9cb047c (one task per synchronizer) every later
+/// timed waiter only asked that dead task to re-arm and never timed out; with a task per
+/// runtime, the dead runtime's slot stayed for good. The guard now exists before the task is
+/// spawned. The window (spawned, not yet polled) is made deterministic by parking the waiter
+/// on a current-thread runtime's `block_on` that returns at its first poll, before the runtime
+/// runs any spawned task, and dropping that runtime.
+#[test]
+fn i9_a_timer_task_dropped_before_its_first_poll_hands_over() {
+    let sync = Arc::new(Synchronizer::new(
+        "i9",
+        MemoryCompetitor::new(MemoryRemote::new()),
+        Duration::from_millis(50),
+    ));
+    let owner = HolderId::new();
+    let driven = driven_runtime_holding(&sync, owner);
+    let doomed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut far = Box::pin(sync.acquire(
+        HolderId::new(),
+        Wait::for_duration(Duration::from_secs(600)),
+    ));
+    park_once(&doomed, far.as_mut());
+    assert!(
+        sync.deadline_timer_running(),
+        "the far waiter started a task"
+    );
+    // The runtime shuts down with its timer task spawned and never polled.
+    drop(doomed);
+    assert!(
+        !sync.deadline_timer_running(),
+        "the task dropped unpolled left its slot: the state says a timer runs on a runtime that is gone"
+    );
+    // A near waiter on the driven runtime times out on time (the far one stays queued).
+    let started = Instant::now();
+    let near = driven.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            sync.acquire(
+                HolderId::new(),
+                Wait::for_duration(Duration::from_millis(200)),
+            ),
+        )
+        .await
+    });
+    let took = started.elapsed();
+    let near = near.unwrap_or_else(|_| {
+        panic!("a 200 ms wait had not timed out after {took:?}: its deadline was left to a task that never ran")
+    });
+    assert!(near.expect_err("the lock is held").is_timeout());
+    assert!(took < Duration::from_secs(2), "timed out after {took:?}");
+    drop(far);
+    sync.release(owner);
+    sync.check_invariants().unwrap();
+}
+
 /// A one-worker multi-thread runtime, with `owner` holding `sync` (acquired on it).
 fn driven_runtime_holding(
     sync: &Synchronizer<MemoryCompetitor>,

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use ecosphere::undriven::Undriven;
 use slate_combination::{CombinationLock, Order};
 use slate_core::LossReason;
 
@@ -452,4 +453,71 @@ async fn i5_one_timeout_does_not_bench_the_lead_node_for_minutes() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!("node 0 back {:?} after the fault", healed.elapsed());
+}
+
+/// Item 12, the combination lock's hook: an attempt whose caller was dropped, answered busy
+/// in the background, unsubscribed the lock's channels although a task had queued and parked
+/// meanwhile, which then slept out its spin wait after the release. The hook now does
+/// nothing while local tasks wait. The dropped attempt's background task is held on an
+/// [`Undriven`] runtime until the waiter has parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i12_a_dropped_attempts_busy_answer_keeps_the_queued_tasks_notifications() {
+    let s = servers(3);
+    let op = Duration::from_millis(500);
+    let (a_nodes, b_nodes) = (view_of(urls(&s), opts(op)), view_of(urls(&s), opts(op)));
+    adopt(&a_nodes).await;
+    let name = "i12";
+    let spin = Duration::from_secs(60);
+    let build = |nodes| {
+        CombinationLock::builder(nodes, name)
+            .lease(Duration::from_secs(5))
+            .spin_wait(spin)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(&a_nodes), build(&b_nodes));
+    let held = a.lock().await.unwrap();
+    // B's connections (and their driver tasks) live on this runtime.
+    assert!(b.try_lock().await.unwrap().is_none());
+
+    let idle = Undriven::new();
+    assert!(
+        idle.drop_in_flight(b.try_lock_for(Duration::from_secs(30)))
+            .await,
+        "the attempt was in flight"
+    );
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock().await }
+    });
+    let subscribed = || subscribers(&s[0], name) == 1 && b.local_waiters() == 1;
+    wait_for(
+        Duration::from_secs(5),
+        "the waiter parked, subscribed",
+        || subscribed().then_some(()),
+    )
+    .await;
+    // Now the dropped attempt's busy answer is handled; an unsubscription would take effect
+    // after the notifier's linger (1 s).
+    idle.drive_until_idle(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        subscribers(&s[0], name),
+        1,
+        "the dropped attempt's busy answer switched the queued task's notifications off"
+    );
+
+    let released = std::time::Instant::now();
+    held.unlock().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the parked waiter was not woken by the release")
+        .unwrap()
+        .unwrap();
+    let woke = released.elapsed();
+    assert!(
+        woke < spin / 4,
+        "the waiter woke {woke:?} after the release"
+    );
+    g.unlock().await.unwrap();
 }

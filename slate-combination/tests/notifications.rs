@@ -17,14 +17,6 @@ use common::*;
 use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, Order};
 
-/// Subscribers of the lock's release channel on `server`.
-fn subscribers(server: &RedisServer, name: &str) -> i64 {
-    let channel = format!("slate:{{{name}}}:released");
-    let reply: Vec<redis::Value> =
-        redis::from_redis_value(server.command(&["PUBSUB", "NUMSUB", &channel]).unwrap()).unwrap();
-    redis::from_redis_value(reply[1].clone()).unwrap()
-}
-
 fn lock_with_spin(nodes: &NodeSet, name: &str, order: Order, spin: Duration) -> CombinationLock {
     CombinationLock::builder(nodes, name)
         .lease(Duration::from_secs(5))

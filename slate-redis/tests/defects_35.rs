@@ -659,15 +659,7 @@ async fn d17_a_refused_channel_does_not_silence_the_other_locks() {
     eventually(
         Duration::from_secs(5),
         "the allowed channel subscribed",
-        || {
-            let v: Vec<redis::Value> = redis::from_redis_value(
-                server
-                    .command(&["PUBSUB", "NUMSUB", "slate:{open}:released"])
-                    .unwrap(),
-            )
-            .unwrap();
-            redis::from_redis_value::<i64>(v[1].clone()).unwrap() == 1
-        },
+        || server.subscribers("slate:{open}:released").unwrap() == 1,
     )
     .await;
     let released = std::time::Instant::now();
@@ -923,12 +915,6 @@ async fn d13_passes_stop_a_renewal_period_after_the_last_confirmation() {
 }
 
 /// Subscribers of `channel` as the server counts them.
-fn numsub(server: &RedisServer, channel: &str) -> i64 {
-    let v: Vec<redis::Value> =
-        redis::from_redis_value(server.command(&["PUBSUB", "NUMSUB", channel]).unwrap()).unwrap();
-    redis::from_redis_value(v[1].clone()).unwrap()
-}
-
 /// Defect 17 (a): the pub/sub connection's keepalive restarted on every event the listener
 /// handled, local requests included, so a lock whose waiters came and went kept a half-open
 /// connection (here: the proxy holds the pub/sub connection's bytes, its socket open) from
@@ -966,8 +952,8 @@ async fn d17_a_half_open_pubsub_connection_is_replaced_while_waiters_come_and_go
     let waiter = tokio::spawn(async move { quiet.lock().await });
     eventually(Duration::from_secs(5), "both channels subscribed", || {
         proxy.marks_taken() == 1
-            && numsub(&server, "slate:{quiet}:released") == 1
-            && numsub(&server, "slate:{busy}:released") == 1
+            && server.subscribers("slate:{quiet}:released").unwrap() == 1
+            && server.subscribers("slate:{busy}:released").unwrap() == 1
     })
     .await;
 
@@ -980,7 +966,7 @@ async fn d17_a_half_open_pubsub_connection_is_replaced_while_waiters_come_and_go
     eventually(
         Duration::from_secs(40),
         "the silent pub/sub connection replaced",
-        || numsub(&server, "slate:{quiet}:released") == 2,
+        || server.subscribers("slate:{quiet}:released").unwrap() == 2,
     )
     .await;
     println!("replaced {:?} after it went silent", silent.elapsed());

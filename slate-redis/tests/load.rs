@@ -253,11 +253,7 @@ async fn waiter_wakes_on_release(kill_pubsub_first: bool) {
         eventually(
             Duration::from_secs(3),
             "the listener to resubscribe",
-            || {
-                let v = server.command(&["PUBSUB", "NUMSUB", "slate:{notify}:released"]);
-                let n: Vec<redis::Value> = redis::from_redis_value(v.unwrap()).unwrap();
-                n.get(1) == Some(&redis::Value::Int(1)) && b.stats().pubsub_up
-            },
+            || server.subscribers("slate:{notify}:released").unwrap() == 1 && b.stats().pubsub_up,
         )
         .await;
     }

@@ -154,3 +154,10 @@ pub async fn try_as(
         Err(e) => Err(e),
     }
 }
+
+/// Subscribers of the lock's release channel on `server`.
+pub fn subscribers(server: &RedisServer, name: &str) -> i64 {
+    server
+        .subscribers(&format!("slate:{{{name}}}:released"))
+        .unwrap()
+}
