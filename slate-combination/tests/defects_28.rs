@@ -521,3 +521,74 @@ async fn i12_a_dropped_attempts_busy_answer_keeps_the_queued_tasks_notifications
     );
     g.unlock().await.unwrap();
 }
+
+/// Item 6: a node's reply counted unless the client's failover count changed *during the
+/// call*, so a server change between the node's verification (at the attempt's start) and the
+/// call let the new server's answer count: here node 2 restarts from a snapshot (its node
+/// marker kept, so only the change of server tells), and B's client has reconnected to it,
+/// while B's attempt waits on node 1 (its acquire held by the proxy). The reply is now
+/// compared with the count verified for the node: it does not count, and the node is verified
+/// (and quarantined: another server stamped its marker) before it is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i6_a_server_change_after_the_attempt_began_does_not_count_its_reply() {
+    let mut s = servers(3);
+    let p = proxies(&s);
+    // Room for the restart while node 1's acquire is held (within the node operation time).
+    let options = || {
+        slate_combination::NodeSetOptions::builder()
+            .node_operation_time(Duration::from_secs(3))
+            .quarantine(Duration::from_secs(20))
+            .build()
+            .unwrap()
+    };
+    adopt(&view_of(urls(&s), options())).await;
+    s[2].command(&["SAVE"]).unwrap();
+    let b_nodes = view_of(proxy_urls(&p), options());
+    let lock = CombinationLock::builder(&b_nodes, "i6")
+        .lease(Duration::from_secs(12))
+        .order(Order::Sequential)
+        .build()
+        .unwrap();
+    let g = lock.lock().await.unwrap();
+    assert_eq!(g.nodes(), &[0, 1, 2]);
+    g.unlock().await.unwrap();
+
+    // B's attempt takes node 0, then waits on node 1, whose acquire the proxy holds...
+    p[1].set_marked_mode(Some(ecosphere::proxy::Mode::Blackhole))
+        .unwrap();
+    p[1].mark_next_sending(key("i6").as_bytes()).unwrap();
+    let attempt = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.try_lock().await }
+    });
+    wait_for(Duration::from_secs(5), "node 1's acquire held", || {
+        (p[1].marks_taken() == 1).then_some(())
+    })
+    .await;
+    // ... while node 2's server restarts from an older snapshot (its node marker there, its
+    // grants not: only the change of server tells), and B's client there reconnects.
+    let node_2 = b_nodes.client(2).unwrap();
+    let before = node_2.failovers();
+    s[2].restart(ecosphere::server::Data::Keep).unwrap();
+    let started = std::time::Instant::now();
+    while node_2.failovers() == before {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "B's client met the new server on node 2"
+        );
+        let _ = node_2.ping().await;
+    }
+    // The held acquire flows: the attempt goes on to node 2.
+    p[1].set_marked_mode(None).unwrap();
+    let g = attempt
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("B holds nodes 0 and 1");
+    assert_eq!(
+        g.nodes(),
+        &[0, 1],
+        "the restarted server's reply on node 2 counted: the node was not verified since the attempt began"
+    );
+    g.unlock().await.unwrap();
+}
