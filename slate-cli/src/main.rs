@@ -147,6 +147,12 @@ marked, 69 some did not answer, 2 usage error."
 struct AdoptArgs {
     #[command(flatten)]
     common: Common,
+    /// The quarantine of a server that restarted or lost its data, recorded on each server as
+    /// the bound of every lease there: a combination lock with a longer lease is refused, and
+    /// every process quarantines these servers at least this long. Use the longest lease of
+    /// your combination locks (`slate run` quarantines for 30 s or its lease if longer).
+    #[arg(long, default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
+    quarantine: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -376,7 +382,7 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
         Cmd::Nodes(NodesCmd::Adopt(args)) => {
             let urls = urls(&args.common)?;
             let rt = runtime()?;
-            let code = rt.block_on(nodes::adopt(&urls, &args.common.prefix));
+            let code = rt.block_on(nodes::adopt(&urls, &args.common.prefix, args.quarantine));
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)
         }

@@ -16,9 +16,10 @@ overlap; never adopt while a lock on these servers may be held.";
 /// How long each server has to answer.
 const NODE_TIME: Duration = Duration::from_millis(500);
 
-/// `slate nodes adopt`: marks every reachable server; exit 0 when all were marked, 69 when
-/// some could not be reached, 2 for bad input (one URL, a server listed twice).
-pub async fn adopt(urls: &[String], prefix: &str) -> u8 {
+/// `slate nodes adopt`: marks every reachable server, recording `quarantine` as the bound of
+/// every lease there; exit 0 when all were marked, 69 when some could not be reached, 2 for
+/// bad input (one URL, a server listed twice, a zero quarantine).
+pub async fn adopt(urls: &[String], prefix: &str, quarantine: Duration) -> u8 {
     if urls.len() < 2 {
         eprintln!(
             "slate: nodes adopt is for the servers of a combination lock (two or more --redis); \
@@ -28,6 +29,7 @@ pub async fn adopt(urls: &[String], prefix: &str) -> u8 {
     }
     let nodes = match NodeSetOptions::builder()
         .node_operation_time(NODE_TIME)
+        .quarantine(quarantine)
         .build()
         .and_then(|options| NodeSet::connect(urls, options))
     {
@@ -49,7 +51,8 @@ pub async fn adopt(urls: &[String], prefix: &str) -> u8 {
         }
     };
     println!(
-        "marked {marked} of {} servers as fresh: combination locks use them at once",
+        "marked {marked} of {} servers as fresh: combination locks use them at once, with leases \
+         of at most {quarantine:?}",
         nodes.len()
     );
     eprintln!("{SAFETY}");

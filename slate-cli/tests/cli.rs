@@ -806,6 +806,24 @@ fn nodes_adopt_lets_brand_new_servers_in() {
     assert!(err.contains("never adopt while a lock"), "{err}");
     let out = run();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Issue 28, item 3: the adoption recorded its quarantine (30 s) as the bound of every
+    // lease on these servers; a longer lease is refused as a usage error, naming the fix.
+    let out = output(&[
+        "run", "--lock", "new", "--lease", "45s", "--wait", "0s", "--redis", &joined, "--", "true",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("quarantine"), "{err}");
+    let out = output(&["nodes", "adopt", "--quarantine", "60s", "--redis", &joined]);
+    assert!(
+        text(&out.stdout).contains("at most 60s"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = output(&[
+        "run", "--lock", "new", "--lease", "45s", "--wait", "0s", "--redis", &joined, "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     // One URL: nothing to adopt.
     let out = output(&["nodes", "adopt", "--redis", &urls[0]]);
     assert_eq!(out.status.code(), Some(2));

@@ -366,6 +366,7 @@ impl Inner {
                     }))
                     .await;
                     let mut answers = Vec::with_capacity(replies.len());
+                    let mut invalid = None;
                     for (i, (reply, leftover)) in replies {
                         if leftover != Leftover::Nothing {
                             left.insert(i, leftover);
@@ -390,6 +391,13 @@ impl Inner {
                                 NodeAnswer::Failed
                             }
                             Ok(_) => NodeAnswer::Failed,
+                            Err(e) if e.is_invalid_input() => {
+                                // A configuration error (this lock's lease is longer than the
+                                // quarantine the node's marker records): the whole acquisition
+                                // fails with it, below; the node stays usable.
+                                invalid = Some(e);
+                                NodeAnswer::Failed
+                            }
                             Err(e) => {
                                 // Another server answers behind the node now (a failover, a
                                 // restart): verify it at the next attempt (and quarantine it)
@@ -405,6 +413,11 @@ impl Inner {
                             }
                         };
                         answers.push((i, answer));
+                    }
+                    if let Some(e) = invalid {
+                        let release: Vec<usize> = left.keys().copied().collect();
+                        self.release_attempt(&release, &left, holder, start).await;
+                        return Err(e);
                     }
                     next = state.on_answers(&answers, start.elapsed());
                 }

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use slate_core::mutant::{self, Mutant};
 use slate_core::{Error, NodeReport, NodeState, Result};
-use slate_redis::node::NodeKeys;
+use slate_redis::node::{NodeKeys, NodeMarker};
 use slate_redis::{ClientOptions, ClientOptionsBuilder, RedisClient};
 
 /// Options of a [`NodeSet`], built with [`NodeSetOptions::builder`] and read back with getters
@@ -143,6 +143,13 @@ impl NodeSetOptionsBuilder {
     }
 
     /// Sets the quarantine of a restarted server (default 30 s; at least every lock's lease).
+    ///
+    /// Give every process of a deployment the same quarantine. The node set that adopts a
+    /// server, or marks it first, records its quarantine in the server's node marker as the
+    /// bound of every lease there: a longer lease is refused there with
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput), and a process configured shorter
+    /// quarantines that server for the recorded time, so that no lease lost with the server's
+    /// data outlives any process's quarantine of it.
     ///
     /// # Examples
     ///
@@ -358,10 +365,10 @@ enum Marker {
 }
 
 impl Marker {
-    fn read(value: Option<String>, info: &slate_redis::node::ServerInfo) -> Marker {
+    fn read(value: Option<&NodeMarker>, info: &slate_redis::node::ServerInfo) -> Marker {
         match value {
             None => Marker::Missing,
-            Some(v) if v == info.marker_stamp() => Marker::Own,
+            Some(v) if v.stamp == info.marker_stamp() => Marker::Own,
             // Including `1`, from a Slate version before stamps: nothing says which server
             // wrote it, so a node is quarantined once after an upgrade (review finding; adopt
             // the servers while no lock is held to skip it).
@@ -383,6 +390,11 @@ struct NodeHealth {
     /// [`RedisClient::failovers`]): a Sentinel group that has switched masters since is
     /// verified again before its next use.
     failovers: u64,
+    /// The quarantine the node's marker recorded when last read (the bound on every lease
+    /// there, written by the process that adopted or first marked the node): this process
+    /// quarantines the node at least that long, and marks it again with that same bound
+    /// (issue 28, item 3).
+    recorded_quarantine: Option<Duration>,
 }
 
 /// One node: its client and health.
@@ -537,6 +549,7 @@ impl NodeSet {
                     replication_id: None,
                     cleared: None,
                     failovers: 0,
+                    recorded_quarantine: None,
                 }),
             })
             .collect();
@@ -720,12 +733,14 @@ impl NodeSet {
             .build()?;
         let keys = NodeKeys::new(prefix, &slate_core::LockName::new("-")?);
         let op = self.inner.options.node_op_time;
+        let options = &self.inner.options;
+        let quarantine = options.quarantine_enabled.then_some(options.quarantine);
         let marked = futures::future::join_all(self.inner.nodes.iter().map(|n| {
             let keys = &keys;
             async move {
                 let mark = async {
                     let info = n.client.server_info().await?;
-                    n.client.node_mark(keys, &info).await
+                    n.client.node_mark(keys, &info, quarantine).await
                 };
                 let r = match tokio::time::timeout(op, mark).await {
                     Ok(r) => r,
@@ -795,9 +810,25 @@ impl NodeSet {
             Ok(i) => i,
             Err(e) => return self.mark_failed(node.index, &e),
         };
-        let marker = match node.client.node_marker(keys).await {
-            Ok(m) => Marker::read(m, &info),
+        let (marker, recorded) = match node.client.node_marker(keys).await {
+            Ok(m) => (
+                Marker::read(m.as_ref(), &info),
+                m.and_then(|m| m.quarantine),
+            ),
             Err(e) => return self.mark_failed(node.index, &e),
+        };
+        // The marker bounds every lease on the node by the quarantine it records (the script
+        // refuses longer ones): a process configured shorter quarantines the node that long
+        // too, and a lost marker is written again with the bound it had (issue 28, item 3).
+        let (quarantine, bound) = {
+            let mut h = node.health();
+            if recorded.is_some() {
+                h.recorded_quarantine = recorded;
+            }
+            let bound = h
+                .recorded_quarantine
+                .or(opts.quarantine_enabled.then_some(opts.quarantine));
+            (opts.quarantine.max(bound.unwrap_or_default()), bound)
         };
         let (restarted, new_history, served) = {
             let h = node.health();
@@ -823,7 +854,7 @@ impl NodeSet {
                 served && !restarted && !replid_changed,
             )
         };
-        let young = info.uptime < opts.quarantine;
+        let young = info.uptime < quarantine;
         // A different run id on a server that has been up for a while is another server
         // behind the same address: a Sentinel group that failed over to a replica. Replication
         // is asynchronous, so the promoted replica may lack grants its old master made; they
@@ -845,9 +876,9 @@ impl NodeSet {
         let young = young && !mutant::active(Mutant::QuarantineAdmitsYoung);
         if opts.quarantine_enabled && (((restarted || lost) && young) || replaced || flushed) {
             let wait = if replaced || flushed {
-                opts.quarantine
+                quarantine
             } else {
-                opts.quarantine.saturating_sub(info.uptime)
+                quarantine.saturating_sub(info.uptime)
             };
             let until = Instant::now() + wait;
             tracing::warn!(
@@ -865,8 +896,10 @@ impl NodeSet {
             h.failovers = failovers;
             return;
         }
-        if marker != Marker::Own
-            && let Err(e) = node.client.node_mark(keys, &info).await
+        // Marked again when it is missing or another server stamped it, and when it records no
+        // bound yet (written by a version before bounds).
+        if (marker != Marker::Own || (bound.is_some() && recorded.is_none()))
+            && let Err(e) = node.client.node_mark(keys, &info, bound).await
         {
             if served {
                 node.health().cleared = Some(info.marker_stamp());

@@ -324,7 +324,7 @@ async fn i1_a_late_give_back_never_takes_a_later_attempts_level() {
     let client = slate_redis::RedisClient::open(s[0].url()).unwrap();
     let keys = NodeKeys::new("slate:", &slate_core::LockName::new("i1").unwrap());
     let info = client.server_info().await.unwrap();
-    client.node_mark(&keys, &info).await.unwrap();
+    client.node_mark(&keys, &info, None).await.unwrap();
     let holder = slate_core::HolderId::new();
     let lease = Duration::from_secs(10);
     let request = |a: NodeAcquire| match a {
@@ -591,4 +591,105 @@ async fn i6_a_server_change_after_the_attempt_began_does_not_count_its_reply() {
         "the restarted server's reply on node 2 counted: the node was not verified since the attempt began"
     );
     g.unlock().await.unwrap();
+}
+
+/// Node-set options with the node operation time `OP` and quarantine `q`.
+fn with_quarantine(q: Duration) -> slate_combination::NodeSetOptions {
+    slate_combination::NodeSetOptions::builder()
+        .node_operation_time(OP)
+        .quarantine(q)
+        .build()
+        .unwrap()
+}
+
+/// Item 3, second half: "lease ≤ quarantine" was checked in each process against its own node
+/// set only, so a process configured with a longer quarantine could take leases that outlive
+/// another process's quarantine of a node after a data loss (that process would use the node
+/// again while the lease, lost there, still ran). The node marker now records the quarantine
+/// of the process that adopted the node, and the acquire script refuses a longer lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i3_a_lease_longer_than_the_quarantine_the_nodes_record_is_refused() {
+    let s = servers(3);
+    // Adopted by a node set with a 2 s quarantine: every lease on these nodes is bounded by it.
+    adopt(&view_of(urls(&s), with_quarantine(Duration::from_secs(2)))).await;
+    // B is configured with a 10 s quarantine, and an 8 s lease its own check lets through.
+    let b_nodes = view_of(urls(&s), with_quarantine(Duration::from_secs(10)));
+    let long = CombinationLock::builder(&b_nodes, "i3b")
+        .lease(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let e = long
+        .try_lock()
+        .await
+        .map(|g| g.map(|g| g.nodes().to_vec()))
+        .expect_err("an 8 s lease on nodes whose markers record a 2 s quarantine");
+    assert!(e.is_invalid_input(), "{e}");
+    assert!(e.to_string().contains("quarantine"), "{e}");
+    for server in &s {
+        assert!(!exists(server, "i3b"), "the refused acquire left an entry");
+    }
+    // A lease within the bound is granted.
+    let short = CombinationLock::builder(&b_nodes, "i3b")
+        .lease(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let g = short.try_lock().await.unwrap().expect("the lock is free");
+    assert_eq!(g.nodes(), &[0, 1, 2]);
+    g.unlock().await.unwrap();
+}
+
+/// Item 3, second half: a process configured with a shorter quarantine than the one the node
+/// markers record quarantines a node that lost its data for the recorded one (the longest
+/// lease another process may hold there), and marks it again with that same bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i3_a_shorter_configured_quarantine_waits_the_recorded_one() {
+    let s = servers(3);
+    let recorded = Duration::from_secs(4);
+    adopt(&view_of(urls(&s), with_quarantine(recorded))).await;
+    // The servers have been up longer than the recorded quarantine: a flushed node is
+    // quarantined for a full period.
+    tokio::time::sleep(recorded + Duration::from_millis(200)).await;
+    let a_nodes = view_of(urls(&s), with_quarantine(Duration::from_millis(1500)));
+    let a = CombinationLock::builder(&a_nodes, "i3c")
+        .lease(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let g = a.try_lock().await.unwrap().expect("free");
+    assert_eq!(g.nodes(), &[0, 1, 2]);
+    g.unlock().await.unwrap();
+    s[1].command(&["FLUSHALL"]).unwrap();
+    // The first attempt finds node 1's marker gone, the next verifies (and quarantines) it.
+    for _ in 0..2 {
+        let g = a.try_lock().await.unwrap().expect("free");
+        assert_eq!(g.nodes(), &[0, 2]);
+        g.unlock().await.unwrap();
+    }
+    let quarantined = std::time::Instant::now();
+    match &a_nodes.report()[1].state {
+        slate_combination::NodeState::Quarantined { remaining } => assert!(
+            *remaining > Duration::from_millis(3500),
+            "node 1 quarantined for {remaining:?} only: the process's own 1.5 s, not the recorded 4 s"
+        ),
+        other => panic!("node 1 is {other:?}"),
+    }
+    // Once the recorded quarantine has run its course, node 1 is used again, marked with the
+    // same bound.
+    loop {
+        let g = a.try_lock().await.unwrap().expect("free");
+        let nodes = g.nodes().to_vec();
+        g.unlock().await.unwrap();
+        if nodes.contains(&1) {
+            break;
+        }
+        assert!(
+            quarantined.elapsed() < recorded * 3,
+            "node 1 still unused {:?} after its quarantine began",
+            quarantined.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(quarantined.elapsed() > recorded - Duration::from_millis(600));
+    let marker: String =
+        redis::from_redis_value(s[1].command(&["GET", "slate:node-marker"]).unwrap()).unwrap();
+    assert!(marker.ends_with(" q=4000"), "node 1's marker: {marker}");
 }

@@ -20,7 +20,7 @@ use std::sync::{Arc, LazyLock, Weak};
 use std::time::{Duration, Instant};
 
 use redis::Script;
-use slate_core::{FencingToken, HolderId, LeaseWatch, LockName, LockOptions, Result};
+use slate_core::{Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions, Result};
 
 use crate::client::{RedisClient, unexpected_reply};
 use crate::keys::Keys;
@@ -30,6 +30,10 @@ use crate::renewal::{self, Hold};
 use crate::request;
 use crate::scripts::FORCE_UNLOCK;
 use slate_aqs::Notifications;
+
+/// The acquire script's answer when the lease is longer than the quarantine the node marker
+/// records (nothing was touched).
+const LEASE_OVER_QUARANTINE: i64 = -8;
 
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
@@ -152,6 +156,60 @@ impl ServerInfo {
             self.run_id,
             self.replication_id.as_deref().unwrap_or("-")
         )
+    }
+}
+
+/// What a node marker records: the [stamp](ServerInfo::marker_stamp) of the server that
+/// wrote it (`1` from a Slate version before stamps) and, since issue 28, the node set's
+/// quarantine, which bounds every lease on the node. Stored as `<stamp> q=<ms>`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use slate_redis::node::NodeMarker;
+/// let m = NodeMarker::parse("3f2a 8c1d q=60000");
+/// assert_eq!(m.stamp, "3f2a 8c1d");
+/// assert_eq!(m.quarantine, Some(Duration::from_secs(60)));
+/// assert_eq!(m.to_string(), "3f2a 8c1d q=60000");
+/// assert_eq!(NodeMarker::parse("1").quarantine, None);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeMarker {
+    /// The stamp of the server that wrote the marker.
+    pub stamp: String,
+    /// The node set's quarantine when the marker was written (`None` from older versions).
+    pub quarantine: Option<Duration>,
+}
+
+impl NodeMarker {
+    /// Reads a marker's value (never fails: an unknown form is all stamp, which no server
+    /// matches, so the node is treated as foreign and quarantined once).
+    #[must_use]
+    pub fn parse(value: &str) -> NodeMarker {
+        match value.rsplit_once(" q=") {
+            Some((stamp, ms)) if !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) => {
+                NodeMarker {
+                    stamp: stamp.to_owned(),
+                    quarantine: ms.parse().ok().map(Duration::from_millis),
+                }
+            }
+            _ => NodeMarker {
+                stamp: value.to_owned(),
+                quarantine: None,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for NodeMarker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.stamp)?;
+        if let Some(q) = self.quarantine {
+            write!(f, " q={}", q.as_millis())?;
+        }
+        Ok(())
     }
 }
 
@@ -398,6 +456,19 @@ impl RedisClient {
             }),
             [-2] => Ok(NodeAcquire::DataLost),
             [-4] => Ok(NodeAcquire::NotHeld),
+            [LEASE_OVER_QUARANTINE, quarantine] => Err(Error::invalid_input(
+                "lease",
+                format!(
+                    "this lock's {lease:?} lease is longer than the {:?} quarantine recorded in \
+                     the node marker of {} (written by the process that adopted or last marked \
+                     the node): after a data loss, that process could use the node again while \
+                     this lease still ran",
+                    Duration::from_millis(u64::try_from(*quarantine).unwrap_or(0)),
+                    self.address()
+                ),
+                "give every process's node set the same quarantine \
+                 (NodeSetOptions::quarantine), at least the longest lease of its locks",
+            )),
             // Overtaken again and again by later requests of the same holder: busy for now.
             [request::OVERTAKEN] => Ok(NodeAcquire::Busy { retry_after: None }),
             _ => Err(unexpected_reply("acquire script", self.address(), &reply)),
@@ -517,8 +588,14 @@ impl RedisClient {
     }
 
     /// Writes the node marker with `info`'s [stamp](ServerInfo::marker_stamp) (`info` read
-    /// from this server). Call it only when the server has been up for at least a lease, or
+    /// from this server) and the node set's `quarantine` (`None`: no bound, for node sets
+    /// without quarantine). Call it only when the server has been up for at least a lease, or
     /// after a quarantine of that length.
+    ///
+    /// The quarantine recorded there is the bound every lease on this node is held to: an
+    /// acquire whose lease is longer is refused ([`node_acquire`](Self::node_acquire)), so a
+    /// process with a shorter quarantine than another's cannot take a lease that would outlive
+    /// the other's quarantine of this node after a data loss (issue 28, item 3).
     ///
     /// # Errors
     ///
@@ -527,23 +604,30 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Idempotent.
-    pub async fn node_mark(&self, keys: &NodeKeys, info: &ServerInfo) -> Result<()> {
+    pub async fn node_mark(
+        &self,
+        keys: &NodeKeys,
+        info: &ServerInfo,
+        quarantine: Option<Duration>,
+    ) -> Result<()> {
         let marker: &[u8] = &keys.marker;
-        let stamp = info.marker_stamp();
-        let stamp = &stamp;
+        let value = NodeMarker {
+            stamp: info.marker_stamp(),
+            quarantine,
+        }
+        .to_string();
+        let value = &value;
         self.exec("SET node marker", |mut c| async move {
             redis::cmd("SET")
                 .arg(&*marker)
-                .arg(stamp)
+                .arg(value)
                 .query_async::<()>(&mut c)
                 .await
         })
         .await
     }
 
-    /// The node marker's value (`None` when it is missing): the
-    /// [stamp](ServerInfo::marker_stamp) of the server that wrote it, or `1` from a Slate
-    /// version before stamps.
+    /// The node marker (`None` when it is missing).
     ///
     /// # Errors
     ///
@@ -552,15 +636,17 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Cancel safe (a read).
-    pub async fn node_marker(&self, keys: &NodeKeys) -> Result<Option<String>> {
+    pub async fn node_marker(&self, keys: &NodeKeys) -> Result<Option<NodeMarker>> {
         let marker: &[u8] = &keys.marker;
-        self.exec("GET node marker", |mut c| async move {
-            redis::cmd("GET")
-                .arg(&*marker)
-                .query_async::<Option<String>>(&mut c)
-                .await
-        })
-        .await
+        let value = self
+            .exec("GET node marker", |mut c| async move {
+                redis::cmd("GET")
+                    .arg(&*marker)
+                    .query_async::<Option<String>>(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(value.map(|v| NodeMarker::parse(&v)))
     }
 
     /// The server's run id and uptime.

@@ -14,7 +14,8 @@
 --          'r': released, a = count left; 'c': cancelled, the request must do nothing).
 --          Touched only when ARGV[5] is not ''.
 -- KEYS[6]  (optional, multi-node locks) the node marker: <prefix>node-marker, a persistent key
---          written once per server; its absence means the server lost its data
+--          written once per server; its absence means the server lost its data. Its value
+--          ends in ' q=<ms>', the node set's quarantine, which bounds every lease here
 -- ARGV[1]  holder id (the text of a HolderId)
 -- ARGV[2]  lease in milliseconds (positive integer)
 -- ARGV[3]  queue id of the caller ('' = no turn: take a free lock whatever the queue;
@@ -57,6 +58,8 @@
 --                      data since it was marked; nothing was touched
 --   {-3}               the request was cancelled (its caller gave up and undid it); nothing
 --                      was touched
+--   {-8, q}            (only with KEYS[6]) the lease is longer than the quarantine q (ms)
+--                      the node marker records; nothing was touched
 --   {-7}               the request is older than the holder's record (overtaken by a later
 --                      request of the same holder, see `older`); nothing was touched. A
 --                      caller still waiting sends it again under a fresh id
@@ -68,8 +71,17 @@
 -- the record's expiry (a write, so that a WAIT after the replay covers the grant).
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
-if #KEYS >= 6 and redis.call('EXISTS', KEYS[6]) == 0 then
-    return {-2}
+if #KEYS >= 6 then
+    local marker = redis.call('GET', KEYS[6])
+    if not marker then
+        return {-2}
+    end
+    -- A lease longer than the quarantine would outlive another process's quarantine of this
+    -- node after a data loss (issue 28, item 3).
+    local q = tonumber(string.match(marker, ' q=(%d+)$') or '')
+    if q and tonumber(ARGV[2]) > q then
+        return {-8, q}
+    end
 end
 -- Request ids grow in each process (`request.rs`: above every id the process sent before, and
 -- drawn from the clock in µs, so ids of different processes compare too), and a holder's
