@@ -196,6 +196,9 @@ pub trait Competitor: Send + Sync + 'static {
     /// there, so any other local owner's remote hold has ended (released remotely before its
     /// local release, or lost).
     ///
+    /// The deadline is compared with the waiting caller's clock: tokio's for an async caller
+    /// (the system clock, unless paused in a test), the system clock for a blocking one.
+    ///
     /// The default, `None`, is a grant without a lease (always recorded).
     fn grant_deadline(&self, grant: &Self::Grant) -> Option<Instant> {
         let _ = grant;

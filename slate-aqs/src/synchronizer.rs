@@ -1204,10 +1204,11 @@ impl<C: Competitor> Synchronizer<C> {
                             // The remote holder comes back with the answer: the future keeps
                             // one copy of it (in the attempt), not two.
                             (remote, Ok(Attempt::Acquired(grant))) => {
+                                let now = || timer.now();
                                 let recorded = if shared {
-                                    self.grant_shared(holder, remote, &mut slot, grant)
+                                    self.grant_shared(holder, remote, &mut slot, grant, &now)
                                 } else {
-                                    self.grant(holder, remote, passable, &mut slot, grant)
+                                    self.grant(holder, remote, passable, &mut slot, grant, &now)
                                 };
                                 match recorded? {
                                     Some(grant) => return Ok(grant),
@@ -1478,7 +1479,8 @@ impl<C: Competitor> Synchronizer<C> {
 
     /// Records a grant for `holder` (unlinking its waiter, if queued) and runs the hooks;
     /// `None` (the grant given back) if its lease had run out (see
-    /// [`Competitor::grant_deadline`]).
+    /// [`Competitor::grant_deadline`]) by `now`, the waiter's clock (tokio's, which honours
+    /// paused time, or the thread's).
     fn grant(
         &self,
         holder: HolderId,
@@ -1486,6 +1488,7 @@ impl<C: Competitor> Synchronizer<C> {
         passable: bool,
         slot: &mut QueueSlot<'_, C>,
         grant: C::Grant,
+        now: &dyn Fn() -> Instant,
     ) -> Result<Option<C::Grant>> {
         // Asked outside the lock (hooks never run under it); used for a fresh hold only.
         let budget = if passable {
@@ -1502,7 +1505,7 @@ impl<C: Competitor> Synchronizer<C> {
                 Some(o) => !o.is(holder),
                 None => !st.readers.is_empty(),
             };
-            if displaces && lease_end.is_some_and(|end| Instant::now() >= end) {
+            if displaces && lease_end.is_some_and(|end| now() >= end) {
                 drop(st);
                 return Ok(self.outlived(holder, remote, grant));
             }
@@ -1598,19 +1601,21 @@ impl<C: Competitor> Synchronizer<C> {
 
     /// Records a shared grant for `holder` (unlinking its waiter, if queued, and waking the
     /// next head so that shared waiters at the head are admitted one after the other) and
-    /// runs the hooks; `None` (the grant given back) if its lease had run out.
+    /// runs the hooks; `None` (the grant given back) if its lease had run out by `now` (as
+    /// [`grant`](Self::grant)).
     fn grant_shared(
         &self,
         holder: HolderId,
         remote: HolderId,
         slot: &mut QueueSlot<'_, C>,
         grant: C::Grant,
+        now: &dyn Fn() -> Instant,
     ) -> Result<Option<C::Grant>> {
         let lease_end = self.competitor.grant_deadline(&grant);
         let (displaced, drained, wakers) = {
             let mut st = self.lock();
             let displaces = st.owner.is_some_and(|o| !o.is(holder));
-            if displaces && lease_end.is_some_and(|end| Instant::now() >= end) {
+            if displaces && lease_end.is_some_and(|end| now() >= end) {
                 drop(st);
                 return Ok(self.outlived(holder, remote, grant));
             }

@@ -776,7 +776,8 @@ impl MemoryCompetitor {
                     deadlines
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .insert(holder, Instant::now() + lease);
+                        // On tokio's clock, as the synchronizer's waiters (paused time moves it).
+                        .insert(holder, tokio::time::Instant::now().into_std() + lease);
                 }
                 Ok(Attempt::Acquired(MemoryGrant {
                     holder,
