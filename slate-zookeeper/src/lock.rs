@@ -122,6 +122,9 @@ struct Places {
     /// attempt (or the drain) finds it by that id, so it never outlives its use in a live
     /// session.
     pending: Option<(u64, i64)>,
+    /// Since when the first place in line has waited for the session's renewal to be proven,
+    /// and whether that wait was reported (once per wait, after a whole session).
+    gated: Option<(Instant, bool)>,
 }
 
 /// What releasing one level does (see [`ZkCompetitor::take_level`]).
@@ -417,12 +420,32 @@ impl Ctx {
                 // end. Keep the place (the lock is ours in ZooKeeper) and come back once the
                 // heartbeat has proven more.
                 let period = heartbeat_period(s.timeout);
-                if lease_deadline(s.touched(), s.timeout) < Instant::now() + period {
+                let now = Instant::now();
+                let proven = lease_deadline(s.touched(), s.timeout);
+                if proven < now + period {
                     tracing::debug!(lock = %self.label, %holder, "first in line; waiting for the session's renewal to be proven");
+                    // A proof that lags for a whole session will not catch up soon: the
+                    // ensemble answers `sync` too slowly for this session timeout. Said once
+                    // per wait, since nothing else shows why the lock is not granted.
+                    let (since, told) = places.gated.get_or_insert((now, false));
+                    if !*told && now.duration_since(*since) >= s.timeout {
+                        *told = true;
+                        tracing::warn!(
+                            lock = %self.label,
+                            waited = ?now.duration_since(*since),
+                            proven_for = ?proven.saturating_duration_since(now),
+                            session = ?s.timeout,
+                            "first in line, but the session's renewal is proven too late to \
+                             grant a lease: the ensemble answers sync slowly for this session \
+                             timeout (a loaded or paused server); the lock is granted once the \
+                             proof catches up, or use a longer session timeout"
+                        );
+                    }
                     return Ok(Attempt::Busy {
                         retry_after: Some(period),
                     });
                 }
+                places.gated = None;
                 let place = places.place.take().expect("checked above");
                 let path = format!("{}/{}", self.dir, place.name);
                 if place.holder != holder {
@@ -444,6 +467,7 @@ impl Ctx {
                     fresh: true,
                 }));
             }
+            places.gated = None;
             let watched = if mutant::active(Mutant::ZkWrongPredecessor) {
                 at
             } else {
