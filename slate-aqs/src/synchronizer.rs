@@ -7,6 +7,7 @@ use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use slate_core::mutant::{self, Mutant};
 use slate_core::{Error, HolderId, LossReason, Result, TimeoutKind, Wait};
 
 use crate::competitor::{Attempt, Competitor, Notifications};
@@ -1296,7 +1297,9 @@ impl<C: Competitor> Synchronizer<C> {
                             // attempt, made before it waited behind another head, says nothing
                             // about the lock now; attempt rather than park a full spin wait
                             // from now (issue 28, item 13).
-                            Cond::Head => retry = Retry::Now,
+                            Cond::Head if !mutant::active(Mutant::NewHeadKeepsRetry) => {
+                                retry = Retry::Now;
+                            }
                             _ => {}
                         }
                     }
@@ -1505,7 +1508,10 @@ impl<C: Competitor> Synchronizer<C> {
                 Some(o) => !o.is(holder),
                 None => !st.readers.is_empty(),
             };
-            if displaces && lease_end.is_some_and(|end| now() >= end) {
+            if displaces
+                && lease_end.is_some_and(|end| now() >= end)
+                && !mutant::active(Mutant::LateGrantDisplaces)
+            {
                 drop(st);
                 return Ok(self.outlived(holder, remote, grant));
             }
@@ -1615,7 +1621,10 @@ impl<C: Competitor> Synchronizer<C> {
         let (displaced, drained, wakers) = {
             let mut st = self.lock();
             let displaces = st.owner.is_some_and(|o| !o.is(holder));
-            if displaces && lease_end.is_some_and(|end| now() >= end) {
+            if displaces
+                && lease_end.is_some_and(|end| now() >= end)
+                && !mutant::active(Mutant::LateGrantDisplaces)
+            {
                 drop(st);
                 return Ok(self.outlived(holder, remote, grant));
             }

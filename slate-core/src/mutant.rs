@@ -48,11 +48,17 @@ pub enum Mutant {
     PassOutlivesLease,
     /// The ZooKeeper lock watches its own znode instead of its predecessor.
     ZkWrongPredecessor,
+    /// A waiter that becomes the head keeps the retry state of its own busy entry attempt
+    /// (issue 28, item 13): it parks a full spin wait instead of attempting.
+    NewHeadKeepsRetry,
+    /// A grant processed after its lease ran out displaces a live local hold (issue 28, item
+    /// 14: "the last grant processed wins").
+    LateGrantDisplaces,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 9] = [
+    pub const ALL: [Mutant; 11] = [
         Mutant::LeaseIgnoresDeadline,
         Mutant::LeaseFromReply,
         Mutant::ReleaseSkipsHolderCheck,
@@ -62,6 +68,8 @@ impl Mutant {
         Mutant::QuarantineAdmitsYoung,
         Mutant::PassOutlivesLease,
         Mutant::ZkWrongPredecessor,
+        Mutant::NewHeadKeepsRetry,
+        Mutant::LateGrantDisplaces,
     ];
 
     /// The name `SLATE_MUTANT` takes.
@@ -83,6 +91,8 @@ impl Mutant {
             Mutant::QuarantineAdmitsYoung => "quarantine-admits-young",
             Mutant::PassOutlivesLease => "pass-outlives-lease",
             Mutant::ZkWrongPredecessor => "zk-wrong-predecessor",
+            Mutant::NewHeadKeepsRetry => "new-head-keeps-retry",
+            Mutant::LateGrantDisplaces => "late-grant-displaces",
         }
     }
 
