@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use slate_core::mutant::{self, Mutant};
 use slate_core::{Error, NodeReport, NodeState, Result};
-use slate_redis::node::{NodeKeys, NodeMarker};
+use slate_redis::node::{Mark, NodeKeys, NodeMarker};
 use slate_redis::{ClientOptions, ClientOptionsBuilder, RedisClient};
 
 /// Options of a [`NodeSet`], built with [`NodeSetOptions::builder`] and read back with getters
@@ -301,6 +301,17 @@ impl NodeSetOptions {
         slate_core::options::check_max_duration("node operation time", self.node_op_time)?;
         slate_core::options::check_max_duration("re-probe interval", self.reprobe)?;
         slate_core::options::check_max_duration("quarantine", self.quarantine)?;
+        if self.quarantine_enabled && self.quarantine < Duration::from_millis(1) {
+            return Err(Error::invalid_input(
+                "quarantine",
+                format!(
+                    "{:?} would use a server that lost its data at once, and bound every lease \
+                     on servers adopted with it to nothing",
+                    self.quarantine
+                ),
+                "use at least the longest lease of the locks (the default is 30s)",
+            ));
+        }
         if self.reprobe.is_zero() {
             return Err(Error::invalid_input(
                 "re-probe interval",
@@ -390,11 +401,6 @@ struct NodeHealth {
     /// [`RedisClient::failovers`]): a Sentinel group that has switched masters since is
     /// verified again before its next use.
     failovers: u64,
-    /// The quarantine the node's marker recorded when last read (the bound on every lease
-    /// there, written by the process that adopted or first marked the node): this process
-    /// quarantines the node at least that long, and marks it again with that same bound
-    /// (issue 28, item 3).
-    recorded_quarantine: Option<Duration>,
 }
 
 /// One node: its client and health.
@@ -418,6 +424,10 @@ impl Node {
 pub(crate) struct SetInner {
     pub(crate) nodes: Vec<Node>,
     pub(crate) options: NodeSetOptions,
+    /// The largest quarantine bound read from any node's marker (the bound of every lease on
+    /// these servers, issue 28, item 3): a node that lost its data is quarantined at least
+    /// this long, whatever this process's own setting.
+    bound: Mutex<Option<Duration>>,
 }
 
 /// The ordered nodes of combination locks, with their shared health. Cheap to clone; build one
@@ -549,12 +559,15 @@ impl NodeSet {
                     replication_id: None,
                     cleared: None,
                     failovers: 0,
-                    recorded_quarantine: None,
                 }),
             })
             .collect();
         Ok(NodeSet {
-            inner: Arc::new(SetInner { nodes, options }),
+            inner: Arc::new(SetInner {
+                nodes,
+                options,
+                bound: Mutex::new(None),
+            }),
         })
     }
 
@@ -740,7 +753,9 @@ impl NodeSet {
             async move {
                 let mark = async {
                     let info = n.client.server_info().await?;
-                    n.client.node_mark(keys, &info, quarantine).await
+                    n.client
+                        .node_mark(keys, &info, Mark::Adopt(quarantine))
+                        .await
                 };
                 let r = match tokio::time::timeout(op, mark).await {
                     Ok(r) => r,
@@ -761,6 +776,10 @@ impl NodeSet {
         // A user that may not read `INFO` or write the marker is a configuration error, said
         // as such; an unreachable node is only not counted.
         let count = marked.iter().filter(|r| r.is_ok()).count();
+        if count > 0 {
+            // The bound these servers now record (set exactly: an adoption may lower it).
+            *self.bound() = quarantine;
+        }
         if let Some(e) = marked
             .into_iter()
             .filter_map(Result::err)
@@ -817,19 +836,19 @@ impl NodeSet {
             ),
             Err(e) => return self.mark_failed(node.index, &e),
         };
-        // The marker bounds every lease on the node by the quarantine it records (the script
-        // refuses longer ones): a process configured shorter quarantines the node that long
-        // too, and a lost marker is written again with the bound it had (issue 28, item 3).
-        let (quarantine, bound) = {
-            let mut h = node.health();
-            if recorded.is_some() {
-                h.recorded_quarantine = recorded;
-            }
-            let bound = h
-                .recorded_quarantine
-                .or(opts.quarantine_enabled.then_some(opts.quarantine));
-            (opts.quarantine.max(bound.unwrap_or_default()), bound)
-        };
+        // The markers bound every new lease on these servers by the quarantine they record
+        // (the acquire script refuses longer ones): a node whose marker is gone or another
+        // server's is quarantined at least that long, whatever this process's setting. The
+        // bound is read from the other nodes' markers too, so that a process that never read
+        // this node's marker before it lost it learns the bound (review of issue 28, item 3).
+        if let Some(q) = recorded {
+            self.learn_bound(q);
+        }
+        if marker != Marker::Own && opts.quarantine_enabled {
+            self.read_bounds(keys, node.index).await;
+        }
+        let known = *self.bound();
+        let quarantine = opts.quarantine.max(known.unwrap_or_default());
         let (restarted, new_history, served) = {
             let h = node.health();
             let restarted = h.run_id.as_ref().is_some_and(|r| *r != info.run_id);
@@ -897,14 +916,23 @@ impl NodeSet {
             return;
         }
         // Marked again when it is missing or another server stamped it, and when it records no
-        // bound yet (written by a version before bounds).
-        if (marker != Marker::Own || (bound.is_some() && recorded.is_none()))
-            && let Err(e) = node.client.node_mark(keys, &info, bound).await
-        {
-            if served {
-                node.health().cleared = Some(info.marker_stamp());
+        // bound yet (written by a version before bounds): with the larger of the bound it
+        // records and the one this process keeps.
+        let bound = opts.quarantine_enabled.then_some(quarantine);
+        if marker != Marker::Own || (bound.is_some() && recorded.is_none()) {
+            match node.client.node_mark(keys, &info, Mark::Keep(bound)).await {
+                Ok(stored) => {
+                    if let Some(q) = stored {
+                        self.learn_bound(q);
+                    }
+                }
+                Err(e) => {
+                    if served {
+                        node.health().cleared = Some(info.marker_stamp());
+                    }
+                    return self.mark_failed(node.index, &e);
+                }
             }
-            return self.mark_failed(node.index, &e);
         }
         let mut h = node.health();
         h.cleared = None;
@@ -915,6 +943,42 @@ impl NodeSet {
         h.run_id = Some(info.run_id);
         h.replication_id = info.replication_id;
         h.failovers = failovers;
+    }
+
+    fn bound(&self) -> MutexGuard<'_, Option<Duration>> {
+        self.inner
+            .bound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `q` if it is the largest quarantine bound read so far.
+    fn learn_bound(&self, q: Duration) {
+        let mut bound = self.bound();
+        if bound.is_none_or(|b| b < q) {
+            *bound = Some(q);
+        }
+    }
+
+    /// Reads the bound the markers of the nodes other than `except` record (each within the
+    /// node operation time; a node out of reach is skipped).
+    async fn read_bounds(&self, keys: &NodeKeys, except: usize) {
+        let op = self.inner.options.node_op_time;
+        let reads = self
+            .inner
+            .nodes
+            .iter()
+            .filter(|n| n.index != except)
+            .map(|n| tokio::time::timeout(op, n.client.node_marker(keys)));
+        for read in futures::future::join_all(reads).await {
+            if let Ok(Ok(Some(NodeMarker {
+                quarantine: Some(q),
+                ..
+            }))) = read
+            {
+                self.learn_bound(q);
+            }
+        }
     }
 
     /// Marks node `i` unavailable after a failed command, or after a failed re-check. Its next

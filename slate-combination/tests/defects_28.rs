@@ -324,7 +324,10 @@ async fn i1_a_late_give_back_never_takes_a_later_attempts_level() {
     let client = slate_redis::RedisClient::open(s[0].url()).unwrap();
     let keys = NodeKeys::new("slate:", &slate_core::LockName::new("i1").unwrap());
     let info = client.server_info().await.unwrap();
-    client.node_mark(&keys, &info, None).await.unwrap();
+    client
+        .node_mark(&keys, &info, slate_redis::node::Mark::Keep(None))
+        .await
+        .unwrap();
     let holder = slate_core::HolderId::new();
     let lease = Duration::from_secs(10);
     let request = |a: NodeAcquire| match a {
@@ -628,6 +631,12 @@ async fn i3_a_lease_longer_than_the_quarantine_the_nodes_record_is_refused() {
     for server in &s {
         assert!(!exists(server, "i3b"), "the refused acquire left an entry");
     }
+    // A zero quarantine (which would bound every lease to nothing) is refused up front.
+    let e = slate_combination::NodeSetOptions::builder()
+        .quarantine(Duration::ZERO)
+        .build()
+        .expect_err("a zero quarantine");
+    assert!(e.is_invalid_input(), "{e}");
     // A lease within the bound is granted.
     let short = CombinationLock::builder(&b_nodes, "i3b")
         .lease(Duration::from_secs(2))
@@ -643,9 +652,48 @@ async fn i3_a_lease_longer_than_the_quarantine_the_nodes_record_is_refused() {
 /// lease another process may hold there), and marks it again with that same bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i3_a_shorter_configured_quarantine_waits_the_recorded_one() {
+    shorter_quarantine_waits_the_recorded_one(Met::BeforeTheLoss).await;
+}
+
+/// Item 3, found by the review: a process that never read the node's marker before the node
+/// lost it (started after the loss: every `slate run` is one) knew no bound but what the
+/// other nodes' verifications, running at the same time, happened to tell it first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i3_a_process_that_never_read_the_lost_marker_learns_the_bound_from_the_others() {
+    shorter_quarantine_waits_the_recorded_one(Met::Never).await;
+}
+
+/// Item 3, found by the review: a process keeps the bound it read, and the servers were
+/// adopted again with a longer one since (the fix the refusal names): it quarantined the node
+/// that lost its data for the old bound. The bound is now read from the other nodes' markers
+/// whenever a node is found without its marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i3_a_bound_raised_since_the_process_read_it_is_read_again() {
+    shorter_quarantine_waits_the_recorded_one(Met::BeforeTheBoundWasRaised).await;
+}
+
+/// When process A first met the servers.
+#[derive(Clone, Copy, PartialEq)]
+enum Met {
+    BeforeTheLoss,
+    Never,
+    BeforeTheBoundWasRaised,
+}
+
+/// Servers adopted with a 4 s quarantine; node 1 flushed; process A, configured with 1.5 s,
+/// met the servers as `met` says.
+async fn shorter_quarantine_waits_the_recorded_one(met: Met) {
     let s = servers(3);
     let recorded = Duration::from_secs(4);
-    adopt(&view_of(urls(&s), with_quarantine(recorded))).await;
+    if met == Met::BeforeTheBoundWasRaised {
+        adopt(&view_of(
+            urls(&s),
+            with_quarantine(Duration::from_millis(1500)),
+        ))
+        .await;
+    } else {
+        adopt(&view_of(urls(&s), with_quarantine(recorded))).await;
+    }
     // The servers have been up longer than the recorded quarantine: a flushed node is
     // quarantined for a full period.
     tokio::time::sleep(recorded + Duration::from_millis(200)).await;
@@ -654,11 +702,17 @@ async fn i3_a_shorter_configured_quarantine_waits_the_recorded_one() {
         .lease(Duration::from_millis(1500))
         .build()
         .unwrap();
-    let g = a.try_lock().await.unwrap().expect("free");
-    assert_eq!(g.nodes(), &[0, 1, 2]);
-    g.unlock().await.unwrap();
+    if met != Met::Never {
+        let g = a.try_lock().await.unwrap().expect("free");
+        assert_eq!(g.nodes(), &[0, 1, 2]);
+        g.unlock().await.unwrap();
+    }
+    if met == Met::BeforeTheBoundWasRaised {
+        adopt(&view_of(urls(&s), with_quarantine(recorded))).await;
+    }
     s[1].command(&["FLUSHALL"]).unwrap();
-    // The first attempt finds node 1's marker gone, the next verifies (and quarantines) it.
+    // Node 1 is found without its marker (at the first verification, or by the first
+    // attempt and then verified at the next) and quarantined.
     for _ in 0..2 {
         let g = a.try_lock().await.unwrap().expect("free");
         assert_eq!(g.nodes(), &[0, 2]);
@@ -667,7 +721,7 @@ async fn i3_a_shorter_configured_quarantine_waits_the_recorded_one() {
     let quarantined = std::time::Instant::now();
     match &a_nodes.report()[1].state {
         slate_combination::NodeState::Quarantined { remaining } => assert!(
-            *remaining > Duration::from_millis(3500),
+            *remaining > Duration::from_millis(3000),
             "node 1 quarantined for {remaining:?} only: the process's own 1.5 s, not the recorded 4 s"
         ),
         other => panic!("node 1 is {other:?}"),
@@ -688,7 +742,7 @@ async fn i3_a_shorter_configured_quarantine_waits_the_recorded_one() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(quarantined.elapsed() > recorded - Duration::from_millis(600));
+    assert!(quarantined.elapsed() > recorded - Duration::from_millis(1200));
     let marker: String =
         redis::from_redis_value(s[1].command(&["GET", "slate:node-marker"]).unwrap()).unwrap();
     assert!(marker.ends_with(" q=4000"), "node 1's marker: {marker}");

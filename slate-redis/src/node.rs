@@ -35,6 +35,30 @@ use slate_aqs::Notifications;
 /// records (nothing was touched).
 const LEASE_OVER_QUARANTINE: i64 = -8;
 
+/// Writes the node marker: KEYS[1] the marker, ARGV[1] the stamp, ARGV[2] the quarantine in
+/// ms ('' for none), ARGV[3] '1' to set it exactly (else the larger of it and the bound the
+/// marker records is kept). Returns the bound stored, or -1 for none.
+static MARK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local q = tonumber(ARGV[2])
+if ARGV[3] ~= '1' then
+    local cur = redis.call('GET', KEYS[1])
+    local old = cur and tonumber(string.match(cur, ' q=(%d+)$') or '')
+    if old and (not q or old > q) then
+        q = old
+    end
+end
+local value = ARGV[1]
+if q then
+    value = value .. string.format(' q=%d', q)
+end
+redis.call('SET', KEYS[1], value)
+return q or -1
+",
+    )
+});
+
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 static INSPECT: LazyLock<Script> =
@@ -157,6 +181,22 @@ impl ServerInfo {
             self.replication_id.as_deref().unwrap_or("-")
         )
     }
+}
+
+/// How [`RedisClient::node_mark`] treats the quarantine bound a marker already records.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// let _ = slate_redis::node::Mark::Keep(Some(Duration::from_secs(30)));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// Keep the larger of this bound and the recorded one (`None`: only the recorded one).
+    Keep(Option<Duration>),
+    /// Set exactly this bound (an operator's adoption of fresh servers).
+    Adopt(Option<Duration>),
 }
 
 /// What a node marker records: the [stamp](ServerInfo::marker_stamp) of the server that
@@ -460,14 +500,15 @@ impl RedisClient {
                 "lease",
                 format!(
                     "this lock's {lease:?} lease is longer than the {:?} quarantine recorded in \
-                     the node marker of {} (written by the process that adopted or last marked \
-                     the node): after a data loss, that process could use the node again while \
-                     this lease still ran",
+                     the node marker of {} (by the adoption of the servers, or the longest \
+                     quarantine of the processes that marked them): after a data loss, a \
+                     process could use the node again while this lease still ran",
                     Duration::from_millis(u64::try_from(*quarantine).unwrap_or(0)),
                     self.address()
                 ),
-                "give every process's node set the same quarantine \
-                 (NodeSetOptions::quarantine), at least the longest lease of its locks",
+                "use a lease within that quarantine, or adopt the servers again with a longer \
+                 one (NodeSet::adopt_fresh_servers with NodeSetOptions::quarantine, or \
+                 `slate nodes adopt --quarantine`) while no lock on them is held",
             )),
             // Overtaken again and again by later requests of the same holder: busy for now.
             [request::OVERTAKEN] => Ok(NodeAcquire::Busy { retry_after: None }),
@@ -588,14 +629,15 @@ impl RedisClient {
     }
 
     /// Writes the node marker with `info`'s [stamp](ServerInfo::marker_stamp) (`info` read
-    /// from this server) and the node set's `quarantine` (`None`: no bound, for node sets
-    /// without quarantine). Call it only when the server has been up for at least a lease, or
-    /// after a quarantine of that length.
+    /// from this server) and a quarantine bound, and returns the bound stored. Call it only
+    /// when the server has been up for at least a lease, or after a quarantine of that length.
     ///
-    /// The quarantine recorded there is the bound every lease on this node is held to: an
-    /// acquire whose lease is longer is refused ([`node_acquire`](Self::node_acquire)), so a
-    /// process with a shorter quarantine than another's cannot take a lease that would outlive
-    /// the other's quarantine of this node after a data loss (issue 28, item 3).
+    /// The quarantine recorded there bounds every new lease on this node: an acquire whose
+    /// lease is longer is refused ([`node_acquire`](Self::node_acquire)), so that no lease
+    /// lost with the node's data outlives the quarantine any process then keeps (issue 28,
+    /// item 3). `Mark::Keep(q)` keeps the larger of `q` and the bound the marker already
+    /// records (`None`: no new bound); `Mark::Adopt(q)` sets exactly `q` (an operator's
+    /// adoption, which may lower it).
     ///
     /// # Errors
     ///
@@ -608,23 +650,27 @@ impl RedisClient {
         &self,
         keys: &NodeKeys,
         info: &ServerInfo,
-        quarantine: Option<Duration>,
-    ) -> Result<()> {
+        mark: Mark,
+    ) -> Result<Option<Duration>> {
         let marker: &[u8] = &keys.marker;
-        let value = NodeMarker {
-            stamp: info.marker_stamp(),
-            quarantine,
-        }
-        .to_string();
-        let value = &value;
-        self.exec("SET node marker", |mut c| async move {
-            redis::cmd("SET")
-                .arg(&*marker)
-                .arg(value)
-                .query_async::<()>(&mut c)
-                .await
-        })
-        .await
+        let stamp = info.marker_stamp();
+        let (quarantine, exact) = match mark {
+            Mark::Keep(q) => (q, ""),
+            Mark::Adopt(q) => (q, "1"),
+        };
+        let ms = quarantine.map_or(String::new(), |q| q.as_millis().to_string());
+        let (stamp, ms) = (&stamp, &ms);
+        let stored: i64 = self
+            .exec("node marker script", |mut c| async move {
+                MARK.key(&*marker)
+                    .arg(stamp)
+                    .arg(ms)
+                    .arg(exact)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(u64::try_from(stored).ok().map(Duration::from_millis))
     }
 
     /// The node marker (`None` when it is missing).

@@ -71,16 +71,11 @@
 -- the record's expiry (a write, so that a WAIT after the replay covers the grant).
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
+local marker = false
 if #KEYS >= 6 then
-    local marker = redis.call('GET', KEYS[6])
+    marker = redis.call('GET', KEYS[6])
     if not marker then
         return {-2}
-    end
-    -- A lease longer than the quarantine would outlive another process's quarantine of this
-    -- node after a data loss (issue 28, item 3).
-    local q = tonumber(string.match(marker, ' q=(%d+)$') or '')
-    if q and tonumber(ARGV[2]) > q then
-        return {-8, q}
     end
 end
 -- Request ids grow in each process (`request.rs`: above every id the process sent before, and
@@ -121,6 +116,16 @@ if req ~= '' then
 end
 if ARGV[7] == '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
     return {-4}
+end
+-- A new hold's lease longer than the quarantine the marker records would outlive another
+-- process's quarantine of this node after a data loss (issue 28, item 3). Checked after the
+-- replay (a resent grant answers as it did) and not for a re-entry (its hold passed the check
+-- when it began).
+if marker and ARGV[7] ~= '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+    local q = tonumber(string.match(marker, ' q=(%d+)$') or '')
+    if q and tonumber(ARGV[2]) > q then
+        return {-8, q}
+    end
 end
 local function remember(token, count)
     if req ~= '' then
