@@ -338,6 +338,8 @@ impl Inner {
         let mut left: HashMap<usize, Leftover> = HashMap::new();
         let mut retry_after = None;
         let mut failures: HashMap<usize, Error> = HashMap::new();
+        // A node's refusal of this lock's lease (see `Err(e) if e.is_invalid_input()` below).
+        let mut invalid: Option<Error> = None;
         // The block every won node reserved: the lead node cuts it to what its turn's row has
         // left (issue 35, defect 10), and the passes must stay within that.
         let mut reserved = block.max(1);
@@ -366,7 +368,6 @@ impl Inner {
                     }))
                     .await;
                     let mut answers = Vec::with_capacity(replies.len());
-                    let mut invalid = None;
                     for (i, (reply, leftover)) in replies {
                         if leftover != Leftover::Nothing {
                             left.insert(i, leftover);
@@ -393,8 +394,10 @@ impl Inner {
                             Ok(_) => NodeAnswer::Failed,
                             Err(e) if e.is_invalid_input() => {
                                 // A configuration error (this lock's lease is longer than the
-                                // quarantine the node's marker records): the whole acquisition
-                                // fails with it, below; the node stays usable.
+                                // quarantine the node's marker records): the node does not
+                                // count (it stays usable), and the acquisition fails with the
+                                // error if the other nodes make no quorum (review finding: one
+                                // node recording a smaller bound failed every acquisition).
                                 invalid = Some(e);
                                 NodeAnswer::Failed
                             }
@@ -413,11 +416,6 @@ impl Inner {
                             }
                         };
                         answers.push((i, answer));
-                    }
-                    if let Some(e) = invalid {
-                        let release: Vec<usize> = left.keys().copied().collect();
-                        self.release_attempt(&release, &left, holder, start).await;
-                        return Err(e);
                     }
                     next = state.on_answers(&answers, start.elapsed());
                 }
@@ -448,7 +446,9 @@ impl Inner {
                 }
                 Next::InsufficientNodes { release } => {
                     self.release_attempt(&release, &left, holder, start).await;
-                    return Err(self.insufficient(usable_count, &won, &failures));
+                    return Err(invalid
+                        .take()
+                        .unwrap_or_else(|| self.insufficient(usable_count, &won, &failures)));
                 }
                 Next::BudgetExceeded { release } => {
                     self.release_attempt(&release, &left, holder, start).await;

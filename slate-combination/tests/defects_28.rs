@@ -747,3 +747,85 @@ async fn shorter_quarantine_waits_the_recorded_one(met: Met) {
         redis::from_redis_value(s[1].command(&["GET", "slate:node-marker"]).unwrap()).unwrap();
     assert!(marker.ends_with(" q=4000"), "node 1's marker: {marker}");
 }
+
+/// Item 3, found by the second review: the bound was checked only where the holder had no
+/// entry yet, and a first-level acquire that finds the holder's entry re-enters and sets the
+/// key's TTL to its own lease: a second handle of the same name with a longer lease (the
+/// combination lock keeps no registry: each handle has its own local state), used by the same
+/// holder, put an 8 s lease on nodes whose markers bound leases to 4 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i3_a_second_handle_with_a_longer_lease_is_refused_even_when_it_re_enters() {
+    let s = servers(3);
+    adopt(&view_of(urls(&s), with_quarantine(Duration::from_secs(4)))).await;
+    let nodes = view_of(urls(&s), with_quarantine(Duration::from_secs(10)));
+    let build = |lease| {
+        CombinationLock::builder(&nodes, "i3r")
+            .lease(lease)
+            .build()
+            .unwrap()
+    };
+    let (short, long) = (build(Duration::from_secs(2)), build(Duration::from_secs(8)));
+    let h = slate_core::HolderId::new();
+    let g = short.acquire(h, slate_core::Wait::Immediate).await.unwrap();
+    let e = long
+        .acquire(h, slate_core::Wait::Immediate)
+        .await
+        .map(|g| g.nodes().to_vec())
+        .expect_err("an 8 s lease through a re-entry on nodes recording 4 s");
+    assert!(e.is_invalid_input(), "{e}");
+    for server in &s {
+        assert!(
+            pttl(server, "i3r") <= 2_000,
+            "the key's TTL was set beyond the bound"
+        );
+    }
+    g.unlock().await.unwrap();
+}
+
+/// Item 3, found by the second review: one node whose marker records a smaller bound than
+/// the others failed every acquisition with the lease error, although the other nodes made a
+/// quorum. The refusing node now does not count, and the error is reported only when the
+/// others make no quorum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i3_one_node_with_a_smaller_bound_does_not_fail_the_others_quorum() {
+    use slate_redis::node::{Mark, NodeKeys};
+    let s = servers(3);
+    adopt(&view_of(urls(&s), with_quarantine(Duration::from_secs(10)))).await;
+    // Node 0's marker records 2 s.
+    let client = slate_redis::RedisClient::open(s[0].url()).unwrap();
+    let keys = NodeKeys::new("slate:", &slate_core::LockName::new("-").unwrap());
+    let info = client.server_info().await.unwrap();
+    client
+        .node_mark(&keys, &info, Mark::Adopt(Some(Duration::from_secs(2))))
+        .await
+        .unwrap();
+    let nodes = view_of(urls(&s), with_quarantine(Duration::from_secs(10)));
+    let lock = CombinationLock::builder(&nodes, "i3n")
+        .lease(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let g = lock
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("nodes 1 and 2 make a quorum");
+    assert_eq!(g.nodes(), &[1, 2]);
+    assert!(
+        !exists(&s[0], "i3n"),
+        "node 0 took a lease beyond its bound"
+    );
+    g.unlock().await.unwrap();
+    // With two nodes recording 2 s, no quorum: the lease error, not a shortage of nodes.
+    let client = slate_redis::RedisClient::open(s[1].url()).unwrap();
+    let info = client.server_info().await.unwrap();
+    client
+        .node_mark(&keys, &info, Mark::Adopt(Some(Duration::from_secs(2))))
+        .await
+        .unwrap();
+    let e = lock
+        .try_lock()
+        .await
+        .map(|g| g.map(|g| g.nodes().to_vec()))
+        .expect_err("two nodes refuse the lease");
+    assert!(e.is_invalid_input(), "{e}");
+}

@@ -117,11 +117,13 @@ end
 if ARGV[7] == '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
     return {-4}
 end
--- A new hold's lease longer than the quarantine the marker records would outlive another
--- process's quarantine of this node after a data loss (issue 28, item 3). Checked after the
--- replay (a resent grant answers as it did) and not for a re-entry (its hold passed the check
--- when it began).
-if marker and ARGV[7] ~= '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+-- A lease longer than the quarantine the marker records would outlive another process's
+-- quarantine of this node after a data loss (issue 28, item 3). Checked after the replay (a
+-- resent grant answers as it did) and for every acquisition but a re-entry-only call (which
+-- renews the lease its hold passed the check with): a first-level call that finds the
+-- holder's field re-enters and sets the key's TTL to its own lease, which may be another
+-- lock handle's, longer (review finding).
+if marker and ARGV[7] ~= '1' then
     local q = tonumber(string.match(marker, ' q=(%d+)$') or '')
     if q and tonumber(ARGV[2]) > q then
         return {-8, q}
