@@ -371,19 +371,22 @@ enum Marker {
     /// Stamped by this very server (same run id and replication id).
     Own,
     /// Stamped by another server, or by this one under another replication history: the
-    /// data came from a restart or from another server.
+    /// data came from a restart or from another server. Also a quarantine another server ran.
     Foreign,
+    /// A quarantine this very server runs.
+    Pending,
 }
 
 impl Marker {
     fn read(value: Option<&NodeMarker>, info: &slate_redis::node::ServerInfo) -> Marker {
         match value {
             None => Marker::Missing,
-            Some(v) if v.stamp == info.marker_stamp() => Marker::Own,
-            // Including `1`, from a Slate version before stamps: nothing says which server
-            // wrote it, so a node is quarantined once after an upgrade (review finding; adopt
-            // the servers while no lock is held to skip it).
-            Some(_) => Marker::Foreign,
+            Some(v) if v.stamp != info.marker_stamp() => Marker::Foreign,
+            Some(v) if v.pending.is_some() => Marker::Pending,
+            // Including `1`, from a Slate version before stamps, which is no server's stamp:
+            // nothing says which server wrote it, so a node is quarantined once after an
+            // upgrade (review finding; adopt the servers while no lock is held to skip it).
+            Some(_) => Marker::Own,
         }
     }
 }
@@ -391,12 +394,6 @@ impl Marker {
 #[derive(Debug)]
 struct NodeHealth {
     health: Health,
-    run_id: Option<String>,
-    /// The replication id at the last verification (see [`slate_redis::node::ServerInfo::replication_id`]).
-    replication_id: Option<String>,
-    /// The stamp of the server whose quarantine ran its course, until its marker is stamped
-    /// again: a failed re-stamp does not cost another full quarantine (review finding).
-    cleared: Option<String>,
     /// The client's failover count at the last verification (see
     /// [`RedisClient::failovers`]): a Sentinel group that has switched masters since is
     /// verified again before its next use.
@@ -555,9 +552,6 @@ impl NodeSet {
                 client,
                 health: Mutex::new(NodeHealth {
                     health: Health::Unverified,
-                    run_id: None,
-                    replication_id: None,
-                    cleared: None,
                     failovers: 0,
                 }),
             })
@@ -849,99 +843,91 @@ impl NodeSet {
         }
         let known = *self.bound();
         let quarantine = opts.quarantine.max(known.unwrap_or_default());
-        let (restarted, new_history, served) = {
-            let h = node.health();
-            let restarted = h.run_id.as_ref().is_some_and(|r| *r != info.run_id);
-            // A quarantine that ran its course covers the loss it was for: the node is marked
-            // again and used (without this, a missing marker on a server by then older than
-            // the quarantine quarantined it again for ever; review finding).
-            // (Or it ran its course before and only the re-stamp failed: the marker is still the
-            // foreign one it was for. A marker gone since is a new loss: review finding.)
-            let served = matches!(h.health, Health::Quarantined { until } if Instant::now() >= until)
-                || (marker == Marker::Foreign
-                    && h.cleared.as_deref() == Some(info.marker_stamp().as_str()));
-            // The data may have come from elsewhere since the last look: the replication id
-            // changed (a promotion, or A -> B -> A between two checks). Issue 35, defect 8.
-            let replid_changed = h
-                .replication_id
-                .as_ref()
-                .zip(info.replication_id.as_ref())
-                .is_some_and(|(a, b)| a != b);
-            (
-                restarted,
-                replid_changed,
-                served && !restarted && !replid_changed,
-            )
-        };
+        // The bound to record: this process's quarantine, or (quarantine disabled, unsafe)
+        // the one known, so that the markers keep bounding the leases.
+        let bound = opts.quarantine_enabled.then_some(quarantine).or(known);
         let young = info.uptime < quarantine;
-        // A different run id on a server that has been up for a while is another server
-        // behind the same address: a Sentinel group that failed over to a replica. Replication
-        // is asynchronous, so the promoted replica may lack grants its old master made; they
-        // have all expired once a full quarantine (at least the longest lease) has passed. A
-        // new replication history without a restart is the same case, and so is a marker
-        // stamped by another server (issue 35, defect 8: seen even at a first contact, where
-        // this process has no run id to compare; issue 28, item 2: a restart from a snapshot
-        // that may be older than the last grants).
-        let foreign = marker == Marker::Foreign && !served;
-        let replaced = (if restarted { !young } else { new_history }) || foreign;
-        // A missing marker on a server that has been up for a while: its data went without a
-        // restart (`FLUSHALL`, `FLUSHDB`, an eviction of the marker), maybe just now, so the
-        // entries it lost may belong to holds still running: a full quarantine (issue 28,
-        // item 2; before, only a young server was quarantined and such a node was usable at
-        // once). A server never used with Slate is adopted once with
-        // `NodeSet::adopt_fresh_servers` (or `slate nodes adopt`).
-        let lost = marker == Marker::Missing && !served;
-        let flushed = lost && !young;
-        let young = young && !mutant::active(Mutant::QuarantineAdmitsYoung);
-        if opts.quarantine_enabled && (((restarted || lost) && young) || replaced || flushed) {
-            let wait = if replaced || flushed {
-                quarantine
-            } else {
-                quarantine.saturating_sub(info.uptime)
+        // What the marker says, and how long the node must wait before it is used. A marker
+        // stamped by this very server (its run id and replication id) proves it was adopted,
+        // or stamped after a quarantine of this server ran its course: usable. Otherwise:
+        // - missing on a young server: it restarted without its data (or is new): what is
+        //   left of a quarantine counted from its start;
+        // - missing on a server up for a while: its data went without a restart (`FLUSHALL`,
+        //   `FLUSHDB`, an eviction of the marker), maybe just now: a full quarantine (issue
+        //   28, item 2; before, such a node was used at once);
+        // - another server's stamp: a restart from disk (a snapshot may be older than the
+        //   last grants), a promoted replica (which may lack its old master's newest grants),
+        //   a changed replication history: a full quarantine (issue 35, defect 8);
+        // - pending: a quarantine this server runs (the time left comes from the server).
+        // The quarantine runs on the server, where every process sees it and a data loss
+        // erases it: a second loss is never taken for the first one's quarantine served
+        // (issue 28, item 2, second review: each process used to keep its own, and one whose
+        // quarantine had run its course used a node flushed again since).
+        let admit_young = mutant::active(Mutant::QuarantineAdmitsYoung);
+        let wait = match marker {
+            Marker::Own => None,
+            Marker::Missing if young && admit_young => None,
+            Marker::Missing if young => Some(quarantine.saturating_sub(info.uptime)),
+            Marker::Missing | Marker::Foreign => Some(quarantine),
+            Marker::Pending => Some(Duration::ZERO),
+        };
+        if let Some(wait) = wait.filter(|_| opts.quarantine_enabled) {
+            let pend = Mark::Pend { bound, wait };
+            let marked = match node.client.node_mark(keys, &info, pend).await {
+                Ok(m) => m,
+                Err(e) => return self.mark_failed(node.index, &e),
             };
-            let until = Instant::now() + wait;
-            tracing::warn!(
-                node = node.address(),
-                restarted,
-                replaced,
-                ?marker,
-                new_history,
-                "node quarantined after a restart, a failover or a data loss"
-            );
-            let mut h = node.health();
-            h.health = Health::Quarantined { until };
-            h.run_id = Some(info.run_id);
-            h.replication_id = info.replication_id;
-            h.failovers = failovers;
-            return;
+            if let Some(q) = marked.bound {
+                self.learn_bound(q);
+            }
+            if !marked.left.is_zero() {
+                if marker == Marker::Pending {
+                    tracing::debug!(node = node.address(), left = ?marked.left, "node still quarantined");
+                } else {
+                    tracing::warn!(
+                        node = node.address(),
+                        ?marker,
+                        quarantine = ?marked.left,
+                        "node quarantined after a restart, a failover or a data loss"
+                    );
+                }
+                let mut h = node.health();
+                h.health = Health::Quarantined {
+                    until: Instant::now() + marked.left,
+                };
+                h.failovers = failovers;
+                return;
+            }
         }
-        // Marked again when it is missing or another server stamped it, and when it records no
-        // bound yet (written by a version before bounds): with the larger of the bound it
-        // records and the one this process keeps.
-        let bound = opts.quarantine_enabled.then_some(quarantine);
+        // Stamped when its quarantine ran its course, and when it records no bound yet
+        // (written by a version before bounds). With quarantine disabled (unsafe), whatever
+        // the marker says.
         if marker != Marker::Own || (bound.is_some() && recorded.is_none()) {
-            match node.client.node_mark(keys, &info, Mark::Keep(bound)).await {
-                Ok(stored) => {
-                    if let Some(q) = stored {
+            let mark = if opts.quarantine_enabled {
+                Mark::Stamp(bound)
+            } else {
+                Mark::Adopt(bound)
+            };
+            match node.client.node_mark(keys, &info, mark).await {
+                Ok(m) if m.written => {
+                    if let Some(q) = m.bound {
                         self.learn_bound(q);
                     }
                 }
-                Err(e) => {
-                    if served {
-                        node.health().cleared = Some(info.marker_stamp());
-                    }
-                    return self.mark_failed(node.index, &e);
+                // The marker changed since it was read (a new loss, another quarantine):
+                // looked at again at the next attempt.
+                Ok(_) => {
+                    node.health().health = Health::Unverified;
+                    return;
                 }
+                Err(e) => return self.mark_failed(node.index, &e),
             }
         }
         let mut h = node.health();
-        h.cleared = None;
         if h.health != Health::Usable {
             tracing::info!(node = node.address(), "node usable");
         }
         h.health = Health::Usable;
-        h.run_id = Some(info.run_id);
-        h.replication_id = info.replication_id;
         h.failovers = failovers;
     }
 

@@ -325,7 +325,7 @@ async fn i1_a_late_give_back_never_takes_a_later_attempts_level() {
     let keys = NodeKeys::new("slate:", &slate_core::LockName::new("i1").unwrap());
     let info = client.server_info().await.unwrap();
     client
-        .node_mark(&keys, &info, slate_redis::node::Mark::Keep(None))
+        .node_mark(&keys, &info, slate_redis::node::Mark::Adopt(None))
         .await
         .unwrap();
     let holder = slate_core::HolderId::new();
@@ -828,4 +828,89 @@ async fn i3_one_node_with_a_smaller_bound_does_not_fail_the_others_quorum() {
         .map(|g| g.map(|g| g.nodes().to_vec()))
         .expect_err("two nodes refuse the lease");
     assert!(e.is_invalid_input(), "{e}");
+}
+
+/// Item 2, found by the second review of item 3: each process kept its own quarantine, and
+/// counted a missing marker as that quarantine served once it had run its course. Node 1 is
+/// flushed; B quarantines it first, A a moment later; B's quarantine ends, B marks the node
+/// and uses it; the node is flushed again, taking B's entry; then A's own quarantine ends and
+/// A, finding the marker missing, took it for the first loss's quarantine served and used the
+/// node at once, while B's lost lease still ran. The quarantine now runs on the server (a
+/// `pending` marker on its clock), which the second flush erases: A starts a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i2_a_second_loss_is_not_taken_for_the_first_ones_quarantine_served() {
+    let s = servers(3);
+    let q = Duration::from_secs(2);
+    adopt(&view_of(urls(&s), with_quarantine(q))).await;
+    // Servers older than the quarantine: a flushed node waits a full one.
+    tokio::time::sleep(q + Duration::from_millis(200)).await;
+    let lock_on = |nodes: &slate_combination::NodeSet| {
+        CombinationLock::builder(nodes, "i2s")
+            .lease(q)
+            .build()
+            .unwrap()
+    };
+    let (a_nodes, b_nodes) = (
+        view_of(urls(&s), with_quarantine(q)),
+        view_of(urls(&s), with_quarantine(q)),
+    );
+    let (a, b) = (lock_on(&a_nodes), lock_on(&b_nodes));
+    for l in [&a, &b] {
+        let g = l.try_lock().await.unwrap().expect("free");
+        assert_eq!(g.nodes(), &[0, 1, 2]);
+        g.unlock().await.unwrap();
+    }
+    s[1].command(&["FLUSHALL"]).unwrap();
+    // Each finds node 1's marker gone (first attempt) and quarantines it (next attempt): B
+    // first, A 0.8 s later.
+    let quarantine_node_1 = |l: &CombinationLock| {
+        let l = l.clone();
+        async move {
+            for _ in 0..2 {
+                let g = l.try_lock().await.unwrap().expect("free");
+                assert_eq!(g.nodes(), &[0, 2]);
+                g.unlock().await.unwrap();
+            }
+        }
+    };
+    quarantine_node_1(&b).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    quarantine_node_1(&a).await;
+    assert!(matches!(
+        a_nodes.report()[1].state,
+        slate_combination::NodeState::Quarantined { .. }
+    ));
+    // B's quarantine ends: B marks node 1 and holds on it.
+    let started = std::time::Instant::now();
+    let gb = loop {
+        let g = b.try_lock().await.unwrap().expect("free");
+        if g.nodes().contains(&1) {
+            break g;
+        }
+        g.unlock().await.unwrap();
+        assert!(started.elapsed() < q * 3, "B uses node 1 again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // A second loss takes B's entry on node 1 (B holds 0, 1 and 2 still as far as it knows).
+    s[1].command(&["FLUSHALL"]).unwrap();
+    // A's own quarantine (started 0.8 s after B's) runs out.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    match a.try_lock().await {
+        Ok(Some(ga)) => {
+            let nodes = ga.nodes().to_vec();
+            ga.unlock().await.unwrap();
+            panic!(
+                "A held {nodes:?} beside B's hold on {:?}: node 1 was used at once after its \
+                 second loss",
+                gb.nodes()
+            );
+        }
+        Ok(None) => {}
+        Err(e) => assert!(e.is_insufficient_nodes(), "{e}"),
+    }
+    match &a_nodes.report()[1].state {
+        slate_combination::NodeState::Quarantined { .. } => {}
+        other => panic!("node 1 after its second loss: {other:?}"),
+    }
+    drop(gb);
 }

@@ -35,26 +35,61 @@ use slate_aqs::Notifications;
 /// records (nothing was touched).
 const LEASE_OVER_QUARANTINE: i64 = -8;
 
-/// Writes the node marker: KEYS[1] the marker, ARGV[1] the stamp, ARGV[2] the quarantine in
-/// ms ('' for none), ARGV[3] '1' to set it exactly (else the larger of it and the bound the
-/// marker records is kept). Returns the bound stored, or -1 for none.
+/// Writes the node marker. KEYS[1] the marker; ARGV[1] the stamp; ARGV[2] the quarantine
+/// bound in ms ('' for none); ARGV[3] the mode: `adopt` (set exactly), `stamp` (stamp a node
+/// whose quarantine ran its course on this server, or add a bound to its own stamp: refused
+/// when the marker is missing, another server's, or pending with time left), `pend` (start a
+/// quarantine of ARGV[4] ms on the server's clock, or keep the one this server already runs).
+/// A bound never goes down but by `adopt`. Returns {bound or -1, ms left of the quarantine
+/// (0: none), 1 if written as asked else 0}.
 static MARK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local q = tonumber(ARGV[2])
-if ARGV[3] ~= '1' then
-    local cur = redis.call('GET', KEYS[1])
-    local old = cur and tonumber(string.match(cur, ' q=(%d+)$') or '')
-    if old and (not q or old > q) then
-        q = old
+local cur = redis.call('GET', KEYS[1])
+local old_q = cur and tonumber(string.match(cur, ' q=(%d+)$') or '')
+if ARGV[3] ~= 'adopt' and old_q and (not q or old_q > q) then
+    q = old_q
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local suffix = ''
+if q then
+    suffix = string.format(' q=%d', q)
+end
+-- A quarantine this very server runs: 'pending <stamp> <until ms>'.
+local until_ms = nil
+if cur then
+    local stamp, u = string.match(cur, '^pending (.+) (%d+) q=%d+$')
+    if not stamp then
+        stamp, u = string.match(cur, '^pending (.+) (%d+)$')
+    end
+    if stamp == ARGV[1] then
+        until_ms = tonumber(u)
     end
 end
-local value = ARGV[1]
-if q then
-    value = value .. string.format(' q=%d', q)
+if ARGV[3] == 'pend' then
+    if until_ms then
+        redis.call('SET', KEYS[1], string.format('pending %s %d', ARGV[1], until_ms) .. suffix)
+        return {q or -1, math.max(until_ms - now, 0), 1}
+    end
+    local wait = tonumber(ARGV[4]) or 0
+    redis.call('SET', KEYS[1], string.format('pending %s %d', ARGV[1], now + wait) .. suffix)
+    return {q or -1, wait, 1}
 end
-redis.call('SET', KEYS[1], value)
-return q or -1
+if ARGV[3] == 'stamp' then
+    local served = until_ms and until_ms <= now
+    local own = cur == ARGV[1] or (cur and string.sub(cur, 1, #ARGV[1] + 3) == ARGV[1] .. ' q=')
+    if not (served or own) then
+        local left = 0
+        if until_ms then
+            left = until_ms - now
+        end
+        return {q or -1, left, 0}
+    end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. suffix)
+return {q or -1, 0, 1}
 ",
     )
 });
@@ -183,25 +218,50 @@ impl ServerInfo {
     }
 }
 
-/// How [`RedisClient::node_mark`] treats the quarantine bound a marker already records.
+/// What [`RedisClient::node_mark`] writes. A marker's quarantine bound never goes down but by
+/// an adoption.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
-/// let _ = slate_redis::node::Mark::Keep(Some(Duration::from_secs(30)));
+/// let _ = slate_redis::node::Mark::Stamp(Some(Duration::from_secs(30)));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mark {
-    /// Keep the larger of this bound and the recorded one (`None`: only the recorded one).
-    Keep(Option<Duration>),
-    /// Set exactly this bound (an operator's adoption of fresh servers).
+    /// Stamp the node usable, with this bound (or the larger one it records): only a node
+    /// whose quarantine ran its course on this very server (a `pending` marker of its own,
+    /// with no time left), or one already stamped by it. Anything else (the marker gone,
+    /// another server's, time left) is left alone and reported.
+    Stamp(Option<Duration>),
+    /// Start a quarantine of this long on the server's clock (`pending`), with this bound,
+    /// unless this very server already runs one, which is kept as it is.
+    Pend {
+        /// The bound to record (or the larger one the marker records).
+        bound: Option<Duration>,
+        /// How long the quarantine lasts from now.
+        wait: Duration,
+    },
+    /// Set exactly this bound, stamped usable (an operator's adoption of fresh servers).
     Adopt(Option<Duration>),
+}
+
+/// What [`RedisClient::node_mark`] found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Marked {
+    /// The bound the marker now records.
+    pub bound: Option<Duration>,
+    /// What is left of the server's quarantine of the node (zero: none).
+    pub left: Duration,
+    /// Whether the marker was written as asked (a refused [`Mark::Stamp`] is not).
+    pub written: bool,
 }
 
 /// What a node marker records: the [stamp](ServerInfo::marker_stamp) of the server that
 /// wrote it (`1` from a Slate version before stamps) and, since issue 28, the node set's
-/// quarantine, which bounds every lease on the node. Stored as `<stamp> q=<ms>`.
+/// quarantine, which bounds every lease on the node, and a quarantine under way. Stored as
+/// `<stamp> q=<ms>`, or `pending <stamp> <until ms> q=<ms>`.
 ///
 /// # Examples
 ///
@@ -213,6 +273,8 @@ pub enum Mark {
 /// assert_eq!(m.quarantine, Some(Duration::from_secs(60)));
 /// assert_eq!(m.to_string(), "3f2a 8c1d q=60000");
 /// assert_eq!(NodeMarker::parse("1").quarantine, None);
+/// let p = NodeMarker::parse("pending 3f2a 8c1d 1700000000000 q=60000");
+/// assert_eq!((p.stamp.as_str(), p.pending), ("3f2a 8c1d", Some(1_700_000_000_000)));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -221,6 +283,9 @@ pub struct NodeMarker {
     pub stamp: String,
     /// The node set's quarantine when the marker was written (`None` from older versions).
     pub quarantine: Option<Duration>,
+    /// A quarantine under way on the server: its end in ms since the epoch on the server's
+    /// clock (`pending <stamp> <until> q=<ms>`); the node is not used until then.
+    pub pending: Option<u64>,
 }
 
 impl NodeMarker {
@@ -228,16 +293,38 @@ impl NodeMarker {
     /// matches, so the node is treated as foreign and quarantined once).
     #[must_use]
     pub fn parse(value: &str) -> NodeMarker {
+        let (value, pending) = match value.strip_prefix("pending ") {
+            Some(rest) => (rest, true),
+            None => (value, false),
+        };
+        let mut m = NodeMarker::parse_stamped(value);
+        if pending {
+            // '<stamp> <until ms>': the quarantine's end, on the server's clock.
+            m.pending = match m.stamp.rsplit_once(' ') {
+                Some((stamp, until)) if until.bytes().all(|b| b.is_ascii_digit()) => {
+                    let until = until.parse().ok();
+                    m.stamp = stamp.to_owned();
+                    until
+                }
+                _ => Some(0),
+            };
+        }
+        m
+    }
+
+    fn parse_stamped(value: &str) -> NodeMarker {
         match value.rsplit_once(" q=") {
             Some((stamp, ms)) if !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) => {
                 NodeMarker {
                     stamp: stamp.to_owned(),
                     quarantine: ms.parse().ok().map(Duration::from_millis),
+                    pending: None,
                 }
             }
             _ => NodeMarker {
                 stamp: value.to_owned(),
                 quarantine: None,
+                pending: None,
             },
         }
     }
@@ -245,7 +332,11 @@ impl NodeMarker {
 
 impl std::fmt::Display for NodeMarker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.stamp)?;
+        if let Some(until) = self.pending {
+            write!(f, "pending {} {until}", self.stamp)?;
+        } else {
+            f.write_str(&self.stamp)?;
+        }
         if let Some(q) = self.quarantine {
             write!(f, " q={}", q.as_millis())?;
         }
@@ -629,15 +720,15 @@ impl RedisClient {
     }
 
     /// Writes the node marker with `info`'s [stamp](ServerInfo::marker_stamp) (`info` read
-    /// from this server) and a quarantine bound, and returns the bound stored. Call it only
-    /// when the server has been up for at least a lease, or after a quarantine of that length.
+    /// from this server), as `mark` says (see [`Mark`]), and reports the outcome.
     ///
-    /// The quarantine recorded there bounds every new lease on this node: an acquire whose
-    /// lease is longer is refused ([`node_acquire`](Self::node_acquire)), so that no lease
-    /// lost with the node's data outlives the quarantine any process then keeps (issue 28,
-    /// item 3). `Mark::Keep(q)` keeps the larger of `q` and the bound the marker already
-    /// records (`None`: no new bound); `Mark::Adopt(q)` sets exactly `q` (an operator's
-    /// adoption, which may lower it).
+    /// The marker records a quarantine bound, which bounds every new lease on this node: an
+    /// acquire whose lease is longer is refused ([`node_acquire`](Self::node_acquire)), so
+    /// that no lease lost with the node's data outlives the quarantine any process then keeps
+    /// (issue 28, item 3). A quarantine runs on the server (`pending`, on its clock): the
+    /// acquire script answers [`NodeAcquire::DataLost`] while it runs, for every process, and
+    /// a data loss during it erases it, so a second loss is never taken for the first one's
+    /// quarantine served (issue 28, item 2).
     ///
     /// # Errors
     ///
@@ -651,26 +742,40 @@ impl RedisClient {
         keys: &NodeKeys,
         info: &ServerInfo,
         mark: Mark,
-    ) -> Result<Option<Duration>> {
+    ) -> Result<Marked> {
         let marker: &[u8] = &keys.marker;
         let stamp = info.marker_stamp();
-        let (quarantine, exact) = match mark {
-            Mark::Keep(q) => (q, ""),
-            Mark::Adopt(q) => (q, "1"),
+        let (bound, mode, wait) = match mark {
+            Mark::Stamp(q) => (q, "stamp", Duration::ZERO),
+            Mark::Pend { bound, wait } => (bound, "pend", wait),
+            Mark::Adopt(q) => (q, "adopt", Duration::ZERO),
         };
-        let ms = quarantine.map_or(String::new(), |q| q.as_millis().to_string());
-        let (stamp, ms) = (&stamp, &ms);
-        let stored: i64 = self
+        let ms = bound.map_or(String::new(), |q| q.as_millis().to_string());
+        let wait = wait.as_millis().to_string();
+        let (stamp, ms, wait) = (&stamp, &ms, &wait);
+        let reply: Vec<i64> = self
             .exec("node marker script", |mut c| async move {
                 MARK.key(&*marker)
                     .arg(stamp)
                     .arg(ms)
-                    .arg(exact)
+                    .arg(mode)
+                    .arg(wait)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
-        Ok(u64::try_from(stored).ok().map(Duration::from_millis))
+        match reply.as_slice() {
+            [bound, left, written] => Ok(Marked {
+                bound: u64::try_from(*bound).ok().map(Duration::from_millis),
+                left: Duration::from_millis(u64::try_from(*left).unwrap_or(0)),
+                written: *written == 1,
+            }),
+            _ => Err(unexpected_reply(
+                "node marker script",
+                self.address(),
+                &reply,
+            )),
+        }
     }
 
     /// The node marker (`None` when it is missing).

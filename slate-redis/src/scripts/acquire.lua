@@ -54,8 +54,9 @@
 --   {0, ms}            busy: another holder has the lock (ms = its PTTL), or the free lock is
 --                      reserved for another process's turn (ms = what is left of the
 --                      reservation); the caller's process was queued
---   {-2}               (only with KEYS[6]) the node marker is missing: the server lost its
---                      data since it was marked; nothing was touched
+--   {-2}               (only with KEYS[6]) the node marker is missing (the server lost its
+--                      data since it was marked) or pending (quarantined); nothing was
+--                      touched
 --   {-3}               the request was cancelled (its caller gave up and undid it); nothing
 --                      was touched
 --   {-8, q}            (only with KEYS[6]) the lease is longer than the quarantine q (ms)
@@ -74,7 +75,8 @@
 local marker = false
 if #KEYS >= 6 then
     marker = redis.call('GET', KEYS[6])
-    if not marker then
+    -- Missing (the server lost its data), or a quarantine under way ('pending ...').
+    if not marker or string.sub(marker, 1, 8) == 'pending ' then
         return {-2}
     end
 end
