@@ -133,8 +133,8 @@ slate completions fish > ~/.config/fish/completions/slate.fish")]
 #[derive(Debug, Subcommand)]
 enum NodesCmd {
     /// Declare brand-new servers fresh, so that combination locks use them at once (by
-    /// default a server up for less than the quarantine, 30 s, is not used: a new server
-    /// cannot be told from one that restarted without its data).
+    /// default a server without the node marker is not used until the quarantine, 30 s, has
+    /// passed: a new server cannot be told from one that lost its data).
     #[command(
         after_help = "Only for brand-new servers: never run it while a lock on them may \
 be held (a server that lost a held lock would be used at once). Exit codes: 0 every server \

@@ -331,9 +331,10 @@ fn ended_by(sig: Signal) -> u8 {
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Printed when a combination lock failed because nodes are quarantined.
-const QUARANTINE_HINT: &str = "slate: hint: a Redis server that has been up for less than the \
-quarantine (30s, the lease if longer, or the bound the servers' adoption recorded if longer still) is \
-not used by a combination lock: a fresh server cannot be told from one that restarted without its data. Wait until the servers have been up that long, \
+const QUARANTINE_HINT: &str = "slate: hint: a Redis server without the node marker is not used by a \
+combination lock until the quarantine (30s, the lease if longer, or the bound the servers' adoption \
+recorded if longer still) has passed: a fresh server cannot be told from one that lost its data. \
+Wait that long, \
 or, for a brand-new deployment, run `slate nodes adopt --redis URL --redis URL ...` once (never \
 while a lock on them may be held).";
 

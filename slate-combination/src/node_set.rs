@@ -5,18 +5,18 @@
 //!
 //! | state | used by new attempts | leaves it when |
 //! | --- | --- | --- |
-//! | unverified (new, or data loss seen) | after a verification at the next attempt's start | verification: marker present with the server's own stamp → usable; marker missing → quarantined (a server younger than the quarantine until it is that old, an older one for a full quarantine; then the marker is written); marker stamped by another server → quarantined for a full quarantine (then stamped again); unreachable → unavailable |
+//! | unverified (new, or data loss seen) | after a verification at the next attempt's start | verification: marker present with the server's own stamp → usable; marker missing, or stamped by another server → a full quarantine, run on the server (`pending`, then stamped again); pending → quarantined for what the server says is left; unreachable → unavailable |
 //! | usable | yes | a command fails (→ unavailable), an acquire answers "data lost" or a renewal finds its entry gone (→ unverified) |
 //! | unavailable (since, last error) | no | its next probe is due (1 s after the failure, then as long again as it has been down, at most the re-probe interval) and a verification succeeds |
 //! | quarantined (until) | no | the time passes and a verification succeeds |
 //!
-//! A verification is `INFO server` plus the node marker check (see `slate_combination::node`): a
-//! server whose run id changed since this process last saw it, or whose marker is gone, is
-//! quarantined until it has been up for the quarantine period, so that no entry it lost is
-//! still believed held anywhere when it is used again. A server up for longer than that whose
-//! marker is gone lost its data without a restart (`FLUSHALL`, `FLUSHDB`), maybe just now: it
-//! is quarantined for a full period (issue 28, item 2). A brand-new server is declared fresh
-//! once with [`NodeSet::adopt_fresh_servers`]. A run id that changed on a server up
+//! A verification is `INFO server` plus the node marker check (see `slate_redis::node`): a
+//! server whose marker is gone (a restart without its data, a `FLUSHALL`, maybe just now) or
+//! was stamped by another server (a restart from disk, a promoted replica) is quarantined for
+//! a full period, on the server (a `pending` marker on the server's clock, which every process
+//! sees and a data loss erases), so that no entry it lost is still believed held anywhere when
+//! it is used again (issue 28, item 2). A brand-new server is declared fresh once with
+//! [`NodeSet::adopt_fresh_servers`]. A run id that changed on a server up
 //! for longer than that is another server behind the same node (a Sentinel group that failed
 //! over to a replica, which may lack grants its old master never replicated): it is
 //! quarantined for a full period. The marker carries the stamp of the server that wrote it (run
@@ -846,15 +846,12 @@ impl NodeSet {
         // The bound to record: this process's quarantine, or (quarantine disabled, unsafe)
         // the one known, so that the markers keep bounding the leases.
         let bound = opts.quarantine_enabled.then_some(quarantine).or(known);
-        let young = info.uptime < quarantine;
         // What the marker says, and how long the node must wait before it is used. A marker
         // stamped by this very server (its run id and replication id) proves it was adopted,
         // or stamped after a quarantine of this server ran its course: usable. Otherwise:
-        // - missing on a young server: it restarted without its data (or is new): what is
-        //   left of a quarantine counted from its start;
-        // - missing on a server up for a while: its data went without a restart (`FLUSHALL`,
-        //   `FLUSHDB`, an eviction of the marker), maybe just now: a full quarantine (issue
-        //   28, item 2; before, such a node was used at once);
+        // - missing: the server restarted without its data, or lost it without a restart
+        //   (`FLUSHALL`, `FLUSHDB`, an eviction of the marker), maybe just now: a full
+        //   quarantine (issue 28, item 2; before, a server up for a while was used at once);
         // - another server's stamp: a restart from disk (a snapshot may be older than the
         //   last grants), a promoted replica (which may lack its old master's newest grants),
         //   a changed replication history: a full quarantine (issue 35, defect 8);
@@ -863,13 +860,19 @@ impl NodeSet {
         // erases it: a second loss is never taken for the first one's quarantine served
         // (issue 28, item 2, second review: each process used to keep its own, and one whose
         // quarantine had run its course used a node flushed again since).
-        let admit_young = mutant::active(Mutant::QuarantineAdmitsYoung);
+        // A missing marker waits a full quarantine whatever the server's age: a young server
+        // may have been adopted (or marked) and have granted leases since it started, which
+        // a flush then lost (third review; before, a young server waited only what was left
+        // of a quarantine counted from its start). A pending marker's own end is kept by the
+        // server; the full quarantine asked with it counts only if the marker vanished
+        // between the read and the call (third review: asked with no time, such a node was
+        // stamped usable at once).
         let wait = match marker {
             Marker::Own => None,
-            Marker::Missing if young && admit_young => None,
-            Marker::Missing if young => Some(quarantine.saturating_sub(info.uptime)),
-            Marker::Missing | Marker::Foreign => Some(quarantine),
-            Marker::Pending => Some(Duration::ZERO),
+            Marker::Missing if mutant::active(Mutant::QuarantineAdmitsYoung) => {
+                Some(Duration::ZERO)
+            }
+            Marker::Missing | Marker::Foreign | Marker::Pending => Some(quarantine),
         };
         if let Some(wait) = wait.filter(|_| opts.quarantine_enabled) {
             let pend = Mark::Pend { bound, wait };

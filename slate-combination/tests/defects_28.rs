@@ -914,3 +914,43 @@ async fn i2_a_second_loss_is_not_taken_for_the_first_ones_quarantine_served() {
     }
     drop(gb);
 }
+
+/// Item 2, found by the third review: a young server (up for less than the quarantine) whose
+/// marker was missing waited only what was left of a quarantine counted from its start, on
+/// the ground that it had restarted without its data. Adopted right after its start, it may
+/// have granted leases since, and a flush loses them just the same: it now waits a full
+/// quarantine. Here the servers are adopted at once, A holds, node 1 is flushed 1.5 s after
+/// the start, and B finds it: before, quarantined for what was left of 3 s (about 1.5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i2_a_young_server_that_lost_its_data_waits_a_full_quarantine() {
+    let s = servers(3);
+    let q = Duration::from_secs(3);
+    adopt(&view_of(urls(&s), with_quarantine(q))).await;
+    let a = CombinationLock::builder(&view_of(urls(&s), with_quarantine(q)), "i2y")
+        .lease(q)
+        .build()
+        .unwrap();
+    let ga = a.try_lock().await.unwrap().expect("free");
+    assert_eq!(ga.nodes(), &[0, 1, 2]);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    s[1].command(&["FLUSHALL"]).unwrap();
+    let b_nodes = view_of(urls(&s), with_quarantine(q));
+    let b = CombinationLock::builder(&b_nodes, "i2y")
+        .lease(q)
+        .build()
+        .unwrap();
+    assert!(
+        b.try_lock().await.unwrap().is_none(),
+        "A holds nodes 0 and 2"
+    );
+    match &b_nodes.report()[1].state {
+        slate_combination::NodeState::Quarantined { remaining } => assert!(
+            *remaining > Duration::from_millis(2500),
+            "node 1 quarantined for {remaining:?}: what was left of a quarantine counted from \
+             the server's start, not a full one"
+        ),
+        other => panic!("node 1 is {other:?}"),
+    }
+    // A lost its entry on node 1: its unlock may answer not held there.
+    let _ = ga.unlock().await;
+}

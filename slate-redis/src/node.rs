@@ -11,10 +11,10 @@
 //! counted that node in its quorum silently loses it. To see this from any client (even one
 //! that never talked to the server before the restart), multi-node locks keep one persistent
 //! key per server, the *node marker* (`<prefix>node-marker`). [`RedisClient::node_acquire`]
-//! answers [`NodeAcquire::DataLost`] when it is missing, and touches nothing. The multi-node
-//! lock then quarantines the node until the server has been up for a lease (every entry it
-//! lost has expired by then everywhere else too) and writes the marker again with
-//! [`RedisClient::node_mark`].
+//! answers [`NodeAcquire::DataLost`] when it is missing or pending, and touches nothing. The
+//! multi-node lock then quarantines the node, on the server, for at least the longest lease
+//! (every entry it lost has expired by then everywhere else too) and stamps the marker again,
+//! with [`RedisClient::node_mark`].
 
 use std::sync::{Arc, LazyLock, Weak};
 use std::time::{Duration, Instant};
@@ -36,27 +36,36 @@ use slate_aqs::Notifications;
 const LEASE_OVER_QUARANTINE: i64 = -8;
 
 /// Writes the node marker. KEYS[1] the marker; ARGV[1] the stamp; ARGV[2] the quarantine
-/// bound in ms ('' for none); ARGV[3] the mode: `adopt` (set exactly), `stamp` (stamp a node
-/// whose quarantine ran its course on this server, or add a bound to its own stamp: refused
-/// when the marker is missing, another server's, or pending with time left), `pend` (start a
-/// quarantine of ARGV[4] ms on the server's clock, or keep the one this server already runs).
-/// A bound never goes down but by `adopt`. Returns {bound or -1, ms left of the quarantine
-/// (0: none), 1 if written as asked else 0}.
+/// bound in ms ('' for none); ARGV[3] the mode: `adopt` (set exactly, reading nothing),
+/// `stamp` (stamp a node whose quarantine ran its course on this server, or add a bound to
+/// its own stamp: refused when the marker is missing, another server's, or pending with time
+/// left), `pend` (start a quarantine of ARGV[4] ms on the server's clock, keep the one this
+/// server already runs, at most the bound from now, or leave alone a stamp of this very
+/// server). A bound never goes down but by `adopt`. Returns {bound or -1, ms left of the
+/// quarantine (0: none), 1 if written as asked else 0}.
 static MARK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local suffix = ''
+if ARGV[2] ~= '' then
+    suffix = ' q=' .. ARGV[2]
+end
+if ARGV[3] == 'adopt' then
+    redis.call('SET', KEYS[1], ARGV[1] .. suffix)
+    return {tonumber(ARGV[2]) or -1, 0, 1}
+end
 local q = tonumber(ARGV[2])
 local cur = redis.call('GET', KEYS[1])
 local old_q = cur and tonumber(string.match(cur, ' q=(%d+)$') or '')
-if ARGV[3] ~= 'adopt' and old_q and (not q or old_q > q) then
+if old_q and (not q or old_q > q) then
     q = old_q
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local suffix = ''
+suffix = ''
 if q then
     suffix = string.format(' q=%d', q)
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- A quarantine this very server runs: 'pending <stamp> <until ms>'.
 local until_ms = nil
 if cur then
@@ -68,8 +77,18 @@ if cur then
         until_ms = tonumber(u)
     end
 end
+local own = cur == ARGV[1] or (cur and string.sub(cur, 1, #ARGV[1] + 3) == ARGV[1] .. ' q=')
 if ARGV[3] == 'pend' then
+    -- Stamped by this very server since it was read: a quarantine of this server ran its
+    -- course after the loss the caller saw; left alone.
+    if own then
+        return {q or -1, 0, 0}
+    end
     if until_ms then
+        -- More time left than the bound: the server's clock went back; counted from now.
+        if q and until_ms - now > q then
+            until_ms = now + q
+        end
         redis.call('SET', KEYS[1], string.format('pending %s %d', ARGV[1], until_ms) .. suffix)
         return {q or -1, math.max(until_ms - now, 0), 1}
     end
@@ -77,16 +96,13 @@ if ARGV[3] == 'pend' then
     redis.call('SET', KEYS[1], string.format('pending %s %d', ARGV[1], now + wait) .. suffix)
     return {q or -1, wait, 1}
 end
-if ARGV[3] == 'stamp' then
-    local served = until_ms and until_ms <= now
-    local own = cur == ARGV[1] or (cur and string.sub(cur, 1, #ARGV[1] + 3) == ARGV[1] .. ' q=')
-    if not (served or own) then
-        local left = 0
-        if until_ms then
-            left = until_ms - now
-        end
-        return {q or -1, left, 0}
+-- 'stamp'
+if not ((until_ms and until_ms <= now) or own) then
+    local left = 0
+    if until_ms then
+        left = until_ms - now
     end
+    return {q or -1, left, 0}
 end
 redis.call('SET', KEYS[1], ARGV[1] .. suffix)
 return {q or -1, 0, 1}
@@ -302,9 +318,10 @@ impl NodeMarker {
             // '<stamp> <until ms>': the quarantine's end, on the server's clock.
             m.pending = match m.stamp.rsplit_once(' ') {
                 Some((stamp, until)) if until.bytes().all(|b| b.is_ascii_digit()) => {
-                    let until = until.parse().ok();
+                    // An end past u64 (no script writes one) still reads as pending.
+                    let until = until.parse().unwrap_or(0);
                     m.stamp = stamp.to_owned();
-                    until
+                    Some(until)
                 }
                 _ => Some(0),
             };
