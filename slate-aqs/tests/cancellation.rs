@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Manual, new_sync};
+use common::{Manual, new_sync, paused_runtime};
 use proptest::prelude::*;
 use slate_aqs::testing::{self, Behavior, MemoryRemote, Stats};
 use slate_aqs::{Competitor, Notifications};
@@ -267,14 +267,6 @@ fn check_clean(
         }
     }
     sync.check_invariants()
-}
-
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
 }
 
 fn run_case(

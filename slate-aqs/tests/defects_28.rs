@@ -2,10 +2,13 @@
 //! that fails on the code before the fix.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::park_once;
 use slate_aqs::Synchronizer;
 use slate_aqs::testing::{self, Behavior, MemoryCompetitor, MemoryRemote};
 use slate_core::{HolderId, Wait};
@@ -201,23 +204,7 @@ fn i10_a_timer_on_an_undriven_runtime_does_not_hold_up_another_runtimes_deadline
     assert!(sync.deadline_timer_running());
 
     // A waiter with a near deadline on the driven runtime times out on time.
-    let started = Instant::now();
-    let near = driven.block_on(async {
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            sync.acquire(
-                HolderId::new(),
-                Wait::for_duration(Duration::from_millis(200)),
-            ),
-        )
-        .await
-    });
-    let took = started.elapsed();
-    let near = near.unwrap_or_else(|_| {
-        panic!("a 200 ms wait had not timed out after {took:?}: its deadline was left to the undriven runtime's timer")
-    });
-    assert!(near.expect_err("the lock is held").is_timeout());
-    assert!(took < Duration::from_secs(2), "timed out after {took:?}");
+    near_wait_times_out(&driven, &sync, "the undriven runtime's timer");
     drop(far);
     sync.release(owner);
     sync.check_invariants().unwrap();
@@ -420,6 +407,19 @@ fn i9_a_timer_task_dropped_before_its_first_poll_hands_over() {
         "the task dropped unpolled left its slot: the state says a timer runs on a runtime that is gone"
     );
     // A near waiter on the driven runtime times out on time (the far one stays queued).
+    near_wait_times_out(&driven, &sync, "a task that never ran");
+    drop(far);
+    sync.release(owner);
+    sync.check_invariants().unwrap();
+}
+
+/// A 200 ms wait on `driven` (the lock held) times out within 2 s; otherwise its deadline was
+/// left to `timer`.
+fn near_wait_times_out(
+    driven: &tokio::runtime::Runtime,
+    sync: &Synchronizer<MemoryCompetitor>,
+    timer: &str,
+) {
     let started = Instant::now();
     let near = driven.block_on(async {
         tokio::time::timeout(
@@ -433,13 +433,10 @@ fn i9_a_timer_task_dropped_before_its_first_poll_hands_over() {
     });
     let took = started.elapsed();
     let near = near.unwrap_or_else(|_| {
-        panic!("a 200 ms wait had not timed out after {took:?}: its deadline was left to a task that never ran")
+        panic!("a 200 ms wait had not timed out after {took:?}: its deadline was left to {timer}")
     });
     assert!(near.expect_err("the lock is held").is_timeout());
     assert!(took < Duration::from_secs(2), "timed out after {took:?}");
-    drop(far);
-    sync.release(owner);
-    sync.check_invariants().unwrap();
 }
 
 /// A one-worker multi-thread runtime, with `owner` holding `sync` (acquired on it).
@@ -454,12 +451,4 @@ fn driven_runtime_holding(
         .unwrap();
     driven.block_on(sync.acquire(owner, Wait::Forever)).unwrap();
     driven
-}
-
-/// Polls `waiter` once on `rt` (which is then left undriven); it must park.
-fn park_once<F: Future>(rt: &tokio::runtime::Runtime, mut waiter: std::pin::Pin<&mut F>) {
-    let first = rt.block_on(std::future::poll_fn(|cx| {
-        std::task::Poll::Ready(waiter.as_mut().poll(cx))
-    }));
-    assert!(first.is_pending(), "the waiter parked");
 }

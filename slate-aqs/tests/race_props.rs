@@ -28,6 +28,8 @@
 mod common;
 
 use std::future::Future;
+
+use common::{park_once, paused_runtime};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,15 +37,6 @@ use proptest::prelude::*;
 use slate_aqs::testing::{self, Behavior, MemoryCompetitor, MemoryRemote};
 use slate_aqs::{Competitor, Synchronizer};
 use slate_core::{HolderId, Wait};
-
-/// The paused-clock runtime of one case (current-thread: the drawn schedule is the one run).
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
 
 /// How the second holder waits.
 #[derive(Clone, Copy, Debug)]
@@ -437,14 +430,15 @@ fn runtimes(ops: &[RtOp]) -> Result<(), String> {
                         .unwrap()
                 });
                 let sync = sync.clone();
-                let fut: Waiting = Box::pin(async move {
+                let mut fut: Waiting = Box::pin(async move {
                     sync.acquire(
                         HolderId::new(),
                         Wait::for_duration(Duration::from_millis(ms)),
                     )
                     .await
                 });
-                parked.push(park_on(rt, fut));
+                park_once(rt, fut.as_mut());
+                parked.push(fut);
             }
             RtOp::Drop { rt } => drop(side[rt].take()),
             RtOp::Driven { ms } => {
@@ -507,13 +501,4 @@ proptest! {
         let outcome = common::with_watchdog_or_exit(Duration::from_secs(60), what, move || runtimes(&ops));
         prop_assert_eq!(outcome, Ok(()));
     }
-}
-
-/// Polls `fut` once inside `rt` (it must park) and returns it.
-fn park_on<F: Future + Unpin>(rt: &tokio::runtime::Runtime, mut fut: F) -> F {
-    let pending = rt.block_on(std::future::poll_fn(|cx| {
-        std::task::Poll::Ready(std::pin::Pin::new(&mut fut).poll(cx).is_pending())
-    }));
-    assert!(pending, "the waiter parked");
-    fut
 }

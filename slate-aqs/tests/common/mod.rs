@@ -169,3 +169,24 @@ pub fn with_watchdog_or_exit<T: Send + 'static>(
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the test body panicked"),
     }
 }
+
+/// A current-thread runtime with tokio's clock paused (the schedule a case draws is the one
+/// run).
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// Polls `waiter` once on `rt` (which is then left undriven); it must park.
+pub fn park_once<F: Future + ?Sized>(
+    rt: &tokio::runtime::Runtime,
+    mut waiter: std::pin::Pin<&mut F>,
+) {
+    let first = rt.block_on(std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(waiter.as_mut().poll(cx))
+    }));
+    assert!(first.is_pending(), "the waiter parked");
+}
