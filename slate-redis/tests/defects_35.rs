@@ -662,17 +662,7 @@ async fn d17_a_refused_channel_does_not_silence_the_other_locks() {
         || server.subscribers("slate:{open}:released").unwrap() == 1,
     )
     .await;
-    let released = std::time::Instant::now();
-    ga.unlock().await.unwrap();
-    let g = within(Duration::from_secs(5), "the woken waiter", wait_open)
-        .await
-        .unwrap()
-        .unwrap();
-    let woke = released.elapsed();
-    assert!(
-        woke < spin / 2,
-        "the waiter woke {woke:?} after the release: by its spin wait, not a notification"
-    );
+    let g = woken_by_the_release(ga, wait_open, Duration::from_secs(5), spin / 2).await;
     g.unlock().await.unwrap();
     wait_closed.abort();
     drop(gb);
@@ -989,17 +979,7 @@ async fn d17_a_half_open_pubsub_connection_is_replaced_while_waiters_come_and_go
     )
     .await;
     println!("replaced {:?} after it went silent", silent.elapsed());
-    let released = std::time::Instant::now();
-    gq.unlock().await.unwrap();
-    let g = within(Duration::from_secs(5), "the woken waiter", waiter)
-        .await
-        .unwrap()
-        .unwrap();
-    let woke = released.elapsed();
-    assert!(
-        woke < spin / 4,
-        "the waiter woke {woke:?} after the release: by its spin wait, not a notification"
-    );
+    let g = woken_by_the_release(gq, waiter, Duration::from_secs(5), spin / 4).await;
     g.unlock().await.unwrap();
     churn.abort();
     drop(gb);

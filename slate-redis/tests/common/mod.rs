@@ -245,3 +245,26 @@ pub async fn within<T>(within: Duration, what: &str, fut: impl Future<Output = T
         Err(_) => panic!("{what} did not finish within {within:?}"),
     }
 }
+
+/// Releases `held` and waits (at most `limit`) for `waiter` to be granted: it must be woken by
+/// the release's notification, sooner than `bound` (a spin wait would take longer). Returns
+/// the waiter's guard.
+pub async fn woken_by_the_release(
+    held: slate_redis::SingleLockGuard,
+    waiter: tokio::task::JoinHandle<slate_redis::Result<slate_redis::SingleLockGuard>>,
+    limit: Duration,
+    bound: Duration,
+) -> slate_redis::SingleLockGuard {
+    let released = Instant::now();
+    held.unlock().await.unwrap();
+    let g = within(limit, "the woken waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let woke = released.elapsed();
+    assert!(
+        woke < bound,
+        "the waiter woke {woke:?} after the release: by its spin wait, not a notification"
+    );
+    g
+}
