@@ -266,22 +266,8 @@ async fn node_1_loses_a_holders_entry(loss: DataLoss) {
     let _ = ga.unlock().await;
     // Once the quarantine has run its course the node is marked again and used (a review
     // found the first version of the fix quarantining it again for ever).
-    let start = std::time::Instant::now();
-    loop {
-        if let Ok(Some(g)) = b.try_lock().await {
-            let nodes = g.nodes().to_vec();
-            g.unlock().await.unwrap();
-            if nodes.contains(&1) {
-                break;
-            }
-        }
-        assert!(
-            start.elapsed() < quarantine * 3,
-            "node 1 is still not used {:?} after its quarantine began",
-            start.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let g = hold_including(&b, 1, quarantine * 3, true).await;
+    g.unlock().await.unwrap();
 }
 
 /// Item 2: a missing node marker quarantined only a server younger than the quarantine, so a
@@ -728,20 +714,8 @@ async fn shorter_quarantine_waits_the_recorded_one(met: Met) {
     }
     // Once the recorded quarantine has run its course, node 1 is used again, marked with the
     // same bound.
-    loop {
-        let g = a.try_lock().await.unwrap().expect("free");
-        let nodes = g.nodes().to_vec();
-        g.unlock().await.unwrap();
-        if nodes.contains(&1) {
-            break;
-        }
-        assert!(
-            quarantined.elapsed() < recorded * 3,
-            "node 1 still unused {:?} after its quarantine began",
-            quarantined.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let g = hold_including(&a, 1, recorded * 3, false).await;
+    g.unlock().await.unwrap();
     assert!(quarantined.elapsed() > recorded - Duration::from_millis(1200));
     let marker: String =
         redis::from_redis_value(s[1].command(&["GET", "slate:node-marker"]).unwrap()).unwrap();
@@ -881,16 +855,7 @@ async fn i2_a_second_loss_is_not_taken_for_the_first_ones_quarantine_served() {
         slate_combination::NodeState::Quarantined { .. }
     ));
     // B's quarantine ends: B marks node 1 and holds on it.
-    let started = std::time::Instant::now();
-    let gb = loop {
-        let g = b.try_lock().await.unwrap().expect("free");
-        if g.nodes().contains(&1) {
-            break g;
-        }
-        g.unlock().await.unwrap();
-        assert!(started.elapsed() < q * 3, "B uses node 1 again");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let gb = hold_including(&b, 1, q * 3, false).await;
     // A second loss takes B's entry on node 1 (B holds 0, 1 and 2 still as far as it knows).
     s[1].command(&["FLUSHALL"]).unwrap();
     // A's own quarantine (started 0.8 s after B's) runs out.

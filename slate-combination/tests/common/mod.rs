@@ -161,3 +161,32 @@ pub fn subscribers(server: &RedisServer, name: &str) -> i64 {
         .subscribers(&format!("slate:{{{name}}}:released"))
         .unwrap()
 }
+
+/// Takes `lock` again and again (every 50 ms, for at most `limit`) until a hold includes node
+/// `node` (a quarantine ran its course), and returns that hold; every other hold is released
+/// at once. An attempt that does not hold fails the test, unless `busy_ok`.
+pub async fn hold_including(
+    lock: &CombinationLock,
+    node: usize,
+    limit: Duration,
+    busy_ok: bool,
+) -> slate_combination::CombinationGuard {
+    let start = Instant::now();
+    loop {
+        match lock.try_lock().await {
+            Ok(Some(g)) if g.nodes().contains(&node) => return g,
+            Ok(Some(g)) => drop(g.unlock().await.unwrap()),
+            other if busy_ok => drop(other),
+            other => panic!(
+                "not held: {:?}",
+                other.map(|g| g.map(|g| g.nodes().to_vec()))
+            ),
+        }
+        assert!(
+            start.elapsed() < limit,
+            "node {node} is still not used {:?} after its quarantine began",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
