@@ -38,7 +38,7 @@ async fn try_recorded(
     rec: &Recorder,
     task: u64,
     lock: &CombinationLock,
-) -> Option<slate_combination::CombinationGuard> {
+) -> Option<slate_combination::CombinationLockGuard> {
     rec.record(
         task,
         "c4c",
@@ -96,7 +96,7 @@ async fn try_recorded(
     }
 }
 
-async fn release_recorded(rec: &Recorder, task: u64, g: slate_combination::CombinationGuard) {
+async fn release_recorded(rec: &Recorder, task: u64, g: slate_combination::CombinationLockGuard) {
     let holder = g.holder().to_string();
     rec.record(
         task,

@@ -903,22 +903,6 @@ impl Inner {
     }
 }
 
-/// Runs an attempt where its I/O can run: in place when polled inside a runtime, else (a
-/// blocking caller polls from a plain thread) as a task on the lock's runtime.
-async fn on_lock_runtime(
-    runtime: Handle,
-    run: impl Future<Output = Result<Attempt<Grant>>> + Send + 'static,
-) -> Result<Attempt<Grant>> {
-    if Handle::try_current().is_ok() {
-        run.await
-    } else {
-        runtime
-            .spawn(run)
-            .await
-            .unwrap_or_else(|_| Err(Error::closed("the lock's tokio runtime")))
-    }
-}
-
 impl Competitor for CombinationCompetitor {
     type Grant = Grant;
 
@@ -939,7 +923,7 @@ impl Competitor for CombinationCompetitor {
                 None => inner.first_level(holder, 1).await,
             }
         };
-        on_lock_runtime(self.inner.runtime.clone(), run)
+        slate_core::detach::on_runtime(self.inner.runtime.clone(), run)
     }
 
     /// A walk that reserves a block of fencing tokens on every node it takes, so that the
@@ -950,7 +934,7 @@ impl Competitor for CombinationCompetitor {
     ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
         let inner = self.inner.clone();
         let run = async move { inner.first_level(holder, TOKEN_BLOCK).await };
-        on_lock_runtime(self.inner.runtime.clone(), run)
+        slate_core::detach::on_runtime(self.inner.runtime.clone(), run)
     }
 
     fn pass_budget(&self, grant: &Grant) -> u32 {

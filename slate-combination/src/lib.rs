@@ -38,13 +38,15 @@ mod lock;
 mod node_set;
 
 pub use decision::Order;
-pub use lock::{CombinationGuard, CombinationLock, CombinationLockBuilder};
+#[allow(deprecated)]
+pub use lock::CombinationGuard;
+pub use lock::{CombinationLock, CombinationLockBuilder, CombinationLockGuard};
 pub use node_set::{NodeSet, NodeSetOptions, NodeSetOptionsBuilder};
 // Everything the examples and a typical caller need, so that depending on `slate-combination`
 // alone is enough (the traits are only needed for generic code).
 pub use slate_core::{
-    AnyGuard, AnyLock, BackendKind, DistributedLock, Error, FencingToken, HolderId, LeaseWatch,
-    LockGuard, LockName, LockOptions, LockOptionsBuilder, LossReason, NodeReport, NodeState,
-    Result, TimeoutKind, Wait,
+    AnyGuard, AnyLock, BackendKind, DistributedLock, Error, FencingToken, Hold, HolderId,
+    LeaseWatch, LockGuard, LockName, LockOptions, LockOptionsBuilder, LossReason, NodeReport,
+    NodeState, Result, TimeoutKind, Wait,
 };
 pub use slate_redis::{ClientOptions, ClientOptionsBuilder, RedisClient};

@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use slate_aqs::Synchronizer;
-use slate_core::detach::Detached;
-use slate_core::lease::{self, LeaseWatch};
+use slate_core::hold::{Held, Release};
+use slate_core::lease;
 use slate_core::{
-    DistributedLock, Error, FencingToken, HolderId, LockGuard, LockName, LockOptions,
-    LockOptionsBuilder, Result, Wait,
+    DistributedLock, Error, Hold, HolderId, LockName, LockOptions, LockOptionsBuilder, Result, Wait,
 };
 use slate_redis::node::{NodeEntries, NodeKeys};
 use tokio::runtime::Handle;
@@ -527,8 +526,8 @@ impl CombinationLock {
         holder: Option<HolderId>,
         wait: Wait,
         what: &str,
-    ) -> Result<CombinationGuard> {
-        assert_not_in_runtime("CombinationLock", what);
+    ) -> Result<CombinationLockGuard> {
+        slate_core::blocking::assert_outside_runtime(what);
         // The competitor runs each attempt's I/O on the lock's runtime when polled from a
         // plain thread.
         let sync = &self.shared.sync;
@@ -546,7 +545,11 @@ impl CombinationLock {
     /// ([`HolderId::scope`]), else a fresh one that nobody else can name, which may then be
     /// passed the hold by a local release and pass it on in turn (lock cohorting, see the
     /// type's docs).
-    async fn acquire_for(&self, holder: Option<HolderId>, wait: Wait) -> Result<CombinationGuard> {
+    async fn acquire_for(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+    ) -> Result<CombinationLockGuard> {
         let sync = &self.shared.sync;
         let (grant, holder) = match holder.or_else(HolderId::scoped) {
             Some(h) => (sync.acquire(h, wait).await?, h),
@@ -583,8 +586,8 @@ impl CombinationLock {
     /// # Panics
     ///
     /// Inside a tokio runtime (use `lock().await` there).
-    pub fn blocking_lock(&self) -> Result<CombinationGuard> {
-        self.blocking_acquire(None, Wait::Forever, "blocking_lock")
+    pub fn blocking_lock(&self) -> Result<CombinationLockGuard> {
+        self.blocking_acquire(None, Wait::Forever, "CombinationLock::blocking_lock")
     }
 
     /// Blocks this thread until the lock is acquired for `holder` (re-enters if it holds it).
@@ -611,8 +614,12 @@ impl CombinationLock {
     /// # Panics
     ///
     /// Inside a tokio runtime.
-    pub fn blocking_lock_as(&self, holder: HolderId) -> Result<CombinationGuard> {
-        self.blocking_acquire(Some(holder), Wait::Forever, "blocking_lock_as")
+    pub fn blocking_lock_as(&self, holder: HolderId) -> Result<CombinationLockGuard> {
+        self.blocking_acquire(
+            Some(holder),
+            Wait::Forever,
+            "CombinationLock::blocking_lock_as",
+        )
     }
 
     /// One attempt from this thread, without waiting: `None` when another holder has it.
@@ -640,8 +647,8 @@ impl CombinationLock {
     /// # Panics
     ///
     /// Inside a tokio runtime.
-    pub fn blocking_try_lock(&self) -> Result<Option<CombinationGuard>> {
-        match self.blocking_acquire(None, Wait::Immediate, "blocking_try_lock") {
+    pub fn blocking_try_lock(&self) -> Result<Option<CombinationLockGuard>> {
+        match self.blocking_acquire(None, Wait::Immediate, "CombinationLock::blocking_try_lock") {
             Ok(guard) => Ok(Some(guard)),
             Err(e) if e.is_busy() => Ok(None),
             Err(e) => Err(e),
@@ -671,11 +678,15 @@ impl CombinationLock {
     /// # Panics
     ///
     /// Inside a tokio runtime.
-    pub fn blocking_try_lock_for(&self, d: Duration) -> Result<CombinationGuard> {
-        self.blocking_acquire(None, Wait::for_duration(d), "blocking_try_lock_for")
+    pub fn blocking_try_lock_for(&self, d: Duration) -> Result<CombinationLockGuard> {
+        self.blocking_acquire(
+            None,
+            Wait::for_duration(d),
+            "CombinationLock::blocking_try_lock_for",
+        )
     }
 
-    fn guard(&self, holder: HolderId, grant: &Grant) -> CombinationGuard {
+    fn guard(&self, holder: HolderId, grant: &Grant) -> CombinationLockGuard {
         let watch = grant
             .watch
             .get()
@@ -685,14 +696,14 @@ impl CombinationLock {
             Some((h, d)) if h == holder => d,
             _ => 1,
         };
-        CombinationGuard {
-            lock: self.clone(),
-            holder,
-            token: grant.token,
-            nodes: grant.nodes.clone(),
-            depth,
-            watch,
-            released: false,
+        CombinationLockGuard {
+            held: Held::new(
+                Hold::new(holder, grant.token, depth, watch),
+                Releasing {
+                    lock: self.clone(),
+                    nodes: grant.nodes.clone(),
+                },
+            ),
         }
     }
 }
@@ -742,7 +753,7 @@ impl CombinationLock {
     ///
     /// Cancel safe: dropping the future removes the caller from the local queue and passes on
     /// any wake-up it had; nodes taken for a dropped future are released, never leaked.
-    pub async fn acquire(&self, holder: HolderId, wait: Wait) -> Result<CombinationGuard> {
+    pub async fn acquire(&self, holder: HolderId, wait: Wait) -> Result<CombinationLockGuard> {
         self.acquire_for(Some(holder), wait).await
     }
 
@@ -767,7 +778,7 @@ impl CombinationLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn lock(&self) -> Result<CombinationGuard> {
+    pub async fn lock(&self) -> Result<CombinationLockGuard> {
         self.acquire_for(None, Wait::Forever).await
     }
 
@@ -793,7 +804,7 @@ impl CombinationLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn lock_as(&self, holder: HolderId) -> Result<CombinationGuard> {
+    pub async fn lock_as(&self, holder: HolderId) -> Result<CombinationLockGuard> {
         self.acquire(holder, Wait::Forever).await
     }
 
@@ -819,7 +830,7 @@ impl CombinationLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn try_lock(&self) -> Result<Option<CombinationGuard>> {
+    pub async fn try_lock(&self) -> Result<Option<CombinationLockGuard>> {
         slate_core::lock::busy_to_none(self.acquire_for(None, Wait::Immediate).await)
     }
 
@@ -843,7 +854,7 @@ impl CombinationLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn try_lock_for(&self, d: Duration) -> Result<CombinationGuard> {
+    pub async fn try_lock_for(&self, d: Duration) -> Result<CombinationLockGuard> {
         self.acquire_for(None, Wait::for_duration(d)).await
     }
 
@@ -868,7 +879,7 @@ impl CombinationLock {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn try_lock_until(&self, deadline: Instant) -> Result<CombinationGuard> {
+    pub async fn try_lock_until(&self, deadline: Instant) -> Result<CombinationLockGuard> {
         self.acquire_for(None, Wait::Until(deadline)).await
     }
 
@@ -1042,7 +1053,7 @@ impl CombinationLock {
 }
 
 impl DistributedLock for CombinationLock {
-    type Guard = CombinationGuard;
+    type Guard = CombinationLockGuard;
 
     fn name(&self) -> &LockName {
         CombinationLock::name(self)
@@ -1052,7 +1063,7 @@ impl DistributedLock for CombinationLock {
         &self,
         holder: HolderId,
         wait: Wait,
-    ) -> impl Future<Output = Result<CombinationGuard>> + Send {
+    ) -> impl Future<Output = Result<CombinationLockGuard>> + Send {
         CombinationLock::acquire(self, holder, wait)
     }
 
@@ -1073,33 +1084,57 @@ impl DistributedLock for CombinationLock {
     }
 }
 
-/// One level of a [`CombinationLock`] hold: holder, fencing token, the nodes held, the lease.
+/// One level of a [`CombinationLock`] hold. It dereferences to its [`Hold`]: holder, fencing
+/// token, depth, lease and loss signal; [`nodes`](Self::nodes) are the nodes held.
 ///
 /// Dropping it without [`unlock`](Self::unlock) releases in the background.
+///
+/// # Examples
+///
+/// ```no_run
+/// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+/// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+/// let lock = CombinationLock::builder(&nodes, "orders").build()?;
+/// let guard = lock.lock().await?;
+/// println!("token {} on nodes {:?}", guard.fencing_token(), guard.nodes());
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
 #[must_use = "dropping the guard releases the lock in the background; call unlock().await to see the outcome"]
-pub struct CombinationGuard {
+pub struct CombinationLockGuard {
+    held: Held<Releasing>,
+}
+
+/// The name this guard had before the guards were named after their locks.
+#[deprecated(since = "0.1.0", note = "renamed CombinationLockGuard, after its lock")]
+pub type CombinationGuard = CombinationLockGuard;
+
+/// How a [`CombinationLockGuard`] ends: the lock handle and the nodes held.
+pub(crate) struct Releasing {
     lock: CombinationLock,
-    holder: HolderId,
-    token: FencingToken,
     nodes: Vec<usize>,
-    depth: u32,
-    watch: LeaseWatch,
-    released: bool,
 }
 
-impl fmt::Debug for CombinationGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CombinationGuard")
-            .field("holder", &self.holder)
-            .field("token", &self.token)
-            .field("nodes", &self.nodes)
-            .field("depth", &self.depth)
-            .finish_non_exhaustive()
+impl Release for Releasing {
+    fn release(
+        &mut self,
+        hold: &Hold,
+    ) -> impl Future<Output = Result<u32>> + Send + 'static + use<> {
+        release(self.lock.clone(), hold.holder(), self.nodes.clone())
+    }
+
+    fn runtime(&self) -> &Handle {
+        &self.lock.inner().runtime
+    }
+
+    fn label(&self) -> &str {
+        &self.lock.inner().label
     }
 }
 
-impl CombinationGuard {
-    /// The holder this guard holds the lock for.
+impl CombinationLockGuard {
+    /// The lock this guard holds.
     ///
     /// # Examples
     ///
@@ -1109,148 +1144,15 @@ impl CombinationGuard {
     /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
     /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
     /// let guard = lock.lock().await?;
-    /// assert!(lock.is_held_by(guard.holder()).await?);
+    /// assert_eq!(guard.lock().name(), lock.name());
     /// # Ok(()) }
     /// ```
     #[must_use]
-    pub fn holder(&self) -> HolderId {
-        self.holder
+    pub fn lock(&self) -> &CombinationLock {
+        &self.held.backend().lock
     }
 
-    /// The fencing token of this hold (the same for every re-entry of one holder).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let guard = lock.lock().await?;
-    /// println!("writing with token {}", guard.fencing_token());
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    /// The lease of this hold: deadline and loss signal.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let guard = lock.lock().await?;
-    /// let watch = guard.lease().clone();
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn lease(&self) -> &LeaseWatch {
-        &self.watch
-    }
-
-    /// The lease deadline on the monotonic clock (it moves with every renewal).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let guard = lock.lock().await?;
-    /// assert!(guard.lease_deadline() > std::time::Instant::now());
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn lease_deadline(&self) -> Instant {
-        self.watch.deadline()
-    }
-
-    /// Whether the lease is lost (fewer than a quorum renewed, or the deadline passed).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let guard = lock.lock().await?;
-    /// assert!(!guard.is_lost());
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn is_lost(&self) -> bool {
-        self.watch.is_lost()
-    }
-
-    /// Completes when the lease is lost.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let guard = lock.lock().await?;
-    /// let reason = guard.lost().await;
-    /// eprintln!("lost the lock: {reason}");
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only observes.
-    pub async fn lost(&self) -> slate_core::LossReason {
-        self.watch.lost().await
-    }
-
-    /// Releases one level on every node held and returns the holder's remaining hold count
-    /// (0: this holder no longer holds the lock; the one meaning of [`LockGuard::unlock`]).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let outer = lock.lock().await?;
-    /// let inner = outer.reenter().await?;
-    /// assert_eq!(outer.unlock().await?, 1); // any order: the inner level still holds it
-    /// assert_eq!(inner.unlock().await?, 0);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::ReleaseIncomplete`] when some node failed (its entry ends with its lease);
-    /// [`Error::NotHeld`] when fewer than a quorum still had the entry.
-    ///
-    /// # Cancel safety
-    ///
-    /// A dropped `unlock` future still completes its release in the background, exactly once:
-    /// the local owner is cleared and every node released, whoever stops waiting.
-    pub fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
-        self.released = true;
-        let runtime = self.lock.inner().runtime.clone();
-        Detached::new(
-            release(
-                self.lock.clone(),
-                self.holder,
-                std::mem::take(&mut self.nodes),
-            ),
-            runtime,
-        )
-    }
-
-    /// The nodes held, ascending.
+    /// The nodes held, ascending ([`LockGuard::nodes`](slate_core::LockGuard::nodes), without the import).
     ///
     /// # Examples
     ///
@@ -1265,25 +1167,7 @@ impl CombinationGuard {
     /// ```
     #[must_use]
     pub fn nodes(&self) -> &[usize] {
-        &self.nodes
-    }
-
-    /// This guard's level (1 for the first acquisition).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let guard = lock.lock().await?;
-    /// assert_eq!(guard.depth(), 1);
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn depth(&self) -> u32 {
-        self.depth
+        &self.held.backend().nodes
     }
 
     /// Acquires one more level for the same holder (on exactly the same nodes).
@@ -1308,8 +1192,8 @@ impl CombinationGuard {
     /// assert_eq!(inner.depth(), 2);
     /// # Ok(()) }
     /// ```
-    pub fn reenter(&self) -> impl Future<Output = Result<CombinationGuard>> + Send + '_ {
-        self.lock.lock_as(self.holder)
+    pub fn reenter(&self) -> impl Future<Output = Result<CombinationLockGuard>> + Send + '_ {
+        self.lock().lock_as(self.holder())
     }
 }
 
@@ -1346,90 +1230,10 @@ async fn release(lock: CombinationLock, holder: HolderId, nodes: Vec<usize>) -> 
     Ok(remaining)
 }
 
-impl LockGuard for CombinationGuard {
-    fn holder(&self) -> HolderId {
-        self.holder
-    }
-
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn lease(&self) -> &LeaseWatch {
-        &self.watch
-    }
-
-    fn unlock(self) -> impl Future<Output = Result<u32>> + Send {
-        CombinationGuard::unlock(self)
-    }
-}
-
-impl CombinationGuard {
-    /// Releases this level from a plain thread (the thread twin of `unlock()`), blocking until
-    /// the release finished; returns the remaining depth.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let lock = rt.block_on(async {
-    /// #     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], NodeSetOptions::default())?;
-    /// #     CombinationLock::builder(&nodes, "orders").build()
-    /// # })?;
-    /// let guard = lock.blocking_lock()?;
-    /// assert_eq!(guard.blocking_unlock()?, 0);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As `unlock()`.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime (use `unlock().await` there).
-    pub fn blocking_unlock(mut self) -> Result<u32> {
-        assert_not_in_runtime("CombinationGuard", "blocking_unlock");
-        self.released = true;
-        let fut = release(
-            self.lock.clone(),
-            self.holder,
-            std::mem::take(&mut self.nodes),
-        );
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        drop(self.lock.inner().runtime.spawn(async move {
-            let _ = tx.send(fut.await);
-        }));
-        rx.recv()
-            .unwrap_or(Err(Error::closed("the lock's tokio runtime")))
-    }
-}
-
-fn assert_not_in_runtime(ty: &str, what: &str) {
-    if Handle::try_current().is_ok() {
-        panic!(
-            "{ty}::{what} was called inside a tokio runtime, where blocking would stall the \
-             runtime's threads; use the async method instead"
-        );
-    }
-}
-
-impl Drop for CombinationGuard {
-    fn drop(&mut self) {
-        if !self.released {
-            let fut = release(
-                self.lock.clone(),
-                self.holder,
-                std::mem::take(&mut self.nodes),
-            );
-            let label = self.lock.shared.name.to_string();
-            drop(self.lock.inner().runtime.spawn(async move {
-                if let Err(e) = fut.await {
-                    tracing::debug!(lock = %label, error = %e, "background release of a dropped guard failed");
-                }
-            }));
-        }
-    }
-}
+slate_core::guard_surface!(
+    CombinationLockGuard,
+    slate_combination,
+    setup = "# use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};\n# let nodes = NodeSet::connect([\"redis://127.0.0.1:7001\", \"redis://127.0.0.1:7002\", \"redis://127.0.0.1:7003\"], NodeSetOptions::default())?;\n# let lock = CombinationLock::builder(&nodes, \"orders\").build()?;\nlet guard = lock.lock().await?;",
+    blocking_setup = "# use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};\n# let rt = tokio::runtime::Runtime::new()?;\n# let lock = rt.block_on(async {\n#     let nodes = NodeSet::connect([\"redis://10.0.0.1:6379\", \"redis://10.0.0.2:6379\"], NodeSetOptions::default())?;\n#     CombinationLock::builder(&nodes, \"orders\").build()\n# })?;\nlet guard = lock.blocking_lock()?;",
+    nodes = |guard| guard.nodes(),
+);

@@ -332,10 +332,7 @@ async fn any_lock_keeps_both_backends_side_by_side() {
 
     async fn hold_count_of<L: slate_combination::DistributedLock>(l: &L) -> u32 {
         let g = l.lock().await.unwrap();
-        let n = l
-            .hold_count(slate_combination::LockGuard::holder(&g))
-            .await
-            .unwrap();
+        let n = l.hold_count(g.holder()).await.unwrap();
         slate_combination::LockGuard::unlock(g).await.unwrap();
         n
     }

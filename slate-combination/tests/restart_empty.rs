@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ecosphere::server::{Data, RedisServer};
-use slate_combination::{CombinationGuard, CombinationLock, NodeSet, Order};
+use slate_combination::{CombinationLock, CombinationLockGuard, NodeSet, Order};
 use slate_core::{LossReason, NodeState};
 
 const OP: Duration = Duration::from_millis(200);
@@ -40,7 +40,7 @@ async fn warm_view(s: &[RedisServer]) -> NodeSet {
 }
 
 /// Holder A on {0, 1, 2}; `before` is a competitor's view verified before the restart.
-async fn setup(name: &str) -> (Vec<RedisServer>, CombinationGuard, NodeSet) {
+async fn setup(name: &str) -> (Vec<RedisServer>, CombinationLockGuard, NodeSet) {
     let s = servers(3);
     adopt(&view_of(urls(&s), opts(OP))).await;
     let a = warm_view(&s).await;

@@ -61,7 +61,7 @@ impl Thread {
     async fn try_lock_as(
         &self,
         holder: HolderId,
-    ) -> slate_core::Result<Option<slate_combination::CombinationGuard>> {
+    ) -> slate_core::Result<Option<slate_combination::CombinationLockGuard>> {
         try_as(&self.lock, holder).await
     }
 }

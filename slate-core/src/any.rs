@@ -19,14 +19,14 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::fencing::FencingToken;
+use crate::hold::Hold;
 use crate::holder::HolderId;
-use crate::lease::{LeaseWatch, LossReason};
 use crate::lock::{DistributedLock, LockGuard, Wait};
 use crate::name::LockName;
 
@@ -148,14 +148,14 @@ impl<L: DistributedLock> DynLock for L {
 /// }
 /// ```
 pub trait DynGuard: Send + Sync + 'static {
-    /// [`LockGuard::holder`].
-    fn dyn_holder(&self) -> HolderId;
+    /// The guard's [`Hold`].
+    fn dyn_hold(&self) -> &Hold;
 
-    /// [`LockGuard::fencing_token`].
-    fn dyn_fencing_token(&self) -> FencingToken;
+    /// [`LockGuard::nodes`].
+    fn dyn_nodes(&self) -> &[usize];
 
-    /// [`LockGuard::lease`].
-    fn dyn_lease(&self) -> &LeaseWatch;
+    /// [`LockGuard::permits`].
+    fn dyn_permits(&self) -> Option<u64>;
 
     /// [`LockGuard::unlock`], boxed.
     ///
@@ -171,16 +171,16 @@ pub trait DynGuard: Send + Sync + 'static {
 }
 
 impl<G: LockGuard> DynGuard for G {
-    fn dyn_holder(&self) -> HolderId {
-        self.holder()
+    fn dyn_hold(&self) -> &Hold {
+        self
     }
 
-    fn dyn_fencing_token(&self) -> FencingToken {
-        self.fencing_token()
+    fn dyn_nodes(&self) -> &[usize] {
+        self.nodes()
     }
 
-    fn dyn_lease(&self) -> &LeaseWatch {
-        self.lease()
+    fn dyn_permits(&self) -> Option<u64> {
+        self.permits()
     }
 
     fn dyn_unlock(self: Box<Self>) -> BoxFuture<'static, Result<u32>> {
@@ -552,94 +552,6 @@ impl AnyGuard {
         AnyGuard(Box::new(guard))
     }
 
-    /// The holder this guard holds the lock for.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// fn who(guard: &slate_core::AnyGuard) -> slate_core::HolderId {
-    ///     guard.holder()
-    /// }
-    /// ```
-    #[must_use]
-    pub fn holder(&self) -> HolderId {
-        self.0.dyn_holder()
-    }
-
-    /// The fencing token of this hold.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// fn token(guard: &slate_core::AnyGuard) -> u64 {
-    ///     guard.fencing_token().get()
-    /// }
-    /// ```
-    #[must_use]
-    pub fn fencing_token(&self) -> FencingToken {
-        self.0.dyn_fencing_token()
-    }
-
-    /// The lease of this hold: deadline and loss signal.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// fn deadline(guard: &slate_core::AnyGuard) -> std::time::Instant {
-    ///     guard.lease().deadline()
-    /// }
-    /// ```
-    #[must_use]
-    pub fn lease(&self) -> &LeaseWatch {
-        self.0.dyn_lease()
-    }
-
-    /// The lease deadline on the monotonic clock.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// fn deadline(guard: &slate_core::AnyGuard) -> std::time::Instant {
-    ///     guard.lease_deadline()
-    /// }
-    /// ```
-    #[must_use]
-    pub fn lease_deadline(&self) -> Instant {
-        self.lease().deadline()
-    }
-
-    /// Whether the lease is lost.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// fn usable(guard: &slate_core::AnyGuard) -> bool {
-    ///     !guard.is_lost()
-    /// }
-    /// ```
-    #[must_use]
-    pub fn is_lost(&self) -> bool {
-        self.lease().is_lost()
-    }
-
-    /// Completes when the lease is lost.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(guard: slate_core::AnyGuard) {
-    /// let reason = guard.lost().await;
-    /// eprintln!("lost the lock: {reason}");
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only observes.
-    pub async fn lost(&self) -> LossReason {
-        self.lease().lost().await
-    }
-
     /// Releases one level and returns the holder's remaining hold count
     /// ([`LockGuard::unlock`]).
     ///
@@ -665,24 +577,25 @@ impl AnyGuard {
 
 impl fmt::Debug for AnyGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AnyGuard")
-            .field("holder", &self.holder())
-            .field("token", &self.fencing_token())
-            .finish_non_exhaustive()
+        f.debug_tuple("AnyGuard").field(self.0.dyn_hold()).finish()
+    }
+}
+
+impl Deref for AnyGuard {
+    type Target = Hold;
+
+    fn deref(&self) -> &Hold {
+        self.0.dyn_hold()
     }
 }
 
 impl LockGuard for AnyGuard {
-    fn holder(&self) -> HolderId {
-        self.0.dyn_holder()
+    fn nodes(&self) -> &[usize] {
+        self.0.dyn_nodes()
     }
 
-    fn fencing_token(&self) -> FencingToken {
-        self.0.dyn_fencing_token()
-    }
-
-    fn lease(&self) -> &LeaseWatch {
-        self.0.dyn_lease()
+    fn permits(&self) -> Option<u64> {
+        self.0.dyn_permits()
     }
 
     fn unlock(self) -> impl Future<Output = Result<u32>> + Send {

@@ -15,9 +15,11 @@
 #![forbid(unsafe_code)]
 
 pub mod any;
+pub mod blocking;
 pub mod detach;
 pub mod error;
 pub mod fencing;
+pub mod hold;
 pub mod holder;
 pub mod lease;
 pub mod lock;
@@ -28,8 +30,9 @@ pub mod options;
 pub use any::{AnyGuard, AnyLock, BoxFuture, DynGuard, DynLock};
 pub use error::{BackendKind, Error, NodeReport, NodeState, Result, TimeoutKind};
 pub use fencing::FencingToken;
+pub use hold::{Held, Hold, Release};
 pub use holder::HolderId;
 pub use lease::{LeaseKeeper, LeaseWatch, LossReason};
-pub use lock::{DistributedLock, LockGuard, Wait};
+pub use lock::{DistributedLock, LockGuard, WRITE_PERMITS, Wait};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{LockOptions, LockOptionsBuilder, MAX_DURATION};

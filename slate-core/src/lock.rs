@@ -1,12 +1,12 @@
 //! The lock and guard contract every backend implements.
 
 use std::future::Future;
+use std::ops::Deref;
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::fencing::FencingToken;
+use crate::hold::Hold;
 use crate::holder::HolderId;
-use crate::lease::{LeaseWatch, LossReason};
 use crate::name::LockName;
 
 /// How long an acquisition may wait.
@@ -68,43 +68,41 @@ impl Wait {
 
 /// A held lock.
 ///
+/// Every guard dereferences to its [`Hold`]: holder, fencing token, depth and lease, with
+/// their accessors (`guard.fencing_token()`, `guard.lost().await`...), written once.
+///
 /// ## Contract
 ///
 /// - [`unlock`](LockGuard::unlock) releases one level and reports the outcome.
-/// - Dropping a guard without `unlock` hands the release to a background task: it never
-///   blocks and never leaks the entry (at worst the entry outlives the guard by one command
-///   round trip, or, if the backend is unreachable, until its lease runs out).
+/// - Dropping a guard without `unlock`, or dropping the `unlock` future (even before its
+///   first poll), hands the release to a background task: it never blocks and never leaks the
+///   entry (at worst the entry outlives the guard by one command round trip, or, if the
+///   backend is unreachable, until its lease runs out).
 /// - The lease deadline moves forward with every renewal; the loss signal fires when renewal
 ///   finds the entry gone or cannot renew before the deadline. After a loss, stop acting as
 ///   the holder: another holder may already have the lock.
 /// - Guards are `Send + 'static`: hold one across `.await` points and move it between tasks.
-pub trait LockGuard: Send + Sync + 'static {
-    /// The holder this guard holds the lock for.
-    fn holder(&self) -> HolderId;
-
-    /// The fencing token of this hold (the same for every re-entry of one holder).
-    fn fencing_token(&self) -> FencingToken;
-
-    /// The lease of this hold: deadline and loss signal.
-    fn lease(&self) -> &LeaseWatch;
-
-    /// The lease deadline on the monotonic clock.
-    fn lease_deadline(&self) -> Instant {
-        self.lease().deadline()
+///
+/// # Examples
+///
+/// ```
+/// use slate_core::LockGuard;
+///
+/// fn describe<G: LockGuard>(guard: &G) -> String {
+///     format!("{} holds level {} with token {}", guard.holder(), guard.depth(), guard.fencing_token())
+/// }
+/// ```
+pub trait LockGuard: Deref<Target = Hold> + Send + Sync + 'static {
+    /// The nodes this hold is on, ascending: a combination lock's; empty for a lock on one
+    /// server (or one ZooKeeper ensemble).
+    fn nodes(&self) -> &[usize] {
+        &[]
     }
 
-    /// Whether the lease is lost (loss signalled, or the deadline passed).
-    fn is_lost(&self) -> bool {
-        self.lease().is_lost()
-    }
-
-    /// Completes when the lease is lost.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only observes.
-    fn lost(&self) -> impl Future<Output = LossReason> + Send + '_ {
-        self.lease().lost()
+    /// How many permits of a shared lock's capacity this hold takes (a semaphore's permits;
+    /// 1 for a read, [`WRITE_PERMITS`] for a write); `None` for an exclusive lock.
+    fn permits(&self) -> Option<u64> {
+        None
     }
 
     /// Releases one level of this hold and returns the holder's remaining hold count: how many
@@ -119,14 +117,17 @@ pub trait LockGuard: Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe in the sense that the release may or may not have reached the backend
-    /// when the future is dropped; the guard is consumed either way, and a release that did
-    /// not complete is finished by a background task, as for `Drop`.
+    /// The release starts when this is called: a dropped future (even one never polled) still
+    /// completes it in the background, exactly once; only the outcome is lost.
     ///
     /// [`Error::NotHeld`]: crate::Error::NotHeld
     /// [`Error::Backend`]: crate::Error::Backend
     fn unlock(self) -> impl Future<Output = Result<u32>> + Send;
 }
+
+/// The permits a write hold of a read-write lock takes: its whole capacity, so that no read
+/// (1 permit) fits beside it.
+pub const WRITE_PERMITS: u64 = 1 << 30;
 
 /// A distributed, reentrant, leased lock.
 ///

@@ -29,101 +29,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use slate_combination::CombinationGuard;
 use slate_core::{Error, LockGuard};
-use slate_redis::{RwLockReadGuard, RwLockWriteGuard, SemaphorePermit, SingleLockGuard};
-use slate_zookeeper::ZkLockGuard;
 
 use crate::clock::to_mono_ns;
 use crate::history::{EventKind, HistoryError, Recorder};
-
-/// A guard as a history sees it: its level and the nodes it holds.
-pub trait Observed: LockGuard {
-    /// The holder's level after this acquisition (1 for a first acquisition).
-    fn level(&self) -> u32;
-    /// The nodes held (empty for a single lock).
-    fn held_nodes(&self) -> Vec<usize>;
-    /// Shared mode: the permits the hold takes (see `EventKind::AcqOk::permits`); `None` for
-    /// an exclusive lock.
-    fn permits(&self) -> Option<u64> {
-        None
-    }
-}
-
-/// The permits a write hold of a read-write lock takes (its whole capacity).
-pub const WRITE_PERMITS: u64 = 1 << 30;
-
-impl Observed for RwLockReadGuard {
-    fn level(&self) -> u32 {
-        self.depth()
-    }
-
-    fn held_nodes(&self) -> Vec<usize> {
-        Vec::new()
-    }
-
-    fn permits(&self) -> Option<u64> {
-        Some(1)
-    }
-}
-
-impl Observed for RwLockWriteGuard {
-    fn level(&self) -> u32 {
-        self.depth()
-    }
-
-    fn held_nodes(&self) -> Vec<usize> {
-        Vec::new()
-    }
-
-    fn permits(&self) -> Option<u64> {
-        Some(WRITE_PERMITS)
-    }
-}
-
-impl Observed for SemaphorePermit {
-    fn level(&self) -> u32 {
-        self.depth()
-    }
-
-    fn held_nodes(&self) -> Vec<usize> {
-        Vec::new()
-    }
-
-    fn permits(&self) -> Option<u64> {
-        Some(u64::from(SemaphorePermit::permits(self)))
-    }
-}
-
-impl Observed for SingleLockGuard {
-    fn level(&self) -> u32 {
-        self.depth()
-    }
-
-    fn held_nodes(&self) -> Vec<usize> {
-        Vec::new()
-    }
-}
-
-impl Observed for ZkLockGuard {
-    fn level(&self) -> u32 {
-        self.depth()
-    }
-
-    fn held_nodes(&self) -> Vec<usize> {
-        Vec::new()
-    }
-}
-
-impl Observed for CombinationGuard {
-    fn level(&self) -> u32 {
-        self.depth()
-    }
-
-    fn held_nodes(&self) -> Vec<usize> {
-        self.nodes().to_vec()
-    }
-}
 
 /// What the history logged of one hold.
 #[derive(Clone, Debug)]
@@ -256,7 +165,7 @@ impl<'a> Log<'a> {
     /// # Errors
     ///
     /// The history could not be written (the call's own error is the inner `Err`).
-    pub async fn acquire<G: Observed>(
+    pub async fn acquire<G: LockGuard>(
         &self,
         attempt: u64,
         call: impl Future<Output = slate_core::Result<G>>,
@@ -289,7 +198,7 @@ impl<'a> Log<'a> {
     /// # Errors
     ///
     /// The history could not be written.
-    pub fn acquired<G: Observed>(&self, attempt: u64, guard: &G) -> Result<Held, HistoryError> {
+    pub fn acquired<G: LockGuard>(&self, attempt: u64, guard: &G) -> Result<Held, HistoryError> {
         let deadline = to_mono_ns(guard.lease_deadline());
         let holder = guard.holder().to_string();
         let renewals = RenewalLog::start(
@@ -304,9 +213,9 @@ impl<'a> Log<'a> {
         let held = Held {
             holder,
             token: guard.fencing_token().get(),
-            depth: guard.level(),
+            depth: guard.depth(),
             deadline,
-            nodes: guard.held_nodes(),
+            nodes: guard.nodes().to_vec(),
             renewals,
         };
         self.record(EventKind::AcqOk {

@@ -1,18 +1,17 @@
 //! The guard of a [`SingleLock`] hold.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use slate_core::detach::Detached;
-use std::time::Instant;
-
-use slate_core::{Error, FencingToken, HolderId, LeaseWatch, LockGuard, LossReason, Result};
+use slate_core::hold::{Held, Release};
+use slate_core::{Error, Hold, HolderId, Result};
+use tokio::runtime::Handle;
 use tracing::Instrument;
 
 use crate::lock::SingleLock;
 
-/// One level of a [`SingleLock`] hold: holder, fencing token, lease.
+/// One level of a [`SingleLock`] hold. It dereferences to its [`Hold`]: holder, fencing
+/// token, depth, lease and loss signal.
 ///
 /// Release it with [`unlock`](Self::unlock) (async, reports the outcome) or
 /// [`blocking_unlock`](Self::blocking_unlock) (threads). Dropping it without either hands the
@@ -39,186 +38,34 @@ use crate::lock::SingleLock;
 /// ```
 #[must_use = "dropping the guard releases the lock in the background; call unlock().await to see the outcome"]
 pub struct SingleLockGuard {
-    lock: SingleLock,
-    holder: HolderId,
-    token: FencingToken,
-    depth: u32,
-    watch: LeaseWatch,
-    released: bool,
+    held: Held<Releasing>,
+}
+
+/// How a [`SingleLockGuard`] ends: the lock handle.
+pub(crate) struct Releasing(SingleLock);
+
+impl Release for Releasing {
+    fn release(
+        &mut self,
+        hold: &Hold,
+    ) -> impl Future<Output = Result<u32>> + Send + 'static + use<> {
+        release(self.0.clone(), hold.holder())
+    }
+
+    fn runtime(&self) -> &Handle {
+        self.0.client().runtime()
+    }
+
+    fn label(&self) -> &str {
+        &self.0.shared.competitor().label
+    }
 }
 
 impl SingleLockGuard {
-    /// The holder this guard holds the lock for.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
-    /// let guard = lock.lock().await?;
-    /// assert!(lock.is_held_by(guard.holder()).await?);
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn holder(&self) -> HolderId {
-        self.holder
-    }
-
-    /// The fencing token of this hold (the same for every re-entry of one holder): pass it to
-    /// every store the critical section writes to.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
-    /// let guard = lock.lock().await?;
-    /// println!("writing with token {}", guard.fencing_token());
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    /// The lease of this hold: deadline and loss signal.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
-    /// let guard = lock.lock().await?;
-    /// let watch = guard.lease().clone(); // hand it to the code that must stop on a loss
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn lease(&self) -> &LeaseWatch {
-        &self.watch
-    }
-
-    /// The lease deadline on the monotonic clock (it moves with every renewal).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
-    /// let guard = lock.lock().await?;
-    /// assert!(guard.lease_deadline() > std::time::Instant::now());
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn lease_deadline(&self) -> Instant {
-        self.watch.deadline()
-    }
-
-    /// Whether the lease is lost (loss signalled, or the deadline passed).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
-    /// let guard = lock.lock().await?;
-    /// assert!(!guard.is_lost());
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn is_lost(&self) -> bool {
-        self.watch.is_lost()
-    }
-
-    /// Completes when the lease is lost: race it against the critical section.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
-    /// # async fn work() {}
-    /// let guard = lock.lock().await?;
-    /// tokio::select! {
-    ///     () = work() => guard.unlock().await.map(drop)?,
-    ///     reason = guard.lost() => eprintln!("lost the lock: {reason}"),
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only observes.
-    pub async fn lost(&self) -> LossReason {
-        self.watch.lost().await
-    }
-
-    /// Releases one level and returns the holder's remaining hold count (0: this holder no
-    /// longer holds the lock; see [`LockGuard::unlock`] for the one meaning every lock gives
-    /// it).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
-    /// let outer = lock.lock().await?;
-    /// let inner = outer.reenter().await?;
-    /// assert_eq!(outer.unlock().await?, 1); // any order: the inner level still holds it
-    /// assert_eq!(inner.unlock().await?, 0);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] when the entry is gone (lease expired, force-unlocked);
-    /// [`Error::Backend`] when Redis failed: the entry then ends with its lease.
-    ///
-    /// # Cancel safety
-    ///
-    /// A dropped `unlock` future still completes its release in the background, exactly once.
-    pub fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
-        self.released = true;
-        let handle = self.lock.client().runtime().clone();
-        Detached::new(
-            self.lock
-                .client()
-                .on_runtime(release(self.lock.clone(), self.holder)),
-            handle,
-        )
-    }
-
-    pub(crate) fn new(
-        lock: SingleLock,
-        holder: HolderId,
-        token: FencingToken,
-        depth: u32,
-        watch: LeaseWatch,
-    ) -> Self {
+    pub(crate) fn new(lock: SingleLock, hold: Hold) -> Self {
         SingleLockGuard {
-            lock,
-            holder,
-            token,
-            depth,
-            watch,
-            released: false,
+            held: Held::new(hold, Releasing(lock)),
         }
-    }
-
-    /// The holder's hold count right after this acquisition (1 for a first acquisition).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_redis::{RedisClient, SingleLock};
-    /// # #[tokio::main] async fn main() -> slate_redis::Result<()> {
-    /// # let lock = SingleLock::builder(RedisClient::open("redis://127.0.0.1:6379")?, "a").build()?;
-    /// let guard = lock.lock().await?;
-    /// assert_eq!(guard.depth(), 1);
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn depth(&self) -> u32 {
-        self.depth
     }
 
     /// The lock this guard holds.
@@ -235,7 +82,7 @@ impl SingleLockGuard {
     /// ```
     #[must_use]
     pub fn lock(&self) -> &SingleLock {
-        &self.lock
+        &self.held.backend().0
     }
 
     /// Acquires the lock once more for this guard's holder (a re-entry: it does not wait for
@@ -262,45 +109,7 @@ impl SingleLockGuard {
     ///
     /// Cancel safe, as [`SingleLock::acquire`].
     pub fn reenter(&self) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
-        self.lock.lock_as(self.holder)
-    }
-
-    /// Releases one level from a thread (the thread twin of [`unlock`](Self::unlock)).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
-    /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
-    /// let guard = lock.blocking_lock()?;
-    /// assert_eq!(guard.blocking_unlock()?, 0);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`unlock`](Self::unlock).
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime (use `unlock().await` there).
-    pub fn blocking_unlock(mut self) -> Result<u32> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            panic!(
-                "SingleLockGuard::blocking_unlock was called inside a tokio runtime, where \
-                 blocking would stall the runtime's threads; use unlock().await instead"
-            );
-        }
-        self.released = true;
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let release = release(self.lock.clone(), self.holder);
-        self.lock.client().spawn(async move {
-            let _ = tx.send(release.await);
-        });
-        rx.recv()
-            .unwrap_or(Err(Error::closed("the client's tokio runtime")))
+        self.lock().lock_as(self.holder())
     }
 }
 
@@ -351,46 +160,9 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
     .await
 }
 
-impl LockGuard for SingleLockGuard {
-    fn holder(&self) -> HolderId {
-        self.holder
-    }
-
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn lease(&self) -> &LeaseWatch {
-        &self.watch
-    }
-
-    fn unlock(self) -> impl Future<Output = Result<u32>> + Send {
-        SingleLockGuard::unlock(self)
-    }
-}
-
-impl Drop for SingleLockGuard {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        tracing::debug!(lock = %self.lock.shared.competitor().label, holder = %self.holder,
-            "guard dropped without unlock; releasing in the background");
-        let release = release(self.lock.clone(), self.holder);
-        self.lock.client().spawn(async move {
-            let _ = release.await;
-        });
-    }
-}
-
-impl fmt::Debug for SingleLockGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SingleLockGuard")
-            .field("lock", &self.lock.shared.competitor().label)
-            .field("holder", &self.holder)
-            .field("token", &self.token)
-            .field("depth", &self.depth)
-            .field("deadline", &self.watch.deadline())
-            .finish()
-    }
-}
+slate_core::guard_surface!(
+    SingleLockGuard,
+    slate_redis,
+    setup = "# let lock = slate_redis::SingleLock::builder(slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?, \"a\").build()?;\nlet guard = lock.lock().await?;",
+    blocking_setup = "# let rt = tokio::runtime::Runtime::new()?;\n# let client = rt.block_on(async { slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\") })?;\n# let lock = slate_redis::SingleLock::builder(&client, \"a\").build()?;\nlet guard = lock.blocking_lock()?;",
+);

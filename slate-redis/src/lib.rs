@@ -79,6 +79,7 @@ pub use shared::{SharedHolder, SharedMode, SharedStatus};
 // Everything the examples and a typical caller need, so that depending on `slate-redis` alone
 // is enough (the traits are only needed for generic code).
 pub use slate_core::{
-    AnyGuard, AnyLock, BackendKind, DistributedLock, Error, FencingToken, HolderId, LeaseWatch,
-    LockGuard, LockName, LockOptions, LockOptionsBuilder, LossReason, Result, TimeoutKind, Wait,
+    AnyGuard, AnyLock, BackendKind, DistributedLock, Error, FencingToken, Hold, HolderId,
+    LeaseWatch, LockGuard, LockName, LockOptions, LockOptionsBuilder, LossReason, Result,
+    TimeoutKind, WRITE_PERMITS, Wait,
 };

@@ -18,7 +18,7 @@ use crate::conn;
 use crate::guard::SingleLockGuard;
 use crate::keys::Keys;
 use crate::notify::ReleaseTarget;
-use crate::renewal::{self, Hold};
+use crate::renewal::{self, Renewable};
 use crate::request;
 use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
 
@@ -197,8 +197,8 @@ impl RedisCompetitor {
         }
     }
 
-    fn hold(&self, holder: HolderId, grant: &Grant) -> Hold {
-        Hold {
+    fn hold(&self, holder: HolderId, grant: &Grant) -> Renewable {
+        Renewable {
             key: self.keys.lock.clone(),
             turn: Some(self.keys.turn.clone()),
             fence: self
@@ -1105,15 +1105,6 @@ impl SingleLockBuilder {
     }
 }
 
-fn assert_not_in_runtime(what: &str) {
-    if tokio::runtime::Handle::try_current().is_ok() {
-        panic!(
-            "SingleLock::{what} was called inside a tokio runtime, where blocking would stall \
-             the runtime's threads; use the async method instead"
-        );
-    }
-}
-
 impl SingleLock {
     /// Starts building a lock named `name` on `client` (a [`RedisClient`] or `&RedisClient`).
     ///
@@ -1216,7 +1207,10 @@ impl SingleLock {
 
     fn guard(&self, holder: HolderId, grant: &Grant) -> SingleLockGuard {
         let watch = self.shared.competitor().watch(holder, grant);
-        SingleLockGuard::new(self.clone(), holder, grant.token, grant.count, watch)
+        SingleLockGuard::new(
+            self.clone(),
+            slate_core::Hold::new(holder, grant.token, grant.count, watch),
+        )
     }
 
     fn blocking_acquire(
@@ -1225,7 +1219,7 @@ impl SingleLock {
         wait: Wait,
         what: &str,
     ) -> Result<SingleLockGuard> {
-        assert_not_in_runtime(what);
+        slate_core::blocking::assert_outside_runtime(what);
         let sync = &self.shared.sync;
         let (grant, holder) = match holder.or_else(HolderId::scoped) {
             Some(h) => (sync.blocking_acquire(h, wait)?, h),
@@ -1286,7 +1280,7 @@ impl SingleLock {
     ///
     /// Inside a tokio runtime (use `lock().await` there).
     pub fn blocking_lock(&self) -> Result<SingleLockGuard> {
-        self.blocking_acquire(None, Wait::Forever, "blocking_lock")
+        self.blocking_acquire(None, Wait::Forever, "SingleLock::blocking_lock")
     }
 
     /// Blocks this thread until the lock is acquired for `holder` (re-enters if it holds it).
@@ -1311,7 +1305,7 @@ impl SingleLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_lock_as(&self, holder: HolderId) -> Result<SingleLockGuard> {
-        self.blocking_acquire(Some(holder), Wait::Forever, "blocking_lock_as")
+        self.blocking_acquire(Some(holder), Wait::Forever, "SingleLock::blocking_lock_as")
     }
 
     /// One attempt from this thread, without waiting: `None` when another holder has it (the
@@ -1338,7 +1332,7 @@ impl SingleLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_try_lock(&self) -> Result<Option<SingleLockGuard>> {
-        match self.blocking_acquire(None, Wait::Immediate, "blocking_try_lock") {
+        match self.blocking_acquire(None, Wait::Immediate, "SingleLock::blocking_try_lock") {
             Ok(guard) => Ok(Some(guard)),
             Err(e) if e.is_busy() => Ok(None),
             Err(e) => Err(e),
@@ -1366,7 +1360,11 @@ impl SingleLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_try_lock_for(&self, d: Duration) -> Result<SingleLockGuard> {
-        self.blocking_acquire(None, Wait::for_duration(d), "blocking_try_lock_for")
+        self.blocking_acquire(
+            None,
+            Wait::for_duration(d),
+            "SingleLock::blocking_try_lock_for",
+        )
     }
 }
 

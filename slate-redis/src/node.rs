@@ -26,7 +26,7 @@ use crate::client::{RedisClient, unexpected_reply};
 use crate::keys::Keys;
 use crate::lock::{Acquire, Release, Turn, acquire_remote, min_validity, release_remote};
 use crate::notify::ReleaseTarget;
-use crate::renewal::{self, Hold};
+use crate::renewal::{self, Renewable};
 use crate::request;
 use crate::scripts::FORCE_UNLOCK;
 use slate_aqs::Notifications;
@@ -896,7 +896,7 @@ impl RedisClient {
     ) -> LeaseWatch {
         self.inner.renewal.register(
             self,
-            Hold {
+            Renewable {
                 key: keys.keys.lock.clone(),
                 // The turn lives as long as the hold on the lead node, where the fair turn
                 // is kept (on the others there is no turn key and the renewal's PEXPIRE of

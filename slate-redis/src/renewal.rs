@@ -60,7 +60,7 @@ const CAPPED_EARLY: Duration = Duration::from_millis(5);
 type RegKey = (Arc<[u8]>, HolderId);
 
 /// What a lock tells the service about one hold.
-pub(crate) struct Hold {
+pub(crate) struct Renewable {
     pub(crate) key: Arc<[u8]>,
     /// The lock's turn key, refreshed with the lease while held (the single lock, and the
     /// combination lock's node entries: the lead node keeps a turn; `None` for shared holds).
@@ -91,7 +91,7 @@ enum Phase {
 }
 
 struct Registration {
-    hold: Hold,
+    hold: Renewable,
     generation: u64,
     keeper: LeaseKeeper,
     next_due: Instant,
@@ -161,7 +161,7 @@ impl Renewal {
 
     /// Registers a hold (or, for a holder already registered, moves its lease deadline) and
     /// returns a watch on its lease.
-    pub(crate) fn register(&self, client: &RedisClient, hold: Hold) -> LeaseWatch {
+    pub(crate) fn register(&self, client: &RedisClient, hold: Renewable) -> LeaseWatch {
         self.register_hold(client, hold, false)
     }
 
@@ -171,7 +171,7 @@ impl Renewal {
     pub(crate) fn register_hold(
         &self,
         client: &RedisClient,
-        hold: Hold,
+        hold: Renewable,
         fresh: bool,
     ) -> LeaseWatch {
         let now = Instant::now();
@@ -855,7 +855,7 @@ mod tests {
         let lease = period * 2;
         let (keeper, _watch) = lease::channel(now + lease);
         Registration {
-            hold: Hold {
+            hold: Renewable {
                 key: Arc::from(b"k".as_slice()),
                 turn: None,
                 fence: None,

@@ -3,19 +3,19 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[cfg(doc)]
 use slate_core::Error;
-use slate_core::{
-    FencingToken, HolderId, LeaseWatch, LockGuard, LockName, LockOptions, LockOptionsBuilder,
-    LossReason, Result, Wait,
-};
+use slate_core::hold::Held;
+use slate_core::{HolderId, LockName, LockOptions, LockOptionsBuilder, Result, Wait};
 use tracing::Instrument;
 
 use crate::RedisClient;
 use crate::lock::ClientSource;
-use crate::shared::{HeldLevel, Kind, SharedCompetitor, SharedGrant, SharedState, SharedStatus};
+use crate::shared::{
+    Kind, SharedCompetitor, SharedGrant, SharedRelease, SharedState, SharedStatus,
+};
 
 /// A distributed read-write lock on one Redis deployment: many readers or one writer.
 ///
@@ -193,15 +193,6 @@ impl RwLockBuilder {
     pub fn exclude_single_lock(mut self, on: bool) -> Self {
         self.exclude_single = on;
         self
-    }
-}
-
-fn assert_not_in_runtime(what: &str) {
-    if tokio::runtime::Handle::try_current().is_ok() {
-        panic!(
-            "{what} was called inside a tokio runtime, where blocking would stall the runtime's \
-             threads; use the async method instead"
-        );
     }
 }
 
@@ -668,7 +659,7 @@ impl RwLock {
     }
 
     fn blocking_try_read_until(&self, d: Option<Duration>) -> Result<RwLockReadGuard> {
-        assert_not_in_runtime("RwLock::blocking_read");
+        slate_core::blocking::assert_outside_runtime("RwLock::blocking_read");
         let holder = Self::holder(None);
         let wait = d.map_or(Wait::Forever, Wait::for_duration);
         let grant = self.state.sync.blocking_acquire_shared(holder, wait)?;
@@ -721,7 +712,7 @@ impl RwLock {
     }
 
     fn blocking_try_write_until(&self, d: Option<Duration>) -> Result<RwLockWriteGuard> {
-        assert_not_in_runtime("RwLock::blocking_write");
+        slate_core::blocking::assert_outside_runtime("RwLock::blocking_write");
         let holder = Self::holder(None);
         let wait = d.map_or(Wait::Forever, Wait::for_duration);
         let grant = self.state.sync.blocking_acquire(holder, wait)?;
@@ -790,96 +781,6 @@ impl fmt::Debug for RwLock {
     }
 }
 
-/// The methods every shared-lock guard has (read, write, permit).
-macro_rules! shared_guard_methods {
-    ($guard:ident, $get:literal, $get_blocking:literal) => {
-        impl $guard {
-            #[doc = concat!("The holder this guard holds for.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nprintln!(\"{}\", guard.holder());\n# Ok(()) }\n```")]
-            #[must_use]
-            pub fn holder(&self) -> HolderId {
-                self.level.holder
-            }
-
-            #[doc = concat!("The fencing token of this hold: above every earlier holder's (re-entries keep it).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert!(guard.fencing_token().get() > 0);\n# Ok(()) }\n```")]
-            #[must_use]
-            pub fn fencing_token(&self) -> FencingToken {
-                self.level.token
-            }
-
-            #[doc = concat!("The holder's levels in this mode when this guard was granted.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert_eq!(guard.depth(), 1);\n# Ok(()) }\n```")]
-            #[must_use]
-            pub fn depth(&self) -> u32 {
-                self.level.depth
-            }
-
-            #[doc = concat!("The watch on this hold's lease (deadline and loss signal).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert!(!guard.lease().is_lost());\n# Ok(()) }\n```")]
-            #[must_use]
-            pub fn lease(&self) -> &LeaseWatch {
-                &self.level.watch
-            }
-
-            #[doc = concat!("Until when the hold is known valid (moved by every renewal).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert!(guard.lease_deadline() > std::time::Instant::now());\n# Ok(()) }\n```")]
-            #[must_use]
-            pub fn lease_deadline(&self) -> Instant {
-                self.level.watch.deadline()
-            }
-
-            #[doc = concat!("Whether the hold is lost (its lease ended, or it was dropped by an operator).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert!(!guard.is_lost());\n# Ok(()) }\n```")]
-            #[must_use]
-            pub fn is_lost(&self) -> bool {
-                self.level.watch.is_lost()
-            }
-
-            #[doc = concat!("Resolves when the hold is lost, with the reason; stop touching the protected resource then.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\ntokio::select! {\n    reason = guard.lost() => eprintln!(\"lost: {reason}\"),\n    () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}\n}\n# Ok(()) }\n```\n\n# Cancel safety\n\nCancel safe: it only watches.")]
-            pub async fn lost(&self) -> LossReason {
-                self.level.watch.lost().await
-            }
-
-            #[doc = concat!("Releases this level and answers the holder's levels left in this mode.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n", $get, "\nassert_eq!(guard.unlock().await?, 0);\n# Ok(()) }\n```\n\n# Errors\n\n[`Error::NotHeld`] when the hold had already ended in Redis (lease lost, force-unlocked); backend failures (the hold then ends with its lease). The local queue moves on either way.\n\n# Cancel safety\n\nThe release runs to completion whether or not the future is polled again: it was started when this was called.")]
-            pub fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
-                self.level.release()
-            }
-
-            #[doc = concat!("The blocking twin of `unlock`, for threads.\n\n# Examples\n\n```no_run\n# fn main() -> slate_redis::Result<()> {\n", $get_blocking, "\nguard.blocking_unlock()?;\n# Ok(()) }\n```\n\n# Errors\n\nAs `unlock`.\n\n# Panics\n\nInside a tokio runtime (use `unlock().await` there).")]
-            pub fn blocking_unlock(mut self) -> Result<u32> {
-                self.level
-                    .blocking_release(concat!(stringify!($guard), "::blocking_unlock"))
-            }
-        }
-
-        impl LockGuard for $guard {
-            fn holder(&self) -> HolderId {
-                self.level.holder
-            }
-
-            fn fencing_token(&self) -> FencingToken {
-                self.level.token
-            }
-
-            fn lease(&self) -> &LeaseWatch {
-                &self.level.watch
-            }
-
-            fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send {
-                self.level.release()
-            }
-        }
-
-        impl fmt::Debug for $guard {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_struct(stringify!($guard))
-                    .field("lock", &self.level.label())
-                    .field("holder", &self.level.holder)
-                    .field("token", &self.level.token)
-                    .field("depth", &self.level.depth)
-                    .field("deadline", &self.level.watch.deadline())
-                    .finish()
-            }
-        }
-    };
-}
-pub(crate) use shared_guard_methods;
-
 /// One read level of a [`RwLock`] hold.
 ///
 /// Release it with [`unlock`](Self::unlock) (or [`blocking_unlock`](Self::blocking_unlock));
@@ -899,7 +800,7 @@ pub(crate) use shared_guard_methods;
 /// ```
 #[must_use = "dropping the guard releases the lock in the background; call unlock().await to see the outcome"]
 pub struct RwLockReadGuard {
-    level: HeldLevel,
+    held: Held<SharedRelease>,
 }
 
 /// One write level of a [`RwLock`] hold.
@@ -917,18 +818,22 @@ pub struct RwLockReadGuard {
 /// ```
 #[must_use = "dropping the guard releases the lock in the background; call unlock().await to see the outcome"]
 pub struct RwLockWriteGuard {
-    level: HeldLevel,
+    held: Held<SharedRelease>,
 }
 
-shared_guard_methods!(
+slate_core::guard_surface!(
     RwLockReadGuard,
-    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.read().await?;",
-    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.blocking_read()?;"
+    slate_redis,
+    setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.read().await?;",
+    blocking_setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.blocking_read()?;",
+    permits = |_guard| Some(1),
 );
-shared_guard_methods!(
+slate_core::guard_surface!(
     RwLockWriteGuard,
-    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.write().await?;",
-    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.blocking_write()?;"
+    slate_redis,
+    setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.write().await?;",
+    blocking_setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = slate_redis::RwLock::builder(&client, \"config\").build()?;\nlet guard = lock.blocking_write()?;",
+    permits = |_guard| Some(slate_core::WRITE_PERMITS),
 );
 
 /// A read level for `holder` (a fresh read, a re-entry, or the read a write covers).
@@ -954,7 +859,7 @@ async fn take_write(
 impl RwLockReadGuard {
     fn new(state: &Arc<SharedState>, holder: HolderId, grant: &SharedGrant) -> Self {
         RwLockReadGuard {
-            level: HeldLevel::new(Arc::clone(state), holder, grant),
+            held: SharedRelease::held(state, holder, grant),
         }
     }
 
@@ -979,14 +884,14 @@ impl RwLockReadGuard {
     ///
     /// Cancel safe; a level granted after the drop is released in the background.
     pub fn reenter(&self) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
-        take_read(&self.level.state, self.level.holder, Wait::Forever)
+        take_read(&self.held.backend().state, self.holder(), Wait::Forever)
     }
 }
 
 impl RwLockWriteGuard {
     fn new(state: &Arc<SharedState>, holder: HolderId, grant: &SharedGrant) -> Self {
         RwLockWriteGuard {
-            level: HeldLevel::new(Arc::clone(state), holder, grant),
+            held: SharedRelease::held(state, holder, grant),
         }
     }
 
@@ -1011,7 +916,7 @@ impl RwLockWriteGuard {
     ///
     /// Cancel safe; a level granted after the drop is released in the background.
     pub fn reenter(&self) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
-        take_write(&self.level.state, self.level.holder, Wait::Forever)
+        take_write(&self.held.backend().state, self.holder(), Wait::Forever)
     }
 
     /// Takes the read lock this write lock covers, at once (the holder then reads and writes;
@@ -1037,7 +942,7 @@ impl RwLockWriteGuard {
     ///
     /// Cancel safe; a level granted after the drop is released in the background.
     pub fn read(&self) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
-        take_read(&self.level.state, self.level.holder, Wait::Forever)
+        take_read(&self.held.backend().state, self.holder(), Wait::Forever)
     }
 
     /// Turns this write level into a read level without a gap: the holder takes the read its
@@ -1067,9 +972,9 @@ impl RwLockWriteGuard {
     ///
     /// Not cancel safe in one respect: dropped between its two steps, the holder keeps
     /// neither (both are released in the background), so the caller must take the lock again.
-    pub async fn downgrade(mut self) -> Result<RwLockReadGuard> {
-        let read = take_read(&self.level.state, self.level.holder, Wait::Forever).await?;
-        self.level.release().await?;
+    pub async fn downgrade(self) -> Result<RwLockReadGuard> {
+        let read = take_read(&self.held.backend().state, self.holder(), Wait::Forever).await?;
+        self.unlock().await?;
         Ok(read)
     }
 }

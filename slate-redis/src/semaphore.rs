@@ -3,18 +3,16 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use slate_core::{
-    Error, FencingToken, HolderId, LeaseWatch, LockGuard, LockName, LockOptions,
-    LockOptionsBuilder, LossReason, Result, Wait,
-};
+use slate_core::hold::Held;
+use slate_core::{Error, HolderId, LockName, LockOptions, LockOptionsBuilder, Result, Wait};
 use tracing::Instrument;
 
 use crate::RedisClient;
 use crate::lock::ClientSource;
-use crate::rwlock::{shared_builder_options, shared_guard_methods};
-use crate::shared::{HeldLevel, Kind, SharedCompetitor, SharedState, SharedStatus};
+use crate::rwlock::shared_builder_options;
+use crate::shared::{Kind, SharedCompetitor, SharedRelease, SharedState, SharedStatus};
 
 /// A distributed semaphore: `n` permits shared by every process, each taken for a lease.
 ///
@@ -259,7 +257,7 @@ impl Semaphore {
             let _wanting = self.state.competitor().want(holder, permits);
             let grant = self.state.sync.acquire_shared(holder, wait).await?;
             Ok(SemaphorePermit {
-                level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
+                held: SharedRelease::held(&self.state, holder, &grant),
                 permits,
             })
         }
@@ -373,19 +371,14 @@ impl Semaphore {
         permits: u32,
         limit: Option<Duration>,
     ) -> Result<SemaphorePermit> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            panic!(
-                "Semaphore::blocking_acquire was called inside a tokio runtime, where blocking \
-                 would stall the runtime's threads; use acquire().await instead"
-            );
-        }
+        slate_core::blocking::assert_outside_runtime("Semaphore::blocking_acquire");
         check_permits("permits asked", permits)?;
         let holder = HolderId::new();
         let _wanting = self.state.competitor().want(holder, permits);
         let wait = limit.map_or(Wait::Forever, Wait::for_duration);
         let grant = self.state.sync.blocking_acquire_shared(holder, wait)?;
         Ok(SemaphorePermit {
-            level: HeldLevel::new(Arc::clone(&self.state), holder, &grant),
+            held: SharedRelease::held(&self.state, holder, &grant),
             permits,
         })
     }
@@ -498,7 +491,7 @@ impl fmt::Debug for Semaphore {
 /// ```
 #[must_use = "dropping the permit gives it back in the background; call unlock().await to see the outcome"]
 pub struct SemaphorePermit {
-    level: HeldLevel,
+    held: Held<SharedRelease>,
     permits: u32,
 }
 
@@ -520,8 +513,10 @@ impl SemaphorePermit {
     }
 }
 
-shared_guard_methods!(
+slate_core::guard_surface!(
     SemaphorePermit,
-    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet sem = slate_redis::Semaphore::builder(&client, \"downloads\", 4).build()?;\nlet guard = sem.acquire(1).await?;",
-    "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet sem = slate_redis::Semaphore::builder(&client, \"downloads\", 4).build()?;\nlet guard = sem.blocking_acquire(1, None)?;"
+    slate_redis,
+    setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet sem = slate_redis::Semaphore::builder(&client, \"downloads\", 4).build()?;\nlet guard = sem.acquire(1).await?;",
+    blocking_setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet sem = slate_redis::Semaphore::builder(&client, \"downloads\", 4).build()?;\nlet guard = sem.blocking_acquire(1, None)?;",
+    permits = |guard| Some(u64::from(guard.permits)),
 );

@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
+use slate_core::hold::{Held, Release};
 use slate_core::{
-    BackendKind, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions, LossReason,
-    Result,
+    BackendKind, Error, FencingToken, Hold, HolderId, LeaseWatch, LockName, LockOptions,
+    LossReason, Result,
 };
 use tracing::Instrument;
 
@@ -26,7 +27,7 @@ use crate::conn;
 use crate::keys::Keys;
 use crate::lock::min_validity;
 use crate::notify::ReleaseTarget;
-use crate::renewal::{self, Hold};
+use crate::renewal::{self, Renewable};
 use crate::request;
 use crate::scripts::{self, SHARED_ACQUIRE, SHARED_ADMIN, SHARED_LEAVE, SHARED_RELEASE};
 
@@ -370,8 +371,8 @@ impl SharedCompetitor {
         lock(&self.wants).get(&holder).copied().unwrap_or(1)
     }
 
-    fn hold(&self, holder: HolderId, grant: &SharedGrant) -> Hold {
-        Hold {
+    fn hold(&self, holder: HolderId, grant: &SharedGrant) -> Renewable {
+        Renewable {
             key: self.keys.holders.clone(),
             turn: None,
             fence: None,
@@ -1205,75 +1206,44 @@ fn parse_status(v: &redis::Value) -> Option<SharedStatus> {
     })
 }
 
-/// One held level of a shared lock, as its guard keeps it: the common part of
-/// [`RwLockReadGuard`](crate::RwLockReadGuard), [`RwLockWriteGuard`](crate::RwLockWriteGuard)
-/// and [`SemaphorePermit`](crate::SemaphorePermit). Dropped without `release`, it releases in
-/// a task on the client's runtime.
-pub(crate) struct HeldLevel {
+/// How a shared-lock guard ends: the lock's state and the guard's mode.
+pub(crate) struct SharedRelease {
     pub(crate) state: Arc<SharedState>,
-    pub(crate) holder: HolderId,
-    pub(crate) token: FencingToken,
-    pub(crate) depth: u32,
-    pub(crate) watch: LeaseWatch,
-    pub(crate) write: bool,
-    released: bool,
+    write: bool,
 }
 
-impl HeldLevel {
-    pub(crate) fn new(state: Arc<SharedState>, holder: HolderId, grant: &SharedGrant) -> Self {
+impl SharedRelease {
+    /// The hold `grant` gave `holder`, ended by a release in the grant's mode.
+    pub(crate) fn held(
+        state: &Arc<SharedState>,
+        holder: HolderId,
+        grant: &SharedGrant,
+    ) -> Held<SharedRelease> {
         let watch = state.competitor().watch(grant);
-        HeldLevel {
-            holder,
-            token: grant.token,
-            depth: grant.count,
-            watch,
-            write: grant.write,
-            released: false,
-            state,
-        }
-    }
-
-    pub(crate) fn label(&self) -> &str {
-        &self.state.competitor().label
-    }
-
-    /// Releases this level (once): remotely, then locally whatever the outcome.
-    pub(crate) fn release(
-        &mut self,
-    ) -> impl std::future::Future<Output = Result<u32>> + Send + use<> {
-        self.released = true;
-        release(Arc::clone(&self.state), self.holder, self.write)
-    }
-
-    /// As [`release`](Self::release), from a thread: blocks until the release is done.
-    pub(crate) fn blocking_release(&mut self, what: &str) -> Result<u32> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            panic!(
-                "{what} was called inside a tokio runtime, where blocking would stall the \
-                 runtime's threads; use the async method instead"
-            );
-        }
-        let release = self.release();
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.state.competitor().client.spawn(async move {
-            let _ = tx.send(release.await);
-        });
-        rx.recv()
-            .unwrap_or(Err(Error::closed("the client's tokio runtime")))
+        Held::new(
+            Hold::new(holder, grant.token, grant.count, watch),
+            SharedRelease {
+                state: Arc::clone(state),
+                write: grant.write,
+            },
+        )
     }
 }
 
-impl Drop for HeldLevel {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        tracing::debug!(lock = %self.label(), holder = %self.holder,
-            "guard dropped without unlock; releasing in the background");
-        let release = self.release();
-        self.state.competitor().client.spawn(async move {
-            let _ = release.await;
-        });
+impl Release for SharedRelease {
+    fn release(
+        &mut self,
+        hold: &Hold,
+    ) -> impl std::future::Future<Output = Result<u32>> + Send + 'static + use<> {
+        release(Arc::clone(&self.state), hold.holder(), self.write)
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Handle {
+        self.state.competitor().client.runtime()
+    }
+
+    fn label(&self) -> &str {
+        &self.state.competitor().label
     }
 }
 

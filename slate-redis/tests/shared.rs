@@ -756,3 +756,37 @@ async fn an_abandoned_covered_read_leaves_the_writer_renewing() {
     assert_eq!(lock.status().await.unwrap().mode(), SharedMode::Write);
     w.unlock().await.unwrap();
 }
+
+/// The `LockGuard` contract: a dropped `unlock` future still releases, exactly once, even one
+/// dropped before its first poll (`tokio::time::timeout(ZERO, guard.unlock())` on a slow
+/// task, a `select!` whose other branch was ready). Before the guards shared one hold type,
+/// the shared guards' `unlock` returned the lazy release itself: dropped unpolled, it released
+/// nothing, locally or in Redis, and the next local writer queued for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlock_future_dropped_before_its_first_poll_still_releases() {
+    let server = Deployment::standalone();
+    let client = server.client();
+    let lock = rw(&client, "rw-unpolled-unlock");
+    let limit = Duration::from_secs(5);
+    drop(lock.read().await.unwrap().unlock());
+    let w = within(limit, "a write after a read's dropped unlock", lock.write())
+        .await
+        .unwrap();
+    drop(w.unlock());
+    within(limit, "a read after a write's dropped unlock", lock.read())
+        .await
+        .unwrap()
+        .unlock()
+        .await
+        .unwrap();
+    let sem = Semaphore::builder(&client, "sem-unpolled-unlock", 1)
+        .build()
+        .unwrap();
+    drop(sem.acquire(1).await.unwrap().unlock());
+    within(limit, "a permit after a dropped unlock", sem.acquire(1))
+        .await
+        .unwrap()
+        .unlock()
+        .await
+        .unwrap();
+}

@@ -49,6 +49,6 @@ pub use client::{DEFAULT_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT, ZkClient, ZkClien
 pub use guard::ZkLockGuard;
 pub use lock::{DEFAULT_SPIN_WAIT, ZkContender, ZkLock, ZkLockBuilder, ZkStatus};
 pub use slate_core::{
-    BackendKind, DistributedLock, Error, FencingToken, HolderId, LockGuard, LockName, LossReason,
-    Result, Wait,
+    AnyGuard, AnyLock, BackendKind, DistributedLock, Error, FencingToken, Hold, HolderId,
+    LeaseWatch, LockGuard, LockName, LossReason, Result, TimeoutKind, Wait,
 };

@@ -1020,11 +1020,8 @@ impl ZkLock {
         });
         ZkLockGuard::new(
             self.clone(),
-            holder,
             Arc::from(grant.path.as_str()),
-            grant.token,
-            c.local_depth(holder),
-            watch,
+            slate_core::Hold::new(holder, grant.token, c.local_depth(holder), watch),
         )
     }
 
@@ -1199,12 +1196,7 @@ impl ZkLock {
     }
 
     fn blocking(&self, holder: HolderId, wait: Wait, what: &str) -> Result<ZkLockGuard> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            panic!(
-                "ZkLock::{what} was called inside a tokio runtime, where blocking would stall \
-                 the runtime's threads; use the async method instead"
-            );
-        }
+        slate_core::blocking::assert_outside_runtime(what);
         let grant = self.shared.sync.blocking_acquire(holder, wait)?;
         Ok(self.guard(holder, &grant))
     }
@@ -1231,7 +1223,7 @@ impl ZkLock {
     ///
     /// Inside a tokio runtime (use `lock().await` there).
     pub fn blocking_lock(&self) -> Result<ZkLockGuard> {
-        self.blocking(HolderId::current(), Wait::Forever, "blocking_lock")
+        self.blocking(HolderId::current(), Wait::Forever, "ZkLock::blocking_lock")
     }
 
     /// Blocks this thread until the lock is acquired for `holder`.
@@ -1256,7 +1248,7 @@ impl ZkLock {
     ///
     /// Inside a tokio runtime.
     pub fn blocking_lock_as(&self, holder: HolderId) -> Result<ZkLockGuard> {
-        self.blocking(holder, Wait::Forever, "blocking_lock_as")
+        self.blocking(holder, Wait::Forever, "ZkLock::blocking_lock_as")
     }
 
     /// One attempt from a thread: `Ok(None)` when busy.
@@ -1285,7 +1277,7 @@ impl ZkLock {
         slate_core::lock::busy_to_none(self.blocking(
             HolderId::current(),
             Wait::Immediate,
-            "blocking_try_lock",
+            "ZkLock::blocking_try_lock",
         ))
     }
 
@@ -1313,7 +1305,7 @@ impl ZkLock {
         self.blocking(
             HolderId::current(),
             Wait::for_duration(d),
-            "blocking_try_lock_for",
+            "ZkLock::blocking_try_lock_for",
         )
     }
 

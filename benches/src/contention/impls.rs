@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions, Order};
+use slate_combination::{CombinationLock, CombinationLockGuard, NodeSet, NodeSetOptions, Order};
 use slate_redis::{
     RedisClient, RwLock, RwLockReadGuard, RwLockWriteGuard, SingleLock, SingleLockGuard,
 };
@@ -50,7 +50,7 @@ pub enum Held {
     /// Slate's single-lock guard.
     Slate(SingleLockGuard),
     /// Slate's combination guard.
-    SlateCombination(CombinationGuard),
+    SlateCombination(CombinationLockGuard),
     /// Slate's read guard.
     SlateRead(RwLockReadGuard),
     /// Slate's write guard.

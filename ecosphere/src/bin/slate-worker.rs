@@ -1348,7 +1348,6 @@ mod generic {
     use redis::aio::MultiplexedConnection;
     use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
     use slate_core::{DistributedLock, LockGuard};
-    use slate_history::logged::Observed;
     use slate_zookeeper::{ZkClient, ZkLock};
 
     use super::{
@@ -1356,7 +1355,7 @@ mod generic {
     };
 
     /// A lock this worker can drive: any lock whose guard the history can observe.
-    trait Driven: DistributedLock<Guard: Observed> {
+    trait Driven: DistributedLock {
         /// How many tasks of this process wait for the lock (the `STATS` line).
         fn local_waiters(&self) -> usize;
     }
@@ -1858,8 +1857,7 @@ mod generic {
 ///   error <message>`.
 mod shared {
     use super::*;
-    use slate_history::logged::{Observed, WRITE_PERMITS};
-    use slate_redis::{LockGuard, RwLock, Semaphore};
+    use slate_redis::{LockGuard, RwLock, Semaphore, WRITE_PERMITS};
 
     enum Prim {
         Rw(RwLock),
@@ -1889,18 +1887,18 @@ mod shared {
     impl Guard {
         fn permits(&self) -> u64 {
             match self {
-                Guard::Read(g) => g.permits(),
-                Guard::Write(g) => g.permits(),
-                Guard::Permit(g) => Observed::permits(g),
+                Guard::Read(g) => LockGuard::permits(g),
+                Guard::Write(g) => LockGuard::permits(g),
+                Guard::Permit(g) => LockGuard::permits(g),
             }
             .unwrap_or(WRITE_PERMITS)
         }
 
         fn lease(&self) -> &slate_redis::LeaseWatch {
             match self {
-                Guard::Read(g) => LockGuard::lease(g),
-                Guard::Write(g) => LockGuard::lease(g),
-                Guard::Permit(g) => LockGuard::lease(g),
+                Guard::Read(g) => g.lease(),
+                Guard::Write(g) => g.lease(),
+                Guard::Permit(g) => g.lease(),
             }
         }
     }
@@ -1936,7 +1934,7 @@ mod shared {
             }
         }
 
-        async fn logged<G: Observed>(
+        async fn logged<G: LockGuard>(
             &self,
             task: u64,
             call: impl std::future::Future<Output = slate_redis::Result<G>>,

@@ -20,7 +20,7 @@ use ecosphere::history::{
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
 use ecosphere::workers::{WorkerOutput, WorkerSet};
-use slate_combination::{CombinationGuard, CombinationLock, NodeSet, NodeSetOptions};
+use slate_combination::{CombinationLock, CombinationLockGuard, NodeSet, NodeSetOptions};
 use slate_core::{Error, HolderId, Wait};
 
 /// The worker binary built with this package.
@@ -369,7 +369,7 @@ pub struct Held {
     task: u64,
     holder: String,
     /// The guard.
-    pub guard: CombinationGuard,
+    pub guard: CombinationLockGuard,
     /// Last deadline recorded (monotonic ns).
     logged: u64,
     lost_logged: bool,

@@ -19,7 +19,7 @@ use clap::{Args, ValueEnum};
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{DistributedLock, HolderId, Wait};
 use slate_history::history::Recorder;
-use slate_history::logged::{Log, Observed};
+use slate_history::logged::Log;
 use slate_redis::{RedisClient, SingleLock};
 
 use crate::exit;
@@ -200,7 +200,6 @@ async fn run(args: WorkerArgs) -> Res<()> {
 async fn contend<L>(args: WorkerArgs, rec: Recorder, lock: L, nodes: usize) -> Res<()>
 where
     L: DistributedLock,
-    L::Guard: Observed,
 {
     say("READY")?;
     let waited = Instant::now();
@@ -252,7 +251,6 @@ where
 async fn contend_task<L>(ctx: &Ctx, lock: &L, task: u64) -> Res<()>
 where
     L: DistributedLock,
-    L::Guard: Observed,
 {
     let hold = Duration::from_micros(ctx.args.hold_us);
     let log = Log::new(&ctx.rec, &ctx.args.lock, task);

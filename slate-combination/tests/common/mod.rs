@@ -147,7 +147,7 @@ pub fn delay(d: Duration) -> Mode {
 pub async fn try_as(
     lock: &CombinationLock,
     holder: HolderId,
-) -> slate_core::Result<Option<slate_combination::CombinationGuard>> {
+) -> slate_core::Result<Option<slate_combination::CombinationLockGuard>> {
     match lock.acquire(holder, slate_core::Wait::Immediate).await {
         Ok(g) => Ok(Some(g)),
         Err(e) if e.is_busy() => Ok(None),
@@ -170,7 +170,7 @@ pub async fn hold_including(
     node: usize,
     limit: Duration,
     busy_ok: bool,
-) -> slate_combination::CombinationGuard {
+) -> slate_combination::CombinationLockGuard {
     let start = Instant::now();
     loop {
         match lock.try_lock().await {
