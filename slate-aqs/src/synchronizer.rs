@@ -391,6 +391,22 @@ impl<C: Competitor> Synchronizer<C> {
         &self.competitor
     }
 
+    /// The longest a queue head waits for a release message before it tries again (the spin
+    /// wait it was built with).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// assert_eq!(sync.spin_wait(), Duration::from_millis(50));
+    /// ```
+    #[must_use]
+    pub fn spin_wait(&self) -> Duration {
+        self.spin_wait
+    }
+
     /// The printable lock name used in errors and tracing.
     ///
     /// # Examples

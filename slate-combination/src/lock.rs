@@ -9,6 +9,7 @@ use futures::future::join_all;
 use slate_aqs::Synchronizer;
 use slate_core::hold::{Held, Release};
 use slate_core::lease;
+use slate_core::registry::Registered;
 use slate_core::{
     DistributedLock, Error, Hold, HolderId, LockName, LockOptions, LockOptionsBuilder, Result, Wait,
 };
@@ -23,6 +24,26 @@ use crate::node_set::NodeSet;
 pub(crate) struct Shared {
     pub(crate) sync: Synchronizer<CombinationCompetitor>,
     name: LockName,
+}
+
+/// What two handles of one combination lock in one node set must agree on: the options, the
+/// quorum, the acquire budget and the order.
+impl Registered for Shared {
+    type Settings = (LockOptions, usize, Duration, Order);
+
+    fn settings(&self) -> Self::Settings {
+        let inner = &self.sync.competitor().inner;
+        (
+            inner.options.clone(),
+            inner.required,
+            inner.budget,
+            inner.order,
+        )
+    }
+
+    fn waiters(&self) -> usize {
+        self.sync.waiters()
+    }
 }
 
 /// A release published on a node, to anyone or to this process's queue (its turn), wakes the
@@ -326,26 +347,37 @@ impl CombinationLockBuilder {
         // The current runtime, or (built from a plain thread) the one the node clients run
         // their services on.
         let runtime = Handle::try_current().unwrap_or_else(|_| self.nodes.runtime().clone());
-        let label: Arc<str> = Arc::from(name.to_string());
         let keys = NodeKeys::new(options.key_prefix(), &name);
-        let spin = options.spin_wait();
-        let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
-            let competitor = CombinationCompetitor::new(
-                self.nodes,
-                keys,
-                label.clone(),
-                options,
-                required,
-                budget,
-                self.order,
-                runtime,
-                me.clone(),
-            );
-            Shared {
-                sync: Synchronizer::new(Arc::clone(&label), competitor, spin),
-                name,
-            }
-        });
+        let mut key = options.key_prefix().as_bytes().to_vec();
+        key.extend_from_slice(name.as_bytes());
+        let settings = (options, required, budget, self.order);
+        let nodes = self.nodes.clone();
+        let shared = self.nodes.inner.locks.get_or_create(
+            key,
+            &name,
+            settings,
+            |(options, required, budget, order): (LockOptions, usize, Duration, Order)| {
+                let label: Arc<str> = Arc::from(name.to_string());
+                let spin = options.spin_wait();
+                Arc::new_cyclic(|me: &Weak<Shared>| {
+                    let competitor = CombinationCompetitor::new(
+                        nodes,
+                        keys,
+                        label.clone(),
+                        options,
+                        required,
+                        budget,
+                        order,
+                        runtime,
+                        me.clone(),
+                    );
+                    Shared {
+                        sync: Synchronizer::new(Arc::clone(&label), competitor, spin),
+                        name: name.clone(),
+                    }
+                })
+            },
+        )?;
         Ok(CombinationLock { shared })
     }
 }

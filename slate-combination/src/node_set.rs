@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use slate_core::mutant::{self, Mutant};
+use slate_core::registry::Registry;
 use slate_core::{Error, NodeReport, NodeState, Result};
 use slate_redis::node::{Mark, NodeKeys, NodeMarker};
 use slate_redis::{ClientOptions, ClientOptionsBuilder, RedisClient};
@@ -425,6 +426,9 @@ pub(crate) struct SetInner {
     /// these servers, issue 28, item 3): a node that lost its data is quarantined at least
     /// this long, whatever this process's own setting.
     bound: Mutex<Option<Duration>>,
+    /// Every combination lock on these nodes by key prefix and name: one state (one local
+    /// queue) for all the handles of one lock.
+    pub(crate) locks: Registry<Vec<u8>>,
 }
 
 /// The ordered nodes of combination locks, with their shared health. Cheap to clone; build one
@@ -561,6 +565,7 @@ impl NodeSet {
                 nodes,
                 options,
                 bound: Mutex::new(None),
+                locks: Registry::default(),
             }),
         })
     }

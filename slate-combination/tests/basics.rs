@@ -347,3 +347,37 @@ async fn any_lock_keeps_both_backends_side_by_side() {
     assert!(!locks[1].is_locked().await.unwrap());
     drop(again);
 }
+
+/// Every handle built for one lock on one node set shares one state: one local queue, so the
+/// process's tasks wait in FIFO order behind one head instead of racing each other as two
+/// processes would. A handle with other settings is refused. Before the primitives shared one
+/// registry (issue 29), the combination lock had none: each handle had a queue of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handles_of_one_name_share_one_local_queue() {
+    let s = servers(3);
+    let nodes = node_set(&s).await;
+    let a = lock(&nodes, "one-queue");
+    let b = lock(&nodes, "one-queue");
+    let held = a.lock().await.unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock().await })
+    };
+    let start = Instant::now();
+    while a.local_waiters() != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "b's waiter is not in a's local queue (a: {}, b: {})",
+            a.local_waiters(),
+            b.local_waiters()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    held.unlock().await.unwrap();
+    waiter.await.unwrap().unwrap().unlock().await.unwrap();
+    let other = CombinationLock::builder(&nodes, "one-queue")
+        .lease(Duration::from_secs(3))
+        .spin_wait(Duration::from_millis(20))
+        .build();
+    assert!(other.unwrap_err().is_invalid_input());
+}

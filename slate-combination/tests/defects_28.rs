@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use ecosphere::undriven::Undriven;
-use slate_combination::{CombinationLock, Order};
+use slate_combination::{CombinationLock, NodeSet, Order};
 use slate_core::LossReason;
 
 const OP: Duration = Duration::from_millis(300);
@@ -623,11 +623,16 @@ async fn i3_a_lease_longer_than_the_quarantine_the_nodes_record_is_refused() {
         .build()
         .expect_err("a zero quarantine");
     assert!(e.is_invalid_input(), "{e}");
-    // A lease within the bound is granted.
-    let short = CombinationLock::builder(&b_nodes, "i3b")
-        .lease(Duration::from_secs(2))
-        .build()
-        .unwrap();
+    // A lease within the bound is granted (to another handle of B's: one with other
+    // options is refused in the same node set while the first lives).
+    drop(long);
+    let short = CombinationLock::builder(
+        &view_of(urls(&s), with_quarantine(Duration::from_secs(10))),
+        "i3b",
+    )
+    .lease(Duration::from_secs(2))
+    .build()
+    .unwrap();
     let g = short.try_lock().await.unwrap().expect("the lock is free");
     assert_eq!(g.nodes(), &[0, 1, 2]);
     g.unlock().await.unwrap();
@@ -724,21 +729,23 @@ async fn shorter_quarantine_waits_the_recorded_one(met: Met) {
 
 /// Item 3, found by the second review: the bound was checked only where the holder had no
 /// entry yet, and a first-level acquire that finds the holder's entry re-enters and sets the
-/// key's TTL to its own lease: a second handle of the same name with a longer lease (the
-/// combination lock keeps no registry: each handle has its own local state), used by the same
-/// holder, put an 8 s lease on nodes whose markers bound leases to 4 s.
+/// key's TTL to its own lease: a handle of the same name with a longer lease in another
+/// process (in one process, a second handle with other options is refused when it is built),
+/// used by the same holder, put an 8 s lease on nodes whose markers bound leases to 4 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i3_a_second_handle_with_a_longer_lease_is_refused_even_when_it_re_enters() {
     let s = servers(3);
     adopt(&view_of(urls(&s), with_quarantine(Duration::from_secs(4)))).await;
-    let nodes = view_of(urls(&s), with_quarantine(Duration::from_secs(10)));
-    let build = |lease| {
-        CombinationLock::builder(&nodes, "i3r")
-            .lease(lease)
-            .build()
-            .unwrap()
-    };
-    let (short, long) = (build(Duration::from_secs(2)), build(Duration::from_secs(8)));
+    let (here, there) = (
+        view_of(urls(&s), with_quarantine(Duration::from_secs(10))),
+        view_of(urls(&s), with_quarantine(Duration::from_secs(10))),
+    );
+    let build =
+        |nodes: &NodeSet, lease| CombinationLock::builder(nodes, "i3r").lease(lease).build();
+    let short = build(&here, Duration::from_secs(2)).unwrap();
+    let refused = build(&here, Duration::from_secs(8)).expect_err("other options, one process");
+    assert!(refused.is_invalid_input(), "{refused}");
+    let long = build(&there, Duration::from_secs(8)).unwrap();
     let h = slate_core::HolderId::new();
     let g = short.acquire(h, slate_core::Wait::Immediate).await.unwrap();
     let e = long

@@ -26,6 +26,7 @@ pub mod lock;
 pub mod mutant;
 pub mod name;
 pub mod options;
+pub mod registry;
 
 pub use any::{AnyGuard, AnyLock, BoxFuture, DynGuard, DynLock};
 pub use error::{BackendKind, Error, NodeReport, NodeState, Result, TimeoutKind};

@@ -1,6 +1,6 @@
 //! The Redis client every lock of a process shares: connections, renewal, notifications.
 
-use std::collections::HashMap;
+use slate_core::registry::Registry;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -514,7 +514,7 @@ pub(crate) struct Inner {
     failovers: AtomicU64,
     pub(crate) renewal: Renewal,
     pub(crate) notifier: Notifier,
-    pub(crate) locks: Mutex<Registry>,
+    pub(crate) locks: Registry<Arc<[u8]>>,
 }
 
 /// A small tokio runtime (one worker thread, `slate-client`) owned by a client built outside
@@ -609,17 +609,6 @@ impl fmt::Debug for RedisClient {
             .field("options", &self.inner.options)
             .finish_non_exhaustive()
     }
-}
-
-/// Lock hash key → the shared state of that lock in this client.
-pub(crate) type Registry = HashMap<Arc<[u8]>, Weak<dyn LockEntry>>;
-
-/// What the client's registry knows of a lock's shared state.
-pub(crate) trait LockEntry: std::any::Any + Send + Sync {
-    /// Local waiters of this lock.
-    fn waiters(&self) -> usize;
-    /// For downcasting to the concrete state.
-    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
 
 /// Locks a std mutex, taking over a poisoned one: every value guarded here stays consistent
@@ -1011,7 +1000,7 @@ impl RedisClient {
             }),
             fill: tokio::sync::Mutex::new(()),
             slots: Mutex::new(None),
-            locks: Mutex::new(HashMap::new()),
+            locks: Registry::default(),
         });
         Ok(RedisClient { inner })
     }
@@ -1204,10 +1193,7 @@ impl RedisClient {
     /// ```
     #[must_use]
     pub fn stats(&self) -> ClientStats {
-        let locks: Vec<Arc<dyn LockEntry>> = lock(&self.inner.locks)
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let locks = self.inner.locks.live();
         let (subscriptions, pubsub_up) = self.inner.notifier.stats();
         ClientStats {
             renewals: self.inner.renewal.len(),

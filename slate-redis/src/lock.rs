@@ -1,6 +1,5 @@
 //! The single lock: one Redis master, reentrant, leased, renewed, notified.
 
-use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
@@ -13,7 +12,7 @@ use slate_core::{
 };
 use tracing::Instrument;
 
-use crate::client::{LockEntry, RedisClient, lock, unexpected_reply};
+use crate::client::{RedisClient, lock, unexpected_reply};
 use crate::conn;
 use crate::guard::SingleLockGuard;
 use crate::keys::Keys;
@@ -21,6 +20,7 @@ use crate::notify::ReleaseTarget;
 use crate::renewal::{self, Renewable};
 use crate::request;
 use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
+use slate_core::registry::Registered;
 
 /// A distributed, reentrant, leased lock on one Redis master.
 ///
@@ -105,13 +105,15 @@ impl LockShared {
     }
 }
 
-impl LockEntry for LockShared {
-    fn waiters(&self) -> usize {
-        self.sync.waiters()
+impl Registered for LockShared {
+    type Settings = LockOptions;
+
+    fn settings(&self) -> LockOptions {
+        self.competitor().options.clone()
     }
 
-    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
-        self
+    fn waiters(&self) -> usize {
+        self.sync.waiters()
     }
 }
 
@@ -1054,53 +1056,33 @@ impl SingleLockBuilder {
         let options = self.options.build()?;
         let client = self.source.0;
         let keys = Keys::new(options.key_prefix(), &name);
-        let mut registry = lock(&client.inner.locks);
-        if let Some(existing) = registry.get(&keys.lock).and_then(Weak::upgrade) {
-            let Ok(shared) = existing.into_any().downcast::<LockShared>() else {
-                return Err(Error::invalid_input(
-                    "lock name",
-                    format!("{name} is used by another kind of lock in this client"),
-                    "use another name or key prefix",
-                ));
-            };
-            if shared.competitor().options != options {
-                return Err(Error::invalid_input(
-                    "options",
-                    format!(
-                        "lock {name} already exists in this client with other options ({:?})",
-                        shared.competitor().options
-                    ),
-                    "build every handle of one lock with the same options (or clone the first \
-                     handle)",
-                ));
-            }
-            return Ok(SingleLock { shared });
-        }
-        let label: Arc<str> = Arc::from(name.to_string());
-        let spin_wait = options.spin_wait();
-        let turn = Turn::for_queue(&options);
-        let shared = Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
-            sync: Synchronizer::new(
-                Arc::clone(&label),
-                RedisCompetitor {
-                    client: client.clone(),
-                    keys: keys.clone(),
-                    name: name.clone(),
-                    label,
-                    options,
-                    me: me.clone(),
-                    last_attempt: Arc::new(Mutex::new(None)),
-                    cohort: Mutex::new(None),
-                    turn,
-                },
-                spin_wait,
-            ),
-        });
-        if registry.len() >= 64 && registry.len().is_power_of_two() {
-            registry.retain(|_, w| w.strong_count() > 0);
-        }
-        let entry: Weak<dyn LockEntry> = Arc::downgrade(&shared) as Weak<LockShared>;
-        registry.insert(keys.lock, entry);
+        let key = keys.lock.clone();
+        let shared =
+            client
+                .inner
+                .locks
+                .get_or_create(key, &name, options, |options: LockOptions| {
+                    let label: Arc<str> = Arc::from(name.to_string());
+                    let spin_wait = options.spin_wait();
+                    let turn = Turn::for_queue(&options);
+                    Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
+                        sync: Synchronizer::new(
+                            Arc::clone(&label),
+                            RedisCompetitor {
+                                client: client.clone(),
+                                keys,
+                                name: name.clone(),
+                                label,
+                                options,
+                                me: me.clone(),
+                                last_attempt: Arc::new(Mutex::new(None)),
+                                cohort: Mutex::new(None),
+                                turn,
+                            },
+                            spin_wait,
+                        ),
+                    })
+                })?;
         Ok(SingleLock { shared })
     }
 }

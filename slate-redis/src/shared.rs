@@ -22,7 +22,7 @@ use slate_core::{
 };
 use tracing::Instrument;
 
-use crate::client::{LockEntry, RedisClient, lock, unexpected_reply};
+use crate::client::{RedisClient, lock, unexpected_reply};
 use crate::conn;
 use crate::keys::Keys;
 use crate::lock::min_validity;
@@ -30,6 +30,7 @@ use crate::notify::ReleaseTarget;
 use crate::renewal::{self, Renewable};
 use crate::request;
 use crate::scripts::{self, SHARED_ACQUIRE, SHARED_ADMIN, SHARED_LEAVE, SHARED_RELEASE};
+use slate_core::registry::Registered;
 
 /// The permits a write hold of a read-write lock takes: all of them. Readers are counted
 /// against it, so a read-write lock admits up to 2^30 - 1 readers at once.
@@ -117,13 +118,16 @@ impl SharedState {
     }
 }
 
-impl LockEntry for SharedState {
-    fn waiters(&self) -> usize {
-        self.sync.waiters()
+impl Registered for SharedState {
+    type Settings = (LockOptions, Kind, Option<Arc<[u8]>>);
+
+    fn settings(&self) -> Self::Settings {
+        let c = self.competitor();
+        (c.options.clone(), c.kind, c.keys.exclusive.clone())
     }
 
-    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
+    fn waiters(&self) -> usize {
+        self.sync.waiters()
     }
 }
 
@@ -301,59 +305,40 @@ impl SharedCompetitor {
             ));
         }
         let keys = SharedKeys::new(options.key_prefix(), &name, kind, exclude_single);
-        let mut registry = lock(&client.inner.locks);
-        if let Some(existing) = registry.get(&keys.holders).and_then(Weak::upgrade) {
-            let Ok(state) = existing.into_any().downcast::<SharedState>() else {
-                return Err(Error::invalid_input(
-                    "lock name",
-                    format!("{name} is used by another kind of lock in this client"),
-                    "use another name or key prefix",
-                ));
-            };
-            let c = state.competitor();
-            if c.options != options || c.kind != kind || c.keys.exclusive != keys.exclusive {
-                return Err(Error::invalid_input(
-                    "options",
-                    format!(
-                        "{name} already exists in this client with other options ({:?}, {:?})",
-                        c.options, c.kind
+        let key = keys.holders.clone();
+        let settings = (options, kind, keys.exclusive.clone());
+        let state = client.inner.locks.get_or_create(
+            key,
+            &name,
+            settings,
+            |(options, kind, _): (LockOptions, Kind, _)| {
+                let label: Arc<str> = Arc::from(name.to_string());
+                let spin_wait = options.spin_wait();
+                Arc::new_cyclic(|me: &Weak<SharedState>| SharedState {
+                    sync: Synchronizer::new(
+                        Arc::clone(&label),
+                        SharedCompetitor {
+                            client: client.clone(),
+                            keys,
+                            name: name.clone(),
+                            label,
+                            claim: claim_window(&options),
+                            options,
+                            kind,
+                            me: me.clone(),
+                            last_attempt: Arc::new(Mutex::new(None)),
+                            queue_id: Arc::from(HolderId::new().to_string()),
+                            wants: Mutex::new(HashMap::new()),
+                            queued: AtomicBool::new(false),
+                            sent: AtomicU64::new(0),
+                            in_flight: Arc::new(AtomicU64::new(0)),
+                            reads: Mutex::new(Reads::default()),
+                        },
+                        spin_wait,
                     ),
-                    "build every handle of one lock with the same options (or clone the first \
-                     handle)",
-                ));
-            }
-            return Ok(state);
-        }
-        let label: Arc<str> = Arc::from(name.to_string());
-        let spin_wait = options.spin_wait();
-        let state = Arc::new_cyclic(|me: &Weak<SharedState>| SharedState {
-            sync: Synchronizer::new(
-                Arc::clone(&label),
-                SharedCompetitor {
-                    client: client.clone(),
-                    keys: keys.clone(),
-                    name,
-                    label,
-                    claim: claim_window(&options),
-                    options,
-                    kind,
-                    me: me.clone(),
-                    last_attempt: Arc::new(Mutex::new(None)),
-                    queue_id: Arc::from(HolderId::new().to_string()),
-                    wants: Mutex::new(HashMap::new()),
-                    queued: AtomicBool::new(false),
-                    sent: AtomicU64::new(0),
-                    in_flight: Arc::new(AtomicU64::new(0)),
-                    reads: Mutex::new(Reads::default()),
-                },
-                spin_wait,
-            ),
-        });
-        if registry.len() >= 64 && registry.len().is_power_of_two() {
-            registry.retain(|_, w| w.strong_count() > 0);
-        }
-        let entry: Weak<dyn LockEntry> = Arc::downgrade(&state) as Weak<SharedState>;
-        registry.insert(keys.holders, entry);
+                })
+            },
+        )?;
         Ok(state)
     }
 

@@ -13,7 +13,7 @@ use tokio::runtime::Handle;
 use zookeeper_client as zk;
 
 use crate::error::{from_zk, lost_connection, op_timeout};
-use crate::lock::LockShared;
+use slate_core::registry::Registry;
 
 /// The session timeout asked for when the builder names none.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -180,7 +180,7 @@ pub(crate) struct Inner {
     session: Mutex<Arc<Session>>,
     reconnect: tokio::sync::Mutex<()>,
     leases: Mutex<Leases>,
-    pub(crate) locks: Mutex<HashMap<String, Weak<LockShared>>>,
+    pub(crate) locks: Registry<String>,
 }
 
 /// One ZooKeeper session.
@@ -367,7 +367,7 @@ impl ZkClientBuilder {
             session: Mutex::new(Arc::clone(&session)),
             reconnect: tokio::sync::Mutex::new(()),
             leases: Mutex::default(),
-            locks: Mutex::default(),
+            locks: Registry::default(),
         });
         watch_session(&inner, &session);
         // For the client's whole life: an acquisition's lease counts from what it proved.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::lease::{self, LeaseKeeper, LeaseWatch};
 use slate_core::mutant::{self, Mutant};
+use slate_core::registry::Registered;
 use slate_core::{
     DistributedLock, Error, FencingToken, HolderId, LockName, LossReason, Result, Wait,
 };
@@ -84,6 +85,18 @@ pub struct ZkLock {
 
 pub(crate) struct LockShared {
     pub(crate) sync: Synchronizer<ZkCompetitor>,
+}
+
+impl Registered for LockShared {
+    type Settings = Duration;
+
+    fn settings(&self) -> Duration {
+        self.sync.spin_wait()
+    }
+
+    fn waiters(&self) -> usize {
+        self.sync.waiters()
+    }
 }
 
 impl LockShared {
@@ -835,33 +848,35 @@ impl ZkLockBuilder {
             ));
         }
         let dir = format!("{}/{}", self.root, encode_name(&name));
-        let mut registry = lock(&self.client.inner.locks);
-        if let Some(shared) = registry.get(&dir).and_then(Weak::upgrade) {
-            return Ok(ZkLock { shared });
-        }
-        let label: Arc<str> = Arc::from(name.to_string());
         let client = self.client.clone();
-        let shared = Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
-            sync: Synchronizer::new(
-                Arc::clone(&label),
-                ZkCompetitor {
-                    ctx: Arc::new(Ctx {
-                        client,
-                        dir: dir.clone(),
-                        label,
-                        me: me.clone(),
-                        places: tokio::sync::Mutex::default(),
-                        watched: Mutex::default(),
-                        dir_ready: AtomicBool::default(),
-                    }),
-                    name,
-                    holds: Mutex::default(),
-                },
-                self.spin_wait,
-            ),
-        });
-        registry.retain(|_, w| w.strong_count() > 0);
-        registry.insert(dir, Arc::downgrade(&shared));
+        let key = dir.clone();
+        let shared = self.client.inner.locks.get_or_create(
+            key,
+            &name,
+            self.spin_wait,
+            |spin_wait: Duration| {
+                let label: Arc<str> = Arc::from(name.to_string());
+                Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
+                    sync: Synchronizer::new(
+                        Arc::clone(&label),
+                        ZkCompetitor {
+                            ctx: Arc::new(Ctx {
+                                client,
+                                dir,
+                                label,
+                                me: me.clone(),
+                                places: tokio::sync::Mutex::default(),
+                                watched: Mutex::default(),
+                                dir_ready: AtomicBool::default(),
+                            }),
+                            name: name.clone(),
+                            holds: Mutex::default(),
+                        },
+                        spin_wait,
+                    ),
+                })
+            },
+        )?;
         Ok(ZkLock { shared })
     }
 }

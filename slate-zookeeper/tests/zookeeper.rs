@@ -351,6 +351,15 @@ async fn digest_acls_invalid_input_and_unreachable_servers() -> TestResult {
         .build()
         .expect_err("zero");
     assert!(e.is_invalid_input());
+    // A second handle of a live lock with another spin wait is refused, as its docs say (it
+    // was silently given the first handle's queue and spin wait before the primitives shared
+    // one registry).
+    let e = ZkLock::builder(&owner, "invoices")
+        .root("/secure")
+        .spin_wait(Duration::from_millis(250))
+        .build()
+        .expect_err("another spin wait");
+    assert!(e.is_invalid_input(), "{e}");
     let e = ZkClient::connect("").await.expect_err("empty");
     assert!(e.is_invalid_input(), "{e}");
     for huge in [
