@@ -265,6 +265,26 @@ impl State {
     }
 }
 
+/// The holder an acquisition for `holder` (or the current one) runs as, and how: a named or
+/// scoped holder as itself, else a fresh passable one.
+fn current(holder: Option<HolderId>) -> (HolderId, Mode) {
+    match holder.or_else(HolderId::scoped) {
+        Some(h) => (h, Mode::Exclusive),
+        None => (HolderId::new(), Mode::Passable),
+    }
+}
+
+/// How an acquisition takes the lock (the three ways `run` is driven).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Exclusive, as the caller's holder.
+    Exclusive,
+    /// Exclusive, and the hold may be passed on (lock cohorting, `acquire_passable`).
+    Passable,
+    /// Shared (`acquire_shared`).
+    Shared,
+}
+
 /// The remote holder of an attempt for `holder` that is not a re-entry: `holder` itself, or
 /// for a passable waiter a fresh holder minted for the hold, which no caller ever sees, so
 /// that nobody (in this process or another) can name the hold once it is passed on.
@@ -491,14 +511,7 @@ impl<C: Competitor> Synchronizer<C> {
         holder: HolderId,
         wait: Wait,
     ) -> impl Future<Output = Result<C::Grant>> + '_ {
-        self.run(
-            holder,
-            wait.deadline(),
-            wait == Wait::Immediate,
-            false,
-            false,
-            TokioTimer,
-        )
+        self.run(holder, wait, Mode::Exclusive, TokioTimer)
     }
 
     /// As [`acquire`](Synchronizer::acquire), for a caller that may share a remote hold with
@@ -573,14 +586,78 @@ impl<C: Competitor> Synchronizer<C> {
         holder: HolderId,
         wait: Wait,
     ) -> impl Future<Output = Result<C::Grant>> + '_ {
-        self.run(
-            holder,
-            wait.deadline(),
-            wait == Wait::Immediate,
-            true,
-            false,
-            TokioTimer,
-        )
+        self.run(holder, wait, Mode::Passable, TokioTimer)
+    }
+
+    /// Acquires for `holder`, or, when it is `None`, for the current holder: the scope's
+    /// ([`HolderId::scoped`]), else a fresh holder that nobody else can name, which may then
+    /// be passed the hold by a local release and pass it on in turn
+    /// ([`acquire_passable`](Synchronizer::acquire_passable)). Answers the holder at once (for
+    /// the caller's logs) with the acquisition: what every lock's `lock()` and
+    /// `lock_as(holder)` do.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// use slate_aqs::{HolderId, Synchronizer, Wait};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> slate_aqs::Result<()> {
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let (holder, acquisition) = sync.acquire_current(None, Wait::Forever);
+    /// acquisition.await?;
+    /// assert_eq!(sync.owner(), Some((holder, 1)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Synchronizer::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_passable`](Synchronizer::acquire_passable).
+    pub fn acquire_current(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+    ) -> (HolderId, impl Future<Output = Result<C::Grant>> + '_) {
+        let (holder, mode) = current(holder);
+        (holder, self.run(holder, wait, mode, TokioTimer))
+    }
+
+    /// The blocking twin of [`acquire_current`](Synchronizer::acquire_current).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_aqs::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// let (holder, _grant) = sync.blocking_acquire_current(Some(me), Wait::Forever)?;
+    /// assert_eq!(holder, me);
+    /// # Ok::<(), slate_aqs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Synchronizer::acquire).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_acquire`](Synchronizer::blocking_acquire).
+    pub fn blocking_acquire_current(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+    ) -> Result<(HolderId, C::Grant)> {
+        let (holder, mode) = current(holder);
+        Ok((holder, self.blocking_run(holder, wait, mode)?))
     }
 
     /// Acquires the lock for `holder` in **shared** mode (a read lock, permits of a
@@ -645,14 +722,7 @@ impl<C: Competitor> Synchronizer<C> {
         holder: HolderId,
         wait: Wait,
     ) -> impl Future<Output = Result<C::Grant>> + '_ {
-        self.run(
-            holder,
-            wait.deadline(),
-            wait == Wait::Immediate,
-            false,
-            true,
-            TokioTimer,
-        )
+        self.run(holder, wait, Mode::Shared, TokioTimer)
     }
 
     /// The blocking twin of [`acquire_shared`](Synchronizer::acquire_shared).
@@ -678,7 +748,7 @@ impl<C: Competitor> Synchronizer<C> {
     ///
     /// As [`blocking_acquire`](Synchronizer::blocking_acquire).
     pub fn blocking_acquire_shared(&self, holder: HolderId, wait: Wait) -> Result<C::Grant> {
-        self.blocking_run(holder, wait, false, true)
+        self.blocking_run(holder, wait, Mode::Shared)
     }
 
     /// The blocking twin of [`acquire`](Synchronizer::acquire), for thread callers.
@@ -711,7 +781,7 @@ impl<C: Competitor> Synchronizer<C> {
     /// When called from inside a tokio runtime context (including `spawn_blocking` threads,
     /// which carry the context: use `Handle::current().block_on(sync.acquire(..))` there).
     pub fn blocking_acquire(&self, holder: HolderId, wait: Wait) -> Result<C::Grant> {
-        self.blocking_run(holder, wait, false, false)
+        self.blocking_run(holder, wait, Mode::Exclusive)
     }
 
     /// The blocking twin of [`acquire_passable`](Synchronizer::acquire_passable).
@@ -737,30 +807,17 @@ impl<C: Competitor> Synchronizer<C> {
     ///
     /// As [`blocking_acquire`](Synchronizer::blocking_acquire).
     pub fn blocking_acquire_passable(&self, holder: HolderId, wait: Wait) -> Result<C::Grant> {
-        self.blocking_run(holder, wait, true, false)
+        self.blocking_run(holder, wait, Mode::Passable)
     }
 
-    fn blocking_run(
-        &self,
-        holder: HolderId,
-        wait: Wait,
-        passable: bool,
-        shared: bool,
-    ) -> Result<C::Grant> {
+    fn blocking_run(&self, holder: HolderId, wait: Wait, mode: Mode) -> Result<C::Grant> {
         assert!(
             tokio::runtime::Handle::try_current().is_err(),
             "blocking_acquire called from inside an async runtime; use `acquire().await`"
         );
         let _entered = self.handle.as_ref().map(tokio::runtime::Handle::enter);
         let timer = ThreadTimer::default();
-        let run = self.run(
-            holder,
-            wait.deadline(),
-            wait == Wait::Immediate,
-            passable,
-            shared,
-            timer.clone(),
-        );
+        let run = self.run(holder, wait, mode, timer.clone());
         crate::blocking::block_on(run, &timer)
     }
 
@@ -1158,12 +1215,12 @@ impl<C: Competitor> Synchronizer<C> {
     fn run<'a, T: Timer + 'a>(
         &'a self,
         holder: HolderId,
-        deadline: Option<Instant>,
-        immediate: bool,
-        passable: bool,
-        shared: bool,
+        wait: Wait,
+        mode: Mode,
         timer: T,
     ) -> impl Future<Output = Result<C::Grant>> + 'a {
+        let (deadline, immediate) = (wait.deadline(), wait == Wait::Immediate);
+        let (passable, shared) = (mode == Mode::Passable, mode == Mode::Shared);
         async move {
             // The clock is read only when a deadline or a retry timer needs it: an untimed
             // uncontended acquire reads it never.

@@ -10,9 +10,7 @@ use slate_aqs::Synchronizer;
 use slate_core::hold::{Held, Release};
 use slate_core::lease;
 use slate_core::registry::Registered;
-use slate_core::{
-    DistributedLock, Error, Hold, HolderId, LockName, LockOptions, LockOptionsBuilder, Result, Wait,
-};
+use slate_core::{Error, Hold, HolderId, LockName, LockOptions, LockOptionsBuilder, Result, Wait};
 use slate_redis::node::{NodeEntries, NodeKeys};
 use tokio::runtime::Handle;
 
@@ -562,14 +560,7 @@ impl CombinationLock {
         slate_core::blocking::assert_outside_runtime(what);
         // The competitor runs each attempt's I/O on the lock's runtime when polled from a
         // plain thread.
-        let sync = &self.shared.sync;
-        let (grant, holder) = match holder.or_else(HolderId::scoped) {
-            Some(h) => (sync.blocking_acquire(h, wait)?, h),
-            None => {
-                let h = HolderId::new();
-                (sync.blocking_acquire_passable(h, wait)?, h)
-            }
-        };
+        let (holder, grant) = self.shared.sync.blocking_acquire_current(holder, wait)?;
         Ok(self.guard(holder, &grant))
     }
 
@@ -582,15 +573,8 @@ impl CombinationLock {
         holder: Option<HolderId>,
         wait: Wait,
     ) -> Result<CombinationLockGuard> {
-        let sync = &self.shared.sync;
-        let (grant, holder) = match holder.or_else(HolderId::scoped) {
-            Some(h) => (sync.acquire(h, wait).await?, h),
-            None => {
-                let h = HolderId::new();
-                (sync.acquire_passable(h, wait).await?, h)
-            }
-        };
-        Ok(self.guard(holder, &grant))
+        let (holder, acquisition) = self.shared.sync.acquire_current(holder, wait);
+        Ok(self.guard(holder, &acquisition.await?))
     }
 
     /// Blocks this thread until the lock is acquired for the current holder (the thread twin
@@ -740,7 +724,7 @@ impl CombinationLock {
     }
 }
 
-/// The operations (also available through [`DistributedLock`] for generic code; no import is
+/// The operations (also available through [`DistributedLock`](crate::DistributedLock) for generic code; no import is
 /// needed to call them on a `CombinationLock`).
 impl CombinationLock {
     /// The lock's name.
@@ -1084,37 +1068,7 @@ impl CombinationLock {
     }
 }
 
-impl DistributedLock for CombinationLock {
-    type Guard = CombinationLockGuard;
-
-    fn name(&self) -> &LockName {
-        CombinationLock::name(self)
-    }
-
-    fn acquire(
-        &self,
-        holder: HolderId,
-        wait: Wait,
-    ) -> impl Future<Output = Result<CombinationLockGuard>> + Send {
-        CombinationLock::acquire(self, holder, wait)
-    }
-
-    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
-        CombinationLock::is_locked(self)
-    }
-
-    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
-        CombinationLock::hold_count(self, holder)
-    }
-
-    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
-        CombinationLock::remaining_lease(self)
-    }
-
-    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
-        CombinationLock::force_unlock(self)
-    }
-}
+slate_core::delegate_distributed_lock!(CombinationLock, CombinationLockGuard);
 
 /// One level of a [`CombinationLock`] hold. It dereferences to its [`Hold`]: holder, fencing
 /// token, depth, lease and loss signal; [`nodes`](Self::nodes) are the nodes held.
@@ -1206,11 +1160,11 @@ impl CombinationLockGuard {
     ///
     /// # Errors
     ///
-    /// As [`DistributedLock::lock`]; `InsufficientNodes` when a held node could not re-enter.
+    /// As [`DistributedLock::lock`](crate::DistributedLock::lock); `InsufficientNodes` when a held node could not re-enter.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe, as [`DistributedLock::acquire`].
+    /// Cancel safe, as [`DistributedLock::acquire`](crate::DistributedLock::acquire).
     ///
     /// # Examples
     ///

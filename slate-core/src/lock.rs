@@ -320,3 +320,55 @@ pub fn busy_to_none<G>(result: Result<G>) -> Result<Option<G>> {
         Err(e) => Err(e),
     }
 }
+
+/// Implements [`DistributedLock`] for a lock type by delegating to its inherent methods of the
+/// same names (`name`, `acquire`, `is_locked`, `hold_count`, `remaining_lease`,
+/// `force_unlock`), which every lock has so that the common path needs no trait import.
+///
+/// # Examples
+///
+/// ```text
+/// slate_core::delegate_distributed_lock!(SingleLock, SingleLockGuard);
+/// ```
+#[macro_export]
+macro_rules! delegate_distributed_lock {
+    ($lock:ident, $guard:ty) => {
+        impl $crate::DistributedLock for $lock {
+            type Guard = $guard;
+
+            fn name(&self) -> &$crate::LockName {
+                $lock::name(self)
+            }
+
+            fn acquire(
+                &self,
+                holder: $crate::HolderId,
+                wait: $crate::Wait,
+            ) -> impl ::std::future::Future<Output = $crate::Result<$guard>> + Send {
+                $lock::acquire(self, holder, wait)
+            }
+
+            fn is_locked(&self) -> impl ::std::future::Future<Output = $crate::Result<bool>> + Send {
+                $lock::is_locked(self)
+            }
+
+            fn hold_count(
+                &self,
+                holder: $crate::HolderId,
+            ) -> impl ::std::future::Future<Output = $crate::Result<u32>> + Send {
+                $lock::hold_count(self, holder)
+            }
+
+            fn remaining_lease(
+                &self,
+            ) -> impl ::std::future::Future<Output = $crate::Result<Option<::std::time::Duration>>> + Send
+            {
+                $lock::remaining_lease(self)
+            }
+
+            fn force_unlock(&self) -> impl ::std::future::Future<Output = $crate::Result<bool>> + Send {
+                $lock::force_unlock(self)
+            }
+        }
+    };
+}

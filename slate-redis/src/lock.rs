@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::{
-    BackendKind, DistributedLock, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions,
+    BackendKind, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions,
     LockOptionsBuilder, LossReason, Result, Wait,
 };
 use tracing::Instrument;
@@ -30,14 +30,14 @@ use slate_core::registry::Registered;
 /// only the head talks to Redis.
 ///
 /// The operations are inherent methods (`lock`, `try_lock`, `try_lock_for`, `lock_as`, the
-/// queries, and the blocking twins for threads); [`DistributedLock`] offers the same for
+/// queries, and the blocking twins for threads); [`DistributedLock`](crate::DistributedLock) offers the same for
 /// generic code, and [`AnyLock`](crate::AnyLock) for locks of several backends side by side.
 ///
 /// ## Behaviour
 ///
 /// - **Reentrancy** is keyed by [`HolderId`]: the same holder locking again raises the count
 ///   kept in Redis and gets the same fencing token. Re-enter with [`SingleLockGuard::reenter`],
-///   [`DistributedLock::lock_as`] or inside a [`HolderId::scope`].
+///   [`DistributedLock::lock_as`](crate::DistributedLock::lock_as) or inside a [`HolderId::scope`].
 /// - **Fencing tokens** strictly increase across holders (a persistent counter next to the
 ///   lock, `<prefix>{<name>}:fence`, which must never be deleted) and stay fixed across
 ///   re-entry. The counter restarts if the server loses its data. It costs about 60 bytes of
@@ -1202,14 +1202,7 @@ impl SingleLock {
         what: &str,
     ) -> Result<SingleLockGuard> {
         slate_core::blocking::assert_outside_runtime(what);
-        let sync = &self.shared.sync;
-        let (grant, holder) = match holder.or_else(HolderId::scoped) {
-            Some(h) => (sync.blocking_acquire(h, wait)?, h),
-            None => {
-                let h = HolderId::new();
-                (sync.blocking_acquire_passable(h, wait)?, h)
-            }
-        };
+        let (holder, grant) = self.shared.sync.blocking_acquire_current(holder, wait)?;
         Ok(self.guard(holder, &grant))
     }
 
@@ -1222,21 +1215,9 @@ impl SingleLock {
         holder: Option<HolderId>,
         wait: Wait,
     ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
-        let (holder, passable) = match holder.or_else(HolderId::scoped) {
-            Some(h) => (h, false),
-            None => (HolderId::new(), true),
-        };
+        let (holder, acquisition) = self.shared.sync.acquire_current(holder, wait);
         let span = tracing::debug_span!("acquire", lock = %self.shared.competitor().label, %holder);
-        async move {
-            let sync = &self.shared.sync;
-            let grant = if passable {
-                sync.acquire_passable(holder, wait).await?
-            } else {
-                sync.acquire(holder, wait).await?
-            };
-            Ok(self.guard(holder, &grant))
-        }
-        .instrument(span)
+        async move { Ok(self.guard(holder, &acquisition.await?)) }.instrument(span)
     }
 
     /// Blocks this thread until the lock is acquired for the current holder (the thread twin
@@ -1361,7 +1342,7 @@ impl fmt::Debug for SingleLock {
     }
 }
 
-/// The operations (also available through [`DistributedLock`] for generic code; no import is
+/// The operations (also available through [`DistributedLock`](crate::DistributedLock) for generic code; no import is
 /// needed to call them on a `SingleLock`).
 impl SingleLock {
     /// The lock's name.
@@ -1722,34 +1703,4 @@ impl SingleLock {
     }
 }
 
-impl DistributedLock for SingleLock {
-    type Guard = SingleLockGuard;
-
-    fn name(&self) -> &LockName {
-        SingleLock::name(self)
-    }
-
-    fn acquire(
-        &self,
-        holder: HolderId,
-        wait: Wait,
-    ) -> impl Future<Output = Result<SingleLockGuard>> + Send {
-        SingleLock::acquire(self, holder, wait)
-    }
-
-    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
-        SingleLock::is_locked(self)
-    }
-
-    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
-        SingleLock::hold_count(self, holder)
-    }
-
-    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
-        SingleLock::remaining_lease(self)
-    }
-
-    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
-        SingleLock::force_unlock(self)
-    }
-}
+slate_core::delegate_distributed_lock!(SingleLock, SingleLockGuard);

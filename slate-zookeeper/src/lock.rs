@@ -11,9 +11,7 @@ use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::lease::{self, LeaseKeeper, LeaseWatch};
 use slate_core::mutant::{self, Mutant};
 use slate_core::registry::Registered;
-use slate_core::{
-    DistributedLock, Error, FencingToken, HolderId, LockName, LossReason, Result, Wait,
-};
+use slate_core::{Error, FencingToken, HolderId, LockName, LossReason, Result, Wait};
 use tracing::Instrument;
 use zookeeper_client as zk;
 
@@ -1571,34 +1569,4 @@ impl fmt::Debug for ZkLock {
     }
 }
 
-impl DistributedLock for ZkLock {
-    type Guard = ZkLockGuard;
-
-    fn name(&self) -> &LockName {
-        ZkLock::name(self)
-    }
-
-    fn acquire(
-        &self,
-        holder: HolderId,
-        wait: Wait,
-    ) -> impl Future<Output = Result<ZkLockGuard>> + Send {
-        ZkLock::acquire(self, holder, wait)
-    }
-
-    fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {
-        ZkLock::is_locked(self)
-    }
-
-    fn hold_count(&self, holder: HolderId) -> impl Future<Output = Result<u32>> + Send {
-        ZkLock::hold_count(self, holder)
-    }
-
-    fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send {
-        ZkLock::remaining_lease(self)
-    }
-
-    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
-        ZkLock::force_unlock(self)
-    }
-}
+slate_core::delegate_distributed_lock!(ZkLock, ZkLockGuard);
