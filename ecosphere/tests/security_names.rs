@@ -590,7 +590,11 @@ async fn x3_release_and_force_unlock_never_touch_a_look_alike() {
         let gx = lx.lock().await.expect("lock x");
         let gy = ly.lock().await.expect("lock y");
         let fence_before = raw_get(&server, &y_fence);
-        assert!(lx.force_unlock().await.expect("force unlock x"), "{what}");
+        assert_eq!(
+            lx.force_unlock().await.expect("force unlock x"),
+            1,
+            "{what}"
+        );
         assert_eq!(
             tokio::time::timeout(Duration::from_secs(3), gx.lost()).await,
             Ok(LossReason::EntryGone),
@@ -635,7 +639,11 @@ async fn x3_release_and_force_unlock_never_touch_a_look_alike() {
         );
         // And the other way round: y's force unlock leaves x alone.
         let gx = lx.lock().await.expect("lock x");
-        assert!(ly.force_unlock().await.expect("force unlock y"), "{what}");
+        assert_eq!(
+            ly.force_unlock().await.expect("force unlock y"),
+            1,
+            "{what}"
+        );
         assert_eq!(
             tokio::time::timeout(Duration::from_secs(3), gy.lost()).await,
             Ok(LossReason::EntryGone),

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 use slate_core::Error;
+use slate_redis::LockStatus;
 use slate_redis::RedisClient;
-use slate_redis::node::{NodeEntries, NodeKeys};
+use slate_redis::node::NodeKeys;
 
 use crate::duration::human;
 use crate::exit;
@@ -179,7 +180,7 @@ fn quorum(n: usize) -> usize {
 /// can evict lock keys.
 type Answer = (
     String,
-    Result<NodeEntries, Error>,
+    Result<LockStatus, Error>,
     Option<(u16, String)>,
     Option<String>,
 );
@@ -642,7 +643,7 @@ pub async fn unlock(servers: &Servers, name: &str, prefix: &str) -> u8 {
         Target::Combination(_) | Target::ZooKeeper(_) => Ok(0),
     };
     let result = match (result, shared) {
-        (Ok(deleted), Ok(n)) => Ok(deleted || n > 0),
+        (Ok(deleted), Ok(n)) => Ok(deleted + n > 0),
         (Err(e), _) | (_, Err(e)) => Err(e),
     };
     let holders: Vec<String> = before
@@ -687,7 +688,7 @@ async fn force_shared(client: &RedisClient, name: &str, prefix: &str) -> Result<
     let sem = slate_redis::Semaphore::builder(client, name, 1)
         .key_prefix(prefix)
         .build()?;
-    Ok(rw.force_unlock().await? + sem.force_release_all().await?)
+    Ok(rw.force_unlock().await? + sem.force_unlock().await?)
 }
 
 #[cfg(test)]

@@ -157,12 +157,12 @@ pub async fn unlock(servers: &str, name: &str, prefix: &str) -> u8 {
         .and_then(|s| s.holder)
         .and_then(|h| h.holder);
     match lock.force_unlock().await {
-        Ok(true) => {
+        Ok(n) if n > 0 => {
             let by = holder.map_or_else(String::new, |h| format!(" (held by {h})"));
             println!("deleted lock {name:?}{by}; its holder was not told and may still be running");
             exit::OK
         }
-        Ok(false) => {
+        Ok(_) => {
             println!("lock {name:?} was not held; nothing deleted");
             exit::OK
         }

@@ -1565,7 +1565,7 @@ fn i34_the_tree_lives_in_a_cgroup_of_its_own_where_one_can_be_made() {
         "mount -t cgroup2 none {mnt} || exit 9; \
          {exe} run --lock cg --lease 2s --redis {url} -- sh -c 'echo tree $$; sleep 60 & echo tree $!; wait' & \
          echo slate $!; wait; \
-         for i in $(seq 1 200); do \
+         for i in $(seq 1 1000); do \
            if ! find {mnt} -name 'slate-run-*' | grep -q .; then echo cgroup-gone; exit 0; fi; \
            sleep 0.01; \
          done; echo cgroup-left; find {mnt} -name 'slate-run-*'",

@@ -11,7 +11,8 @@ use slate_core::hold::{Held, Release};
 use slate_core::lease;
 use slate_core::registry::Registered;
 use slate_core::{Error, Hold, HolderId, LockName, LockOptions, LockOptionsBuilder, Result, Wait};
-use slate_redis::node::{NodeEntries, NodeKeys};
+use slate_redis::LockStatus;
+use slate_redis::node::NodeKeys;
 use tokio::runtime::Handle;
 
 use crate::competitor::{CombinationCompetitor, Grant};
@@ -140,104 +141,22 @@ pub struct CombinationLockBuilder {
     order: Order,
 }
 
+slate_core::lock_options_setters!(
+    CombinationLockBuilder,
+    slate_combination,
+    setup = "# use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};\n# let nodes = NodeSet::connect([\"redis://127.0.0.1:7001\", \"redis://127.0.0.1:7002\", \"redis://127.0.0.1:7003\"], NodeSetOptions::default())?;",
+    start = "CombinationLock::builder(&nodes, \"orders\")",
+    [
+        lease,
+        renewal_period,
+        spin_wait,
+        max_hold,
+        key_prefix,
+        options
+    ],
+);
+
 impl CombinationLockBuilder {
-    /// Sets the lease (default 30 s).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// let lock = CombinationLock::builder(&nodes, "orders").lease(std::time::Duration::from_secs(10)).build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.options = self.options.lease(lease);
-        self
-    }
-
-    /// Sets the renewal period (default half the lease).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// let lock = CombinationLock::builder(&nodes, "orders").renewal_period(std::time::Duration::from_secs(5)).build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn renewal_period(mut self, period: Duration) -> Self {
-        self.options = self.options.renewal_period(period);
-        self
-    }
-
-    /// Sets the spin wait (default 50 ms).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// let lock = CombinationLock::builder(&nodes, "orders").spin_wait(std::time::Duration::from_millis(20)).build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn spin_wait(mut self, spin_wait: Duration) -> Self {
-        self.options = self.options.spin_wait(spin_wait);
-        self
-    }
-
-    /// Caps how long the lock is renewed.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// let lock = CombinationLock::builder(&nodes, "orders").max_hold(std::time::Duration::from_secs(600)).build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.options = self.options.max_hold(max_hold);
-        self
-    }
-
-    /// Sets the key prefix (default `slate:`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// let lock = CombinationLock::builder(&nodes, "orders").key_prefix("billing:").build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.options = self.options.key_prefix(prefix);
-        self
-    }
-
-    /// Replaces all common options at once.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// let opts = slate_combination::LockOptions::builder().lease(std::time::Duration::from_secs(10)).build()?;
-    /// let lock = CombinationLock::builder(&nodes, "orders").options(opts).build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn options(mut self, options: LockOptions) -> Self {
-        self.options = options.into();
-        self
-    }
-
     /// Sets the quorum (default `max(2, ⌊N/2⌋ + 1)`; lower values are refused).
     ///
     /// # Examples
@@ -494,6 +413,28 @@ impl CombinationLock {
         self.shared.sync.waiters()
     }
 
+    /// The name [`status`](Self::status) had before every primitive's status read took one
+    /// name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
+    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
+    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
+    /// let per_node = lock.status().await;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (reads).
+    #[deprecated(since = "0.1.0", note = "renamed status, as on every lock")]
+    pub async fn inspect(&self) -> Vec<Result<LockStatus>> {
+        self.status().await
+    }
+
     /// The lock's state on every node (`Err` for a node that did not answer in time).
     ///
     /// # Cancel safety
@@ -507,12 +448,12 @@ impl CombinationLock {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
     /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
     /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// for (i, node) in lock.inspect().await.into_iter().enumerate() {
+    /// for (i, node) in lock.status().await.into_iter().enumerate() {
     ///     println!("node {i}: {node:?}");
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn inspect(&self) -> Vec<Result<NodeEntries>> {
+    pub async fn status(&self) -> Vec<Result<LockStatus>> {
         let inner = self.inner();
         let op = inner.nodes.options().node_operation_time();
         join_all((0..inner.nodes.len()).map(|i| async move {
@@ -532,9 +473,9 @@ impl CombinationLock {
     }
 
     /// The answers of at least a quorum of nodes, or `InsufficientNodes`.
-    async fn quorum_entries(&self) -> Result<Vec<NodeEntries>> {
-        let answers: Vec<NodeEntries> = self
-            .inspect()
+    async fn quorum_entries(&self) -> Result<Vec<LockStatus>> {
+        let answers: Vec<LockStatus> = self
+            .status()
             .await
             .into_iter()
             .filter_map(Result::ok)
@@ -1022,7 +963,7 @@ impl CombinationLock {
             .map(|d| d.saturating_duration_since(now)))
     }
 
-    /// Deletes the lock on every node whoever holds it; returns whether any node had an entry.
+    /// Deletes the lock on every node whoever holds it; returns the holds dropped (1 when any node had an entry, else 0).
     /// **Unsafe for correctness**: the holder keeps running its critical section. Meant for
     /// operators clearing a stuck lock.
     ///
@@ -1044,7 +985,7 @@ impl CombinationLock {
     /// # Cancel safety
     ///
     /// The deletions may or may not have happened when the future is dropped.
-    pub async fn force_unlock(&self) -> Result<bool> {
+    pub async fn force_unlock(&self) -> Result<u64> {
         let inner = self.inner();
         let results = join_all(
             (0..inner.nodes.len())
@@ -1063,7 +1004,7 @@ impl CombinationLock {
         }
         match first_err {
             Some(e) if !any => Err(e),
-            _ => Ok(any),
+            _ => Ok(u64::from(any)),
         }
     }
 }

@@ -96,7 +96,7 @@ async fn c1_release_by_non_holder_creates_nothing() {
     let l = lock(&nodes, name);
     // Force-unlocked under the holder: its release finds nothing and writes nothing.
     let g = l.lock().await.unwrap();
-    assert!(l.force_unlock().await.unwrap());
+    assert_eq!(l.force_unlock().await.unwrap(), 1);
     let err = g.unlock().await.unwrap_err();
     assert!(err.is_not_held(), "{err}");
     assert!(none_exist(&s, name), "a release created a key");

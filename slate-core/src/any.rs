@@ -104,7 +104,7 @@ pub trait DynLock: Send + Sync + 'static {
     /// # Cancel safety
     ///
     /// The deletion may or may not have happened when the future is dropped.
-    fn dyn_force_unlock(&self) -> BoxFuture<'_, Result<bool>>;
+    fn dyn_force_unlock(&self) -> BoxFuture<'_, Result<u64>>;
 }
 
 impl<L: DistributedLock> DynLock for L {
@@ -129,7 +129,7 @@ impl<L: DistributedLock> DynLock for L {
         Box::pin(self.remaining_lease())
     }
 
-    fn dyn_force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
+    fn dyn_force_unlock(&self) -> BoxFuture<'_, Result<u64>> {
         Box::pin(self.force_unlock())
     }
 }
@@ -478,7 +478,7 @@ impl AnyLock {
     /// # Cancel safety
     ///
     /// The deletion may or may not have happened when the future is dropped.
-    pub async fn force_unlock(&self) -> Result<bool> {
+    pub async fn force_unlock(&self) -> Result<u64> {
         self.0.dyn_force_unlock().await
     }
 }
@@ -516,7 +516,7 @@ impl DistributedLock for AnyLock {
         self.0.dyn_remaining_lease()
     }
 
-    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send {
+    fn force_unlock(&self) -> impl Future<Output = Result<u64>> + Send {
         self.0.dyn_force_unlock()
     }
 }

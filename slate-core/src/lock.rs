@@ -282,8 +282,9 @@ pub trait DistributedLock: Clone + Send + Sync + 'static {
     fn remaining_lease(&self) -> impl Future<Output = Result<Option<Duration>>> + Send;
 
     /// Deletes the lock whoever holds it. **Unsafe for correctness**: the holder keeps
-    /// running its critical section. Meant for operators clearing a stuck lock. Returns whether
-    /// there was anything to delete.
+    /// running its critical section. Meant for operators clearing a stuck lock. Returns how
+    /// many holds it dropped: 0 when the lock was free, at most 1 for an exclusive lock, the
+    /// holders for a shared one (every primitive answers the same way).
     ///
     /// # Errors
     ///
@@ -292,7 +293,7 @@ pub trait DistributedLock: Clone + Send + Sync + 'static {
     /// # Cancel safety
     ///
     /// The deletion may or may not have happened when the future is dropped.
-    fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send;
+    fn force_unlock(&self) -> impl Future<Output = Result<u64>> + Send;
 }
 
 /// The answer of a `try_lock`: a busy lock ([`Error::Busy`]) becomes `Ok(None)`, every other
@@ -366,7 +367,7 @@ macro_rules! delegate_distributed_lock {
                 $lock::remaining_lease(self)
             }
 
-            fn force_unlock(&self) -> impl ::std::future::Future<Output = $crate::Result<bool>> + Send {
+            fn force_unlock(&self) -> impl ::std::future::Future<Output = $crate::Result<u64>> + Send {
                 $lock::force_unlock(self)
             }
         }

@@ -451,6 +451,118 @@ impl From<LockOptions> for LockOptionsBuilder {
     }
 }
 
+/// The [`LockOptions`] setters of a lock builder, written once for every primitive: each
+/// builder lists the settings that apply to it (a setting that does not apply is absent, not
+/// ignored), for a builder struct whose field `options` is a [`LockOptionsBuilder`].
+///
+/// `setup` is the hidden doc-example lines (inside an async `main` returning
+/// `$crate_name::Result<()>`) that bind what `start` needs; `start` is the expression that
+/// starts the builder.
+///
+/// # Examples
+///
+/// ```text
+/// slate_core::lock_options_setters!(SingleLockBuilder, slate_redis,
+///     setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;",
+///     start = "slate_redis::SingleLock::builder(&client, \"a\")",
+///     [lease, renewal_period, spin_wait, max_hold, fence_expiry, key_prefix, options]);
+/// ```
+#[macro_export]
+macro_rules! lock_options_setters {
+    ($builder:ident, $crate_name:ident, setup = $setup:literal, start = $start:literal, [$($setter:ident),* $(,)?] $(,)?) => {
+        impl $builder {
+            $( $crate::lock_options_setters!(@setter $setter, $crate_name, $setup, $start); )*
+        }
+    };
+    (@doc $crate_name:ident, $setup:literal, $start:literal, $call:literal) => {
+        concat!(
+            "\n\n# Examples\n\n```no_run\n",
+            "# #[tokio::main(flavor = \"current_thread\")] async fn main() -> ",
+            stringify!($crate_name), "::Result<()> {\n", $setup, "\nlet lock = ", $start,
+            "\n    ", $call, "\n    .build()?;\n# Ok(()) }\n```"
+        )
+    };
+    (@setter lease, $c:ident, $setup:literal, $start:literal) => {
+        #[doc = concat!(
+            "Sets the lease: how long a hold lasts without renewal (default 30 s, at least 30 ms).",
+            $crate::lock_options_setters!(@doc $c, $setup, $start, ".lease(std::time::Duration::from_secs(5))")
+        )]
+        pub fn lease(mut self, lease: ::std::time::Duration) -> Self {
+            self.options = self.options.lease(lease);
+            self
+        }
+    };
+    (@setter renewal_period, $c:ident, $setup:literal, $start:literal) => {
+        #[doc = concat!(
+            "Sets the renewal period (default lease / 2; between lease / 10 and lease / 2).",
+            $crate::lock_options_setters!(@doc $c, $setup, $start, ".renewal_period(std::time::Duration::from_secs(5))")
+        )]
+        pub fn renewal_period(mut self, period: ::std::time::Duration) -> Self {
+            self.options = self.options.renewal_period(period);
+            self
+        }
+    };
+    (@setter spin_wait, $c:ident, $setup:literal, $start:literal) => {
+        #[doc = concat!(
+            "Sets the spin wait: the longest the queue head waits without a release message ",
+            "before it asks again (default 50 ms).",
+            $crate::lock_options_setters!(@doc $c, $setup, $start, ".spin_wait(std::time::Duration::from_millis(200))")
+        )]
+        pub fn spin_wait(mut self, spin_wait: ::std::time::Duration) -> Self {
+            self.options = self.options.spin_wait(spin_wait);
+            self
+        }
+    };
+    (@setter max_hold, $c:ident, $setup:literal, $start:literal) => {
+        #[doc = concat!(
+            "Caps how long one hold is renewed: at the cap renewal stops and the lease runs out ",
+            "(default: no cap).",
+            $crate::lock_options_setters!(@doc $c, $setup, $start, ".max_hold(std::time::Duration::from_secs(600))")
+        )]
+        pub fn max_hold(mut self, max_hold: ::std::time::Duration) -> Self {
+            self.options = self.options.max_hold(max_hold);
+            self
+        }
+    };
+    (@setter fence_expiry, $c:ident, $setup:literal, $start:literal) => {
+        #[doc = concat!(
+            "Lets the lock's fencing counter expire after `idle` without use, so that lock names ",
+            "used once do not keep memory for ever (see ",
+            "[`LockOptionsBuilder::fence_expiry`](", stringify!($c), "::LockOptionsBuilder::fence_expiry) ",
+            "for the guarantee and its condition).",
+            $crate::lock_options_setters!(@doc $c, $setup, $start, ".fence_expiry(std::time::Duration::from_secs(24 * 3600))")
+        )]
+        pub fn fence_expiry(mut self, idle: ::std::time::Duration) -> Self {
+            self.options = self.options.fence_expiry(idle);
+            self
+        }
+    };
+    (@setter key_prefix, $c:ident, $setup:literal, $start:literal) => {
+        #[doc = concat!(
+            "Sets the namespace of the lock's keys and channels (default `slate:`).",
+            $crate::lock_options_setters!(@doc $c, $setup, $start, ".key_prefix(\"app:\")")
+        )]
+        pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+            self.options = self.options.key_prefix(prefix);
+            self
+        }
+    };
+    (@setter options, $c:ident, $setup:literal, $start:literal) => {
+        #[doc = concat!(
+            "Replaces every option at once (`build()` refuses one that does not apply to this ",
+            "lock, naming it).",
+            "\n\n# Examples\n\n```no_run\n",
+            "# #[tokio::main(flavor = \"current_thread\")] async fn main() -> ",
+            stringify!($c), "::Result<()> {\n", $setup, "\nlet lock = ", $start,
+            "\n    .options(", stringify!($c), "::LockOptions::default())\n    .build()?;\n# Ok(()) }\n```"
+        )]
+        pub fn options(mut self, options: $crate::LockOptions) -> Self {
+            self.options = $crate::LockOptionsBuilder::from(options);
+            self
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -88,11 +88,11 @@ impl<S: Registered> Entry for S {
 /// }
 ///
 /// let registry = Registry::<String>::default();
-/// let a = registry.get_or_create("orders".to_owned(), "orders", 5, |s| Arc::new(State(s))).unwrap();
-/// let b = registry.get_or_create("orders".to_owned(), "orders", 5, |s| Arc::new(State(s))).unwrap();
+/// let a = registry.get_or_create("orders".to_owned(), &"orders", 5, |s| Arc::new(State(s))).unwrap();
+/// let b = registry.get_or_create("orders".to_owned(), &"orders", 5, |s| Arc::new(State(s))).unwrap();
 /// assert!(Arc::ptr_eq(&a, &b), "one state for one name");
-/// let other = registry.get_or_create("orders".to_owned(), "orders", 6, |s| Arc::new(State(s)));
-/// assert!(other.unwrap_err().is_invalid_input(), "other settings are refused");
+/// let other = registry.get_or_create("orders".to_owned(), &"orders", 6, |s| Arc::new(State(s)));
+/// assert!(other.is_err_and(|e| e.is_invalid_input()), "other settings are refused");
 /// ```
 pub struct Registry<K> {
     states: Mutex<HashMap<K, Weak<dyn Entry>>>,

@@ -73,6 +73,7 @@ pub use client::{
 pub use conn::Topology;
 pub use guard::SingleLockGuard;
 pub use lock::{ClientSource, SingleLock, SingleLockBuilder};
+pub use node::LockStatus;
 pub use rwlock::{RwLock, RwLockBuilder, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{MAX_PERMITS, Semaphore, SemaphoreBuilder, SemaphorePermit};
 pub use shared::{SharedHolder, SharedMode, SharedStatus};

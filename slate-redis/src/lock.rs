@@ -16,6 +16,7 @@ use crate::client::{RedisClient, lock, unexpected_reply};
 use crate::conn;
 use crate::guard::SingleLockGuard;
 use crate::keys::Keys;
+use crate::node::LockStatus;
 use crate::notify::ReleaseTarget;
 use crate::renewal::{self, Renewable};
 use crate::request;
@@ -865,6 +866,7 @@ impl Competitor for RedisCompetitor {
 /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
 /// # Ok(()) }
 /// ```
+#[derive(Debug)]
 pub struct ClientSource(pub(crate) RedisClient);
 
 impl From<RedisClient> for ClientSource {
@@ -897,6 +899,7 @@ impl From<&RedisClient> for ClientSource {
 ///     .build()?;
 /// # Ok(()) }
 /// ```
+#[derive(Debug)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct SingleLockBuilder {
     source: ClientSource,
@@ -904,135 +907,23 @@ pub struct SingleLockBuilder {
     options: LockOptionsBuilder,
 }
 
-impl fmt::Debug for SingleLockBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SingleLockBuilder")
-            .field("name", &self.name.as_ref().ok())
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
+slate_core::lock_options_setters!(
+    SingleLockBuilder,
+    slate_redis,
+    setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;",
+    start = "slate_redis::SingleLock::builder(&client, \"a\")",
+    [
+        lease,
+        renewal_period,
+        spin_wait,
+        max_hold,
+        fence_expiry,
+        key_prefix,
+        options
+    ],
+);
 
 impl SingleLockBuilder {
-    /// Sets the lease (default 30 s, at least 30 ms).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::SingleLock::builder(&client, "a")
-    ///     .lease(std::time::Duration::from_secs(5))
-    ///     .build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn lease(mut self, lease: std::time::Duration) -> Self {
-        self.options = self.options.lease(lease);
-        self
-    }
-
-    /// Sets the renewal period (default lease / 2; between lease / 10 and lease / 2).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::SingleLock::builder(&client, "a")
-    ///     .renewal_period(std::time::Duration::from_secs(5))
-    ///     .build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn renewal_period(mut self, period: std::time::Duration) -> Self {
-        self.options = self.options.renewal_period(period);
-        self
-    }
-
-    /// Sets the spin wait: the longest the queue head waits without a notification before it
-    /// retries (default 50 ms).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::SingleLock::builder(&client, "a")
-    ///     .spin_wait(std::time::Duration::from_millis(200))
-    ///     .build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn spin_wait(mut self, spin_wait: std::time::Duration) -> Self {
-        self.options = self.options.spin_wait(spin_wait);
-        self
-    }
-
-    /// Caps how long one hold is renewed; the lease then runs out (default: no cap).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::SingleLock::builder(&client, "a")
-    ///     .max_hold(std::time::Duration::from_secs(600))
-    ///     .build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn max_hold(mut self, max_hold: std::time::Duration) -> Self {
-        self.options = self.options.max_hold(max_hold);
-        self
-    }
-
-    /// Lets the lock's fencing counter expire after `idle` without use, so that lock names
-    /// used once do not keep Redis memory for ever (see
-    /// [`LockOptionsBuilder::fence_expiry`](crate::LockOptionsBuilder::fence_expiry) for the guarantee and its condition).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::SingleLock::builder(&client, "order:4711")
-    ///     .fence_expiry(std::time::Duration::from_secs(24 * 3600))
-    ///     .build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn fence_expiry(mut self, idle: std::time::Duration) -> Self {
-        self.options = self.options.fence_expiry(idle);
-        self
-    }
-
-    /// Sets the namespace of the lock's keys and channel (default `slate:`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::SingleLock::builder(&client, "a").key_prefix("app:").build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.options = self.options.key_prefix(prefix);
-        self
-    }
-
-    /// Replaces every option at once.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let opts = slate_redis::LockOptions::builder().lease(std::time::Duration::from_secs(3)).build()?;
-    /// let lock = slate_redis::SingleLock::builder(&client, "a").options(opts).build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn options(mut self, options: LockOptions) -> Self {
-        self.options = options.into();
-        self
-    }
-
     /// Validates the name and options and returns the lock (sharing the local state of an
     /// existing lock of the same name and prefix in the same client).
     ///
@@ -1657,8 +1548,34 @@ impl SingleLock {
         }
     }
 
+    /// The lock's state in Redis in one round trip: holders and their levels, the lease
+    /// left, the fencing counter, and the local holder a hold was passed to.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+    /// let status = lock.status().await?;
+    /// println!("{} holder(s), {:?} left", status.holders.len(), status.remaining);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a read).
+    pub async fn status(&self) -> Result<LockStatus> {
+        let c = self.shared.competitor();
+        c.client.inspect(&c.keys).await
+    }
+
     /// Deletes the lock whoever holds it and publishes on its channel so that waiters retry at
-    /// once; returns whether there was an entry. **Unsafe for correctness**: the holder keeps
+    /// once; returns the holds dropped (1 when there was an entry, else 0). **Unsafe for correctness**: the holder keeps
     /// running its critical section (its renewal then finds the entry gone and signals
     /// `EntryGone`). The fencing counter is kept. Meant for operators clearing a stuck lock.
     ///
@@ -1679,7 +1596,7 @@ impl SingleLock {
     /// # Cancel safety
     ///
     /// The deletion may or may not have happened when the future is dropped.
-    pub fn force_unlock(&self) -> impl Future<Output = Result<bool>> + Send + '_ {
+    pub fn force_unlock(&self) -> impl Future<Output = Result<u64>> + Send + '_ {
         let c = self.shared.competitor();
         let (key, channel) = (c.keys.lock.clone(), c.keys.channel.clone());
         async move {
@@ -1698,7 +1615,7 @@ impl SingleLock {
                 })
                 .await?;
             tracing::warn!(lock = %c.label, deleted, "force unlock");
-            Ok(deleted == 1)
+            Ok(u64::from(deleted == 1))
         }
     }
 }

@@ -404,9 +404,23 @@ impl NodeTurn {
     }
 }
 
-/// One lock's state on one server (see [`RedisClient::node_inspect`]).
+/// One lock's state on one server: what [`SingleLock::status`](crate::SingleLock::status)
+/// answers, and each node's answer of a combination lock's `status()`.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+/// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = slate_redis::SingleLock::builder(&client, "orders").build()?;
+/// let status: slate_redis::LockStatus = lock.status().await?;
+/// for (holder, levels) in &status.holders {
+///     println!("{holder} holds {levels} level(s); token counter at {}", status.fence);
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeEntries {
+pub struct LockStatus {
     /// Holders and their reentry counts.
     pub holders: Vec<(String, u32)>,
     /// The lock's remaining lease, `None` when there is no lock.
@@ -418,6 +432,13 @@ pub struct NodeEntries {
     /// id is minted for it when it may be passed, so this names who holds the lock now.
     pub passed: Option<(String, String)>,
 }
+
+/// The name [`LockStatus`] had when only the combination lock's nodes answered it.
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed LockStatus: every primitive's `status()` answers one"
+)]
+pub type NodeEntries = LockStatus;
 
 /// What the renewal service needs to renew one node entry.
 #[derive(Clone, Debug)]
@@ -989,9 +1010,14 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Cancel safe (a read).
-    pub async fn node_inspect(&self, keys: &NodeKeys) -> Result<NodeEntries> {
+    pub async fn node_inspect(&self, keys: &NodeKeys) -> Result<LockStatus> {
+        self.inspect(&keys.keys).await
+    }
+
+    /// Reads the state of the lock whose keys are `keys` in one round trip.
+    pub(crate) async fn inspect(&self, keys: &crate::keys::Keys) -> Result<LockStatus> {
         let (lock_key, fence, alias): (&[u8], &[u8], &[u8]) =
-            (&keys.keys.lock, &keys.keys.fence, &keys.keys.holder);
+            (&keys.lock, &keys.fence, &keys.holder);
         let reply: Vec<redis::Value> = self
             .exec("inspect script", |mut c| async move {
                 INSPECT
@@ -1020,7 +1046,7 @@ impl RedisClient {
             let c = u32::try_from(int(&pair[1])?).map_err(|_| bad())?;
             holders.push((h, c));
         }
-        Ok(NodeEntries {
+        Ok(LockStatus {
             holders,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
             fence: u64::try_from(fence).unwrap_or(0),

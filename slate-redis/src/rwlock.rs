@@ -82,6 +82,7 @@ pub struct RwLock {
 ///     .build()?;
 /// # Ok(()) }
 /// ```
+#[derive(Debug)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct RwLockBuilder {
     source: ClientSource,
@@ -90,56 +91,19 @@ pub struct RwLockBuilder {
     exclude_single: bool,
 }
 
-/// The builder setters shared by [`RwLockBuilder`] and [`SemaphoreBuilder`](crate::SemaphoreBuilder).
-macro_rules! shared_builder_options {
-    ($builder:ident, $example:literal) => {
-        impl $builder {
-            #[doc = concat!("Sets the lease (default 30 s, at least 30 ms).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .lease(std::time::Duration::from_secs(5))\n    .build()?;\n# Ok(()) }\n```")]
-            pub fn lease(mut self, lease: Duration) -> Self {
-                self.options = self.options.lease(lease);
-                self
-            }
-
-            #[doc = concat!("Sets the spin wait: the longest a waiter parks without a release message before it asks again (default 50 ms).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .spin_wait(std::time::Duration::from_millis(20))\n    .build()?;\n# Ok(()) }\n```")]
-            pub fn spin_wait(mut self, spin_wait: Duration) -> Self {
-                self.options = self.options.spin_wait(spin_wait);
-                self
-            }
-
-            #[doc = concat!("Caps how long a hold is renewed: at the cap renewal stops and the lease runs out (default: no cap).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .max_hold(std::time::Duration::from_secs(60))\n    .build()?;\n# Ok(()) }\n```")]
-            pub fn max_hold(mut self, max_hold: Duration) -> Self {
-                self.options = self.options.max_hold(max_hold);
-                self
-            }
-
-            #[doc = concat!("Sets the key prefix (default `slate:`).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .key_prefix(\"app:\")\n    .build()?;\n# Ok(()) }\n```")]
-            pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-                self.options = self.options.key_prefix(prefix);
-                self
-            }
-
-            #[doc = concat!("Replaces every option at once (a fence expiry is refused: these locks keep a persistent counter).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $example, "\n    .options(slate_redis::LockOptions::default())\n    .build()?;\n# Ok(()) }\n```")]
-            pub fn options(mut self, options: LockOptions) -> Self {
-                self.options = LockOptionsBuilder::from(options);
-                self
-            }
-        }
-
-        impl fmt::Debug for $builder {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_struct(stringify!($builder))
-                    .field("name", &self.name.as_ref().ok())
-                    .field("options", &self.options)
-                    .finish_non_exhaustive()
-            }
-        }
-    };
-}
-pub(crate) use shared_builder_options;
-
-shared_builder_options!(
+slate_core::lock_options_setters!(
     RwLockBuilder,
-    "slate_redis::RwLock::builder(&client, \"a\")"
+    slate_redis,
+    setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;",
+    start = "slate_redis::RwLock::builder(&client, \"a\")",
+    [
+        lease,
+        renewal_period,
+        spin_wait,
+        max_hold,
+        key_prefix,
+        options
+    ],
 );
 
 impl RwLockBuilder {
@@ -196,6 +160,13 @@ impl RwLockBuilder {
     }
 }
 
+crate::shared::shared_lock_accessors!(
+    RwLock,
+    "slate_redis::RwLock::builder(&client, \"config\").build()?",
+    "config",
+    "rw"
+);
+
 impl RwLock {
     /// Starts building a read-write lock named `name` on `client` (a [`RedisClient`] or
     /// `&RedisClient`).
@@ -215,70 +186,6 @@ impl RwLock {
             options: LockOptionsBuilder::default(),
             exclude_single: false,
         }
-    }
-
-    /// The lock's name.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// assert_eq!(lock.name().to_string(), "config");
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn name(&self) -> &LockName {
-        &self.state.competitor().name
-    }
-
-    /// The Redis key of the holders hash (`<prefix>{<name>}:rw`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// assert_eq!(lock.key(), b"slate:{config}:rw");
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn key(&self) -> &[u8] {
-        &self.state.competitor().keys.holders
-    }
-
-    /// The options the lock was built with.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// assert_eq!(lock.options().lease(), std::time::Duration::from_secs(30));
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn options(&self) -> &LockOptions {
-        &self.state.competitor().options
-    }
-
-    /// The client the lock talks through.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// assert_eq!(lock.client().address(), client.address());
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn client(&self) -> &RedisClient {
-        &self.state.competitor().client
     }
 
     /// This process's local writer and its write depth, if one holds.

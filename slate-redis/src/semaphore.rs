@@ -11,7 +11,6 @@ use tracing::Instrument;
 
 use crate::RedisClient;
 use crate::lock::ClientSource;
-use crate::rwlock::shared_builder_options;
 use crate::shared::{Kind, SharedCompetitor, SharedRelease, SharedState, SharedStatus};
 
 /// A distributed semaphore: `n` permits shared by every process, each taken for a lease.
@@ -66,6 +65,7 @@ pub struct Semaphore {
 ///     .build()?;
 /// # Ok(()) }
 /// ```
+#[derive(Debug)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct SemaphoreBuilder {
     source: ClientSource,
@@ -74,9 +74,19 @@ pub struct SemaphoreBuilder {
     options: LockOptionsBuilder,
 }
 
-shared_builder_options!(
+slate_core::lock_options_setters!(
     SemaphoreBuilder,
-    "slate_redis::Semaphore::builder(&client, \"a\", 4)"
+    slate_redis,
+    setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;",
+    start = "slate_redis::Semaphore::builder(&client, \"a\", 4)",
+    [
+        lease,
+        renewal_period,
+        spin_wait,
+        max_hold,
+        key_prefix,
+        options
+    ],
 );
 
 impl SemaphoreBuilder {
@@ -122,6 +132,13 @@ fn check_permits(what: &'static str, n: u32) -> Result<()> {
     Ok(())
 }
 
+crate::shared::shared_lock_accessors!(
+    Semaphore,
+    "slate_redis::Semaphore::builder(&client, \"downloads\", 4).build()?",
+    "downloads",
+    "sem"
+);
+
 impl Semaphore {
     /// Starts building a semaphore named `name` with `permits` permits on `client`.
     ///
@@ -148,70 +165,6 @@ impl Semaphore {
             permits,
             options: LockOptionsBuilder::default(),
         }
-    }
-
-    /// The semaphore's name.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let sem = slate_redis::Semaphore::builder(&client, "downloads", 4).build()?;
-    /// assert_eq!(sem.name().to_string(), "downloads");
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn name(&self) -> &LockName {
-        &self.state.competitor().name
-    }
-
-    /// The Redis key of the holders hash (`<prefix>{<name>}:sem`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let sem = slate_redis::Semaphore::builder(&client, "downloads", 4).build()?;
-    /// assert_eq!(sem.key(), b"slate:{downloads}:sem");
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn key(&self) -> &[u8] {
-        &self.state.competitor().keys.holders
-    }
-
-    /// The client the semaphore talks through.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let sem = slate_redis::Semaphore::builder(&client, "downloads", 4).build()?;
-    /// assert_eq!(sem.client().address(), client.address());
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn client(&self) -> &RedisClient {
-        &self.state.competitor().client
-    }
-
-    /// The options the semaphore was built with.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let sem = slate_redis::Semaphore::builder(&client, "downloads", 4).build()?;
-    /// assert_eq!(sem.options().lease(), std::time::Duration::from_secs(30));
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn options(&self) -> &LockOptions {
-        &self.state.competitor().options
     }
 
     /// Takes `permits` permits, waiting as `wait` allows: the general form behind
@@ -346,36 +299,66 @@ impl Semaphore {
         self.acquire_with(permits, Wait::for_duration(d))
     }
 
-    /// The blocking twin of [`acquire`](Self::acquire) (with an optional wait limit), for
-    /// threads.
+    /// The blocking twin of [`acquire`](Self::acquire), for threads.
     ///
     /// # Examples
     ///
     /// ```no_run
     /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let sem = slate_redis::Semaphore::builder(&client, "downloads", 4).build()?;
-    /// let permit = sem.blocking_acquire(1, None)?;
+    /// let permit = sem.blocking_acquire(1)?;
     /// permit.blocking_unlock()?;
     /// # Ok::<(), slate_redis::Error>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// As [`acquire`](Self::acquire) and, with a limit, [`try_acquire_for`](Self::try_acquire_for).
+    /// As [`acquire`](Self::acquire).
     ///
     /// # Panics
     ///
     /// Inside a tokio runtime (use `acquire().await` there).
-    pub fn blocking_acquire(
+    pub fn blocking_acquire(&self, permits: u32) -> Result<SemaphorePermit> {
+        self.blocking_acquire_with(permits, Wait::Forever, "Semaphore::blocking_acquire")
+    }
+
+    /// The blocking twin of [`try_acquire_for`](Self::try_acquire_for), for threads.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let sem = slate_redis::Semaphore::builder(&client, "downloads", 4).build()?;
+    /// let permit = sem.blocking_try_acquire_for(1, std::time::Duration::from_secs(1))?;
+    /// permit.blocking_unlock()?;
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_for`](Self::try_acquire_for).
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime (use `try_acquire_for().await` there).
+    pub fn blocking_try_acquire_for(&self, permits: u32, d: Duration) -> Result<SemaphorePermit> {
+        self.blocking_acquire_with(
+            permits,
+            Wait::for_duration(d),
+            "Semaphore::blocking_try_acquire_for",
+        )
+    }
+
+    fn blocking_acquire_with(
         &self,
         permits: u32,
-        limit: Option<Duration>,
+        wait: Wait,
+        what: &str,
     ) -> Result<SemaphorePermit> {
-        slate_core::blocking::assert_outside_runtime("Semaphore::blocking_acquire");
+        slate_core::blocking::assert_outside_runtime(what);
         check_permits("permits asked", permits)?;
         let holder = HolderId::new();
         let _wanting = self.state.competitor().want(holder, permits);
-        let wait = limit.map_or(Wait::Forever, Wait::for_duration);
         let grant = self.state.sync.blocking_acquire_shared(holder, wait)?;
         Ok(SemaphorePermit {
             held: SharedRelease::held(&self.state, holder, &grant),
@@ -444,7 +427,7 @@ impl Semaphore {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
     /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
     /// let sem = slate_redis::Semaphore::builder(&client, "downloads", 4).build()?;
-    /// sem.force_release_all().await?;
+    /// let dropped = sem.force_unlock().await?;
     /// # Ok(()) }
     /// ```
     ///
@@ -455,10 +438,35 @@ impl Semaphore {
     /// # Cancel safety
     ///
     /// Cancel safe: one script call.
-    pub async fn force_release_all(&self) -> Result<u64> {
+    pub async fn force_unlock(&self) -> Result<u64> {
         let dropped: u64 = self.state.competitor().admin("clear", 0).await?;
-        tracing::warn!(lock = %self.state.competitor().label, dropped, "force release");
+        tracing::warn!(lock = %self.state.competitor().label, dropped, "force unlock");
         Ok(dropped)
+    }
+
+    /// The name [`force_unlock`](Self::force_unlock) had before every primitive's forced
+    /// release took one name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let sem = slate_redis::Semaphore::builder(&client, "downloads", 4).build()?;
+    /// let dropped = sem.force_unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`force_unlock`](Self::force_unlock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`force_unlock`](Self::force_unlock).
+    #[deprecated(since = "0.1.0", note = "renamed force_unlock, as on every lock")]
+    pub async fn force_release_all(&self) -> Result<u64> {
+        self.force_unlock().await
     }
 }
 
@@ -517,6 +525,6 @@ slate_core::guard_surface!(
     SemaphorePermit,
     slate_redis,
     setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet sem = slate_redis::Semaphore::builder(&client, \"downloads\", 4).build()?;\nlet guard = sem.acquire(1).await?;",
-    blocking_setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet sem = slate_redis::Semaphore::builder(&client, \"downloads\", 4).build()?;\nlet guard = sem.blocking_acquire(1, None)?;",
+    blocking_setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet sem = slate_redis::Semaphore::builder(&client, \"downloads\", 4).build()?;\nlet guard = sem.blocking_acquire(1)?;",
     permits = |guard| Some(u64::from(guard.permits)),
 );

@@ -1282,3 +1282,36 @@ async fn release(state: Arc<SharedState>, holder: HolderId, write: bool) -> Resu
     .instrument(span)
     .await
 }
+
+/// The accessors every shared lock has (name, key, client, options), written once for
+/// [`RwLock`](crate::RwLock) and [`Semaphore`](crate::Semaphore).
+macro_rules! shared_lock_accessors {
+    ($lock:ident, $build:literal, $name:literal, $suffix:literal) => {
+        impl $lock {
+            #[doc = concat!("The lock's name.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $build, ";\nassert_eq!(lock.name().to_string(), \"", $name, "\");\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn name(&self) -> &LockName {
+                &self.state.competitor().name
+            }
+
+            #[doc = concat!("The Redis key of the holders hash (`<prefix>{<name>}:", $suffix, "`).\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $build, ";\nassert_eq!(lock.key(), b\"slate:{", $name, "}:", $suffix, "\");\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn key(&self) -> &[u8] {
+                &self.state.competitor().keys.holders
+            }
+
+            #[doc = concat!("The client the lock talks through.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $build, ";\nassert_eq!(lock.client().address(), client.address());\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn client(&self) -> &RedisClient {
+                &self.state.competitor().client
+            }
+
+            #[doc = concat!("The options the lock was built with.\n\n# Examples\n\n```no_run\n# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\nlet lock = ", $build, ";\nassert_eq!(lock.options().lease(), std::time::Duration::from_secs(30));\n# Ok(()) }\n```")]
+            #[must_use]
+            pub fn options(&self) -> &LockOptions {
+                &self.state.competitor().options
+            }
+        }
+    };
+}
+pub(crate) use shared_lock_accessors;

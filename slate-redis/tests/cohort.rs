@@ -235,7 +235,7 @@ async fn a_passed_hold_reports_its_loss_to_the_current_holder(server: Deployment
     let lease = Duration::from_millis(900);
     let lock = lock(&client, "cohort-loss", lease);
     let (_, _, g2) = passed_hold(&lock, Duration::ZERO).await;
-    assert!(lock.force_unlock().await.unwrap());
+    assert_eq!(lock.force_unlock().await.unwrap(), 1);
     let reason = within(Duration::from_secs(5), "the loss signal", g2.lost()).await;
     assert_eq!(reason, LossReason::EntryGone);
     // Its release reports the loss; the lock is free for the next holder.

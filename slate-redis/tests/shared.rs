@@ -342,9 +342,9 @@ async fn blocking_twins_work_on_threads() {
         let sem = Semaphore::builder(&client, "sem-threads", 2)
             .build()
             .unwrap();
-        let p = sem.blocking_acquire(2, None).unwrap();
+        let p = sem.blocking_acquire(2).unwrap();
         assert!(
-            sem.blocking_acquire(1, Some(Duration::from_millis(50)))
+            sem.blocking_try_acquire_for(1, Duration::from_millis(50))
                 .unwrap_err()
                 .is_timeout()
         );

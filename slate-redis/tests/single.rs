@@ -37,8 +37,19 @@ async fn acquire_and_release(server: Deployment) {
     assert!(remaining <= LEASE && remaining > LEASE - Duration::from_secs(1));
     assert_eq!(client.stats().renewals, 1);
     assert_eq!(lock.local_owner(), Some((guard.holder(), 1)));
+    // `status()`, as every primitive names its state read: the holder with its level, the
+    // lease left, the fencing counter at the hold's token.
+    let status = lock.status().await.unwrap();
+    assert_eq!(status.holders, vec![(guard.holder().to_string(), 1)]);
+    assert_eq!(status.fence, guard.fencing_token().get());
+    assert!(status.remaining.is_some_and(|r| r <= LEASE));
 
     assert_eq!(guard.unlock().await.unwrap(), 0);
+    let status = lock.status().await.unwrap();
+    assert!(
+        status.holders.is_empty() && status.remaining.is_none(),
+        "{status:?}"
+    );
     assert!(!lock.is_locked().await.unwrap());
     assert_eq!(lock.remaining_lease().await.unwrap(), None);
     assert_eq!(client.stats().renewals, 0);
@@ -284,7 +295,7 @@ async fn force_unlock_wakes_waiters_and_the_holder_learns(server: Deployment) {
         b.stats().subscriptions == 1
     })
     .await;
-    assert!(other.force_unlock().await.unwrap());
+    assert_eq!(other.force_unlock().await.unwrap(), 1);
     let g = within(Duration::from_secs(2), "the woken waiter", waiter)
         .await
         .unwrap();
@@ -295,7 +306,7 @@ async fn force_unlock_wakes_waiters_and_the_holder_learns(server: Deployment) {
     assert!(err.is_not_held(), "{err}");
     assert_eq!(a.stats().renewals, 0);
     assert_eq!(g.unlock().await.unwrap(), 0);
-    assert!(!other.force_unlock().await.unwrap());
+    assert_eq!(other.force_unlock().await.unwrap(), 0);
 }
 crate::per_topology!(force_unlock_wakes_waiters_and_the_holder_learns);
 
@@ -513,7 +524,7 @@ async fn reentry_after_the_entry_was_lost_fails(server: Deployment) {
     let client = server.client();
     let lock = lock(&client, "lost-reentry", LEASE);
     let outer = lock.lock().await.unwrap();
-    assert!(lock.force_unlock().await.unwrap());
+    assert_eq!(lock.force_unlock().await.unwrap(), 1);
     assert!(outer.reenter().await.unwrap_err().is_lease_lost());
     assert!(!lock.is_locked().await.unwrap());
     assert_eq!(

@@ -87,7 +87,7 @@ async fn behaviour(a: &RedisClient, b: &RedisClient, name: &str) {
     assert!(g2.fencing_token() > t1, "{name}: tokens increase");
 
     // Force unlock: the holder learns, the lock is free.
-    assert!(la_long.force_unlock().await.unwrap());
+    assert_eq!(la_long.force_unlock().await.unwrap(), 1);
     // (Its 10 s lease is renewed every ~3.3 s: the renewal finds the entry gone.)
     let reason = within(Duration::from_secs(6), "loss", g2.lost()).await;
     assert_eq!(reason, LossReason::EntryGone);
@@ -165,7 +165,7 @@ async fn cluster_runs_the_single_lock_on_every_shard() {
         assert!(!g.is_lost(), "{name}: renewed");
         assert_eq!(g.unlock().await.unwrap(), 0, "{name}");
         let g = l.lock().await.unwrap();
-        assert!(l.force_unlock().await.unwrap(), "{name}");
+        assert_eq!(l.force_unlock().await.unwrap(), 1, "{name}");
         drop(g);
         assert!(!l.is_locked().await.unwrap(), "{name}");
     }

@@ -662,7 +662,12 @@ impl ZkClient {
         from_zk(e, &self.inner.servers, what)
     }
 
-    /// Runs `fut` on the client's runtime (directly when already inside a runtime).
+    pub(crate) fn runtime(&self) -> &Handle {
+        &self.inner.runtime
+    }
+
+    /// Runs `fut` on the client's runtime (directly when already inside a runtime; see
+    /// [`slate_core::detach::on_runtime`]).
     pub(crate) fn on_runtime<T, F>(
         &self,
         fut: F,
@@ -674,30 +679,18 @@ impl ZkClient {
         slate_core::detach::on_runtime(self.inner.runtime.clone(), fut)
     }
 
-    /// Spawns background work on the client's runtime.
-    pub(crate) fn spawn<F>(&self, fut: F)
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        drop(self.inner.runtime.spawn(fut));
-    }
-
-    pub(crate) fn runtime(&self) -> &Handle {
-        &self.inner.runtime
-    }
-
     /// Starts keeping the lease of the hold at `path` (of `session`).
     pub(crate) fn keep_lease(&self, path: String, session: i64, keeper: Arc<LeaseKeeper>) {
         let path_of_watch = path.clone();
         lock(&self.inner.leases)
             .map
             .insert(path, (session, Arc::clone(&keeper)));
-        self.spawn(watch_hold(
+        drop(self.inner.runtime.spawn(watch_hold(
             Arc::downgrade(&self.inner),
             path_of_watch,
             session,
             keeper,
-        ));
+        )));
     }
 
     /// Stops keeping the lease of the hold at `path` (released).

@@ -497,7 +497,7 @@ impl Ctx {
                     *lock(&self.watched) = Some(predecessor.clone());
                     // Weak: a pending watch must not keep the client (its session) alive.
                     let (me, ctx) = (self.me.clone(), Arc::downgrade(&self));
-                    self.client.spawn(async move {
+                    drop(self.client.runtime().spawn(async move {
                         let event = watcher.changed().await;
                         tracing::trace!(?event.event_type, "predecessor watch fired");
                         if let Some(ctx) = ctx.upgrade() {
@@ -509,7 +509,7 @@ impl Ctx {
                         if let Some(shared) = me.upgrade() {
                             shared.sync.notify_released();
                         }
-                    });
+                    }));
                     tracing::trace!(lock = %self.label, %holder, "busy; watching the predecessor");
                     return Ok(Attempt::Busy { retry_after: None });
                 }
@@ -584,7 +584,7 @@ pub(crate) async fn delete_until_gone(
         Err(e) => {
             tracing::warn!(znode = %path, error = %e, "delete failed; retrying in the background");
             let weak = Arc::downgrade(&client.inner);
-            client.spawn(async move {
+            drop(client.runtime().spawn(async move {
                 let mut pause = Duration::from_millis(100);
                 for tries in 1u32.. {
                     tokio::time::sleep(pause).await;
@@ -597,7 +597,7 @@ pub(crate) async fn delete_until_gone(
                         Err(_) => {}
                     }
                 }
-            });
+            }));
             Err(e)
         }
     }
@@ -738,12 +738,12 @@ impl Competitor for ZkCompetitor {
         }
         tracing::debug!(lock = %self.ctx.label, %holder, znode = %grant.path, "giving back an abandoned grant");
         let (client, me) = (self.ctx.client.clone(), self.ctx.me.clone());
-        self.ctx.client.spawn(async move {
+        drop(self.ctx.client.runtime().spawn(async move {
             let _ = delete_until_gone(client, grant.path, grant.session).await;
             if let Some(shared) = me.upgrade() {
                 shared.sync.notify_released();
             }
-        });
+        }));
     }
 
     fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
@@ -756,7 +756,12 @@ impl Competitor for ZkCompetitor {
     }
 
     fn queue_drained(&self) {
-        self.ctx.client.spawn(Arc::clone(&self.ctx).drain());
+        drop(
+            self.ctx
+                .client
+                .runtime()
+                .spawn(Arc::clone(&self.ctx).drain()),
+        );
     }
 }
 
@@ -1517,7 +1522,7 @@ impl ZkLock {
     /// Deletes the holder's znode whoever it is: the next contender holds the lock at once.
     /// **Unsafe for correctness**: the old holder's guard learns it within a third of its
     /// session timeout, but its critical section may still be running. For operators clearing
-    /// a stuck lock. Returns whether there was a holder.
+    /// a stuck lock. Returns the holds dropped (1 when there was a holder, else 0).
     ///
     /// # Examples
     ///
@@ -1537,9 +1542,9 @@ impl ZkLock {
     /// # Cancel safety
     ///
     /// The deletion may or may not have happened when the future is dropped.
-    pub async fn force_unlock(&self) -> Result<bool> {
+    pub async fn force_unlock(&self) -> Result<u64> {
         let Some(holder) = self.holder_contender().await? else {
-            return Ok(false);
+            return Ok(0);
         };
         let client = self.client().clone();
         client
@@ -1550,8 +1555,8 @@ impl ZkLock {
                     .op(&s, "delete", s.zk.delete(&holder.znode, None))
                     .await?
                 {
-                    Ok(()) => Ok(true),
-                    Err(zk::Error::NoNode) => Ok(false),
+                    Ok(()) => Ok(1),
+                    Err(zk::Error::NoNode) => Ok(0),
                     Err(e) => Err(client.error(e, "deleting the holder's znode")),
                 }
             })

@@ -277,7 +277,7 @@ async fn partition_loses_the_lease_before_anyone_else_holds_and_force_unlock_sig
     // next contender holds at once.
     let gb = lb.lock().await?;
     let lb3 = lb.clone();
-    assert!(la.force_unlock().await?);
+    assert_eq!(la.force_unlock().await?, 1);
     let reason = tokio::time::timeout(Duration::from_secs(5), gb.lost()).await?;
     assert_eq!(reason, LossReason::EntryGone);
     let e = lb3
@@ -288,7 +288,7 @@ async fn partition_loses_the_lease_before_anyone_else_holds_and_force_unlock_sig
     assert!(gb.unlock().await.is_err());
     let again = la.lock().await?;
     again.unlock().await?;
-    assert!(!la.force_unlock().await?);
+    assert_eq!(la.force_unlock().await?, 0);
     Ok(())
 }
 
@@ -631,7 +631,7 @@ async fn d7_a_forced_unlock_is_noticed_at_once() -> TestResult {
     let lb = ZkLock::builder(&b, "d7").build()?;
     let g = la.lock().await?;
     let forced = Instant::now();
-    assert!(lb.force_unlock().await?);
+    assert_eq!(lb.force_unlock().await?, 1);
     let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
         .await
         .map_err(

@@ -135,7 +135,7 @@ async fn single_paths(servers: &mut [RedisServer]) {
     g.unlock().await.expect("unlock");
     let (r, lb) = waiter.await.expect("waiter");
     let gb = r.expect("the waiter acquires");
-    assert!(la.force_unlock().await.expect("force unlock"));
+    assert_eq!(la.force_unlock().await.expect("force unlock"), 1);
     let _ = tokio::time::timeout(Duration::from_secs(3), gb.lost()).await;
     drop(gb);
     // A guard dropped without unlock: released in the background.
@@ -236,7 +236,7 @@ async fn combination_paths(servers: &mut [RedisServer]) {
         .try_lock_for(Duration::from_secs(3))
         .await
         .expect("lock");
-    assert!(lock.force_unlock().await.expect("force unlock"));
+    assert_eq!(lock.force_unlock().await.expect("force unlock"), 1);
     let _ = tokio::time::timeout(Duration::from_secs(3), g.lost()).await;
     drop(g);
     // A dead node: the others carry on, the dead one is reported.
