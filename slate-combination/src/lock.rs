@@ -261,12 +261,12 @@ impl CombinationLockBuilder {
                 "give the node set a quarantine of at least the longest lease of its locks",
             ));
         }
-        // The current runtime, or (built from a plain thread) the one the node clients run
-        // their services on.
-        let runtime = Handle::try_current().unwrap_or_else(|_| self.nodes.runtime().clone());
+        // The runtime the node clients run their services on, whichever runtime builds this
+        // handle: every handle of the lock shares one state, which must not depend on the
+        // runtime of the first one built (it may end while the others live on).
+        let runtime = self.nodes.runtime().clone();
         let keys = NodeKeys::new(options.key_prefix(), &name);
-        let mut key = options.key_prefix().as_bytes().to_vec();
-        key.extend_from_slice(name.as_bytes());
+        let key = keys.lock_key().to_vec();
         let settings = (options, required, budget, self.order);
         let nodes = self.nodes.clone();
         let shared = self.nodes.inner.locks.get_or_create(

@@ -381,3 +381,53 @@ async fn handles_of_one_name_share_one_local_queue() {
         .build();
     assert!(other.unwrap_err().is_invalid_input());
 }
+
+/// The shared state of a lock binds the node set's runtime, not the runtime of whichever
+/// handle was built first: found by a review of the registry (issue 29). A handle built on a
+/// runtime that then ended gave its state that runtime, so another handle's dropped guard was
+/// released on a dead runtime: never, and the next `lock()` waited for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_built_on_a_runtime_that_ended_does_not_strand_the_others() {
+    let s = servers(3);
+    let nodes = node_set(&s).await;
+    let first = {
+        let nodes = nodes.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async { lock(&nodes, "runtimes") })
+        })
+        .join()
+        .unwrap()
+    };
+    let other = lock(&nodes, "runtimes");
+    drop(first);
+    drop(other.lock().await.unwrap());
+    let again = tokio::time::timeout(Duration::from_secs(5), other.lock())
+        .await
+        .expect("the dropped guard was released")
+        .unwrap();
+    again.unlock().await.unwrap();
+}
+
+/// The registry tells locks apart by their key, not by prefix and name run together: prefix
+/// `slate:` with name `a:b` and prefix `slate:a:` with name `b` are two locks
+/// (`slate:{a:b}` and `slate:a:{b}`), and both build (found by the same review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_and_name_are_not_run_together() {
+    let s = servers(3);
+    let nodes = node_set(&s).await;
+    let one = CombinationLock::builder(&nodes, "a:b")
+        .lease(Duration::from_secs(2))
+        .key_prefix("slate:")
+        .build()
+        .unwrap();
+    let two = CombinationLock::builder(&nodes, "b")
+        .lease(Duration::from_secs(2))
+        .key_prefix("slate:a:")
+        .build()
+        .expect("another lock");
+    drop((one, two));
+}

@@ -71,7 +71,10 @@ pub fn check_max_duration(what: &'static str, d: Duration) -> Result<()> {
 /// assert_eq!(opts.renewal_period(), Duration::from_secs(5));
 /// # Ok::<(), slate_core::Error>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Two options are equal when they behave alike: a renewal period left to its default equals
+/// the same period given explicitly (lease / 2).
+#[derive(Clone, Debug, Eq)]
 pub struct LockOptions {
     lease: Duration,
     renewal_period: Option<Duration>,
@@ -79,6 +82,17 @@ pub struct LockOptions {
     max_hold: Option<Duration>,
     key_prefix: String,
     fence_expiry: Option<Duration>,
+}
+
+impl PartialEq for LockOptions {
+    fn eq(&self, other: &Self) -> bool {
+        self.lease == other.lease
+            && self.renewal_period() == other.renewal_period()
+            && self.spin_wait == other.spin_wait
+            && self.max_hold == other.max_hold
+            && self.key_prefix == other.key_prefix
+            && self.fence_expiry == other.fence_expiry
+    }
 }
 
 impl Default for LockOptions {
@@ -572,6 +586,26 @@ mod tests {
             Err(Error::InvalidInput { what, .. }) => what,
             other => panic!("expected invalid input, got {other:?}"),
         }
+    }
+
+    /// Options that behave alike are equal (a second handle of a lock built with the default
+    /// renewal period written out is the same lock, not one "with other options").
+    #[test]
+    fn equality_is_by_behaviour() {
+        let lease = Duration::from_secs(10);
+        let implicit = LockOptions::builder().lease(lease).build().unwrap();
+        let explicit = LockOptions::builder()
+            .lease(lease)
+            .renewal_period(lease / 2)
+            .build()
+            .unwrap();
+        assert_eq!(implicit, explicit);
+        let other = LockOptions::builder()
+            .lease(lease)
+            .renewal_period(lease / 4)
+            .build()
+            .unwrap();
+        assert_ne!(implicit, other);
     }
 
     #[test]

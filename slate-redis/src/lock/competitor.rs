@@ -1,0 +1,729 @@
+//! The Redis side of the single lock, driven by the synchronizer: the acquire and release
+//! scripts, the fair turn between processes, and the hold passed between local holders.
+
+use super::*;
+
+/// What a successful attempt yields.
+pub(crate) struct Grant {
+    pub(crate) token: FencingToken,
+    pub(crate) count: u32,
+    pub(crate) deadline: Instant,
+    pub(crate) watch: OnceLock<LeaseWatch>,
+    /// Local passes this fresh hold may serve (the tokens it reserved after its own).
+    pub(crate) passes: u32,
+}
+
+/// The remote hold being passed between local holders (lock cohorting): whose hold it is,
+/// the fencing tokens its acquisition reserved, and how many holders it served.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cohort {
+    /// The remote holder (the hash field).
+    pub(crate) remote: HolderId,
+    /// The current local holder's token.
+    pub(crate) token: u64,
+    /// The last token of the reserved block.
+    pub(crate) last: u64,
+    /// Local holders served so far (1 + passes taken).
+    pub(crate) holds: u32,
+}
+
+/// The Redis side of the lock, driven by the synchronizer.
+pub(crate) struct RedisCompetitor {
+    pub(crate) client: RedisClient,
+    pub(crate) keys: Keys,
+    pub(crate) name: LockName,
+    pub(crate) label: Arc<str>,
+    pub(crate) options: LockOptions,
+    pub(super) me: Weak<LockShared>,
+    /// When the last attempt was sent (for [`Notifications::Live`]).
+    pub(super) last_attempt: Arc<Mutex<Option<Instant>>>,
+    /// The turn between processes.
+    pub(crate) turn: Turn,
+    /// The hold being passed between local holders, if the current one allows passes.
+    pub(crate) cohort: Mutex<Option<Cohort>>,
+}
+
+impl RedisCompetitor {
+    /// Runs the release script for `holder`: `-1` not held, `0` released, `n` still held.
+    /// Idempotent: a retry after a broken connection does not release twice.
+    pub(crate) async fn release_remote(
+        &self,
+        holder: HolderId,
+        local_waiters: bool,
+    ) -> Result<i64> {
+        let mut release = Release::plain(holder, self.options.lease(), &self.turn, local_waiters);
+        release.holds = self.holds(holder);
+        release_remote(&self.client, &self.keys, release).await
+    }
+
+    /// How many local holders the remote hold of `remote` served (1 unless it was passed).
+    fn holds(&self, remote: HolderId) -> u32 {
+        match *lock(&self.cohort) {
+            Some(c) if c.remote == remote => c.holds,
+            _ => 1,
+        }
+    }
+
+    /// Fencing tokens a passable first acquisition reserves: one per holder of the tenure
+    /// (the turn's bound on acquisitions in a row), so that passes end where the turn would
+    /// hand the lock to another process anyway. 1 (no passes) without a turn.
+    fn block(&self) -> u32 {
+        if self.turn.queue_id.is_empty() {
+            1
+        } else {
+            self.turn.tenure.max(1)
+        }
+    }
+
+    fn hold(&self, holder: HolderId, grant: &Grant) -> Renewable {
+        Renewable {
+            key: self.keys.lock.clone(),
+            turn: Some(self.keys.turn.clone()),
+            fence: self
+                .options
+                .fence_expiry()
+                .map(|idle| (self.keys.fence.clone(), idle)),
+            alias: Some(self.keys.holder.clone()),
+            leases: None,
+            holder,
+            lease: self.options.lease(),
+            period: self.options.renewal_period(),
+            max_hold: self.options.max_hold(),
+            deadline: grant.deadline,
+            label: self.label.clone(),
+        }
+    }
+
+    /// The lease watch for a grant (normally set by `after_acquire`).
+    pub(crate) fn watch(&self, holder: HolderId, grant: &Grant) -> LeaseWatch {
+        match grant.watch.get() {
+            Some(w) => w.clone(),
+            None => self.client.inner.renewal.register_hold(
+                &self.client,
+                self.hold(holder, grant),
+                grant.count == 1,
+            ),
+        }
+    }
+}
+
+/// After an acquire whose reply never came (a timeout, or a connection that broke twice),
+/// undoes it by its request id: the undo releases the level if the acquire ran, and otherwise
+/// marks it cancelled so that it does nothing if it runs later (a hung server processes its
+/// queue when it resumes). Exact for first acquisitions and re-entries alike.
+///
+/// The undo is put on the connection behind the acquire before this returns (one poll), so
+/// the next attempt of the synchronizer queues behind it. If its connection breaks it is
+/// sent again in the background, a few times within the lease (it is idempotent: it carries
+/// its own request id); a late reply is not a reason to resend it. An entry it could not undo
+/// is never renewed and ends with its lease.
+pub(crate) async fn compensate(
+    client: &RedisClient,
+    keys: &Keys,
+    waiters: bool,
+    holder: HolderId,
+    lease: Duration,
+    turn: Turn,
+    acquire_request: u64,
+) {
+    let (client2, keys2) = (client.clone(), keys.clone());
+    let mut undo = Box::pin(async move {
+        let request = request::next_id();
+        let started = Instant::now();
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let release = Release {
+                holder,
+                lease,
+                turn: &turn,
+                local_waiters: waiters,
+                request,
+                undo: Some(acquire_request),
+                holds: 1,
+            };
+            match release_remote(&client2, &keys2, release).await {
+                Ok(-2) => tracing::debug!(%holder, "cancelled an acquire that had not run"),
+                Ok(n) if n >= 0 => {
+                    tracing::info!(%holder, left = n, "undid an acquire whose reply never came");
+                }
+                Ok(_) => {}
+                // A late reply: the undo is queued behind the acquire it undoes and runs when
+                // the server gets to them; sending it again would add nothing.
+                Err(e) if e.backend_kind() == Some(BackendKind::Timeout) => {
+                    tracing::debug!(%holder, error = %e, "the undo of a timed-out acquire got no reply in time either");
+                }
+                // The connection broke: the undo may not have been sent. Again, on a new one.
+                Err(e) if tries < UNDO_TRIES && started.elapsed() < lease => {
+                    tracing::debug!(%holder, error = %e, "undoing a timed-out acquire failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50 << tries)).await;
+                    continue;
+                }
+                Err(e) => tracing::warn!(%holder, error = %e,
+                    "could not undo a timed-out acquire; if it ran, its entry ends with its lease"),
+            }
+            break;
+        }
+    });
+    // One poll puts the command on the connection (ordered after the acquire); the reply is
+    // awaited in the background.
+    if futures::poll!(undo.as_mut()).is_pending() {
+        client.spawn(undo);
+    }
+}
+
+/// The least validity a grant must have left when its reply arrives (a tenth of the lease):
+/// below it, the holder could not even renew in time, and the grant is given back.
+pub(crate) fn min_validity(lease: Duration) -> Duration {
+    lease / 10
+}
+
+/// Releases one level of `holder` in the background: a level that was granted but cannot be
+/// used (`why`, of lock `label`), which served `holds` local holders. If the release fails,
+/// the entry is never renewed and ends with its lease. When it is done, the head of the local
+/// queue is told: a release that keeps the turn for this process (its tasks wait) publishes
+/// no message, and the head would otherwise wait for its spin wait.
+#[allow(clippy::too_many_arguments)] // the pieces of a release, taken apart for the task
+pub(super) fn release_in_background(
+    client: &RedisClient,
+    keys: &Keys,
+    me: &Weak<LockShared>,
+    holder: HolderId,
+    holds: u32,
+    lease: Duration,
+    turn: &Turn,
+    (label, why): (&Arc<str>, &'static str),
+) {
+    let (client2, keys2, turn, label) = (client.clone(), keys.clone(), turn.clone(), label.clone());
+    let me = me.clone();
+    client.spawn(async move {
+        let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+        let mut release = Release::plain(holder, lease, &turn, waiters);
+        release.holds = holds;
+        if let Err(e) = release_remote(&client2, &keys2, release).await {
+            tracing::warn!(lock = %label, %holder, error = %e, "release of {why} failed; the entry ends with its lease");
+        }
+        if let Some(shared) = me.upgrade() {
+            shared.sync.notify_released();
+        }
+    });
+}
+
+/// How many times an undo is sent before the entry is left to its lease.
+const UNDO_TRIES: u32 = 4;
+
+/// The turn between local queues (one per lock handle family in a client, normally one per
+/// process), as the scripts take it (see `scripts/acquire.lua`).
+#[derive(Clone, Debug)]
+pub(crate) struct Turn {
+    /// This local queue's id (`''`: no turn, any caller may take a free lock).
+    pub(crate) queue_id: Arc<str>,
+    /// Acquisitions in a row a process may keep while other processes wait.
+    pub(crate) tenure: u32,
+    /// How long a turn stays reserved for the process it is given to.
+    pub(crate) reserve: Duration,
+}
+
+impl Turn {
+    /// No turn (multi-node locks; their nodes are contended in node order instead). Shared,
+    /// so that the node calls of every attempt do not allocate one.
+    pub(crate) fn none() -> &'static Turn {
+        static NONE: LazyLock<Turn> = LazyLock::new(|| Turn {
+            queue_id: Arc::from(""),
+            tenure: 0,
+            reserve: Duration::ZERO,
+        });
+        &NONE
+    }
+
+    /// The turn of a new local queue for a lock with `options`. Its id is a fresh holder id
+    /// (128 random bits per process plus a counter), unique among all queues.
+    pub(crate) fn for_queue(options: &LockOptions) -> Self {
+        Turn {
+            queue_id: Arc::from(HolderId::new().to_string()),
+            tenure: TENURE,
+            reserve: (options.spin_wait() * 2)
+                .clamp(Duration::from_millis(20), Duration::from_secs(1)),
+        }
+    }
+}
+
+/// Acquisitions in a row one local queue may keep while other queues (processes) wait for the
+/// lock (its local waiters then go first, without waking anyone else); after that the turn
+/// passes to the first waiting queue. It bounds how long a process can be kept waiting.
+pub(crate) const TENURE: u32 = 8;
+
+/// One release request (see `scripts/release.lua`).
+pub(crate) struct Release<'a> {
+    pub(crate) holder: HolderId,
+    /// The TTL a partial release resets.
+    pub(crate) lease: Duration,
+    pub(crate) turn: &'a Turn,
+    /// Whether tasks of this process wait for the lock (the turn may stay here).
+    pub(crate) local_waiters: bool,
+    /// This call's request id (a retry answers from its record).
+    pub(crate) request: u64,
+    /// Undo the acquire with this request id instead of releasing unconditionally.
+    pub(crate) undo: Option<u64>,
+    /// How many local holders this remote hold served (1 + its local passes): they count
+    /// towards the turn's tenure.
+    pub(crate) holds: u32,
+}
+
+impl<'a> Release<'a> {
+    /// A plain release of one level, as a new request.
+    pub(crate) fn plain(
+        holder: HolderId,
+        lease: Duration,
+        turn: &'a Turn,
+        local_waiters: bool,
+    ) -> Self {
+        Release {
+            holder,
+            lease,
+            turn,
+            local_waiters,
+            request: request::next_id(),
+            undo: None,
+            holds: 1,
+        }
+    }
+}
+
+/// Runs the release script: `-2` (undo only) the acquire had not run and is cancelled, `-1`
+/// not held, `0` released, `n` still held. Retried once, with the same request id, if the
+/// connection breaks before the reply.
+pub(crate) async fn release_remote(
+    client: &RedisClient,
+    keys: &Keys,
+    release: Release<'_>,
+) -> Result<i64> {
+    let holder_arg = release.holder.to_string();
+    let record = keys.record(&holder_arg);
+    let ms = scripts::lease_ms(release.lease);
+    let queue_id = &*release.turn.queue_id;
+    let (tenure, reserve) = (release.turn.tenure, scripts::lease_ms(release.turn.reserve));
+    let record_ms = request::record_ttl_ms(client.command_timeout());
+    let undo = release.undo.map(|id| id.to_string()).unwrap_or_default();
+    let (request, waiters) = (release.request, u8::from(release.local_waiters));
+    let publish = client.publish_arg();
+    let holds = release.holds;
+    client
+        .exec("release script", |mut c| {
+            let mut invocation = RELEASE.script.prepare_invoke();
+            invocation
+                .key(&*keys.lock)
+                .key(&*keys.channel)
+                .key(&*keys.queue)
+                .key(&*keys.turn)
+                .key(&*record)
+                .arg(&holder_arg)
+                .arg(ms)
+                .arg(queue_id)
+                .arg(tenure)
+                .arg(waiters)
+                .arg(reserve)
+                .arg(request)
+                .arg(record_ms)
+                .arg(&undo)
+                .arg(publish)
+                .arg(holds);
+            async move { invocation.invoke_async(&mut c).await }
+        })
+        .await
+}
+
+/// One acquire request (see `scripts/acquire.lua`).
+pub(crate) struct Acquire<'a> {
+    pub(crate) holder: HolderId,
+    pub(crate) lease: Duration,
+    pub(crate) turn: &'a Turn,
+    /// The node marker to check (multi-node locks).
+    pub(crate) marker: Option<&'a [u8]>,
+    /// This call's request id (a retry answers from its record; an undo names it).
+    pub(crate) request: u64,
+    /// A re-entry only: the holder's entry must exist; the script answers `{-4}` and touches
+    /// nothing when it does not (the hold was lost), instead of starting a fresh hold.
+    pub(crate) reentry: bool,
+    /// The fencing counter's expiry (`None`: persistent).
+    pub(crate) fence_expiry: Option<Duration>,
+    /// Fencing tokens a first acquisition reserves for local passes (1: none; more needs a
+    /// turn, see `scripts/acquire.lua` ARGV[9]).
+    pub(crate) block: u32,
+    /// How long the request record is kept (`None`: two command timeouts, the window in which
+    /// a retry may arrive). A multi-node lock keeps it for as long as it may give the level
+    /// back by this request's id (`RedisClient::node_undo`).
+    pub(crate) record_for: Option<Duration>,
+}
+
+/// Runs the acquire script and returns its reply (see `scripts/acquire.lua`). Retried once,
+/// with the same request id, if the connection breaks before the reply.
+pub(crate) async fn acquire_remote(
+    client: &RedisClient,
+    keys: &Keys,
+    acquire: Acquire<'_>,
+) -> Result<Vec<i64>> {
+    let holder_arg = acquire.holder.to_string();
+    let record = keys.record(&holder_arg);
+    let ms = scripts::lease_ms(acquire.lease);
+    let queue_id = &*acquire.turn.queue_id;
+    let tenure = acquire.turn.tenure;
+    let record_ms = match acquire.record_for {
+        Some(d) => scripts::lease_ms(d),
+        None => request::record_ttl_ms(client.command_timeout()),
+    };
+    let (request, marker, reentry) = (acquire.request, acquire.marker, acquire.reentry);
+    let block = acquire.block;
+    let fence_expiry = acquire
+        .fence_expiry
+        .map(|d| scripts::lease_ms(d).to_string());
+    let synced = client.synced();
+    let mut keys_of: Vec<&[u8]> = vec![&keys.lock, &keys.fence, &keys.queue, &keys.turn, &record];
+    keys_of.extend(marker);
+    let mut eval = ACQUIRE.evalsha(&keys_of);
+    eval.arg(&holder_arg)
+        .arg(ms)
+        .arg(queue_id)
+        .arg(tenure)
+        .arg(request)
+        .arg(record_ms)
+        // ARGV[7] and ARGV[8]: '' means no (see acquire.lua).
+        .arg(if reentry { "1" } else { "" })
+        .arg(fence_expiry.as_deref().unwrap_or(""));
+    // ARGV[9]: the token block, only when it allows passes (the common call stays as short as
+    // it was).
+    if block > 1 {
+        eval.arg(block);
+    }
+    let eval = &eval;
+    let (reply, acked): (Vec<i64>, Option<usize>) = client
+        .exec("acquire script", |mut c| async move {
+            // A grant counts once the replicas have it: WAIT behind it, where it ran.
+            let granted = |r: &Vec<i64>| matches!(r.first(), Some(1 | 2));
+            conn::eval_then_wait(&mut c, &ACQUIRE, eval, synced, granted).await
+        })
+        .await?;
+    if let (Some((wanted, within)), Some(acked)) = (synced, acked)
+        && acked < wanted
+    {
+        // Not on enough replicas: a failover could lose it. Give the level back (undo by the
+        // request id: exactly the level this request added) and report.
+        let undo = Release {
+            holder: acquire.holder,
+            lease: acquire.lease,
+            turn: acquire.turn,
+            local_waiters: false,
+            request: request::next_id(),
+            undo: Some(request),
+            holds: 1,
+        };
+        if let Err(e) = release_remote(client, keys, undo).await {
+            tracing::warn!(error = %e, "giving back a grant the replicas did not acknowledge failed; it ends with its lease");
+        }
+        return Err(Error::backend(
+            BackendKind::Unavailable,
+            Some(client.address().to_owned()),
+            format!(
+                "the grant was acknowledged by {acked} of the {wanted} replicas required \
+                 (ClientOptionsBuilder::synced_replicas) within {within:?}, so a failover could lose \
+                 it; it was given back. Check the replicas' health and links"
+            ),
+            None,
+        ));
+    }
+    Ok(reply)
+}
+
+impl RedisCompetitor {
+    /// One acquire script call for `holder`; `reentry`: see [`Competitor::reenter`]; `block`:
+    /// tokens a first acquisition reserves (see [`Competitor::attempt_passable`]).
+    fn attempt_remote(
+        &self,
+        holder: HolderId,
+        reentry: bool,
+        block: u32,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        // A re-entry of a passed hold keeps its current holder's token (the counter names the
+        // end of the reserved block, not this holder's token).
+        let cohort_token = match *lock(&self.cohort) {
+            Some(c) if reentry && c.remote == holder => Some(c.token),
+            _ => None,
+        };
+        let client = self.client.clone();
+        let turn = self.turn.clone();
+        let lease = self.options.lease();
+        let fence_expiry = self.options.fence_expiry();
+        let last = self.last_attempt.clone();
+        let label = self.label.clone();
+        let keys = self.keys.clone();
+        let me = self.me.clone();
+        let inner = client.clone();
+        inner.on_runtime(async move {
+            let sent = Instant::now();
+            *lock(&last) = Some(sent);
+            let (reply, request) = request::send_fresh(|request| {
+                let acquire = Acquire {
+                    holder,
+                    lease,
+                    turn: &turn,
+                    marker: None,
+                    request,
+                    reentry,
+                    fence_expiry,
+                    block,
+                    record_for: None,
+                };
+                acquire_remote(&client, &keys, acquire)
+            })
+            .await;
+            let reply = match reply {
+                Ok(r) => r,
+                Err(e) => {
+                    // The script may have run (or may still run): no reply, or a reply to it
+                    // followed by an error of what came after it (a `WAIT` the server refuses),
+                    // or an error raised half-way through it. Undo it by id; an undo of an
+                    // acquire that never ran only marks it cancelled (issue 35, defect 4). Not
+                    // when the user may not run it (the undo would be refused too).
+                    if request::worth_undoing(&e) {
+                        let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+                        compensate(&client, &keys, waiters, holder, lease, turn, request).await;
+                    }
+                    return Err(e);
+                }
+            };
+            // `block`: the tokens a first acquisition reserved (see acquire.lua); its passes are
+            // the rest of the block.
+            let grant = |token: i64, count: i64, block: i64| -> Result<Attempt<Grant>> {
+                let (Ok(token), Ok(count)) = (u64::try_from(token), u32::try_from(count)) else {
+                    return Err(unexpected_reply("acquire script", client.address(), &reply));
+                };
+                let deadline = renewal::deadline(sent, lease);
+                let round_trip = sent.elapsed();
+                if deadline < Instant::now() + min_validity(lease) {
+                    // The reply came too late to hold anything: give the level back.
+                    release_in_background(
+                        &client,
+                        &keys,
+                        &me,
+                        holder,
+                        1,
+                        lease,
+                        &turn,
+                        (&label, "a late grant"),
+                    );
+                    return Err(Error::backend(
+                        BackendKind::Timeout,
+                        Some(client.address().to_owned()),
+                        format!(
+                            "the acquire script answered after {round_trip:?}, leaving less than \
+                             the minimum validity ({:?}) of a {lease:?} lease; the level was \
+                             given back. The link or server is too slow for this lease: raise \
+                             the lease (or the network's speed)",
+                            min_validity(lease)
+                        ),
+                        None,
+                    ));
+                }
+                let token = match cohort_token {
+                    Some(t) if count > 1 => t,
+                    _ => token,
+                };
+                Ok(Attempt::Acquired(Grant {
+                    token: FencingToken::new(token),
+                    count,
+                    deadline: renewal::deadline(sent, lease),
+                    watch: OnceLock::new(),
+                    passes: if count == 1 {
+                        u32::try_from(block - 1).unwrap_or(0)
+                    } else {
+                        0
+                    },
+                }))
+            };
+            match reply.as_slice() {
+                // A block's size is absent from a replayed answer (a request record): no passes.
+                [1, token] => {
+                    tracing::debug!(lock = %label, %holder, token, "acquired");
+                    grant(*token, 1, 1)
+                }
+                [1, token, reserved] => {
+                    tracing::debug!(lock = %label, %holder, token, reserved, "acquired a block");
+                    grant(*token, 1, (*reserved).clamp(1, i64::from(block)))
+                }
+                [2, token, count] => {
+                    tracing::debug!(lock = %label, %holder, token, count, "re-entered");
+                    grant(*token, *count, 1)
+                }
+                [0, pttl] => {
+                    tracing::trace!(lock = %label, %holder, pttl, "busy");
+                    let retry_after = u64::try_from(*pttl).ok().map(Duration::from_millis);
+                    Ok(Attempt::Busy { retry_after })
+                }
+                // Only a request that was undone answers -3, and nobody awaits it then; -7
+                // again and again (requests of one holder overtaking each other): later.
+                [-3 | request::OVERTAKEN] => Ok(Attempt::Busy { retry_after: None }),
+                [-4] => {
+                    tracing::debug!(lock = %label, %holder, "re-entry found the hold gone");
+                    // The guards of the hold learn it now, not at the next renewal.
+                    let renewal = &client.inner.renewal;
+                    renewal.lose(&keys.lock, holder, LossReason::EntryGone);
+                    Err(Error::lease_lost(
+                        Arc::clone(&label),
+                        holder,
+                        LossReason::EntryGone,
+                    ))
+                }
+                _ => Err(unexpected_reply("acquire script", client.address(), &reply)),
+            }
+        })
+    }
+}
+
+impl Competitor for RedisCompetitor {
+    type Grant = Grant;
+
+    fn grant_deadline(&self, grant: &Grant) -> Option<Instant> {
+        Some(grant.deadline)
+    }
+
+    fn attempt(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        self.attempt_remote(holder, false, 1)
+    }
+
+    /// A first acquisition reserves a block of fencing tokens (one per holder of the tenure)
+    /// and marks the hold as this process's, so that it can be passed to local waiters.
+    fn attempt_passable(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        self.attempt_remote(holder, false, self.block())
+    }
+
+    fn pass_budget(&self, grant: &Grant) -> u32 {
+        grant.passes
+    }
+
+    /// The next token of the block, and a lease watch of the receiver's own on the same
+    /// remote hold; refused when the block is used up or the hold is lost or nearly expired.
+    fn take_pass(&self, remote: HolderId, to: HolderId) -> Option<Grant> {
+        let mut cohort = lock(&self.cohort);
+        let c = cohort
+            .as_mut()
+            .filter(|c| c.remote == remote && c.token < c.last)?;
+        let renewal = &self.client.inner.renewal;
+        let watch = renewal.pass(
+            &self.keys.lock,
+            remote,
+            min_validity(self.options.lease()),
+            to,
+        )?;
+        c.token += 1;
+        c.holds += 1;
+        tracing::debug!(lock = %self.label, %remote, holder = %to, token = c.token, "took a passed hold");
+        let grant = Grant {
+            token: FencingToken::new(c.token),
+            count: 1,
+            deadline: watch.deadline(),
+            watch: OnceLock::new(),
+            passes: 0,
+        };
+        let _ = grant.watch.set(watch);
+        Some(grant)
+    }
+
+    /// Ends the renewal of a passed hold nobody took and releases it in the background; the
+    /// head is told when the release is done (it keeps the turn, so no message comes).
+    fn drop_pass(&self, remote: HolderId) {
+        let holds = self.holds(remote);
+        self.after_release(remote);
+        release_in_background(
+            &self.client,
+            &self.keys,
+            &self.me,
+            remote,
+            holds,
+            self.options.lease(),
+            &self.turn,
+            (&self.label, "a passed hold nobody took"),
+        );
+    }
+
+    /// A re-entry never creates an entry: a holder whose entry is gone (lease lost) gets
+    /// [`Error::LeaseLost`], and the local depth stays as it was.
+    fn reenter(
+        &self,
+        holder: HolderId,
+    ) -> impl Future<Output = Result<Attempt<Grant>>> + Send + 'static {
+        self.attempt_remote(holder, true, 1)
+    }
+
+    fn after_acquire(&self, holder: HolderId, grant: &Grant) {
+        if grant.watch.get().is_some() {
+            // A passed hold: `take_pass` moved its registration to the new holder.
+            return;
+        }
+        if grant.count == 1 {
+            *lock(&self.cohort) = (grant.passes > 0).then(|| Cohort {
+                remote: holder,
+                token: grant.token.get(),
+                last: grant.token.get() + u64::from(grant.passes),
+                holds: 1,
+            });
+        }
+        let watch = self.client.inner.renewal.register_hold(
+            &self.client,
+            self.hold(holder, grant),
+            grant.count == 1,
+        );
+        let _ = grant.watch.set(watch);
+    }
+
+    fn after_release(&self, holder: HolderId) {
+        {
+            let mut cohort = lock(&self.cohort);
+            if cohort.is_some_and(|c| c.remote == holder) {
+                *cohort = None;
+            }
+        }
+        self.client
+            .inner
+            .renewal
+            .deregister(&self.keys.lock, holder);
+    }
+
+    fn abandon(&self, holder: HolderId, grant: Grant) {
+        tracing::debug!(lock = %self.label, %holder, token = grant.token.get(), "releasing an abandoned grant");
+        release_in_background(
+            &self.client,
+            &self.keys,
+            &self.me,
+            holder,
+            1,
+            self.options.lease(),
+            &self.turn,
+            (&self.label, "an abandoned grant"),
+        );
+    }
+
+    fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
+        let target: Weak<dyn ReleaseTarget> = self.me.clone();
+        let last = *lock(&self.last_attempt);
+        self.client
+            .subscribe_releases(self.keys.channel.clone(), target, last)
+    }
+
+    fn queue_drained(&self) {
+        // Also called when an attempt whose caller was dropped ends in the background, with
+        // tasks possibly queued by then: their notifications must stay (issue 28, item 12).
+        if self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0) {
+            return;
+        }
+        self.client
+            .inner
+            .notifier
+            .unsubscribe(&self.client, &self.keys.channel);
+    }
+}
