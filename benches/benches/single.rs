@@ -51,7 +51,7 @@ fn single(c: &mut Criterion) {
     let record = format!("raw:{{bench}}:req:{holder}");
     let requests = std::sync::atomic::AtomicU64::new(1);
     // The two script calls exactly as the lock sends them uncontended (the keys and arguments
-    // of `slate-redis/src/lock.rs`: request records, no token block, no undo).
+    // of `slate-redis/src/primitives/lock/mod.rs`: request records, no token block, no undo).
     group.bench_function("raw_evalsha", |b| {
         b.to_async(&rt).iter(|| {
             let mut conn = conn.clone();

@@ -109,7 +109,7 @@ fn accepted_names() -> Vec<Vec<u8>> {
     v
 }
 
-/// The keys Slate derives from a lock key (see `slate-redis/src/keys.rs`).
+/// The keys Slate derives from a lock key (see `slate-redis/src/scripts/keys.rs`).
 fn derived(lock_key: &[u8]) -> Vec<Vec<u8>> {
     let mut out = vec![lock_key.to_vec()];
     for suffix in [

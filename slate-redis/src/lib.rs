@@ -52,31 +52,22 @@
 #![forbid(unsafe_code)]
 
 mod client;
-mod conn;
-mod error;
-mod guard;
-mod keys;
-mod lock;
 #[doc(hidden)] // slate-combination's per-node calls: not part of the public API (docs/API.md)
 pub mod node;
-mod notify;
-mod renewal;
-mod request;
-mod rwlock;
+mod primitives;
 mod scripts;
-mod semaphore;
-mod shared;
+mod services;
 
+pub use client::conn::Topology;
 pub use client::{
     ClientOptions, ClientOptionsBuilder, ClientStats, DEFAULT_COMMAND_TIMEOUT, RedisClient,
 };
-pub use conn::Topology;
-pub use guard::SingleLockGuard;
-pub use lock::{ClientSource, SingleLock, SingleLockBuilder};
 pub use node::LockStatus;
-pub use rwlock::{RwLock, RwLockBuilder, RwLockReadGuard, RwLockWriteGuard};
-pub use semaphore::{MAX_PERMITS, Semaphore, SemaphoreBuilder, SemaphorePermit};
-pub use shared::{SharedHolder, SharedMode, SharedStatus};
+pub use primitives::lock::guard::SingleLockGuard;
+pub use primitives::lock::{ClientSource, SingleLock, SingleLockBuilder};
+pub use primitives::rwlock::{RwLock, RwLockBuilder, RwLockReadGuard, RwLockWriteGuard};
+pub use primitives::semaphore::{MAX_PERMITS, Semaphore, SemaphoreBuilder, SemaphorePermit};
+pub use primitives::shared::{SharedHolder, SharedMode, SharedStatus};
 // Everything the examples and a typical caller need, so that depending on `slate-redis` alone
 // is enough (the traits are only needed for generic code).
 pub use slate_core::{

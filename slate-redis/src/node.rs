@@ -23,12 +23,14 @@ use redis::Script;
 use slate_core::{Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions, Result};
 
 use crate::client::{RedisClient, unexpected_reply};
-use crate::keys::Keys;
-use crate::lock::{Acquire, Release, Turn, acquire_remote, min_validity, release_remote};
-use crate::notify::ReleaseTarget;
-use crate::renewal::{self, Renewable};
-use crate::request;
+use crate::primitives::lock::{
+    Acquire, Release, Turn, acquire_remote, min_validity, release_remote,
+};
 use crate::scripts::FORCE_UNLOCK;
+use crate::scripts::keys::Keys;
+use crate::scripts::request;
+use crate::services::notify::ReleaseTarget;
+use crate::services::renewal::{self, Renewable};
 use slate_aqs::Notifications;
 
 /// The acquire script's answer when the lease is longer than the quarantine the node marker
@@ -588,7 +590,7 @@ impl RedisClient {
                 // the acquire, which then left an entry nobody renewed). Not when the user may
                 // not run it (the undo would be refused too).
                 if request::worth_undoing(&e) {
-                    crate::lock::compensate(
+                    crate::primitives::lock::compensate(
                         self,
                         &keys.keys,
                         false,
@@ -1015,7 +1017,7 @@ impl RedisClient {
     }
 
     /// Reads the state of the lock whose keys are `keys` in one round trip.
-    pub(crate) async fn inspect(&self, keys: &crate::keys::Keys) -> Result<LockStatus> {
+    pub(crate) async fn inspect(&self, keys: &crate::scripts::keys::Keys) -> Result<LockStatus> {
         let (lock_key, fence, alias): (&[u8], &[u8], &[u8]) =
             (&keys.lock, &keys.fence, &keys.holder);
         let reply: Vec<redis::Value> = self

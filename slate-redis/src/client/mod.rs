@@ -14,15 +14,16 @@ use redis::{AsyncConnectionConfig, IntoConnectionInfo, RedisResult};
 use slate_core::{BackendKind, Error, Result};
 use tokio::runtime::Handle;
 
-use crate::conn::{Conn, Topology};
-use crate::error;
-use crate::notify::{Notifier, PubSubSource};
-use crate::renewal::Renewal;
 use crate::scripts;
+use crate::services::notify::{Notifier, PubSubSource};
+use crate::services::renewal::Renewal;
+use conn::{Conn, Topology};
 
 mod exec;
 mod open;
 
+pub(crate) mod conn;
+pub(crate) mod error;
 mod options;
 
 pub use options::{ClientOptions, ClientOptionsBuilder, DEFAULT_COMMAND_TIMEOUT};
@@ -372,7 +373,7 @@ impl RedisClient {
         }
         // A fresh map: this is for people looking at the cluster now.
         self.forget_cluster_slots();
-        let slot = crate::conn::slot_of(key);
+        let slot = crate::client::conn::slot_of(key);
         let map = self.cluster_slots().await?;
         match map.owner(slot) {
             Some((host, port)) => Ok(Some((slot, format!("{host}:{port}")))),

@@ -8,7 +8,7 @@ use slate_core::{Error, Hold, HolderId, Result};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::lock::SingleLock;
+use crate::primitives::lock::SingleLock;
 
 /// One level of a [`SingleLock`] hold. It dereferences to its [`Hold`]: holder, fencing
 /// token, depth, lease and loss signal.

@@ -27,8 +27,8 @@ use redis::{PushInfo, PushKind, RedisResult};
 use slate_aqs::Notifications;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::client::conn::slot_of;
 use crate::client::{RedisClient, lock};
-use crate::conn::slot_of;
 
 impl RedisClient {
     /// Subscribes `target` to the release messages of `channel` on this client's runtime (see
@@ -422,7 +422,7 @@ impl Listener {
     /// Reports a failed SUBSCRIBE: a refusal (ACL) once, at WARN, since waiters then silently
     /// fall back to the spin wait; anything else at debug (the connection is retried).
     fn subscribe_failed(&mut self, e: &redis::RedisError) {
-        if crate::error::kind_of(e) == slate_core::BackendKind::Permission {
+        if crate::client::error::kind_of(e) == slate_core::BackendKind::Permission {
             if !self.refusal_reported {
                 self.refusal_reported = true;
                 tracing::warn!(error = %e,

@@ -14,6 +14,9 @@ use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
 use slate_core::HolderId;
 use slate_core::mutant::{self, Mutant};
 
+pub(crate) mod keys;
+pub(crate) mod request;
+
 /// One script: its text, and redis-rs's `Script` (which knows the SHA1).
 pub(crate) struct SlateScript {
     pub(crate) code: &'static str,
@@ -72,7 +75,7 @@ impl SlateScript {
 
 /// `acquire.lua`: acquire or re-enter.
 pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
-    let code = include_str!("scripts/acquire.lua");
+    let code = include_str!("acquire.lua");
     if mutant::active(Mutant::GrantIgnoresTurn) {
         // A free lock reserved for another process's turn goes to whoever asks.
         return SlateScript::mutated(
@@ -94,7 +97,7 @@ pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
 pub(crate) static RELEASE: LazyLock<SlateScript> = LazyLock::new(|| {
     // A missing field counts as a hold: the release deletes whoever holds the lock.
     SlateScript::mutated(
-        include_str!("scripts/release.lua"),
+        include_str!("release.lua"),
         Mutant::ReleaseSkipsHolderCheck,
         "redis.call('HGET', KEYS[1], ARGV[1]) or '0'",
         "redis.call('HGET', KEYS[1], ARGV[1]) or '1'",
@@ -104,7 +107,7 @@ pub(crate) static RELEASE: LazyLock<SlateScript> = LazyLock::new(|| {
 pub(crate) static RENEW: LazyLock<SlateScript> = LazyLock::new(|| {
     // Extends the key whoever holds it.
     SlateScript::mutated(
-        include_str!("scripts/renew.lua"),
+        include_str!("renew.lua"),
         Mutant::RenewAnyHolder,
         "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then",
         "if redis.call('EXISTS', KEYS[1]) == 1 then",
@@ -112,7 +115,7 @@ pub(crate) static RENEW: LazyLock<SlateScript> = LazyLock::new(|| {
 });
 /// `force_unlock.lua`: delete whoever holds it, and publish.
 pub(crate) static FORCE_UNLOCK: LazyLock<SlateScript> =
-    LazyLock::new(|| SlateScript::new(include_str!("scripts/force_unlock.lua")));
+    LazyLock::new(|| SlateScript::new(include_str!("force_unlock.lua")));
 
 /// The shared-mode scripts (read-write lock, semaphore): each is `shared_prelude.lua`
 /// followed by its body.
@@ -120,8 +123,8 @@ macro_rules! shared_script {
     ($file:literal) => {
         LazyLock::new(|| {
             SlateScript::new(concat!(
-                include_str!("scripts/shared_prelude.lua"),
-                include_str!(concat!("scripts/", $file))
+                include_str!("shared_prelude.lua"),
+                include_str!(concat!("", $file))
             ))
         })
     };

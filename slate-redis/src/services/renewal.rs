@@ -24,8 +24,8 @@ use slate_core::{HolderId, Result};
 use tokio::sync::Notify;
 use tracing::Instrument;
 
+use crate::client::conn::{self, Conn, Topology, slot_of, wait_cmd};
 use crate::client::{Inner, RedisClient, lock};
-use crate::conn::{self, Conn, Topology, slot_of, wait_cmd};
 use crate::scripts;
 
 /// The clock-drift allowance taken off every lease deadline: 1% of the lease plus 2 ms.

@@ -22,14 +22,14 @@ use slate_core::{
 };
 use tracing::Instrument;
 
+use crate::client::conn;
 use crate::client::{RedisClient, lock, unexpected_reply};
-use crate::conn;
-use crate::keys::Keys;
-use crate::lock::min_validity;
-use crate::notify::ReleaseTarget;
-use crate::renewal::{self, Renewable};
-use crate::request;
+use crate::primitives::lock::min_validity;
+use crate::scripts::keys::Keys;
+use crate::scripts::request;
 use crate::scripts::{self, SHARED_ACQUIRE, SHARED_ADMIN, SHARED_LEAVE, SHARED_RELEASE};
+use crate::services::notify::ReleaseTarget;
+use crate::services::renewal::{self, Renewable};
 use slate_core::registry::Registered;
 
 mod release;

@@ -146,7 +146,7 @@ pub(crate) async fn eval_then_wait<T: redis::FromRedisValue>(
 
 /// The cluster hash slot of `key` (CRC16 of its hash tag, as Redis computes it).
 pub(crate) fn slot_of(key: &[u8]) -> u16 {
-    crc16::State::<crc16::XMODEM>::calculate(crate::keys::hash_tag(key)) % 16384
+    crc16::State::<crc16::XMODEM>::calculate(crate::scripts::keys::hash_tag(key)) % 16384
 }
 
 #[cfg(test)]

@@ -12,18 +12,19 @@ use slate_core::{
 };
 use tracing::Instrument;
 
+use crate::client::conn;
 use crate::client::{RedisClient, lock, unexpected_reply};
-use crate::conn;
-use crate::guard::SingleLockGuard;
-use crate::keys::Keys;
 use crate::node::LockStatus;
-use crate::notify::ReleaseTarget;
-use crate::renewal::{self, Renewable};
-use crate::request;
+use crate::primitives::lock::guard::SingleLockGuard;
+use crate::scripts::keys::Keys;
+use crate::scripts::request;
 use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
+use crate::services::notify::ReleaseTarget;
+use crate::services::renewal::{self, Renewable};
 use slate_core::registry::Registered;
 
 mod competitor;
+pub(crate) mod guard;
 
 pub(crate) use competitor::*;
 

@@ -10,8 +10,8 @@ use slate_core::{Error, HolderId, LockName, LockOptions, LockOptionsBuilder, Res
 use tracing::Instrument;
 
 use crate::RedisClient;
-use crate::lock::ClientSource;
-use crate::shared::{Kind, SharedCompetitor, SharedRelease, SharedState, SharedStatus};
+use crate::primitives::lock::ClientSource;
+use crate::primitives::shared::{Kind, SharedCompetitor, SharedRelease, SharedState, SharedStatus};
 
 /// A distributed semaphore: `n` permits shared by every process, each taken for a lease.
 ///
@@ -132,7 +132,7 @@ fn check_permits(what: &'static str, n: u32) -> Result<()> {
     Ok(())
 }
 
-crate::shared::shared_lock_accessors!(
+crate::primitives::shared::shared_lock_accessors!(
     Semaphore,
     "slate_redis::Semaphore::builder(&client, \"downloads\", 4).build()?",
     "downloads",

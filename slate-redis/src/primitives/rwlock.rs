@@ -12,8 +12,8 @@ use slate_core::{HolderId, LockName, LockOptions, LockOptionsBuilder, Result, Wa
 use tracing::Instrument;
 
 use crate::RedisClient;
-use crate::lock::ClientSource;
-use crate::shared::{
+use crate::primitives::lock::ClientSource;
+use crate::primitives::shared::{
     Kind, SharedCompetitor, SharedGrant, SharedRelease, SharedState, SharedStatus,
 };
 
@@ -160,7 +160,7 @@ impl RwLockBuilder {
     }
 }
 
-crate::shared::shared_lock_accessors!(
+crate::primitives::shared::shared_lock_accessors!(
     RwLock,
     "slate_redis::RwLock::builder(&client, \"config\").build()?",
     "config",

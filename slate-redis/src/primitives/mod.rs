@@ -1,0 +1,8 @@
+//! The primitives, each a thin layer over the synchronizer (`slate-aqs`) with a competitor of
+//! its own: the single lock (`lock`, with its guard), and the shared-mode core (`shared`)
+//! under the read-write lock and the semaphore.
+
+pub(crate) mod lock;
+pub(crate) mod rwlock;
+pub(crate) mod semaphore;
+pub(crate) mod shared;
