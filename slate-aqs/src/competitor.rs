@@ -105,7 +105,7 @@ pub trait Competitor: Send + Sync + 'static {
     /// The default calls [`attempt`](Competitor::attempt), which is right only for backends
     /// whose attempt never creates a hold for a holder that already had one.
     ///
-    /// [`Error::LeaseLost`]: slate_aqs::Error::LeaseLost
+    /// [`Error::LeaseLost`]: slate_core::Error::LeaseLost
     ///
     /// # Errors
     ///
@@ -186,7 +186,7 @@ pub trait Competitor: Send + Sync + 'static {
     /// the future (checked under the synchronizer's lock, as it records). A grant processed
     /// after its lease ran out (its answer stuck behind a task starved for longer than a
     /// lease) holds nothing, and recording it would displace whoever the remote granted
-    /// since, a live hold (issue 28, item 14). It goes to [`abandon`](Competitor::abandon)
+    /// since, a live hold. It goes to [`abandon`](Competitor::abandon)
     /// instead, and the caller goes on as after a busy answer. A grant that displaces nobody
     /// (a re-entry, a grant on a free lock) is recorded as it is; its guard reports its own
     /// loss.

@@ -14,7 +14,7 @@
 //! - One task per runtime, not one per synchronizer: a task can only run while its runtime is
 //!   driven, and a runtime can stay alive undriven (a current-thread runtime kept after its
 //!   `block_on` returned). A single task left there would never wake the waiters of another
-//!   runtime (issue 28, item 10). A waiter's own runtime is driven whenever the waiter is
+//!   runtime. A waiter's own runtime is driven whenever the waiter is
 //!   polled, so its task is too.
 //! - Each task, at each poll: takes every deadline at or before now off the heap (whichever
 //!   runtime its waiter is on), marks its waiter expired and wakes it (the waiter times out);
@@ -130,8 +130,7 @@ impl Timers {
     /// Whether a task on the runtime that polls the caller will poll by `deadline` (ticks):
     /// it runs there, and sleeps until no later than that, or re-reads the heap when polled.
     /// Otherwise the caller (a timed waiter) must re-park through `ensure`: it may have been
-    /// parked from another runtime, whose task alone was told its deadline (review of issue
-    /// 28, item 10).
+    /// parked from another runtime, whose task alone was told its deadline.
     pub(crate) fn serves_here(&self, deadline: u64) -> bool {
         tokio::runtime::Handle::try_current().is_ok_and(|h| {
             self.tasks

@@ -82,10 +82,10 @@ pub(crate) struct Inner {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Leftover {
     /// Nothing: no level was taken, or a call that failed was undone by the node client (by
-    /// its request id, queued behind it on its connection: issue 28, item 7).
+    /// its request id, queued behind it on its connection).
     Nothing,
     /// The level taken by this acquire request: given back by its request id, which never
-    /// touches a level a later attempt of the same holder took (issue 28, item 1).
+    /// touches a level a later attempt of the same holder took.
     Level(u64),
     /// A call dropped before the node client could answer or undo it: one level, maybe (a
     /// plain release).
@@ -640,8 +640,8 @@ impl Inner {
     /// does not answer, every node operation time, until it answers or `until` passes.
     ///
     /// An undo names its acquire's request id, so a retry never touches a level a later
-    /// attempt of the same holder took (a waiting call keeps its holder id across attempts:
-    /// issue 28, item 1, where a retried plain release deleted the next attempt's entry).
+    /// attempt of the same holder took (a waiting call keeps its holder id across attempts,
+    /// and a retried plain release would delete the next attempt's entry).
     fn give_back_in_background(
         self: &Arc<Self>,
         holder: HolderId,
@@ -669,7 +669,7 @@ impl Inner {
     /// only if its entry still exists there (a re-entry never creates an entry).
     ///
     /// Whatever goes wrong, the levels it took are given back before it answers, so that
-    /// every node keeps the count the hold had (issue 19, defect 6: a hold that ended while
+    /// every node keeps the count the hold had (a hold that ended while
     /// the re-entry was in flight kept the new levels, which blocked contenders for a lease).
     async fn reenter(
         self: &Arc<Self>,
@@ -869,7 +869,7 @@ impl Inner {
     /// The combined lease of `holder`'s hold over `nodes` ([`aggregate`], which returns only
     /// once the hold is lost); then the renewals of the nodes that survived stop, so that
     /// their entries expire with their lease instead of being renewed, and keeping other
-    /// processes out, until the guard is dropped (issue 28, item 8). Aborted at release.
+    /// processes out, until the guard is dropped. Aborted at release.
     fn aggregate_then_stop(
         &self,
         watches: Vec<(usize, LeaseWatch)>,
@@ -1042,7 +1042,7 @@ mod tests {
 
     use crate::{CombinationLock, NodeSet, NodeSetOptions};
 
-    /// Issue 19, defect 6: `reenter` took a level on every node, then found the hold gone
+    /// `reenter` took a level on every node, then found the hold gone
     /// (its last local level was released while the re-entry was in flight) and returned
     /// `NotHeld` without giving the levels back: they blocked contenders for a whole lease.
     /// The window is forced here by ending the hold, as the outer release's local step does,

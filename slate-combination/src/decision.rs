@@ -2,7 +2,7 @@
 //! the attempt is won, lost, or must give up. No I/O and no clock: the caller sends the
 //! commands, measures time, and feeds the answers back.
 //!
-//! ## The table (SEMANTICS.md, "Combination lock")
+//! ## The table
 //!
 //! One attempt walks the nodes usable for it (fixed when the attempt starts) from left to
 //! right. At each answer, the first matching row decides:
@@ -505,7 +505,7 @@ mod tests {
     const B: Duration = Duration::from_millis(250);
     const MS: Duration = Duration::from_millis(1);
 
-    /// cargo-mutants (issue 33) found these outside the unit and property tests (doc tests
+    /// cargo-mutants found these outside the unit and property tests (doc tests
     /// covered some; `quorum(n, Some(majority))` nothing at all).
     #[test]
     fn quorum_bounds_and_the_accessors() {

@@ -38,8 +38,7 @@ pub fn combined_deadline(deadlines: &[Instant], required: usize) -> Option<Insta
 
 /// Keeps `keeper` (the combination's lease) in step with the node leases (each with its node's
 /// index) until it is lost or the task is aborted (at release). `entry_gone` is told once of
-/// each node whose renewal found the entry gone: the node may have lost its data (issue 28,
-/// item 2).
+/// each node whose renewal found the entry gone: the node may have lost its data.
 pub(crate) async fn aggregate(
     watches: Vec<(usize, LeaseWatch)>,
     required: usize,

@@ -20,7 +20,7 @@
 //! (at least `q` nodes) shares a node with every set of `N − q + 1` nodes, and that node's
 //! counter is already at our token when the later holder increments it. Re-entries keep the
 //! token. (Counted from the handle's own quorum, a process with a larger one fenced on fewer
-//! nodes, which a later default quorum could miss: issue 28, item 3.)
+//! nodes, which a later default quorum could miss.)
 //!
 //! *When it does not hold*: a node that loses its data (restart without persistence) restarts
 //! its counter; the token still grows as long as another node of each later quorum kept the

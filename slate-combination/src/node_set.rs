@@ -15,7 +15,7 @@
 //! was stamped by another server (a restart from disk, a promoted replica) is quarantined for
 //! a full period, on the server (a `pending` marker on the server's clock, which every process
 //! sees and a data loss erases), so that no entry it lost is still believed held anywhere when
-//! it is used again (issue 28, item 2). A brand-new server is declared fresh once with
+//! it is used again. A brand-new server is declared fresh once with
 //! [`NodeSet::adopt_fresh_servers`]. A run id that changed on a server up
 //! for longer than that is another server behind the same node (a Sentinel group that failed
 //! over to a replica, which may lack grants its old master never replicated): it is
@@ -344,7 +344,7 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// as long again as it has been down (1, 2, 4, 8 s...), up to `ceiling` (the re-probe
 /// interval). A passing fault (one timeout) puts this process's view, and with it its lead
 /// node, back in line with the other processes' within seconds; a node that stays down costs
-/// a probe per interval (issue 28, item 5: one timeout benched a node for 15 minutes in one
+/// a probe per interval (one timeout benched a node for 15 minutes in one
 /// process, whose lead then differed from everyone else's).
 fn reprobe_after(down: Duration, ceiling: Duration) -> Duration {
     down.max(FIRST_RETRY).min(ceiling)
@@ -423,7 +423,7 @@ pub(crate) struct SetInner {
     pub(crate) nodes: Vec<Node>,
     pub(crate) options: NodeSetOptions,
     /// The largest quarantine bound read from any node's marker (the bound of every lease on
-    /// these servers, issue 28, item 3): a node that lost its data is quarantined at least
+    /// these servers): a node that lost its data is quarantined at least
     /// this long, whatever this process's own setting.
     bound: Mutex<Option<Duration>>,
     /// Every combination lock on these nodes by key prefix and name: one state (one local
@@ -1020,7 +1020,7 @@ impl NodeSet {
 
 impl Node {
     /// The client's failover count when the node was last verified: a reply counts only if
-    /// the count is still that after it (issue 28, item 6: a failover between the check and
+    /// the count is still that after it (a failover between the check and
     /// the call let a promoted replica's answer count).
     pub(crate) fn verified_failovers(&self) -> u64 {
         self.health().failovers
@@ -1053,7 +1053,7 @@ impl Node {
 mod tests {
     use super::*;
 
-    /// Issue 19, defect 2: `node_operation_time(Duration::MAX)` panicked when the acquire
+    /// `node_operation_time(Duration::MAX)` panicked when the acquire
     /// budget was computed from it; every duration of the node set is bounded.
     #[test]
     fn large_durations_are_refused() {

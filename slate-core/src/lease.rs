@@ -440,7 +440,7 @@ mod tests {
         assert_eq!(watch.lost().await, LossReason::EntryGone);
     }
 
-    /// Issue 35, defect 18: a renewal answered after the deadline brought a lost lease back
+    /// a renewal answered after the deadline brought a lost lease back
     /// (`is_lost` true, then false again). Loss is final.
     #[tokio::test(start_paused = true)]
     async fn d18_a_passed_deadline_does_not_come_back() {

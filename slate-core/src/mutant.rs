@@ -48,11 +48,11 @@ pub enum Mutant {
     PassOutlivesLease,
     /// The ZooKeeper lock watches its own znode instead of its predecessor.
     ZkWrongPredecessor,
-    /// A waiter that becomes the head keeps the retry state of its own busy entry attempt
-    /// (issue 28, item 13): it parks a full spin wait instead of attempting.
+    /// A waiter that becomes the head keeps the retry state of its own busy entry attempt:
+    /// it parks a full spin wait instead of attempting.
     NewHeadKeepsRetry,
-    /// A grant processed after its lease ran out displaces a live local hold (issue 28, item
-    /// 14: "the last grant processed wins").
+    /// A grant processed after its lease ran out displaces a live local hold ("the last
+    /// grant processed wins").
     LateGrantDisplaces,
 }
 

@@ -45,7 +45,7 @@ pub fn check_max_duration(what: &'static str, d: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Options common to both locks (see `SEMANTICS.md`, "Common to both locks").
+/// Options common to every Redis lock (the ZooKeeper lock takes its lease from its session).
 ///
 /// | option | default | rule |
 /// | --- | --- | --- |

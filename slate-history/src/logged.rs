@@ -1,7 +1,7 @@
 //! Lock calls recorded as history events, the same way by every worker process (`slate
 //! demo`'s and the scenario suite's): `acq_invoke` and `rel_invoke` stamped before the call,
 //! the outcome after the reply, the holder as the lock stores it, deadlines on the shared
-//! clock ([`to_mono_ns`](crate::clock::to_mono_ns)).
+//! clock ([`crate::clock::to_mono_ns`]).
 //!
 //! # Examples
 //!

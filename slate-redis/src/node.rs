@@ -277,7 +277,7 @@ pub struct Marked {
 }
 
 /// What a node marker records: the [stamp](ServerInfo::marker_stamp) of the server that
-/// wrote it (`1` from a Slate version before stamps) and, since issue 28, the node set's
+/// wrote it (`1` from a Slate version before stamps) and the node set's
 /// quarantine, which bounds every lease on the node, and a quarantine under way. Stored as
 /// `<stamp> q=<ms>`, or `pending <stamp> <until ms> q=<ms>`.
 ///
@@ -671,7 +671,7 @@ impl RedisClient {
     /// took, or, if that acquire has not run, marks it cancelled so that it does nothing when
     /// it does. Unlike [`node_release`](Self::node_release), it never touches a level a later
     /// request of the same holder took, so it may be sent again and again: a multi-node lock
-    /// gives back the nodes of an attempt that did not win with it (issue 28, item 1: a
+    /// gives back the nodes of an attempt that did not win with it (a
     /// retried plain release deleted the entry the holder's next attempt had taken).
     /// Returns the levels left, or `None` when the holder has no entry (or the acquire was
     /// cancelled before it ran).
@@ -764,11 +764,11 @@ impl RedisClient {
     ///
     /// The marker records a quarantine bound, which bounds every new lease on this node: an
     /// acquire whose lease is longer is refused ([`node_acquire`](Self::node_acquire)), so
-    /// that no lease lost with the node's data outlives the quarantine any process then keeps
-    /// (issue 28, item 3). A quarantine runs on the server (`pending`, on its clock): the
+    /// that no lease lost with the node's data outlives the quarantine any process then keeps.
+    /// A quarantine runs on the server (`pending`, on its clock): the
     /// acquire script answers [`NodeAcquire::DataLost`] while it runs, for every process, and
     /// a data loss during it erases it, so a second loss is never taken for the first one's
-    /// quarantine served (issue 28, item 2).
+    /// quarantine served.
     ///
     /// # Errors
     ///

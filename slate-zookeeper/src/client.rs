@@ -42,7 +42,7 @@ pub(crate) fn heartbeat_period(timeout: Duration) -> Duration {
 /// the sessions it saw since the last one. An answered request proves no renewal: a follower
 /// cut off from its leader right after answering never passes it on, and keeps answering its
 /// client's reads until it gives up (`syncLimit` ticks), while the leader expires the session
-/// one timeout after the last renewal it did get (issue 35, defect 5: the Z10 scenario had a
+/// one timeout after the last renewal it did get (the Z10 scenario had a
 /// second holder 100 ms before the first one's deadline when the deadline counted from the
 /// last answered `sync`).
 ///
@@ -131,7 +131,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A connection to a ZooKeeper ensemble: one session, shared by every [`ZkLock`] built on it.
+/// A connection to a ZooKeeper ensemble: one session, shared by every [`ZkLock`](crate::ZkLock) built on it.
 ///
 /// The session is each hold's lease. ZooKeeper deletes a session's ephemeral znodes (its
 /// holds and its places in the lock queues) when the session expires: when no server of the
@@ -700,8 +700,8 @@ impl ZkClient {
 }
 
 /// Watches a held znode, so that its deletion (a `force_unlock`, or its session ended) is a
-/// loss at once rather than at the next heartbeat, up to an eighth of the session timeout later
-/// (issue 35, defect 7). A release stops keeping the lease before it deletes the znode, so
+/// loss at once rather than at the next heartbeat, up to an eighth of the session timeout later.
+/// A release stops keeping the lease before it deletes the znode, so
 /// its own delete finds the lease gone and signals nothing. The pending watch keeps no
 /// strong reference to the client: it must not keep the session alive.
 async fn watch_hold(inner: Weak<Inner>, path: String, sid: i64, keeper: Arc<LeaseKeeper>) {
@@ -888,7 +888,7 @@ mod tests {
         c.answered(t0 + at, t0 + at + MS, TIMEOUT / 3)
     }
 
-    /// Issue 35, defect 5: an answered `sync` proves no renewal by itself. A round's renewal
+    /// an answered `sync` proves no renewal by itself. A round's renewal
     /// counts once a round sent a third of the session after its answer has been answered,
     /// and then one more: with rounds every eighth of the session, four rounds back.
     #[test]

@@ -123,7 +123,7 @@ impl<C: Competitor> Synchronizer<C> {
     }
 
     /// A grant processed after its lease ran out holds nothing: it is given back unrecorded
-    /// (recording it would displace whoever the remote granted since; issue 28, item 14).
+    /// (recording it would displace whoever the remote granted since).
     pub(super) fn outlived(
         &self,
         holder: HolderId,
@@ -217,7 +217,7 @@ impl<C: Competitor> Synchronizer<C> {
     /// Records that `holder`, the head, took the hold of `passed` it was passed, and runs the
     /// hooks. `None` when the pass was taken back between the head's decision and now (the
     /// competitor's `take_pass` runs outside the lock): an attempt in flight from before was
-    /// granted and displaced the passing owner (issue 28, item 11: this was a panic). The
+    /// granted and displaced the passing owner (this was a panic). The
     /// pass's grant then goes back to the competitor (`abandon`), and the head, still queued,
     /// waits on.
     pub(super) fn take_pass(

@@ -91,7 +91,7 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// | deadline heap | holds exactly the queued async waiters with a deadline that has not fired; a waiter parks only after making sure the timer task runs and is armed at or before the earliest deadline; a fired deadline is marked on the waiter, whose next decision is a timeout (unless it was passed the hold) |
 ///
 /// The O(1) invariants are `debug_assert!`ed at every transition; with the `test-util`
-/// feature, [`check_invariants`](Synchronizer::check_invariants) walks the whole queue.
+/// feature, `check_invariants` walks the whole queue.
 ///
 /// ## Cancel paths
 ///

@@ -14,7 +14,7 @@ pub const OP_INCR: &str = "incr";
 /// `ResOp::outcome` of an acknowledged operation.
 pub const OUTCOME_OK: &str = "ok";
 
-/// `ResOp::op` of one write to the fenced resource F (reliability.md §6.1); its outcome is a
+/// `ResOp::op` of one write to the fenced resource F (`docs/RELIABILITY.md`, invariant I2); its outcome is a
 /// [`FencedOutcome`] in text form. Checked by I2 ([`crate::history::CheckId::FencedOrder`]).
 pub const OP_FENCED_WRITE: &str = "f_write";
 

@@ -1,5 +1,5 @@
 //! Event histories of lock scenarios, and the checker that decides whether a run kept its
-//! promises (reliability.md §7).
+//! promises (the invariants of `docs/RELIABILITY.md`).
 //!
 //! # Recording
 //!

@@ -94,7 +94,7 @@ pub(crate) fn wait_cmd(replicas: usize, within: std::time::Duration) -> redis::C
 /// server that ran the script even while its slot migrates: redis-rs sends the whole pipeline
 /// again after an `ASK` (or `MOVED`), so both run on the importing node. A lone `WAIT` routed
 /// by the key's slot went to the migrating node, which had nothing of this write to wait for
-/// and counted every replica (issue 35, defect 4). The pipeline waits whatever the reply
+/// and counted every replica. The pipeline waits whatever the reply
 /// (a busy answer too). On one server the `WAIT` follows the script on the same connection
 /// only when the reply `counts` (a grant, a renewal), so busy answers never block the shared
 /// connection behind a `WAIT` (review finding).

@@ -128,10 +128,9 @@ impl RedisClient {
     /// Reads `INFO` on a new connection. Its run id: a server other than the one the last
     /// connection reached (a restart behind the same address, whatever came back from disk)
     /// counts as a failover ([`failovers`](Self::failovers)), so that a multi-node lock
-    /// verifies the node before its answers count again (issue 28, item 2, found by the
-    /// review). Its `maxmemory-policy`: a policy that can evict lock keys is refused with
+    /// verifies the node before its answers count again. Its `maxmemory-policy`: a policy that can evict lock keys is refused with
     /// [`ClientOptionsBuilder::refuse_evicting_server`], and otherwise warned about once per
-    /// client (issue 35, defect 14).
+    /// client.
     pub(super) async fn check_server(&self, conn: &mut Conn) -> Result<()> {
         let address = &self.inner.address;
         let strict = self.inner.options.refuse_evicting_server;

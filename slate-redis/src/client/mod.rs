@@ -237,7 +237,7 @@ impl RedisClient {
 
     /// The server's `maxmemory-policy` (read with `INFO memory`; on a cluster, an evicting
     /// node's policy if any node evicts). Anything but `noeviction` can evict lock keys, which
-    /// all carry a TTL, and so give a held lock to another holder (issue 35, defect 14).
+    /// all carry a TTL, and so give a held lock to another holder.
     ///
     /// # Examples
     ///

@@ -234,7 +234,7 @@ impl ClientOptionsBuilder {
     /// `noeviction`: every lock key has a TTL, so `volatile-*` policies evict them first, and
     /// `allkeys-*` ones may): each connection then fails with a [`BackendKind::Other`] error
     /// naming the policy and the fix. Off by default: such a server is used, and the client
-    /// logs one warning with the fix (issue 35, defect 14). A server that does not let the
+    /// logs one warning with the fix. A server that does not let the
     /// client read its configuration (`CONFIG GET` denied by an ACL) is used either way; with
     /// this option on, a warning says the policy could not be checked.
     ///

@@ -16,7 +16,7 @@ fn options_reject_zero() {
     assert!(ClientOptions::builder().pool_size(0).build().is_err());
 }
 
-/// Issue 19, defect 2: `command_timeout(Duration::MAX)` panicked on the clock in every
+/// `command_timeout(Duration::MAX)` panicked on the clock in every
 /// call; it is refused when the client is opened.
 #[test]
 fn large_durations_are_refused() {

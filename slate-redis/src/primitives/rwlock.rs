@@ -42,7 +42,7 @@ use crate::primitives::shared::{
 ///   (`<prefix>{<name>}:rw:fence`), so a writer's token is above every earlier reader's and
 ///   writer's; re-entries and covered reads keep the holder's token.
 /// - **Leases** are renewed by the client's renewal service and end with a loss signal, as
-///   the single lock's do (see [`RwLockReadGuard::lost`]); a crashed holder's hold ends with
+///   the single lock's do (see [`Hold::lost`](crate::Hold::lost)); a crashed holder's hold ends with
 ///   its lease.
 /// - **Release messages** wake exactly the waiting processes that now fit (the readers at the
 ///   head, or the writer at the head), on `<prefix>{<name>}:rw:released`.

@@ -21,7 +21,7 @@ use slate_core::LockName;
 /// and the first `}` after it, when there are any. They only ever travel as KEYS, ARGV or the
 /// channel name, never inside script text.
 ///
-/// **One exception keeps that tag non-empty** (issue 19, defect 7): a name that begins with
+/// **One exception keeps that tag non-empty**: a name that begins with
 /// `}`, after any number of `{`, would give an empty tag (`p:{}x}`), and Redis then hashes
 /// each key whole, scattering the lock over several slots. Such a name gets one more `{` in
 /// front (`p:{{}x}`, tag `{`). The map stays one-to-one: a name gains the `{` exactly when it
@@ -109,7 +109,7 @@ mod tests {
         ]
     }
 
-    /// Issue 19, defect 7: `}x` gave `p:{}x}`, an empty tag, so each key hashed whole.
+    /// `}x` gave `p:{}x}`, an empty tag, so each key hashed whole.
     #[test]
     fn names_beginning_with_a_closing_brace_get_one_tag() {
         for name in ["}", "}x", "}}", "{}", "{{}x}", "}{", "{}{}"] {

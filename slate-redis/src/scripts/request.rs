@@ -27,9 +27,8 @@ static LAST: AtomicU64 = AtomicU64::new(0);
 /// in µs (records are per holder, and holder ids are unique across processes, so the pair is
 /// unique everywhere).
 ///
-/// The order matters: a request older than its holder's record does nothing (issue 35,
-/// defect 12: an acquire that stalled on its way must not run after a later one of the same
-/// holder). The clock floor makes ids of different processes comparable too (a holder named
+/// The order matters: a request older than its holder's record does nothing (an acquire
+/// that stalled on its way must not run after a later one of the same holder). The clock floor makes ids of different processes comparable too (a holder named
 /// in two processes, one of them just started), up to their clocks' difference; ~1.8e15 now,
 /// far from 2^53, so the scripts' comparisons stay exact.
 pub(crate) fn next_id() -> u64 {
@@ -46,7 +45,7 @@ pub(crate) fn next_id() -> u64 {
 
 /// The acquire scripts' answer to a request older than its holder's request record
 /// (`acquire.lua`, `shared_acquire.lua`): it was overtaken by a later request of the same
-/// holder (another task's, sent after it but run before) and did nothing (issue 35, defect 12).
+/// holder (another task's, sent after it but run before) and did nothing.
 pub(crate) const OVERTAKEN: i64 = -7;
 
 /// How many times an overtaken request is sent again under a fresh id before its answer

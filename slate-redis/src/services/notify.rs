@@ -90,7 +90,7 @@ fn by_slot(channels: &[Arc<[u8]>]) -> Vec<Vec<&[u8]>> {
 
 impl Sink {
     /// Whether a failed (un)subscription means the connection itself is gone. A server's
-    /// refusal (a channel the ACL user may not use, issue 35 defect 17) concerns only the
+    /// refusal (a channel the ACL user may not use) concerns only the
     /// channels asked for; on a cluster, a node that cannot be reached concerns only the
     /// channels of its slots (the cluster connection reconnects its nodes by itself, and the
     /// keepalive catches a connection that is gone as a whole).

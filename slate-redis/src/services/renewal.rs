@@ -306,7 +306,7 @@ impl Renewal {
     /// Ends what [`begin_release`](Self::begin_release) started. `freed`: the server answered
     /// that the holder has no level left; the registration then goes in this same step, so
     /// that no renewal can take the release's delete for a loss between the answer and the
-    /// deregistration (issue 35, defect 18). A registration of a later generation (the holder
+    /// deregistration. A registration of a later generation (the holder
     /// registered again meanwhile) is not touched.
     pub(crate) fn end_release(
         &self,
@@ -333,12 +333,12 @@ impl Renewal {
 /// A hold worth passing: renewed, not lost, with at least `min_validity` left.
 /// Whether a hold may be passed to a local holder now: it is being renewed and not lost; it
 /// has `min_validity` left before its deadline and before its max hold, which bounds the
-/// Redis hold however many local holders it serves (issue 35, defect 10); and the server
+/// Redis hold however many local holders it serves; and the server
 /// confirmed it within one renewal period (its deadline is counted from the send of the
 /// grant or of the last successful renewal, so that send is `deadline − lease`). A hold
 /// taken away behind the process's back (`force_unlock`, an eviction, a failover that lost
 /// it) is therefore passed on for at most one renewal period, and not at all while its
-/// renewals fail (issue 35, defect 13).
+/// renewals fail.
 fn passable(reg: &Registration, now: Instant, min_validity: Duration) -> bool {
     let deadline = reg.keeper.deadline();
     matches!(reg.phase, Phase::Renewing)
@@ -880,7 +880,7 @@ mod tests {
         }
     }
 
-    /// Issue 19, defect 5: a renewal that answered 0 while a release of the same holder was
+    /// a renewal that answered 0 while a release of the same holder was
     /// in flight left `next_due` in the past, so the service sent renewals back to back until
     /// the release answered. It now waits the retry delay.
     #[test]
@@ -917,7 +917,7 @@ mod tests {
         assert_eq!(batch.len(), 1);
     }
 
-    /// Issue 35, defect 18: the release's answer ended the "release in flight" mark before
+    /// the release's answer ended the "release in flight" mark before
     /// the hold was deregistered, so a renewal answering 0 in between (the release had
     /// deleted the entry) reported a hold that was just released lost (`EntryGone`, a WARN).
     /// A release that frees the hold now deregisters it in the same step.

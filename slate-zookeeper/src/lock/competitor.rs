@@ -190,7 +190,7 @@ impl Ctx {
     /// Finds the contender a lost create made (by its attempt id). The pending create is
     /// forgotten only once it is found or known to be absent: an error on the way leaves it
     /// for the next attempt, which looks again, so a contender of our session is never left
-    /// in the queue unrecorded (issue 35, defect 6). The listing follows a `sync` of the
+    /// in the queue unrecorded. The listing follows a `sync` of the
     /// lock directory: the server we ask has then applied everything the leader ordered
     /// before, a create that was still in flight when the connection broke included.
     async fn find_pending(&self, s: &Session, places: &mut Places) -> Result<()> {

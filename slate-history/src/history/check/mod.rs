@@ -1,4 +1,4 @@
-//! The history checker (reliability.md §7.4–7.5).
+//! The history checker (the invariants of `docs/RELIABILITY.md`).
 //!
 //! One pass over the merged events drives a per-(lock, holder) state machine and builds the
 //! validity windows; a sweep per lock then looks for overlaps; resource operations are matched

@@ -202,7 +202,7 @@ pub(crate) struct SharedCompetitor {
 /// last one to leave releases the hold in Redis. Exclusion is unchanged: Redis sees one
 /// reader for the process, and no writer, local or remote, is granted while it exists.
 ///
-/// Invariant (under the `reads` lock, issue 35 defect 1): a reader's levels through shared
+/// Invariant (under the `reads` lock): a reader's levels through shared
 /// holds are counted here, the sum of `of[reader]`'s levels = its shared depth in the
 /// synchronizer, and a hold's `levels` = the sum over its readers. Joining, re-entering and
 /// leaving each change both in one critical section, so two releases of one reader (a guard
@@ -1022,7 +1022,7 @@ impl Competitor for SharedCompetitor {
     /// Unsubscribes, and takes this process out of the waiting processes if a busy answer
     /// put it there (its waiters gave up: nobody should wait for it to claim its place).
     /// Nothing while a local task waits: the hook may run for an attempt that ended in the
-    /// background after new waiters queued (the `Competitor` contract; issue 35, defect 11).
+    /// background after new waiters queued (the `Competitor` contract).
     fn queue_drained(&self) {
         if self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0) {
             return;
