@@ -211,7 +211,7 @@ async fn inspect_client(client: &RedisClient, keys: &NodeKeys) -> Answer {
         .and_then(Result::ok)
         .flatten()
         .filter(|p| !p.eq_ignore_ascii_case("noeviction"));
-    let result = match tokio::time::timeout(INSPECT_BUDGET, client.node_inspect(keys)).await {
+    let result = match tokio::time::timeout(INSPECT_BUDGET, client.node().inspect(keys)).await {
         Ok(r) => r,
         Err(_) => Err(Error::backend(
             slate_core::BackendKind::Timeout,

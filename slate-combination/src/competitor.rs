@@ -171,17 +171,19 @@ impl Inner {
         let failovers = verified.unwrap_or_else(|| client.failovers());
         let call = async {
             if reentry {
-                client.node_reenter(&self.keys, holder, lease).await
+                client.node().reenter(&self.keys, holder, lease).await
             } else if lead {
                 client
-                    .node_acquire_lead(&self.keys, holder, lease, block, &self.turn)
+                    .node()
+                    .acquire_lead(&self.keys, holder, lease, block, &self.turn)
                     .await
             } else if block > 1 {
                 client
-                    .node_acquire_block(&self.keys, holder, lease, block)
+                    .node()
+                    .acquire_block(&self.keys, holder, lease, block)
                     .await
             } else {
-                client.node_acquire(&self.keys, holder, lease).await
+                client.node().acquire(&self.keys, holder, lease).await
             }
         };
         // The client's own command timeout (the node operation time) ends the call first, and
@@ -284,17 +286,11 @@ impl Inner {
             match lead {
                 Some((local_waiters, holds)) => {
                     node.client
-                        .node_release_lead(
-                            &self.keys,
-                            holder,
-                            lease,
-                            &self.turn,
-                            local_waiters,
-                            holds,
-                        )
+                        .node()
+                        .release_lead(&self.keys, holder, lease, &self.turn, local_waiters, holds)
                         .await
                 }
-                None => node.client.node_release(&self.keys, holder, lease).await,
+                None => node.client.node().release(&self.keys, holder, lease).await,
             }
         };
         let r = tokio::time::timeout(self.op_time(), call)
@@ -499,7 +495,7 @@ impl Inner {
             .collect();
         let raised = join_all(lagging.iter().map(|&i| async move {
             let client = &self.nodes.node(i).client;
-            match tokio::time::timeout(self.op_time(), client.node_raise_fence(&self.keys, top))
+            match tokio::time::timeout(self.op_time(), client.node().raise_fence(&self.keys, top))
                 .await
             {
                 Ok(Ok(v)) => Ok(v >= top.get()),
@@ -611,9 +607,9 @@ impl Inner {
             let call = async {
                 match leftover {
                     Leftover::Level(request) => {
-                        client.node_undo(&self.keys, holder, lease, request).await
+                        client.node().undo(&self.keys, holder, lease, request).await
                     }
-                    Leftover::Unknown => client.node_release(&self.keys, holder, lease).await,
+                    Leftover::Unknown => client.node().release(&self.keys, holder, lease).await,
                     Leftover::Nothing => Ok(None),
                 }
             };
@@ -794,7 +790,9 @@ impl Inner {
                 let client = &self.nodes.node(i).client;
                 (
                     i,
-                    client.node_renew(&self.keys, holder, hold(d), &self.label),
+                    client
+                        .node()
+                        .renew(&self.keys, holder, hold(d), &self.label),
                 )
             })
             .collect();
@@ -833,14 +831,14 @@ impl Inner {
         if !hold
             .nodes
             .iter()
-            .all(|&i| client(i).node_can_pass_renewal(&self.keys, remote, lease))
+            .all(|&i| client(i).node().can_pass_renewal(&self.keys, remote, lease))
         {
             return None;
         }
         let watches: Vec<(usize, LeaseWatch)> = hold
             .nodes
             .iter()
-            .filter_map(|&i| Some((i, client(i).node_pass_renewal(&self.keys, remote, lease)?)))
+            .filter_map(|&i| Some((i, client(i).node().pass_renewal(&self.keys, remote, lease)?)))
             .collect();
         let node_deadlines: Vec<Instant> = watches.iter().map(|(_, w)| w.deadline()).collect();
         let deadline = combined_deadline(&node_deadlines, self.required)?;
@@ -884,7 +882,7 @@ impl Inner {
             // from an older snapshot keeps the marker), so it is verified before its next use.
             aggregate(watches, required, keeper, |i| set.mark_data_lost(i)).await;
             for i in nodes {
-                set.node(i).client.node_stop_renewal(&keys, holder);
+                set.node(i).client.node().stop_renewal(&keys, holder);
             }
         }
     }
@@ -897,7 +895,8 @@ impl Inner {
                 self.nodes
                     .node(i)
                     .client
-                    .node_stop_renewal(&self.keys, holder);
+                    .node()
+                    .stop_renewal(&self.keys, holder);
             }
         }
     }
@@ -997,7 +996,8 @@ impl Competitor for CombinationCompetitor {
                 .nodes
                 .node(i)
                 .client
-                .node_subscribe(&inner.keys, &target, sent)
+                .node()
+                .subscribe(&inner.keys, &target, sent)
                 .await
         }
     }
@@ -1019,7 +1019,8 @@ impl Competitor for CombinationCompetitor {
                 .nodes
                 .node(i)
                 .client
-                .node_unsubscribe(&self.inner.keys);
+                .node()
+                .unsubscribe(&self.inner.keys);
         }
     }
 

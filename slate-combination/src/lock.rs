@@ -458,7 +458,7 @@ impl CombinationLock {
         let op = inner.nodes.options().node_operation_time();
         join_all((0..inner.nodes.len()).map(|i| async move {
             let client = &inner.nodes.node(i).client;
-            tokio::time::timeout(op, client.node_inspect(&inner.keys))
+            tokio::time::timeout(op, client.node().inspect(&inner.keys))
                 .await
                 .unwrap_or_else(|_| {
                     Err(Error::backend(
@@ -989,7 +989,7 @@ impl CombinationLock {
         let inner = self.inner();
         let results = join_all(
             (0..inner.nodes.len())
-                .map(|i| inner.nodes.node(i).client.node_force_unlock(&inner.keys)),
+                .map(|i| inner.nodes.node(i).client.node().force_unlock(&inner.keys)),
         )
         .await;
         let mut any = false;

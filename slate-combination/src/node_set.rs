@@ -638,7 +638,7 @@ impl NodeSet {
     /// The tokio runtime of the first node client's services (a set built outside any runtime
     /// uses it for its locks' background work).
     pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
-        self.node(0).client.node_runtime()
+        self.node(0).client.node().runtime()
     }
 
     /// What this process knows of every node, as reported in errors.
@@ -686,7 +686,7 @@ impl NodeSet {
         let op = self.inner.options.node_op_time;
         let ids: Vec<Option<String>> =
             futures::future::join_all(self.inner.nodes.iter().map(|n| async move {
-                match tokio::time::timeout(op, n.client.server_info()).await {
+                match tokio::time::timeout(op, n.client.node().server_info()).await {
                     Ok(Ok(info)) => Some(info.run_id),
                     _ => None,
                 }
@@ -751,9 +751,10 @@ impl NodeSet {
             let keys = &keys;
             async move {
                 let mark = async {
-                    let info = n.client.server_info().await?;
+                    let info = n.client.node().server_info().await?;
                     n.client
-                        .node_mark(keys, &info, Mark::Adopt(quarantine))
+                        .node()
+                        .mark(keys, &info, Mark::Adopt(quarantine))
                         .await
                 };
                 let r = match tokio::time::timeout(op, mark).await {
@@ -824,11 +825,11 @@ impl NodeSet {
     async fn verify(&self, node: &Node, keys: &NodeKeys) {
         let opts = &self.inner.options;
         let failovers = node.client.failovers();
-        let info = match node.client.server_info().await {
+        let info = match node.client.node().server_info().await {
             Ok(i) => i,
             Err(e) => return self.mark_failed(node.index, &e),
         };
-        let (marker, recorded) = match node.client.node_marker(keys).await {
+        let (marker, recorded) = match node.client.node().marker(keys).await {
             Ok(m) => (
                 Marker::read(m.as_ref(), &info),
                 m.and_then(|m| m.quarantine),
@@ -881,7 +882,7 @@ impl NodeSet {
         };
         if let Some(wait) = wait.filter(|_| opts.quarantine_enabled) {
             let pend = Mark::Pend { bound, wait };
-            let marked = match node.client.node_mark(keys, &info, pend).await {
+            let marked = match node.client.node().mark(keys, &info, pend).await {
                 Ok(m) => m,
                 Err(e) => return self.mark_failed(node.index, &e),
             };
@@ -916,7 +917,7 @@ impl NodeSet {
             } else {
                 Mark::Adopt(bound)
             };
-            match node.client.node_mark(keys, &info, mark).await {
+            match node.client.node().mark(keys, &info, mark).await {
                 Ok(m) if m.written => {
                     if let Some(q) = m.bound {
                         self.learn_bound(q);
@@ -963,7 +964,7 @@ impl NodeSet {
             .nodes
             .iter()
             .filter(|n| n.index != except)
-            .map(|n| tokio::time::timeout(op, n.client.node_marker(keys)));
+            .map(|n| tokio::time::timeout(op, n.client.node().marker(keys)));
         for read in futures::future::join_all(reads).await {
             if let Ok(Ok(Some(NodeMarker {
                 quarantine: Some(q),

@@ -309,9 +309,10 @@ async fn i1_a_late_give_back_never_takes_a_later_attempts_level() {
     let s = servers(1);
     let client = slate_redis::RedisClient::open(s[0].url()).unwrap();
     let keys = NodeKeys::new("slate:", &slate_core::LockName::new("i1").unwrap());
-    let info = client.server_info().await.unwrap();
+    let info = client.node().server_info().await.unwrap();
     client
-        .node_mark(&keys, &info, slate_redis::node::Mark::Adopt(None))
+        .node()
+        .mark(&keys, &info, slate_redis::node::Mark::Adopt(None))
         .await
         .unwrap();
     let holder = slate_core::HolderId::new();
@@ -321,22 +322,30 @@ async fn i1_a_late_give_back_never_takes_a_later_attempts_level() {
         other => panic!("not acquired: {other:?}"),
     };
     // Attempt 1 takes the node, loses elsewhere, and gives the node back.
-    let first = request(client.node_acquire(&keys, holder, lease).await.unwrap());
+    let first = request(client.node().acquire(&keys, holder, lease).await.unwrap());
     assert_eq!(
-        client.node_undo(&keys, holder, lease, first).await.unwrap(),
+        client
+            .node()
+            .undo(&keys, holder, lease, first)
+            .await
+            .unwrap(),
         Some(0)
     );
     // Attempt 2 takes it again.
-    request(client.node_acquire(&keys, holder, lease).await.unwrap());
+    request(client.node().acquire(&keys, holder, lease).await.unwrap());
     // Attempt 1's give-back, retried late, leaves attempt 2's level alone.
     assert_eq!(
-        client.node_undo(&keys, holder, lease, first).await.unwrap(),
+        client
+            .node()
+            .undo(&keys, holder, lease, first)
+            .await
+            .unwrap(),
         None
     );
     assert_eq!(count_of(&s[0], "i1", holder), Some(1), "attempt 2's entry");
     // What the plain release of the old code did: it takes whatever level the holder has.
     assert_eq!(
-        client.node_release(&keys, holder, lease).await.unwrap(),
+        client.node().release(&keys, holder, lease).await.unwrap(),
         Some(0)
     );
     assert_eq!(count_of(&s[0], "i1", holder), None);
@@ -775,9 +784,10 @@ async fn i3_one_node_with_a_smaller_bound_does_not_fail_the_others_quorum() {
     // Node 0's marker records 2 s.
     let client = slate_redis::RedisClient::open(s[0].url()).unwrap();
     let keys = NodeKeys::new("slate:", &slate_core::LockName::new("-").unwrap());
-    let info = client.server_info().await.unwrap();
+    let info = client.node().server_info().await.unwrap();
     client
-        .node_mark(&keys, &info, Mark::Adopt(Some(Duration::from_secs(2))))
+        .node()
+        .mark(&keys, &info, Mark::Adopt(Some(Duration::from_secs(2))))
         .await
         .unwrap();
     let nodes = view_of(urls(&s), with_quarantine(Duration::from_secs(10)));
@@ -798,9 +808,10 @@ async fn i3_one_node_with_a_smaller_bound_does_not_fail_the_others_quorum() {
     g.unlock().await.unwrap();
     // With two nodes recording 2 s, no quorum: the lease error, not a shortage of nodes.
     let client = slate_redis::RedisClient::open(s[1].url()).unwrap();
-    let info = client.server_info().await.unwrap();
+    let info = client.node().server_info().await.unwrap();
     client
-        .node_mark(&keys, &info, Mark::Adopt(Some(Duration::from_secs(2))))
+        .node()
+        .mark(&keys, &info, Mark::Adopt(Some(Duration::from_secs(2))))
         .await
         .unwrap();
     let e = lock

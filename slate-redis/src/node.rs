@@ -455,12 +455,45 @@ pub struct NodeHold {
     pub deadline: Instant,
 }
 
+/// The combination lock's calls on one node: a borrowed view of a [`RedisClient`], reached
+/// with [`RedisClient::node`], so that they stay off the client's own surface. Every call
+/// names the lock by its [`NodeKeys`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+/// use slate_redis::node::NodeKeys;
+/// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let keys = NodeKeys::new("slate:", &slate_redis::LockName::new("orders")?);
+/// let status = client.node().inspect(&keys).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Node<'c>(&'c RedisClient);
+
 impl RedisClient {
+    /// This client as a node of a combination lock (see [`Node`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let runtime = client.node().runtime();
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    #[must_use]
+    pub fn node(&self) -> Node<'_> {
+        Node(self)
+    }
+}
+
+impl<'c> Node<'c> {
     /// The tokio runtime this client runs its services on (the one current when it was built,
     /// or its own when built outside any).
     #[must_use]
-    pub fn node_runtime(&self) -> &tokio::runtime::Handle {
-        self.runtime()
+    pub fn runtime(self) -> &'c tokio::runtime::Handle {
+        self.0.runtime()
     }
 
     /// Acquires (or re-enters) `holder`'s entry on this server, checking the node marker.
@@ -476,41 +509,41 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// The command may or may not have run when the future is dropped; release the node.
-    pub async fn node_acquire(
-        &self,
+    pub async fn acquire(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         lease: Duration,
     ) -> Result<NodeAcquire> {
-        self.node_acquire_as(keys, holder, lease, false, 1, Turn::none())
+        self.acquire_as(keys, holder, lease, false, 1, Turn::none())
             .await
     }
 
-    /// As [`node_acquire_block`](Self::node_acquire_block), on the lock's **lead node** (its
+    /// As [`acquire_block`](Self::acquire_block), on the lock's **lead node** (its
     /// first usable node), taking part in the fair turn between processes that the single
     /// lock keeps: the node keeps the queue of waiting processes and the turn, and a free
     /// entry reserved for another process's turn answers busy.
     ///
     /// # Errors
     ///
-    /// As [`node_acquire`](Self::node_acquire).
+    /// As [`acquire`](Self::acquire).
     ///
     /// # Cancel safety
     ///
-    /// As [`node_acquire`](Self::node_acquire).
-    pub async fn node_acquire_lead(
-        &self,
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_lead(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         lease: Duration,
         block: u32,
         turn: &NodeTurn,
     ) -> Result<NodeAcquire> {
-        self.node_acquire_as(keys, holder, lease, false, block.max(1), &turn.0)
+        self.acquire_as(keys, holder, lease, false, block.max(1), &turn.0)
             .await
     }
 
-    /// As [`node_acquire`](Self::node_acquire), reserving `block` fencing tokens on a first
+    /// As [`acquire`](Self::acquire), reserving `block` fencing tokens on a first
     /// acquisition (the counter moves by `block`; the reply's token is the block's first), for
     /// a hold that may be passed to `block - 1` more local holders (lock cohorting).
     ///
@@ -521,18 +554,18 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// The command may or may not have run when the future is dropped; release the node.
-    pub async fn node_acquire_block(
-        &self,
+    pub async fn acquire_block(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         lease: Duration,
         block: u32,
     ) -> Result<NodeAcquire> {
-        self.node_acquire_as(keys, holder, lease, false, block.max(1), Turn::none())
+        self.acquire_as(keys, holder, lease, false, block.max(1), Turn::none())
             .await
     }
 
-    /// Re-enters `holder`'s entry on this server: as [`node_acquire`](Self::node_acquire), but
+    /// Re-enters `holder`'s entry on this server: as [`acquire`](Self::acquire), but
     /// an entry that does not exist is never created ([`NodeAcquire::NotHeld`]), so a level is
     /// only ever added to a hold that still exists.
     ///
@@ -543,18 +576,18 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// The command may or may not have run when the future is dropped; release the node.
-    pub async fn node_reenter(
-        &self,
+    pub async fn reenter(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         lease: Duration,
     ) -> Result<NodeAcquire> {
-        self.node_acquire_as(keys, holder, lease, true, 1, Turn::none())
+        self.acquire_as(keys, holder, lease, true, 1, Turn::none())
             .await
     }
 
-    async fn node_acquire_as(
-        &self,
+    async fn acquire_as(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         lease: Duration,
@@ -575,9 +608,9 @@ impl RedisClient {
                 block,
                 // An attempt that does not win gives its nodes back by this request's id,
                 // retrying until the lease is over (the record must outlive that).
-                record_for: Some(lease + self.command_timeout() * 2),
+                record_for: Some(lease + self.0.command_timeout() * 2),
             };
-            acquire_remote(self, &keys.keys, acquire)
+            acquire_remote(self.0, &keys.keys, acquire)
         })
         .await;
         let reply = match reply {
@@ -591,7 +624,7 @@ impl RedisClient {
                 // not run it (the undo would be refused too).
                 if request::worth_undoing(&e) {
                     crate::primitives::lock::compensate(
-                        self,
+                        self.0,
                         &keys.keys,
                         false,
                         holder,
@@ -616,7 +649,7 @@ impl RedisClient {
                 reserved: reserved.clamp(1, block.max(1)),
                 request,
             }),
-            _ => Err(unexpected_reply("acquire script", self.address(), &reply)),
+            _ => Err(unexpected_reply("acquire script", self.0.address(), &reply)),
         };
         match reply.as_slice() {
             [1, token] => acquired(*token, 1, 1),
@@ -635,7 +668,7 @@ impl RedisClient {
                      quarantine of the processes that marked them): after a data loss, a \
                      process could use the node again while this lease still ran",
                     Duration::from_millis(u64::try_from(*quarantine).unwrap_or(0)),
-                    self.address()
+                    self.0.address()
                 ),
                 "use a lease within that quarantine, or adopt the servers again with a longer \
                  one (NodeSet::adopt_fresh_servers with NodeSetOptions::quarantine, or \
@@ -643,7 +676,7 @@ impl RedisClient {
             )),
             // Overtaken again and again by later requests of the same holder: busy for now.
             [request::OVERTAKEN] => Ok(NodeAcquire::Busy { retry_after: None }),
-            _ => Err(unexpected_reply("acquire script", self.address(), &reply)),
+            _ => Err(unexpected_reply("acquire script", self.0.address(), &reply)),
         }
     }
 
@@ -657,19 +690,19 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// The release may or may not have run when the future is dropped.
-    pub async fn node_release(
-        &self,
+    pub async fn release(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         lease: Duration,
     ) -> Result<Option<u32>> {
-        self.node_release_as(keys, Release::plain(holder, lease, Turn::none(), false))
+        self.release_as(keys, Release::plain(holder, lease, Turn::none(), false))
             .await
     }
 
     /// Gives back exactly the level that acquire `request` (see [`NodeAcquire::Acquired`])
     /// took, or, if that acquire has not run, marks it cancelled so that it does nothing when
-    /// it does. Unlike [`node_release`](Self::node_release), it never touches a level a later
+    /// it does. Unlike [`release`](Self::release), it never touches a level a later
     /// request of the same holder took, so it may be sent again and again: a multi-node lock
     /// gives back the nodes of an attempt that did not win with it (a
     /// retried plain release deleted the entry the holder's next attempt had taken).
@@ -683,8 +716,8 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Idempotent: send it again.
-    pub async fn node_undo(
-        &self,
+    pub async fn undo(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         lease: Duration,
@@ -692,24 +725,24 @@ impl RedisClient {
     ) -> Result<Option<u32>> {
         let mut release = Release::plain(holder, lease, Turn::none(), false);
         release.undo = Some(request);
-        self.node_release_as(keys, release).await
+        self.release_as(keys, release).await
     }
 
-    /// As [`node_release`](Self::node_release), on the lead node of an entry acquired with
-    /// [`node_acquire_lead`](Self::node_acquire_lead): at the last level the turn stays with
+    /// As [`release`](Self::release), on the lead node of an entry acquired with
+    /// [`acquire_lead`](Self::acquire_lead): at the last level the turn stays with
     /// this process if `local_waiters` and its tenure (8 holds in a row, `holds` of them by
     /// this entry: 1 plus its local passes) allow, else it goes to the first waiting process,
     /// and the release message is addressed to that process only.
     ///
     /// # Errors
     ///
-    /// As [`node_release`](Self::node_release).
+    /// As [`release`](Self::release).
     ///
     /// # Cancel safety
     ///
-    /// As [`node_release`](Self::node_release).
-    pub async fn node_release_lead(
-        &self,
+    /// As [`release`](Self::release).
+    pub async fn release_lead(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         lease: Duration,
@@ -719,14 +752,14 @@ impl RedisClient {
     ) -> Result<Option<u32>> {
         let mut release = Release::plain(holder, lease, &turn.0, local_waiters);
         release.holds = holds.max(1);
-        self.node_release_as(keys, release).await
+        self.release_as(keys, release).await
     }
 
-    async fn node_release_as(&self, keys: &NodeKeys, release: Release<'_>) -> Result<Option<u32>> {
+    async fn release_as(self, keys: &NodeKeys, release: Release<'_>) -> Result<Option<u32>> {
         let holder = release.holder;
-        let renewal = &self.inner.renewal;
+        let renewal = &self.0.inner.renewal;
         let generation = renewal.begin_release(&keys.keys.lock, holder);
-        let reply = release_remote(self, &keys.keys, release).await;
+        let reply = release_remote(self.0, &keys.keys, release).await;
         let freed = matches!(reply, Ok(0));
         renewal.end_release(&keys.keys.lock, holder, generation, freed);
         match reply? {
@@ -734,7 +767,7 @@ impl RedisClient {
             -1 | -2 => Ok(None),
             n => u32::try_from(n)
                 .map(Some)
-                .map_err(|_| unexpected_reply("release script", self.address(), n)),
+                .map_err(|_| unexpected_reply("release script", self.0.address(), n)),
         }
     }
 
@@ -747,23 +780,24 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Idempotent: safe to drop and repeat.
-    pub async fn node_raise_fence(&self, keys: &NodeKeys, token: FencingToken) -> Result<u64> {
+    pub async fn raise_fence(self, keys: &NodeKeys, token: FencingToken) -> Result<u64> {
         let fence: &[u8] = &keys.keys.fence;
-        self.exec("raise-fence script", |mut c| async move {
-            RAISE_FENCE
-                .key(&*fence)
-                .arg(token.get())
-                .invoke_async(&mut c)
-                .await
-        })
-        .await
+        self.0
+            .exec("raise-fence script", |mut c| async move {
+                RAISE_FENCE
+                    .key(&*fence)
+                    .arg(token.get())
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await
     }
 
     /// Writes the node marker with `info`'s [stamp](ServerInfo::marker_stamp) (`info` read
     /// from this server), as `mark` says (see [`Mark`]), and reports the outcome.
     ///
     /// The marker records a quarantine bound, which bounds every new lease on this node: an
-    /// acquire whose lease is longer is refused ([`node_acquire`](Self::node_acquire)), so
+    /// acquire whose lease is longer is refused ([`acquire`](Self::acquire)), so
     /// that no lease lost with the node's data outlives the quarantine any process then keeps.
     /// A quarantine runs on the server (`pending`, on its clock): the
     /// acquire script answers [`NodeAcquire::DataLost`] while it runs, for every process, and
@@ -777,12 +811,7 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Idempotent.
-    pub async fn node_mark(
-        &self,
-        keys: &NodeKeys,
-        info: &ServerInfo,
-        mark: Mark,
-    ) -> Result<Marked> {
+    pub async fn mark(self, keys: &NodeKeys, info: &ServerInfo, mark: Mark) -> Result<Marked> {
         let marker: &[u8] = &keys.marker;
         let stamp = info.marker_stamp();
         let (bound, mode, wait) = match mark {
@@ -794,6 +823,7 @@ impl RedisClient {
         let wait = wait.as_millis().to_string();
         let (stamp, ms, wait) = (&stamp, &ms, &wait);
         let reply: Vec<i64> = self
+            .0
             .exec("node marker script", |mut c| async move {
                 MARK.key(&*marker)
                     .arg(stamp)
@@ -812,7 +842,7 @@ impl RedisClient {
             }),
             _ => Err(unexpected_reply(
                 "node marker script",
-                self.address(),
+                self.0.address(),
                 &reply,
             )),
         }
@@ -827,9 +857,10 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Cancel safe (a read).
-    pub async fn node_marker(&self, keys: &NodeKeys) -> Result<Option<NodeMarker>> {
+    pub async fn marker(self, keys: &NodeKeys) -> Result<Option<NodeMarker>> {
         let marker: &[u8] = &keys.marker;
         let value = self
+            .0
             .exec("GET node marker", |mut c| async move {
                 redis::cmd("GET")
                     .arg(&*marker)
@@ -849,10 +880,11 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Cancel safe (a read).
-    pub async fn server_info(&self) -> Result<ServerInfo> {
+    pub async fn server_info(self) -> Result<ServerInfo> {
         // The default sections: `server` and `replication` (one section per call on servers
         // before Redis 7).
         let text: String = self
+            .0
             .exec("INFO", |mut c| async move {
                 redis::cmd("INFO").query_async(&mut c).await
             })
@@ -873,7 +905,7 @@ impl RedisClient {
             }),
             _ => Err(unexpected_reply(
                 "INFO server",
-                self.address(),
+                self.0.address(),
                 "no run_id/uptime",
             )),
         }
@@ -890,10 +922,11 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// The deletion may or may not have happened when the future is dropped.
-    pub async fn node_force_unlock(&self, keys: &NodeKeys) -> Result<bool> {
+    pub async fn force_unlock(self, keys: &NodeKeys) -> Result<bool> {
         let (lock_key, channel): (&[u8], &[u8]) = (&keys.keys.lock, &keys.keys.channel);
-        let publish = self.publish_arg();
+        let publish = self.0.publish_arg();
         let n: i64 = self
+            .0
             .exec("force-unlock script", |mut c| async move {
                 FORCE_UNLOCK
                     .script
@@ -910,15 +943,15 @@ impl RedisClient {
     /// Registers `holder`'s entry with this client's renewal service and returns its lease.
     /// Registering a holder again moves its deadline and returns a watch on the same lease.
     #[must_use]
-    pub fn node_renew(
-        &self,
+    pub fn renew(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         hold: NodeHold,
         label: &str,
     ) -> LeaseWatch {
-        self.inner.renewal.register(
-            self,
+        self.0.inner.renewal.register(
+            self.0,
             Renewable {
                 key: keys.keys.lock.clone(),
                 // The turn lives as long as the hold on the lead node, where the fair turn
@@ -944,26 +977,23 @@ impl RedisClient {
     /// `None` (nothing changed) if the entry's lease is lost, capped, or has less than the
     /// minimum validity of a grant of a `lease` lease left (a tenth of it, as for a grant).
     #[must_use]
-    pub fn node_pass_renewal(
-        &self,
+    pub fn pass_renewal(
+        self,
         keys: &NodeKeys,
         holder: HolderId,
         lease: Duration,
     ) -> Option<LeaseWatch> {
-        self.inner
+        self.0
+            .inner
             .renewal
             .pass(&keys.keys.lock, holder, min_validity(lease), holder)
     }
 
-    /// Whether [`node_pass_renewal`](Self::node_pass_renewal) would succeed now.
+    /// Whether [`pass_renewal`](Self::pass_renewal) would succeed now.
     #[must_use]
-    pub fn node_can_pass_renewal(
-        &self,
-        keys: &NodeKeys,
-        holder: HolderId,
-        lease: Duration,
-    ) -> bool {
-        self.inner
+    pub fn can_pass_renewal(self, keys: &NodeKeys, holder: HolderId, lease: Duration) -> bool {
+        self.0
+            .inner
             .renewal
             .can_pass(&keys.keys.lock, holder, min_validity(lease))
     }
@@ -971,7 +1001,7 @@ impl RedisClient {
     /// Asks this node's pub/sub connection for the lock's release messages (a release of a
     /// level that ends an entry publishes on the lock's channel; a node entry's release is
     /// addressed to anyone): each message calls `target.released()` until
-    /// [`node_unsubscribe`](Self::node_unsubscribe). `attempt_sent` is when the attempt that
+    /// [`unsubscribe`](Self::unsubscribe). `attempt_sent` is when the attempt that
     /// was just told busy was sent: the answer is [`Notifications::Live`] only if the
     /// subscription was confirmed before it (a release after that attempt is then delivered),
     /// [`Notifications::Started`] if it was confirmed now (a release may have slipped in: try
@@ -980,27 +1010,31 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Cancel safe: a subscription that is confirmed after the future was dropped stays until
-    /// `node_unsubscribe`.
-    pub async fn node_subscribe<T: NodeReleased>(
-        &self,
+    /// `unsubscribe`.
+    pub async fn subscribe<T: NodeReleased>(
+        self,
         keys: &NodeKeys,
         target: &Arc<T>,
         attempt_sent: Option<Instant>,
     ) -> Notifications {
         let target: Weak<dyn ReleaseTarget> = Arc::downgrade(target) as Weak<T>;
-        self.subscribe_releases(keys.keys.channel.clone(), target, attempt_sent)
+        self.0
+            .subscribe_releases(keys.keys.channel.clone(), target, attempt_sent)
             .await
     }
 
-    /// Drops the subscription [`node_subscribe`](Self::node_subscribe) made (the lock's queue
+    /// Drops the subscription [`subscribe`](Self::subscribe) made (the lock's queue
     /// is empty).
-    pub fn node_unsubscribe(&self, keys: &NodeKeys) {
-        self.inner.notifier.unsubscribe(self, &keys.keys.channel);
+    pub fn unsubscribe(self, keys: &NodeKeys) {
+        self.0
+            .inner
+            .notifier
+            .unsubscribe(self.0, &keys.keys.channel);
     }
 
     /// Stops renewing `holder`'s entry.
-    pub fn node_stop_renewal(&self, keys: &NodeKeys, holder: HolderId) {
-        self.inner.renewal.deregister(&keys.keys.lock, holder);
+    pub fn stop_renewal(self, keys: &NodeKeys, holder: HolderId) {
+        self.0.inner.renewal.deregister(&keys.keys.lock, holder);
     }
 
     /// Reads the lock's state on this server in one round trip.
@@ -1012,15 +1046,16 @@ impl RedisClient {
     /// # Cancel safety
     ///
     /// Cancel safe (a read).
-    pub async fn node_inspect(&self, keys: &NodeKeys) -> Result<LockStatus> {
-        self.inspect(&keys.keys).await
+    pub async fn inspect(self, keys: &NodeKeys) -> Result<LockStatus> {
+        self.status_of(&keys.keys).await
     }
 
     /// Reads the state of the lock whose keys are `keys` in one round trip.
-    pub(crate) async fn inspect(&self, keys: &crate::scripts::keys::Keys) -> Result<LockStatus> {
+    pub(crate) async fn status_of(self, keys: &crate::scripts::keys::Keys) -> Result<LockStatus> {
         let (lock_key, fence, alias): (&[u8], &[u8], &[u8]) =
             (&keys.lock, &keys.fence, &keys.holder);
         let reply: Vec<redis::Value> = self
+            .0
             .exec("inspect script", |mut c| async move {
                 INSPECT
                     .key(&*lock_key)
@@ -1030,7 +1065,7 @@ impl RedisClient {
                     .await
             })
             .await?;
-        let bad = || unexpected_reply("inspect script", self.address(), "malformed reply");
+        let bad = || unexpected_reply("inspect script", self.0.address(), "malformed reply");
         let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).map_err(|_| bad());
         let (pttl, fence, passed, rest) = match reply.as_slice() {
             [p, f, passed, rest @ ..] if rest.len() % 2 == 0 => {

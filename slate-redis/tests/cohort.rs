@@ -263,7 +263,7 @@ async fn a_status_read_names_the_holder_a_hold_was_passed_to() {
     let expected = g2.holder().to_string();
     let deadline = Instant::now() + Duration::from_secs(5);
     let entries = loop {
-        let entries = client.node_inspect(&keys).await.unwrap();
+        let entries = client.node().inspect(&keys).await.unwrap();
         if entries
             .passed
             .as_ref()
@@ -283,6 +283,6 @@ async fn a_status_read_names_the_holder_a_hold_was_passed_to() {
     assert_ne!(entries.holders[0].0, expected, "the hold's id is minted");
     g2.unlock().await.unwrap();
     // Once released, the record names no current hold and is not shown.
-    let after = client.node_inspect(&keys).await.unwrap();
+    let after = client.node().inspect(&keys).await.unwrap();
     assert_eq!(after.passed, None, "{after:?}");
 }
