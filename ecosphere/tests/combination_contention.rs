@@ -203,11 +203,14 @@ fn scenario(order: fn(usize) -> &'static str, chaos: Nemesis) -> (usize, usize) 
         .build()
         .unwrap();
     rt.block_on(async {
-        let set = slate_combination::NodeSet::connect(
-            &urls,
-            slate_combination::NodeSetOptions::default(),
-        )
-        .unwrap();
+        // A generous node operation time: adoption is set-up here, not what the scenario
+        // measures, and five first connections at the 50 ms default can time out on a
+        // loaded machine (it did once in a full-matrix run, adopting none).
+        let options = slate_combination::NodeSetOptions::builder()
+            .node_operation_time(std::time::Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let set = slate_combination::NodeSet::connect(&urls, options).unwrap();
         assert_eq!(set.adopt_fresh_servers("slate:").await.unwrap(), 5);
     });
     let dir = tempfile::tempdir().unwrap();
