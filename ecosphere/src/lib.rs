@@ -10,18 +10,13 @@
 //! `cargo test -p ecosphere --features full-matrix` (see `docs/RELIABILITY.md`). Seeds are
 //! printed by [`seed`] and replayed with `SLATE_SEED`.
 //!
-//! This crate is never published; every Slate crate uses it as a dev-dependency.
+//! The harness itself (servers, proxies, namespaces, cgroups, workers) is the crate
+//! `slate-harness`, which knows nothing of Slate; this crate adds the worker binary that
+//! drives the locks, the history checker's re-exports, and the scenarios. Never published.
 
-pub mod cgroup;
-pub mod cluster;
-pub mod netns;
-pub mod proxy;
-pub mod seed;
-pub mod sentinel;
-pub mod server;
-pub mod undriven;
-pub mod workers;
-pub mod zookeeper;
+pub use slate_harness::{
+    cgroup, cluster, netns, proxy, seed, sentinel, server, undriven, workers, zookeeper,
+};
 
 // The history recorder and checker, the shared clock and the command counts live in the
 // published crate `slate-history` (the `slate` command's demo uses them too).

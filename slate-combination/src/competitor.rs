@@ -1039,7 +1039,7 @@ impl Competitor for CombinationCompetitor {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use ecosphere::server::RedisServer;
+    use slate_harness::server::RedisServer;
 
     use crate::{CombinationLock, NodeSet, NodeSetOptions};
 

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
 use slate_core::HolderId;
+use slate_harness::server::RedisServer;
 
 fn servers(n: usize) -> Vec<RedisServer> {
     RedisServer::start_many(n).expect("redis-server (apt-get install -y redis-server)")
@@ -155,8 +155,8 @@ async fn restarted_nodes_scenario(quarantine: bool) -> Option<Vec<usize>> {
     let nodes = node_set(&s).await;
     let holder_lock = lock(&nodes, "quarantine");
     let g = holder_lock.lock().await.unwrap();
-    s[0].restart(ecosphere::server::Data::Wipe).unwrap();
-    s[2].restart(ecosphere::server::Data::Wipe).unwrap();
+    s[0].restart(slate_harness::server::Data::Wipe).unwrap();
+    s[2].restart(slate_harness::server::Data::Wipe).unwrap();
     s[1].pause().unwrap();
     let mut opts = NodeSetOptions::builder()
         .node_operation_time(Duration::from_millis(200))

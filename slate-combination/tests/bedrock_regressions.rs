@@ -30,10 +30,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::proxy::Mode;
-use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
 use slate_core::{Error, HolderId, LossReason, NodeState, TimeoutKind};
+use slate_harness::proxy::Mode;
+use slate_harness::server::RedisServer;
 
 const OP: Duration = Duration::from_millis(300);
 const LEASE: Duration = Duration::from_secs(3);

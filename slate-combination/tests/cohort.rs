@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
-use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, HolderId, Order, Wait};
+use slate_harness::server::RedisServer;
 
 /// Script calls (`EVALSHA` + `EVAL`) a server ran so far.
 fn script_calls(server: &RedisServer) -> u64 {

@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use ecosphere::undriven::Undriven;
 use slate_combination::{CombinationLock, NodeSet, Order};
 use slate_core::LossReason;
+use slate_harness::undriven::Undriven;
 
 const OP: Duration = Duration::from_millis(300);
 
@@ -129,9 +129,9 @@ async fn i4_a_long_hold_keeps_the_lead_nodes_turn() {
 /// use, so that acquisition fails (with the permission error) instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i3_a_larger_quorum_does_not_fence_on_fewer_nodes() {
-    let mut s: Vec<ecosphere::server::RedisServer> = (0..3)
+    let mut s: Vec<slate_harness::server::RedisServer> = (0..3)
         .map(|_| {
-            ecosphere::server::RedisServer::builder()
+            slate_harness::server::RedisServer::builder()
                 .acl_user("no-incrby", "n0-incrby", "~slate:* &slate:* +@all -incrby")
                 .start()
                 .expect("redis-server")
@@ -248,7 +248,7 @@ async fn node_1_loses_a_holders_entry(loss: DataLoss) {
     match loss {
         DataLoss::Flush => drop(s[1].command(&["FLUSHALL"]).unwrap()),
         DataLoss::OlderSnapshot | DataLoss::OlderSnapshotMetBefore => {
-            s[1].restart(ecosphere::server::Data::Keep).unwrap();
+            s[1].restart(slate_harness::server::Data::Keep).unwrap();
             assert!(!exists(&s[1], "i2"), "the snapshot predates A's grant");
         }
     }
@@ -373,7 +373,7 @@ async fn i7_an_acquire_held_in_a_silent_connection_leaves_no_entry_behind() {
         .build()
         .unwrap();
     lock.lock().await.unwrap().unlock().await.unwrap(); // connections and scripts ready
-    p[0].set_marked_mode(Some(ecosphere::proxy::Mode::Blackhole))
+    p[0].set_marked_mode(Some(slate_harness::proxy::Mode::Blackhole))
         .unwrap();
     p[0].mark_next_sending(key(name).as_bytes()).unwrap();
     let guard = lock.lock().await.unwrap();
@@ -427,7 +427,7 @@ async fn i5_one_timeout_does_not_bench_the_lead_node_for_minutes() {
     assert_eq!(g.nodes(), &[0, 1, 2]);
     g.unlock().await.unwrap();
     // One acquire on node 0 goes unanswered past the node operation time.
-    p[0].set_marked_mode(Some(ecosphere::proxy::Mode::Blackhole))
+    p[0].set_marked_mode(Some(slate_harness::proxy::Mode::Blackhole))
         .unwrap();
     p[0].mark_next_sending(key(name).as_bytes()).unwrap();
     let g = lock.lock().await.unwrap();
@@ -552,7 +552,7 @@ async fn i6_a_server_change_after_the_attempt_began_does_not_count_its_reply() {
     g.unlock().await.unwrap();
 
     // B's attempt takes node 0, then waits on node 1, whose acquire the proxy holds...
-    p[1].set_marked_mode(Some(ecosphere::proxy::Mode::Blackhole))
+    p[1].set_marked_mode(Some(slate_harness::proxy::Mode::Blackhole))
         .unwrap();
     p[1].mark_next_sending(key("i6").as_bytes()).unwrap();
     let attempt = tokio::spawn({
@@ -567,7 +567,7 @@ async fn i6_a_server_change_after_the_attempt_began_does_not_count_its_reply() {
     // grants not: only the change of server tells), and B's client there reconnects.
     let node_2 = b_nodes.client(2).unwrap();
     let before = node_2.failovers();
-    s[2].restart(ecosphere::server::Data::Keep).unwrap();
+    s[2].restart(slate_harness::server::Data::Keep).unwrap();
     let started = std::time::Instant::now();
     while node_2.failovers() == before {
         assert!(

@@ -11,10 +11,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::proxy::{FaultProxy, Mode};
-use ecosphere::server::{Data, RedisServer};
 use slate_combination::{CombinationLock, NodeSet, Order};
 use slate_core::{HolderId, NodeState};
+use slate_harness::proxy::{FaultProxy, Mode};
+use slate_harness::server::{Data, RedisServer};
 
 const OP: Duration = Duration::from_millis(300);
 const LEASE: Duration = Duration::from_secs(3);

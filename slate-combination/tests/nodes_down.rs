@@ -9,9 +9,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, Order};
 use slate_core::{Error, HolderId, NodeState};
+use slate_harness::server::RedisServer;
 
 const OP: Duration = Duration::from_millis(500);
 const LEASE: Duration = Duration::from_secs(3);

@@ -14,8 +14,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, Order};
+use slate_harness::server::RedisServer;
 
 fn lock_with_spin(nodes: &NodeSet, name: &str, order: Order, spin: Duration) -> CombinationLock {
     CombinationLock::builder(nodes, name)

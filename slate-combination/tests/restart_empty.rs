@@ -10,9 +10,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::server::{Data, RedisServer};
 use slate_combination::{CombinationLock, CombinationLockGuard, NodeSet, Order};
 use slate_core::{LossReason, NodeState};
+use slate_harness::server::{Data, RedisServer};
 
 const OP: Duration = Duration::from_millis(200);
 const LEASE: Duration = Duration::from_secs(2);

@@ -10,9 +10,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::proxy::{FaultProxy, Mode};
 use slate_combination::{CombinationLock, NodeSet, Order};
 use slate_core::{HolderId, LossReason, NodeState};
+use slate_harness::proxy::{FaultProxy, Mode};
 
 /// A thread's view through its own proxies (so its traffic per node can be counted).
 struct Thread {
@@ -23,7 +23,7 @@ struct Thread {
 
 impl Thread {
     async fn new(
-        servers: &[ecosphere::server::RedisServer],
+        servers: &[slate_harness::server::RedisServer],
         name: &str,
         op: Duration,
         lease: Duration,

@@ -16,10 +16,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::proxy::Mode;
 use slate_combination::decision::{AttemptState, Next, NodeAnswer, Order};
 use slate_combination::{CombinationLock, NodeSetOptions};
 use slate_core::HolderId;
+use slate_harness::proxy::Mode;
 
 const OP: Duration = Duration::from_millis(160);
 const SLOW: Duration = Duration::from_millis(80);

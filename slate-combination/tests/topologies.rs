@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use ecosphere::cluster::RedisCluster;
-use ecosphere::sentinel::SentinelGroup;
 use slate_combination::{CombinationLock, NodeSet};
+use slate_harness::cluster::RedisCluster;
+use slate_harness::sentinel::SentinelGroup;
 use slate_redis::{ClientOptions, RedisClient};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

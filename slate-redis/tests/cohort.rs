@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::server::RedisServer;
+use slate_harness::server::RedisServer;
 use slate_redis::{HolderId, LossReason, SingleLock, SingleLockGuard, Wait};
 
 const LEASE: Duration = Duration::from_secs(5);

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::*;
-use ecosphere::proxy::{FaultProxy, Mode};
-use ecosphere::server::RedisServer;
+use slate_harness::proxy::{FaultProxy, Mode};
+use slate_harness::server::RedisServer;
 use slate_redis::{LossReason, SingleLock};
 
 /// Defect 3: the turn key got its TTL only at acquisition. A hold longer than the lease let
@@ -416,7 +416,7 @@ async fn an_expiring_fence_goes_away_and_tokens_still_increase() {
     g.unlock().await.unwrap();
     // A server that loses its data: a persistent counter would restart at 1.
     server
-        .restart(ecosphere::server::Data::Wipe)
+        .restart(slate_harness::server::Data::Wipe)
         .expect("restart empty");
     let g = tokio::time::timeout(Duration::from_secs(10), async {
         loop {

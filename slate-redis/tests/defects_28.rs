@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use ecosphere::undriven::Undriven;
+use slate_harness::undriven::Undriven;
 use slate_redis::SingleLock;
 
 /// Item 12: an attempt whose caller was dropped finishes in the background and, answered

@@ -7,13 +7,13 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use ecosphere::proxy::{FaultProxy, Mode};
-use ecosphere::server::RedisServer;
+use slate_harness::proxy::{FaultProxy, Mode};
+use slate_harness::server::RedisServer;
 use slate_redis::{ClientOptions, HolderId, RedisClient, RwLock, SingleLock};
 
 /// A client of `group`'s master that waits for its one replica's acknowledgement `within`.
 fn synced_sentinel_client(
-    group: &ecosphere::sentinel::SentinelGroup,
+    group: &slate_harness::sentinel::SentinelGroup,
     within: Duration,
 ) -> RedisClient {
     RedisClient::open_sentinel(
@@ -132,7 +132,7 @@ async fn d9_a_retried_acquire_with_fence_expiry_is_not_an_extra_level() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn d15_a_renewal_retried_after_noscript_waits_for_the_replicas() {
     const LEASE: Duration = Duration::from_secs(1);
-    let mut group = ecosphere::sentinel::SentinelGroup::start(1, 1).unwrap();
+    let mut group = slate_harness::sentinel::SentinelGroup::start(1, 1).unwrap();
     let client = synced_sentinel_client(&group, Duration::from_millis(100));
     let lock = SingleLock::builder(&client, "d15")
         .lease(LEASE)
@@ -336,7 +336,7 @@ async fn d11_a_try_read_does_not_pass_its_own_processs_queued_writer() {
 /// its request id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn d4_an_acquire_whose_wait_fails_leaves_no_grant() {
-    let server = ecosphere::server::RedisServer::builder()
+    let server = slate_harness::server::RedisServer::builder()
         .arg("rename-command", "WAIT \"\"")
         .start()
         .expect("redis-server without WAIT");
@@ -372,7 +372,7 @@ async fn d4_an_acquire_whose_wait_fails_leaves_no_grant() {
 #[test]
 fn d3_a_replayed_acquire_is_covered_by_the_wait_after_it() {
     let master = server();
-    let replica = ecosphere::server::RedisServer::builder()
+    let replica = slate_harness::server::RedisServer::builder()
         .arg("replicaof", format!("127.0.0.1 {}", master.port()))
         .start()
         .expect("replica");
@@ -450,7 +450,7 @@ fn d3_a_replayed_acquire_is_covered_by_the_wait_after_it() {
 /// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn d14_a_server_that_evicts_lock_keys_is_refused_when_asked() {
-    let evicting = ecosphere::server::RedisServer::builder()
+    let evicting = slate_harness::server::RedisServer::builder()
         .arg("maxmemory-policy", "volatile-lru")
         .start()
         .expect("redis-server");
@@ -486,7 +486,7 @@ async fn d14_a_server_that_evicts_lock_keys_is_refused_when_asked() {
 /// shared grant is now given back and reported, as the single lock's is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn d2_shared_grants_wait_for_the_replicas() {
-    let mut group = ecosphere::sentinel::SentinelGroup::start(1, 1).unwrap();
+    let mut group = slate_harness::sentinel::SentinelGroup::start(1, 1).unwrap();
     let client = synced_sentinel_client(&group, Duration::from_millis(300));
     let rw = rw_lock(&client, "d2");
     let sem = slate_redis::Semaphore::builder(&client, "d2", 2)
@@ -541,7 +541,7 @@ async fn d2_shared_grants_wait_for_the_replicas() {
 /// remaining validity. The hold on the other master must go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn d16_a_paused_cluster_node_does_not_cost_another_nodes_hold() {
-    let cluster = ecosphere::cluster::RedisCluster::start(3, 0).expect("cluster");
+    let cluster = slate_harness::cluster::RedisCluster::start(3, 0).expect("cluster");
     let client = RedisClient::open_cluster(
         cluster.urls(),
         ClientOptions::builder()
@@ -761,7 +761,7 @@ async fn d12_a_stalled_acquire_arriving_after_a_newer_grant_is_not_a_level() {
 /// importing node's replica is paused: the holder's re-entry must be refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn d4_a_grant_on_an_importing_node_waits_for_its_own_replicas() {
-    let mut cluster = ecosphere::cluster::RedisCluster::start(3, 1).expect("cluster");
+    let mut cluster = slate_harness::cluster::RedisCluster::start(3, 1).expect("cluster");
     let client = RedisClient::open_cluster(
         cluster.urls(),
         ClientOptions::builder()
@@ -995,7 +995,7 @@ async fn d17_a_half_open_pubsub_connection_is_replaced_while_waiters_come_and_go
 /// channel nobody wants must be gone from the server after its linger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn d17_c_a_channel_lost_with_its_node_and_then_unwanted_is_unsubscribed() {
-    let mut cluster = ecosphere::cluster::RedisCluster::start(3, 0).expect("cluster");
+    let mut cluster = slate_harness::cluster::RedisCluster::start(3, 0).expect("cluster");
     let client = RedisClient::open_cluster(
         cluster.urls(),
         ClientOptions::builder()
@@ -1030,7 +1030,7 @@ async fn d17_c_a_channel_lost_with_its_node_and_then_unwanted_is_unsubscribed() 
             .unwrap()
     };
     let channel = format!("slate:{{{}}}:released", names[0]);
-    let subscribers = |cluster: &ecosphere::cluster::RedisCluster| -> i64 {
+    let subscribers = |cluster: &slate_harness::cluster::RedisCluster| -> i64 {
         let v: Vec<redis::Value> = redis::from_redis_value(
             cluster
                 .node(node)

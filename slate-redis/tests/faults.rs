@@ -7,11 +7,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::server::Data;
 use slate_core::BackendKind;
+use slate_harness::server::Data;
 use slate_redis::{ClientOptions, LossReason, SingleLock};
 
-fn script_loaded(server: &ecosphere::server::RedisServer, code: &str) -> bool {
+fn script_loaded(server: &slate_harness::server::RedisServer, code: &str) -> bool {
     let sha = redis::Script::new(code).get_hash().to_owned();
     let v = server.command(&["SCRIPT", "EXISTS", &sha]).unwrap();
     let flags: Vec<i64> = redis::from_redis_value(v).unwrap();
@@ -183,7 +183,7 @@ async fn max_hold_stops_renewal_and_reports_at_the_deadline() {
 /// a grant whose first renewal comes before its (early) deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_that_arrives_after_its_lease_is_refused_and_given_back() {
-    use ecosphere::proxy::{FaultProxy, Mode};
+    use slate_harness::proxy::{FaultProxy, Mode};
     let server = server();
     let proxy = FaultProxy::start(server.addr()).expect("proxy");
     let client = slate_redis::RedisClient::open_with(

@@ -37,7 +37,7 @@ impl Inside {
     }
 }
 
-fn commandstats(server: &ecosphere::server::RedisServer) -> HashMap<String, u64> {
+fn commandstats(server: &slate_harness::server::RedisServer) -> HashMap<String, u64> {
     let v = server.command(&["INFO", "commandstats"]).unwrap();
     let text: String = redis::from_redis_value(v).unwrap();
     text.lines()

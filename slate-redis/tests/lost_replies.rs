@@ -16,9 +16,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use ecosphere::proxy::{FaultProxy, Mode};
-use ecosphere::server::RedisServer;
 use slate_core::BackendKind;
+use slate_harness::proxy::{FaultProxy, Mode};
+use slate_harness::server::RedisServer;
 use slate_redis::{ClientOptions, HolderId, RedisClient, SingleLock};
 
 const LEASE: Duration = Duration::from_secs(10);

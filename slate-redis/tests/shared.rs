@@ -504,7 +504,7 @@ async fn names_are_checked_and_kinds_do_not_mix() {
 /// held*), and an acquire that got no reply at all is undone by its request id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_replies_are_answered_from_the_request_record() {
-    use ecosphere::proxy::{FaultProxy, Mode};
+    use slate_harness::proxy::{FaultProxy, Mode};
     let server = common::server();
     let proxy = FaultProxy::start(server.addr()).expect("proxy");
     let client = RedisClient::open_with(

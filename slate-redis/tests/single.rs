@@ -11,8 +11,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::server::RedisServer;
 use slate_core::BackendKind;
+use slate_harness::server::RedisServer;
 use slate_redis::{ClientOptions, HolderId, LossReason, RedisClient, SingleLock, SingleLockGuard};
 
 const LEASE: Duration = Duration::from_secs(5);

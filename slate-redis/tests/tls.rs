@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use ecosphere::server::RedisServer;
+use slate_harness::server::RedisServer;
 use slate_redis::{ClientOptions, RedisClient, SingleLock};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ecosphere::server::{Data, RedisServer};
+use slate_harness::server::{Data, RedisServer};
 use slate_redis::{ClientOptions, LossReason, RedisClient, SingleLock};
 
 /// Command timeout of the clients of these tests.

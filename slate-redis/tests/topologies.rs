@@ -8,8 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{eventually, eventually_async, within};
-use ecosphere::cluster::RedisCluster;
-use ecosphere::sentinel::SentinelGroup;
+use slate_harness::cluster::RedisCluster;
+use slate_harness::sentinel::SentinelGroup;
 use slate_redis::{ClientOptions, LossReason, RedisClient, SingleLock, Topology};
 
 fn cluster_client(cluster: &RedisCluster) -> RedisClient {
@@ -338,7 +338,7 @@ async fn cluster_runs_as_a_least_privilege_user() {
         +hexists +hincrby +hmget +hgetall +del +pexpire +get +incr +incrby +publish +time +zadd \
         +zrem +zrange +spublish +ssubscribe +sunsubscribe +cluster|slots +command|info +wait";
     // Redis 7.2+ and Valkey: the client's handshake names its library (README).
-    let handshake = if ecosphere::server::chosen_version()
+    let handshake = if slate_harness::server::chosen_version()
         .unwrap()
         .knows_client_setinfo()
     {
@@ -346,7 +346,7 @@ async fn cluster_runs_as_a_least_privilege_user() {
     } else {
         ""
     };
-    let builder = ecosphere::server::RedisServer::builder()
+    let builder = slate_harness::server::RedisServer::builder()
         .acl_user("slate-app", "Acl-Pw-1", format!("{GRANTS}{handshake}"))
         .arg("acllog-max-len", "1024");
     let cluster = RedisCluster::start_with(3, 1, &builder).unwrap();
@@ -371,7 +371,7 @@ async fn cluster_runs_as_a_least_privilege_user() {
 /// away): the lock works, releases PUBLISH, waiters use the spin wait, nothing subscribes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_without_sharded_pubsub_falls_back_to_the_spin_wait() {
-    let builder = ecosphere::server::RedisServer::builder()
+    let builder = slate_harness::server::RedisServer::builder()
         .arg("rename-command", "SPUBLISH \"\"")
         .arg("rename-command", "SSUBSCRIBE \"\"");
     let cluster = RedisCluster::start_with(3, 0, &builder).unwrap();

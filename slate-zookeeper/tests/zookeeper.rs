@@ -1,4 +1,4 @@
-//! The ZooKeeper lock against a real standalone ZooKeeper (started by the ecosphere harness).
+//! The ZooKeeper lock against a real standalone ZooKeeper (started by the harness, `slate-harness`).
 //!
 //! Each test function starts its own server; "processes" are separate `ZkClient`s, each with
 //! its own session, which is all ZooKeeper knows of a process.
@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use ecosphere::proxy::{FaultProxy, Mode};
-use ecosphere::zookeeper::ZkServer;
 use slate_core::{BackendKind, DistributedLock, HolderId, LossReason, Wait};
+use slate_harness::proxy::{FaultProxy, Mode};
+use slate_harness::zookeeper::ZkServer;
 use slate_zookeeper::{ZkClient, ZkLock};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -452,7 +452,7 @@ fn blocking_twins() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_schedules_keep_exclusion_and_leave_no_contender() -> TestResult {
     let zk = ZkServer::start()?;
-    let seed = ecosphere::seed::Seed::for_scenario("zookeeper_random_schedules");
+    let seed = slate_harness::seed::Seed::for_scenario("zookeeper_random_schedules");
     let mut locks = Vec::new();
     for _ in 0..3 {
         let c = ZkClient::builder(zk.connect_string())
@@ -471,7 +471,8 @@ async fn random_schedules_keep_exclusion_and_leave_no_contender() -> TestResult 
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..18u64 {
         let lock = locks[(t % 3) as usize].clone();
-        let mut rng = ecosphere::seed::Seed::with_value("task", seed.value() ^ (t * 0x9e37_79b9));
+        let mut rng =
+            slate_harness::seed::Seed::with_value("task", seed.value() ^ (t * 0x9e37_79b9));
         let (inside, overlaps, granted) = (inside.clone(), overlaps.clone(), granted.clone());
         tasks.spawn(async move {
             for _ in 0..12 {

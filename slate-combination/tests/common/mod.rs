@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use ecosphere::proxy::{FaultProxy, Mode};
-use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
 use slate_core::HolderId;
+use slate_harness::proxy::{FaultProxy, Mode};
+use slate_harness::server::RedisServer;
 
 /// `n` fresh servers.
 pub fn servers(n: usize) -> Vec<RedisServer> {

@@ -6,9 +6,9 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use ecosphere::cluster::RedisCluster;
-use ecosphere::sentinel::SentinelGroup;
-use ecosphere::server::RedisServer;
+use slate_harness::cluster::RedisCluster;
+use slate_harness::sentinel::SentinelGroup;
+use slate_harness::server::RedisServer;
 #[allow(unused_imports)]
 pub use slate_redis::DEFAULT_COMMAND_TIMEOUT;
 use slate_redis::{ClientOptions, RedisClient, SingleLock};
@@ -95,7 +95,10 @@ impl Deployment {
     }
 
     /// One command on the server that holds its key (`args[1]`).
-    pub fn command(&self, args: &[&str]) -> Result<redis::Value, ecosphere::server::HarnessError> {
+    pub fn command(
+        &self,
+        args: &[&str],
+    ) -> Result<redis::Value, slate_harness::server::HarnessError> {
         self.owner(args.get(1).copied().unwrap_or("")).command(args)
     }
 }

@@ -26,7 +26,7 @@
 //! # Examples
 //!
 //! ```no_run
-//! use ecosphere::netns::NetNs;
+//! use slate_harness::netns::NetNs;
 //!
 //! let ns = NetNs::create()?;
 //! let mut argv = ns.exec_args();
@@ -49,7 +49,7 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 /// # Examples
 ///
 /// ```
-/// let e = ecosphere::netns::NetNsError::Unavailable("no ip".into());
+/// let e = slate_harness::netns::NetNsError::Unavailable("no ip".into());
 /// assert!(e.to_string().contains("no ip"));
 /// ```
 ///
@@ -77,9 +77,9 @@ pub enum NetNsError {
 /// # Examples
 ///
 /// ```no_run
-/// let ns = ecosphere::netns::NetNs::create()?;
+/// let ns = slate_harness::netns::NetNs::create()?;
 /// println!("{} reaches {}", ns.name(), ns.host_addr());
-/// # Ok::<(), ecosphere::netns::NetNsError>(())
+/// # Ok::<(), slate_harness::netns::NetNsError>(())
 /// ```
 #[derive(Debug)]
 pub struct NetNs {
@@ -116,8 +116,8 @@ impl NetNs {
     /// # Examples
     ///
     /// ```no_run
-    /// let ns = ecosphere::netns::NetNs::create()?;
-    /// # Ok::<(), ecosphere::netns::NetNsError>(())
+    /// let ns = slate_harness::netns::NetNs::create()?;
+    /// # Ok::<(), slate_harness::netns::NetNsError>(())
     /// ```
     ///
     /// # Errors
@@ -175,9 +175,9 @@ impl NetNs {
     /// # Examples
     ///
     /// ```no_run
-    /// let ns = ecosphere::netns::NetNs::create()?;
+    /// let ns = slate_harness::netns::NetNs::create()?;
     /// assert!(ns.name().starts_with("eco"));
-    /// # Ok::<(), ecosphere::netns::NetNsError>(())
+    /// # Ok::<(), slate_harness::netns::NetNsError>(())
     /// ```
     ///
     /// # Errors
@@ -192,9 +192,9 @@ impl NetNs {
     /// # Examples
     ///
     /// ```no_run
-    /// let ns = ecosphere::netns::NetNs::create()?;
+    /// let ns = slate_harness::netns::NetNs::create()?;
     /// assert!(ns.host_addr().is_link_local());
-    /// # Ok::<(), ecosphere::netns::NetNsError>(())
+    /// # Ok::<(), slate_harness::netns::NetNsError>(())
     /// ```
     ///
     /// # Errors
@@ -209,9 +209,9 @@ impl NetNs {
     /// # Examples
     ///
     /// ```no_run
-    /// let ns = ecosphere::netns::NetNs::create()?;
+    /// let ns = slate_harness::netns::NetNs::create()?;
     /// assert_ne!(ns.ns_addr(), ns.host_addr());
-    /// # Ok::<(), ecosphere::netns::NetNsError>(())
+    /// # Ok::<(), slate_harness::netns::NetNsError>(())
     /// ```
     ///
     /// # Errors
@@ -227,9 +227,9 @@ impl NetNs {
     /// # Examples
     ///
     /// ```no_run
-    /// let ns = ecosphere::netns::NetNs::create()?;
+    /// let ns = slate_harness::netns::NetNs::create()?;
     /// assert_eq!(ns.exec_args()[..2], ["netns".to_owned(), "exec".to_owned()]);
-    /// # Ok::<(), ecosphere::netns::NetNsError>(())
+    /// # Ok::<(), slate_harness::netns::NetNsError>(())
     /// ```
     ///
     /// # Errors
@@ -245,10 +245,10 @@ impl NetNs {
     /// # Examples
     ///
     /// ```no_run
-    /// let ns = ecosphere::netns::NetNs::create()?;
+    /// let ns = slate_harness::netns::NetNs::create()?;
     /// ns.cut()?;
     /// ns.heal()?;
-    /// # Ok::<(), ecosphere::netns::NetNsError>(())
+    /// # Ok::<(), slate_harness::netns::NetNsError>(())
     /// ```
     ///
     /// # Errors
@@ -264,10 +264,10 @@ impl NetNs {
     /// # Examples
     ///
     /// ```no_run
-    /// let ns = ecosphere::netns::NetNs::create()?;
+    /// let ns = slate_harness::netns::NetNs::create()?;
     /// ns.prohibit()?;
     /// ns.heal()?;
-    /// # Ok::<(), ecosphere::netns::NetNsError>(())
+    /// # Ok::<(), slate_harness::netns::NetNsError>(())
     /// ```
     ///
     /// # Errors
@@ -283,9 +283,9 @@ impl NetNs {
     /// # Examples
     ///
     /// ```no_run
-    /// let ns = ecosphere::netns::NetNs::create()?;
+    /// let ns = slate_harness::netns::NetNs::create()?;
     /// ns.heal()?; // nothing to undo: still fine
-    /// # Ok::<(), ecosphere::netns::NetNsError>(())
+    /// # Ok::<(), slate_harness::netns::NetNsError>(())
     /// ```
     ///
     /// # Errors
@@ -308,10 +308,10 @@ impl Drop for NetNs {
         if links.is_ok()
             && let Err(e) = ip(&["link", "del", &self.host_if])
         {
-            eprintln!("ecosphere::netns: {e}");
+            eprintln!("slate_harness::netns: {e}");
         }
         if let Err(e) = ip(&["netns", "del", &self.name]) {
-            eprintln!("ecosphere::netns: {e}");
+            eprintln!("slate_harness::netns: {e}");
         }
     }
 }

@@ -4,11 +4,11 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ecosphere::server::{Data, HarnessError, Persistence, RedisServer};
 use nix::errno::Errno;
 use nix::sys::signal;
 use nix::unistd::Pid;
 use redis::{Connection, RedisResult, Value};
+use slate_harness::server::{Data, HarnessError, Persistence, RedisServer};
 
 /// A TCP connection to `url` with `timeout` for connect, reads and writes.
 fn connect(url: &str, timeout: Duration) -> RedisResult<Connection> {
@@ -315,9 +315,9 @@ fn a_missing_binary_fails_with_the_install_hint() {
         .expect_err("no binary");
     assert!(matches!(err, HarnessError::BinaryNotFound { .. }));
     let message = err.to_string();
-    let kind = ecosphere::server::ServerKind::from_env().unwrap();
+    let kind = slate_harness::server::ServerKind::from_env().unwrap();
     assert!(message.contains(kind.install_hint()), "{message}");
-    if kind == ecosphere::server::ServerKind::Redis {
+    if kind == slate_harness::server::ServerKind::Redis {
         assert!(
             message.contains("apt-get install -y redis-server"),
             "{message}"
@@ -331,7 +331,7 @@ fn a_missing_binary_fails_with_the_install_hint() {
 /// truth).
 #[test]
 fn the_server_is_the_chosen_kind_and_says_so() {
-    use ecosphere::server::ServerKind;
+    use slate_harness::server::ServerKind;
     let server = RedisServer::start().expect("server");
     let v = server.version();
     assert_eq!(v.kind, ServerKind::from_env().unwrap());
@@ -371,6 +371,6 @@ fn harness_types_are_send_and_sync() {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
     assert_send_sync::<RedisServer>();
     assert_send_sync::<HarnessError>();
-    assert_send_sync::<ecosphere::proxy::FaultProxy>();
-    assert_send_sync::<ecosphere::workers::WorkerSet>();
+    assert_send_sync::<slate_harness::proxy::FaultProxy>();
+    assert_send_sync::<slate_harness::workers::WorkerSet>();
 }

@@ -67,10 +67,10 @@ const PANIC_LOG_LINES: usize = 30;
 /// # Examples
 ///
 /// ```no_run
-/// use ecosphere::server::{Persistence, RedisServer};
+/// use slate_harness::server::{Persistence, RedisServer};
 ///
 /// let server = RedisServer::builder().persistence(Persistence::Aof).start()?;
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Persistence {
@@ -86,12 +86,12 @@ pub enum Persistence {
 /// # Examples
 ///
 /// ```no_run
-/// use ecosphere::server::{Data, RedisServer};
+/// use slate_harness::server::{Data, RedisServer};
 ///
 /// let mut server = RedisServer::start()?;
 /// server.kill()?;
 /// server.restart(Data::Wipe)?;
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Data {
@@ -116,7 +116,7 @@ struct AclUser {
 /// # Examples
 ///
 /// ```no_run
-/// use ecosphere::server::{Persistence, RedisServer};
+/// use slate_harness::server::{Persistence, RedisServer};
 ///
 /// let server = RedisServer::builder()
 ///     .persistence(Persistence::Aof)
@@ -125,7 +125,7 @@ struct AclUser {
 ///     .arg("maxclients", "1000")
 ///     .start()?;
 /// println!("{}", server.url());
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Debug, Clone)]
 #[must_use]
@@ -163,8 +163,8 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::ServerBuilder::new().start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// let server = slate_harness::server::ServerBuilder::new().start()?;
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn new() -> Self {
         Self::default()
@@ -175,10 +175,10 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::builder()
+    /// let server = slate_harness::server::RedisServer::builder()
     ///     .binary("/usr/bin/redis-server")
     ///     .start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
         self.binary = Some(path.into());
@@ -190,10 +190,10 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::server::{Persistence, RedisServer};
+    /// use slate_harness::server::{Persistence, RedisServer};
     ///
     /// let server = RedisServer::builder().persistence(Persistence::Aof).start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn persistence(mut self, persistence: Persistence) -> Self {
         self.persistence = persistence;
@@ -207,9 +207,9 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::builder().password("s3cret").start()?;
+    /// let server = slate_harness::server::RedisServer::builder().password("s3cret").start()?;
     /// assert!(server.url().contains(":s3cret@"));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn password(mut self, password: impl Into<String>) -> Self {
         self.password = Some(password.into());
@@ -225,11 +225,11 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::builder()
+    /// let server = slate_harness::server::RedisServer::builder()
     ///     .acl_user("worker", "pw", "~slate:* +@all -@dangerous")
     ///     .start()?;
     /// let url = server.url_for_user("worker", "pw");
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn acl_user(
         mut self,
@@ -253,10 +253,10 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::builder().tls(true).start()?;
+    /// let server = slate_harness::server::RedisServer::builder().tls(true).start()?;
     /// assert!(server.url().starts_with("rediss://"));
     /// let ca = server.ca_cert_path();
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn tls(mut self, enabled: bool) -> Self {
         self.tls = enabled;
@@ -270,10 +270,10 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::builder()
+    /// let server = slate_harness::server::RedisServer::builder()
     ///     .enable_debug_command(false)
     ///     .start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn enable_debug_command(mut self, enabled: bool) -> Self {
         self.debug_command = enabled;
@@ -287,14 +287,14 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::server::RedisServer;
+    /// use slate_harness::server::RedisServer;
     ///
     /// let master = RedisServer::start()?;
     /// let sentinel = RedisServer::builder()
     ///     .sentinel_mode(true)
     ///     .arg("sentinel", format!("monitor m 127.0.0.1 {} 1", master.port()))
     ///     .start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn sentinel_mode(mut self, enabled: bool) -> Self {
         self.sentinel = enabled;
@@ -307,11 +307,11 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::builder()
+    /// let server = slate_harness::server::RedisServer::builder()
     ///     .arg("hz", "100")
     ///     .arg("save", "\"60 1\"")
     ///     .start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn arg(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.extra.push((key.into(), value.into()));
@@ -325,10 +325,10 @@ impl ServerBuilder {
     /// ```no_run
     /// use std::time::Duration;
     ///
-    /// let server = ecosphere::server::RedisServer::builder()
+    /// let server = slate_harness::server::RedisServer::builder()
     ///     .start_timeout(Duration::from_secs(30))
     ///     .start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn start_timeout(mut self, timeout: Duration) -> Self {
         self.start_timeout = timeout;
@@ -340,8 +340,8 @@ impl ServerBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::builder().start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// let server = slate_harness::server::RedisServer::builder().start()?;
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -413,7 +413,7 @@ impl From<HarnessError> for LaunchError {
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use ecosphere::server::{Data, RedisServer};
+/// use slate_harness::server::{Data, RedisServer};
 ///
 /// let mut server = RedisServer::start()?;
 /// server.command(&["SET", "k", "v"])?;
@@ -422,7 +422,7 @@ impl From<HarnessError> for LaunchError {
 /// server.kill()?; // a crashed node
 /// server.restart(Data::Wipe)?; // ... that comes back empty
 /// server.debug_sleep(Duration::from_millis(200))?; // a slow node
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Debug)]
 pub struct RedisServer {
@@ -447,9 +447,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// assert_eq!(server.command(&["PING"])?, redis::Value::SimpleString("PONG".into()));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -464,10 +464,10 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::server::{Persistence, RedisServer};
+    /// use slate_harness::server::{Persistence, RedisServer};
     ///
     /// let server = RedisServer::builder().persistence(Persistence::Aof).start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn builder() -> ServerBuilder {
         ServerBuilder::default()
@@ -478,9 +478,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let nodes = ecosphere::server::RedisServer::start_many(3)?;
+    /// let nodes = slate_harness::server::RedisServer::start_many(3)?;
     /// assert_eq!(nodes.len(), 3);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -495,11 +495,11 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::server::{Persistence, RedisServer};
+    /// use slate_harness::server::{Persistence, RedisServer};
     ///
     /// let builder = RedisServer::builder().persistence(Persistence::Aof);
     /// let nodes = RedisServer::start_many_with(5, &builder)?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -581,7 +581,7 @@ impl RedisServer {
             conf.push_str(&text);
             conf.push('\n');
         };
-        line("# written by ecosphere::server".into());
+        line("# written by slate_harness::server".into());
         line("bind 127.0.0.1".into());
         line("protected-mode no".into());
         match &self.tls {
@@ -765,9 +765,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// println!("running against {}", server.version());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn version(&self) -> ServerVersion {
@@ -783,10 +783,10 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// let role = server.info_field("replication", "role")?;
     /// assert_eq!(role.as_deref(), Some("master"));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn info_field(&self, section: &str, name: &str) -> Result<Option<String>, HarnessError> {
         let text = value_text(&self.command(&["INFO", section])?)?;
@@ -803,9 +803,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// assert_eq!(server.subscribers("slate:{a}:released")?, 0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -832,10 +832,10 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// server.command(&["PING"])?;
     /// assert!(server.command_calls(&["ping"])? >= 1);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -860,9 +860,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// println!("{}", server.binary().display());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn binary(&self) -> &Path {
@@ -875,7 +875,7 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// let client = redis::Client::open(server.url())?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -897,11 +897,11 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::builder()
+    /// let server = slate_harness::server::RedisServer::builder()
     ///     .acl_user("worker", "pw", "~slate:* +@all")
     ///     .start()?;
     /// assert!(server.url_for_user("worker", "pw").contains("worker:pw@"));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn url_for_user(&self, user: &str, password: &str) -> String {
@@ -927,9 +927,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// assert_ne!(server.port(), 0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn port(&self) -> u16 {
@@ -941,9 +941,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
@@ -955,9 +955,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// println!("redis-server pid {}", server.pid());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn pid(&self) -> u32 {
@@ -971,11 +971,11 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut server = ecosphere::server::RedisServer::start()?;
+    /// let mut server = slate_harness::server::RedisServer::start()?;
     /// assert!(server.is_running());
     /// server.kill()?;
     /// assert!(!server.is_running());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut().map(Child::try_wait) {
@@ -993,9 +993,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// assert!(server.dir().join("redis.conf").exists());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn dir(&self) -> &Path {
@@ -1007,9 +1007,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// assert!(server.data_dir().starts_with(server.dir()));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn data_dir(&self) -> &Path {
@@ -1021,9 +1021,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// assert!(server.log_path().exists());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn log_path(&self) -> &Path {
@@ -1035,9 +1035,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// let url = format!("redis+unix://{}", server.socket_path().display());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn socket_path(&self) -> &Path {
@@ -1049,9 +1049,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::builder().tls(true).start()?;
+    /// let server = slate_harness::server::RedisServer::builder().tls(true).start()?;
     /// assert!(server.ca_cert_path().is_some());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn ca_cert_path(&self) -> Option<&Path> {
@@ -1063,9 +1063,9 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// println!("{}", server.log_tail(20));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn log_tail(&self, n: usize) -> String {
@@ -1081,13 +1081,13 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::server::{Data, RedisServer};
+    /// use slate_harness::server::{Data, RedisServer};
     ///
     /// let mut server = RedisServer::start()?;
     /// let before = server.run_id()?;
     /// server.restart(Data::Keep)?;
     /// assert_ne!(before, server.run_id()?);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -1114,7 +1114,7 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// let mut con = server.connection()?;
     /// let _: () = redis::cmd("SET").arg("k").arg(1).query(&mut con)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1134,9 +1134,9 @@ impl RedisServer {
     /// ```no_run
     /// use std::time::Duration;
     ///
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// let con = server.connection_with_timeout(Duration::from_millis(300))?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -1171,11 +1171,11 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// server.command(&["SET", "k", "v"])?;
     /// let value = server.command(&["GET", "k"])?;
     /// assert_eq!(value, redis::Value::BulkString(b"v".to_vec()));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -1212,11 +1212,11 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut server = ecosphere::server::RedisServer::start()?;
+    /// let mut server = slate_harness::server::RedisServer::start()?;
     /// server.pause()?;
     /// // ... commands now time out ...
     /// server.resume()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -1232,10 +1232,10 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut server = ecosphere::server::RedisServer::start()?;
+    /// let mut server = slate_harness::server::RedisServer::start()?;
     /// server.pause()?;
     /// server.resume()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -1252,10 +1252,10 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut server = ecosphere::server::RedisServer::start()?;
+    /// let mut server = slate_harness::server::RedisServer::start()?;
     /// server.kill()?;
     /// assert!(std::net::TcpStream::connect(server.addr()).is_err());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -1275,14 +1275,14 @@ impl RedisServer {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::server::{Data, Persistence, RedisServer};
+    /// use slate_harness::server::{Data, Persistence, RedisServer};
     ///
     /// let mut server = RedisServer::builder().persistence(Persistence::Aof).start()?;
     /// server.command(&["SET", "k", "v"])?;
     /// server.kill()?;
     /// server.restart(Data::Keep)?;
     /// assert_eq!(server.command(&["GET", "k"])?, redis::Value::BulkString(b"v".to_vec()));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -1330,10 +1330,10 @@ impl RedisServer {
     /// ```no_run
     /// use std::time::Duration;
     ///
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// server.debug_sleep(Duration::from_millis(500))?;
     /// // ... the next command waits about 500 ms ...
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -1394,9 +1394,9 @@ impl RedisServer {
     /// ```no_run
     /// use std::time::Duration;
     ///
-    /// let server = ecosphere::server::RedisServer::start()?;
+    /// let server = slate_harness::server::RedisServer::start()?;
     /// server.client_pause(Duration::from_millis(500))?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -1435,9 +1435,9 @@ impl Drop for RedisServer {
 /// # Examples
 ///
 /// ```no_run
-/// let v = ecosphere::server::chosen_version()?;
+/// let v = slate_harness::server::chosen_version()?;
 /// println!("the scenarios run against {v}");
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 pub fn chosen_version() -> Result<ServerVersion, HarnessError> {
     let binary = resolve_binary(None)?;

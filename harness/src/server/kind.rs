@@ -20,7 +20,7 @@ pub const KIND_ENV: &str = "SLATE_SERVER";
 /// # Examples
 ///
 /// ```
-/// use ecosphere::server::ServerKind;
+/// use slate_harness::server::ServerKind;
 ///
 /// assert_eq!(ServerKind::parse("valkey").unwrap(), ServerKind::Valkey);
 /// assert_eq!(ServerKind::Redis.binary_name(), "redis-server");
@@ -44,9 +44,9 @@ impl ServerKind {
     /// # Examples
     ///
     /// ```
-    /// let kind = ecosphere::server::ServerKind::from_env()?;
+    /// let kind = slate_harness::server::ServerKind::from_env()?;
     /// println!("tests run against {kind}");
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn from_env() -> Result<Self, HarnessError> {
         match std::env::var(KIND_ENV) {
@@ -64,7 +64,7 @@ impl ServerKind {
     /// # Examples
     ///
     /// ```
-    /// assert!(ecosphere::server::ServerKind::parse("Redis").is_ok());
+    /// assert!(slate_harness::server::ServerKind::parse("Redis").is_ok());
     /// ```
     pub fn parse(s: &str) -> Result<Self, HarnessError> {
         match s.to_ascii_lowercase().as_str() {
@@ -81,7 +81,7 @@ impl ServerKind {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(ecosphere::server::ServerKind::Valkey.binary_name(), "valkey-server");
+    /// assert_eq!(slate_harness::server::ServerKind::Valkey.binary_name(), "valkey-server");
     /// ```
     #[must_use]
     pub fn binary_name(self) -> &'static str {
@@ -96,7 +96,7 @@ impl ServerKind {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(ecosphere::server::ServerKind::Valkey.cli_name(), "valkey-cli");
+    /// assert_eq!(slate_harness::server::ServerKind::Valkey.cli_name(), "valkey-cli");
     /// ```
     #[must_use]
     pub fn cli_name(self) -> &'static str {
@@ -116,9 +116,9 @@ impl ServerKind {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::server::{RedisServer, ServerKind};
+    /// use slate_harness::server::{RedisServer, ServerKind};
     /// let valkey = RedisServer::builder().binary(ServerKind::Valkey.locate()?).start()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn locate(self) -> Result<PathBuf, HarnessError> {
         if let Some(value) = std::env::var_os(super::BINARY_ENV).filter(|v| !v.is_empty()) {
@@ -138,7 +138,7 @@ impl ServerKind {
     /// # Examples
     ///
     /// ```
-    /// assert!(ecosphere::server::ServerKind::Redis.install_hint().contains("apt-get"));
+    /// assert!(slate_harness::server::ServerKind::Redis.install_hint().contains("apt-get"));
     /// ```
     #[must_use]
     pub fn install_hint(self) -> &'static str {
@@ -169,12 +169,12 @@ impl fmt::Display for ServerKind {
 /// # Examples
 ///
 /// ```no_run
-/// let server = ecosphere::server::RedisServer::start()?;
+/// let server = slate_harness::server::RedisServer::start()?;
 /// let v = server.version();
-/// if v.kind == ecosphere::server::ServerKind::Redis && v.at_least(7, 2) {
+/// if v.kind == slate_harness::server::ServerKind::Redis && v.at_least(7, 2) {
 ///     // a grant only Redis 7.2+ knows
 /// }
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerVersion {
@@ -194,7 +194,7 @@ impl ServerVersion {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::server::{ServerKind, ServerVersion};
+    /// use slate_harness::server::{ServerKind, ServerVersion};
     /// let v = ServerVersion { kind: ServerKind::Redis, major: 7, minor: 0, patch: 15 };
     /// assert!(v.at_least(7, 0) && !v.at_least(7, 2));
     /// ```
@@ -211,7 +211,7 @@ impl ServerVersion {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::server::{ServerKind, ServerVersion};
+    /// use slate_harness::server::{ServerKind, ServerVersion};
     /// let redis70 = ServerVersion { kind: ServerKind::Redis, major: 7, minor: 0, patch: 15 };
     /// let valkey8 = ServerVersion { kind: ServerKind::Valkey, major: 8, minor: 1, patch: 8 };
     /// assert!(!redis70.knows_client_setinfo() && valkey8.knows_client_setinfo());
@@ -227,7 +227,7 @@ impl ServerVersion {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::server::{ServerKind, ServerVersion};
+    /// use slate_harness::server::{ServerKind, ServerVersion};
     /// let v = ServerVersion::parse("Valkey server v=8.1.8 sha=00000000:1 malloc=libc").unwrap();
     /// assert_eq!((v.kind, v.major, v.minor, v.patch), (ServerKind::Valkey, 8, 1, 8));
     /// assert!(ServerVersion::parse("hello").is_none());

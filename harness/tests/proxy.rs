@@ -5,9 +5,9 @@ use std::io::ErrorKind;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use ecosphere::proxy::{FaultProxy, Mode};
-use ecosphere::server::RedisServer;
 use redis::{Connection, RedisResult, Value};
+use slate_harness::proxy::{FaultProxy, Mode};
+use slate_harness::server::RedisServer;
 
 const SHORT: Duration = Duration::from_millis(300);
 

@@ -56,8 +56,8 @@ const QUEUE_CHUNKS: usize = 1024;
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use ecosphere::proxy::{FaultProxy, Mode};
-/// use ecosphere::server::RedisServer;
+/// use slate_harness::proxy::{FaultProxy, Mode};
+/// use slate_harness::server::RedisServer;
 ///
 /// let server = RedisServer::start()?;
 /// let proxy = FaultProxy::start(server.addr())?;
@@ -65,7 +65,7 @@ const QUEUE_CHUNKS: usize = 1024;
 ///     to_server: Duration::from_millis(50),
 ///     to_client: Duration::ZERO,
 /// })?;
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
@@ -212,8 +212,8 @@ impl Shared {
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use ecosphere::proxy::{FaultProxy, Mode};
-/// use ecosphere::server::RedisServer;
+/// use slate_harness::proxy::{FaultProxy, Mode};
+/// use slate_harness::server::RedisServer;
 ///
 /// let server = RedisServer::start()?;
 /// let proxy = FaultProxy::start(server.addr())?;
@@ -237,10 +237,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// println!("clients use {}", proxy.url());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -315,10 +315,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// let stream = std::net::TcpStream::connect(proxy.addr());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
@@ -330,10 +330,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// assert_ne!(proxy.port(), server.port());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn port(&self) -> u16 {
@@ -345,10 +345,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// let client = redis::Client::open(proxy.url());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn url(&self) -> String {
@@ -360,10 +360,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// assert_eq!(proxy.upstream(), server.addr());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn upstream(&self) -> SocketAddr {
@@ -375,10 +375,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
-    /// assert_eq!(proxy.mode(), ecosphere::proxy::Mode::Pass);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
+    /// assert_eq!(proxy.mode(), slate_harness::proxy::Mode::Pass);
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn mode(&self) -> Mode {
@@ -390,14 +390,14 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::proxy::{FaultProxy, Mode};
+    /// use slate_harness::proxy::{FaultProxy, Mode};
     ///
-    /// # let server = ecosphere::server::RedisServer::start()?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
     /// let proxy = FaultProxy::start(server.addr())?;
     /// proxy.set_mode(Mode::Refuse)?;
     /// assert!(std::net::TcpStream::connect(proxy.addr()).is_err());
     /// proxy.set_mode(Mode::Pass)?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -422,14 +422,14 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::proxy::{FaultProxy, Mode};
+    /// use slate_harness::proxy::{FaultProxy, Mode};
     ///
-    /// # let server = ecosphere::server::RedisServer::start()?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
     /// let proxy = FaultProxy::start(server.addr())?;
     /// // The client's pub/sub connection, and only it, goes silent once it subscribes.
     /// proxy.set_marked_mode(Some(Mode::Blackhole))?;
     /// proxy.mark_next_sending(b"$9\r\nSUBSCRIBE\r\n")?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -476,10 +476,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// assert_eq!(proxy.marks_taken(), 0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn marks_taken(&self) -> u64 {
@@ -492,10 +492,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// proxy.reset_all()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -580,10 +580,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// assert_eq!(proxy.connections_accepted(), 0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn connections_accepted(&self) -> u64 {
@@ -595,10 +595,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// assert_eq!(proxy.open_connections(), 0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn open_connections(&self) -> usize {
@@ -610,10 +610,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// assert_eq!(proxy.bytes_to_server(), 0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn bytes_to_server(&self) -> u64 {
@@ -625,10 +625,10 @@ impl FaultProxy {
     /// # Examples
     ///
     /// ```no_run
-    /// # let server = ecosphere::server::RedisServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(server.addr())?;
+    /// # let server = slate_harness::server::RedisServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(server.addr())?;
     /// assert_eq!(proxy.bytes_to_client(), 0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn bytes_to_client(&self) -> u64 {

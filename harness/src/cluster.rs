@@ -56,7 +56,7 @@ pub struct NodeView {
 /// ```
 /// let text = "a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460\n\
 ///             b2 127.0.0.1:7001@17001 slave a1 0 0 1 connected\n";
-/// let nodes = ecosphere::cluster::parse_nodes(text);
+/// let nodes = slate_harness::cluster::parse_nodes(text);
 /// assert_eq!(nodes.len(), 2);
 /// assert_eq!(nodes[0].slots, vec![(0, 5460)]);
 /// assert_eq!(nodes[1].master_id.as_deref(), Some("a1"));
@@ -97,14 +97,14 @@ pub fn parse_nodes(text: &str) -> Vec<NodeView> {
 /// # Examples
 ///
 /// ```no_run
-/// use ecosphere::cluster::RedisCluster;
+/// use slate_harness::cluster::RedisCluster;
 ///
 /// let mut cluster = RedisCluster::start(3, 1)?;
 /// let slot = cluster.slot_of(b"slate:{orders}")?;
 /// let owner = cluster.master_of(slot)?;
 /// let promoted = cluster.kill_master(owner)?;
 /// assert_eq!(cluster.master_of(slot)?, promoted);
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Debug)]
 pub struct RedisCluster {
@@ -140,9 +140,9 @@ impl RedisCluster {
     /// # Examples
     ///
     /// ```no_run
-    /// let cluster = ecosphere::cluster::RedisCluster::start(3, 1)?;
+    /// let cluster = slate_harness::cluster::RedisCluster::start(3, 1)?;
     /// assert_eq!(cluster.len(), 6);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -160,11 +160,11 @@ impl RedisCluster {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::server::{Persistence, RedisServer};
+    /// use slate_harness::server::{Persistence, RedisServer};
     ///
     /// let builder = RedisServer::builder().persistence(Persistence::Aof);
-    /// let cluster = ecosphere::cluster::RedisCluster::start_with(3, 1, &builder)?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// let cluster = slate_harness::cluster::RedisCluster::start_with(3, 1, &builder)?;
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors

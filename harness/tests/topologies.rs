@@ -1,7 +1,7 @@
 //! The cluster and sentinel harnesses start real topologies and fail them over.
 
-use ecosphere::cluster::RedisCluster;
-use ecosphere::sentinel::SentinelGroup;
+use slate_harness::cluster::RedisCluster;
+use slate_harness::sentinel::SentinelGroup;
 
 #[test]
 fn cluster_starts_migrates_and_fails_over() {

@@ -146,9 +146,9 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let zk = slate_harness::zookeeper::ZkServer::start()?;
     /// println!("connect to {}", zk.connect_string());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -164,8 +164,8 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let zk = ecosphere::zookeeper::ZkServer::start_with(false)?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// let zk = slate_harness::zookeeper::ZkServer::start_with(false)?;
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -272,9 +272,9 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let zk = slate_harness::zookeeper::ZkServer::start()?;
     /// assert_eq!(zk.mode().as_deref(), Some("standalone"));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn mode(&self) -> Option<String> {
@@ -289,9 +289,9 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let zk = slate_harness::zookeeper::ZkServer::start()?;
     /// assert!(zk.connect_string().starts_with("127.0.0.1:"));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn connect_string(&self) -> String {
@@ -303,9 +303,9 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let zk = slate_harness::zookeeper::ZkServer::start()?;
     /// assert_ne!(zk.port(), 0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn port(&self) -> u16 {
@@ -317,9 +317,9 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
-    /// let proxy = ecosphere::proxy::FaultProxy::start(zk.addr())?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// let zk = slate_harness::zookeeper::ZkServer::start()?;
+    /// let proxy = slate_harness::proxy::FaultProxy::start(zk.addr())?;
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
@@ -331,9 +331,9 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let zk = slate_harness::zookeeper::ZkServer::start()?;
     /// assert_ne!(zk.pid(), 0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn pid(&self) -> u32 {
@@ -345,9 +345,9 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let mut zk = slate_harness::zookeeper::ZkServer::start()?;
     /// assert!(zk.is_running());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn is_running(&mut self) -> bool {
         self.child
@@ -372,10 +372,10 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let mut zk = slate_harness::zookeeper::ZkServer::start()?;
     /// zk.pause()?;
     /// zk.resume()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -390,10 +390,10 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let mut zk = slate_harness::zookeeper::ZkServer::start()?;
     /// zk.pause()?;
     /// zk.resume()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -408,10 +408,10 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let mut zk = slate_harness::zookeeper::ZkServer::start()?;
     /// zk.kill();
     /// assert!(!zk.is_running());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -425,10 +425,10 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let mut zk = slate_harness::zookeeper::ZkServer::start()?;
     /// zk.kill();
     /// zk.restart()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -445,9 +445,9 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let zk = slate_harness::zookeeper::ZkServer::start()?;
     /// println!("{}", zk.log_path().display());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn log_path(&self) -> PathBuf {
@@ -459,9 +459,9 @@ impl ZkServer {
     /// # Examples
     ///
     /// ```no_run
-    /// let zk = ecosphere::zookeeper::ZkServer::start()?;
+    /// let zk = slate_harness::zookeeper::ZkServer::start()?;
     /// println!("{}", zk.log_tail(20));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn log_tail(&self, n: usize) -> String {
@@ -522,9 +522,9 @@ impl ZkEnsemble {
     /// # Examples
     ///
     /// ```no_run
-    /// let ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// let ensemble = slate_harness::zookeeper::ZkEnsemble::start(3)?;
     /// assert!(ensemble.leader().is_some());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -544,13 +544,13 @@ impl ZkEnsemble {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut ensemble = ecosphere::zookeeper::ZkEnsemble::start_linked(3, 50)?;
+    /// let mut ensemble = slate_harness::zookeeper::ZkEnsemble::start_linked(3, 50)?;
     /// let leader = ensemble.leader().unwrap();
     /// let follower = (leader + 1) % 3;
     /// ensemble.cut_off(follower)?;
     /// // ... clients of `follower` still connect; it hears no leader for 5 s ...
     /// ensemble.heal()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -661,9 +661,9 @@ impl ZkEnsemble {
     /// # Examples
     ///
     /// ```no_run
-    /// let ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// let ensemble = slate_harness::zookeeper::ZkEnsemble::start(3)?;
     /// assert_eq!(ensemble.connect_string().split(',').count(), 3);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn connect_string(&self) -> String {
@@ -679,9 +679,9 @@ impl ZkEnsemble {
     /// # Examples
     ///
     /// ```no_run
-    /// let ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// let ensemble = slate_harness::zookeeper::ZkEnsemble::start(3)?;
     /// let leader = ensemble.leader().expect("a leader");
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn leader(&self) -> Option<usize> {
@@ -695,12 +695,12 @@ impl ZkEnsemble {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// let mut ensemble = slate_harness::zookeeper::ZkEnsemble::start(3)?;
     /// let old = ensemble.leader().unwrap();
     /// ensemble.server_mut(old).kill();
     /// let new = ensemble.wait_leader(std::time::Duration::from_secs(20))?;
     /// assert_ne!(new, old);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -726,9 +726,9 @@ impl ZkEnsemble {
     /// # Examples
     ///
     /// ```no_run
-    /// let ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// let ensemble = slate_harness::zookeeper::ZkEnsemble::start(3)?;
     /// println!("{}", ensemble.server(0).connect_string());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn server(&self, i: usize) -> &ZkServer {
@@ -740,9 +740,9 @@ impl ZkEnsemble {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut ensemble = ecosphere::zookeeper::ZkEnsemble::start(3)?;
+    /// let mut ensemble = slate_harness::zookeeper::ZkEnsemble::start(3)?;
     /// ensemble.server_mut(2).pause()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn server_mut(&mut self, i: usize) -> &mut ZkServer {
         &mut self.servers[i]
@@ -753,8 +753,8 @@ impl ZkEnsemble {
     /// # Examples
     ///
     /// ```no_run
-    /// assert_eq!(ecosphere::zookeeper::ZkEnsemble::start(3)?.len(), 3);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// assert_eq!(slate_harness::zookeeper::ZkEnsemble::start(3)?.len(), 3);
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn len(&self) -> usize {
@@ -766,8 +766,8 @@ impl ZkEnsemble {
     /// # Examples
     ///
     /// ```no_run
-    /// assert!(!ecosphere::zookeeper::ZkEnsemble::start(3)?.is_empty());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// assert!(!slate_harness::zookeeper::ZkEnsemble::start(3)?.is_empty());
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn is_empty(&self) -> bool {

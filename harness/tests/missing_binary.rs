@@ -41,7 +41,7 @@ fn inner_start_with_env_override() {
     if std::env::var("SLATE_REDIS_SERVER").as_deref() != Ok("/nonexistent/redis-server") {
         return; // Someone ran the ignored tests directly: the outer test is the real check.
     }
-    let err = ecosphere::server::RedisServer::start().expect_err("the binary does not exist");
+    let err = slate_harness::server::RedisServer::start().expect_err("the binary does not exist");
     let message = err.to_string();
     assert!(
         message.contains(r#"install it with "apt-get install -y redis-server""#),

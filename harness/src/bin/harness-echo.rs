@@ -1,6 +1,6 @@
-//! `ecosphere-echo`: a tiny worker for the harness's own tests.
+//! `harness-echo`: a tiny worker for the harness's own tests.
 //!
-//! Usage: `ecosphere-echo [WORD | --stderr TEXT | --env NAME | --sleep-ms N | --exit CODE]...`
+//! Usage: `harness-echo [WORD | --stderr TEXT | --env NAME | --sleep-ms N | --exit CODE]...`
 //!
 //! Arguments are handled in order: a WORD is printed on its own stdout line, `--stderr TEXT`
 //! writes TEXT as a line to stderr, `--env NAME` prints `NAME=VALUE` (empty if unset),

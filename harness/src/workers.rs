@@ -40,14 +40,14 @@ type EnvFn = Box<dyn Fn(usize) -> Vec<(String, String)>>;
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use ecosphere::workers::WorkerSet;
+/// use slate_harness::workers::WorkerSet;
 ///
 /// let mut workers = WorkerSet::spawn("/bin/echo", 2, |i| vec![format!("hello {i}")])?;
 /// for out in workers.wait_all(Duration::from_secs(5))? {
 ///     assert!(out.status.success());
 ///     assert_eq!(out.stdout, format!("hello {}\n", out.index));
 /// }
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct WorkerOutput {
@@ -68,10 +68,10 @@ impl WorkerOutput {
     ///
     /// ```no_run
     /// # use std::time::Duration;
-    /// # let mut workers = ecosphere::workers::WorkerSet::spawn("/bin/echo", 1, |_| vec![])?;
+    /// # let mut workers = slate_harness::workers::WorkerSet::spawn("/bin/echo", 1, |_| vec![])?;
     /// let outputs = workers.wait_all(Duration::from_secs(5))?;
     /// let lines: Vec<&str> = outputs[0].stdout_lines().collect();
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn stdout_lines(&self) -> impl Iterator<Item = &str> {
         self.stdout.lines()
@@ -163,7 +163,7 @@ impl Worker {
 /// # Examples
 ///
 /// ```no_run
-/// use ecosphere::workers::WorkerSet;
+/// use slate_harness::workers::WorkerSet;
 ///
 /// let workers = WorkerSet::builder("target/debug/my-worker")
 ///     .count(3)
@@ -171,7 +171,7 @@ impl Worker {
 ///     .env("REDIS_URL", "redis://127.0.0.1:6379")
 ///     .env_for(|i| vec![("WORKER_INDEX".into(), i.to_string())])
 ///     .spawn()?;
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[must_use]
 pub struct WorkerSetBuilder {
@@ -200,9 +200,9 @@ impl WorkerSetBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::builder("/bin/true").count(4).spawn()?;
+    /// let workers = slate_harness::workers::WorkerSet::builder("/bin/true").count(4).spawn()?;
     /// assert_eq!(workers.len(), 4);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn count(mut self, n: usize) -> Self {
         self.count = n;
@@ -214,11 +214,11 @@ impl WorkerSetBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::builder("/bin/echo")
+    /// let workers = slate_harness::workers::WorkerSet::builder("/bin/echo")
     ///     .count(2)
     ///     .args(|i| vec![format!("worker-{i}")])
     ///     .spawn()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn args(mut self, args: impl Fn(usize) -> Vec<String> + 'static) -> Self {
         self.args = Some(Box::new(args));
@@ -230,10 +230,10 @@ impl WorkerSetBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::builder("/usr/bin/env")
+    /// let workers = slate_harness::workers::WorkerSet::builder("/usr/bin/env")
     ///     .env("RUST_LOG", "debug")
     ///     .spawn()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
         self.env.push((key.into(), value.into()));
@@ -245,11 +245,11 @@ impl WorkerSetBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::builder("/usr/bin/env")
+    /// let workers = slate_harness::workers::WorkerSet::builder("/usr/bin/env")
     ///     .count(2)
     ///     .env_for(|i| vec![("WORKER_INDEX".into(), i.to_string())])
     ///     .spawn()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn env_for(mut self, env: impl Fn(usize) -> Vec<(String, String)> + 'static) -> Self {
         self.env_for = Some(Box::new(env));
@@ -261,10 +261,10 @@ impl WorkerSetBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::builder("/bin/pwd")
+    /// let workers = slate_harness::workers::WorkerSet::builder("/bin/pwd")
     ///     .current_dir("/tmp")
     ///     .spawn()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn current_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.current_dir = Some(dir.into());
@@ -276,8 +276,8 @@ impl WorkerSetBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::builder("/bin/true").count(2).spawn()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// let workers = slate_harness::workers::WorkerSet::builder("/bin/true").count(2).spawn()?;
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -384,7 +384,7 @@ fn start_readers(
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use ecosphere::workers::WorkerSet;
+/// use slate_harness::workers::WorkerSet;
 ///
 /// let mut workers = WorkerSet::spawn("target/debug/my-worker", 3, |i| vec![i.to_string()])?;
 /// let line = workers.wait_for_line(2, |l| l.starts_with("acquired"), Duration::from_secs(5))?;
@@ -392,7 +392,7 @@ fn start_readers(
 /// workers.resume(2)?;
 /// workers.kill(1)?; // a crashed waiter
 /// let outputs = workers.wait_all(Duration::from_secs(30))?;
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Debug)]
 pub struct WorkerSet {
@@ -406,8 +406,8 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::spawn("/bin/echo", 3, |i| vec![i.to_string()])?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// let workers = slate_harness::workers::WorkerSet::spawn("/bin/echo", 3, |i| vec![i.to_string()])?;
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -426,11 +426,11 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::builder("/usr/bin/env")
+    /// let workers = slate_harness::workers::WorkerSet::builder("/usr/bin/env")
     ///     .count(2)
     ///     .env("SLATE_SEED", "42")
     ///     .spawn()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     pub fn builder(program: impl AsRef<Path>) -> WorkerSetBuilder {
         WorkerSetBuilder {
@@ -448,9 +448,9 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::spawn("/bin/true", 2, |_| vec![])?;
+    /// let workers = slate_harness::workers::WorkerSet::spawn("/bin/true", 2, |_| vec![])?;
     /// assert_eq!(workers.len(), 2);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn len(&self) -> usize {
@@ -462,9 +462,9 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::spawn("/bin/true", 0, |_| vec![])?;
+    /// let workers = slate_harness::workers::WorkerSet::spawn("/bin/true", 0, |_| vec![])?;
     /// assert!(workers.is_empty());
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     #[must_use]
     pub fn is_empty(&self) -> bool {
@@ -476,9 +476,9 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["1".into()])?;
+    /// let workers = slate_harness::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["1".into()])?;
     /// println!("{}", workers.pid(0));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Panics
@@ -516,9 +516,9 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut workers = ecosphere::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["9".into()])?;
+    /// let mut workers = slate_harness::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["9".into()])?;
     /// workers.kill(0)?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -533,10 +533,10 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut workers = ecosphere::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["9".into()])?;
+    /// let mut workers = slate_harness::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["9".into()])?;
     /// workers.pause(0)?;
     /// workers.resume(0)?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -552,10 +552,10 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut workers = ecosphere::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["9".into()])?;
+    /// let mut workers = slate_harness::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["9".into()])?;
     /// workers.pause(0)?;
     /// workers.resume(0)?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -570,9 +570,9 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut workers = ecosphere::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["9".into()])?;
+    /// let mut workers = slate_harness::workers::WorkerSet::spawn("/bin/sleep", 1, |_| vec!["9".into()])?;
     /// assert!(workers.is_running(0)?);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -587,9 +587,9 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::spawn("/bin/echo", 1, |_| vec!["hi".into()])?;
+    /// let workers = slate_harness::workers::WorkerSet::spawn("/bin/echo", 1, |_| vec!["hi".into()])?;
     /// let lines = workers.stdout_lines(0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Panics
@@ -605,9 +605,9 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let workers = ecosphere::workers::WorkerSet::spawn("/bin/true", 1, |_| vec![])?;
+    /// let workers = slate_harness::workers::WorkerSet::spawn("/bin/true", 1, |_| vec![])?;
     /// let stderr = workers.stderr(0);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Panics
@@ -628,11 +628,11 @@ impl WorkerSet {
     /// ```no_run
     /// use std::time::Duration;
     ///
-    /// let mut workers = ecosphere::workers::WorkerSet::spawn("target/debug/my-worker", 3, |i| {
+    /// let mut workers = slate_harness::workers::WorkerSet::spawn("target/debug/my-worker", 3, |i| {
     ///     vec![i.to_string()]
     /// })?;
     /// workers.wait_for_line(2, |line| line == "acquired", Duration::from_secs(5))?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -702,10 +702,10 @@ impl WorkerSet {
     /// ```no_run
     /// use std::time::Duration;
     ///
-    /// let mut workers = ecosphere::workers::WorkerSet::spawn("/bin/echo", 3, |i| vec![i.to_string()])?;
+    /// let mut workers = slate_harness::workers::WorkerSet::spawn("/bin/echo", 3, |i| vec![i.to_string()])?;
     /// let outputs = workers.wait_all(Duration::from_secs(10))?;
     /// assert!(outputs.iter().all(|out| out.status.success()));
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -776,9 +776,9 @@ impl WorkerSet {
     /// # Examples
     ///
     /// ```no_run
-    /// let mut workers = ecosphere::workers::WorkerSet::spawn("/bin/true", 2, |_| vec![])?;
+    /// let mut workers = slate_harness::workers::WorkerSet::spawn("/bin/true", 2, |_| vec![])?;
     /// let exited = workers.exited()?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors

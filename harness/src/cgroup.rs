@@ -19,7 +19,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use ecosphere::cgroup::{Cgroup, Controller};
+//! use slate_harness::cgroup::{Cgroup, Controller};
 //!
 //! let mut child = std::process::Command::new("sleep").arg("5").spawn()?;
 //! let mut group = Cgroup::create(Controller::Cpu)?;
@@ -53,7 +53,7 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 /// # Examples
 ///
 /// ```
-/// assert_eq!(ecosphere::cgroup::Controller::Cpu.name(), "cpu");
+/// assert_eq!(slate_harness::cgroup::Controller::Cpu.name(), "cpu");
 /// ```
 ///
 /// # Errors
@@ -74,7 +74,7 @@ impl Controller {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(ecosphere::cgroup::Controller::Freezer.name(), "freezer");
+    /// assert_eq!(slate_harness::cgroup::Controller::Freezer.name(), "freezer");
     /// ```
     ///
     /// # Errors
@@ -93,7 +93,7 @@ impl Controller {
 /// # Examples
 ///
 /// ```
-/// use ecosphere::cgroup::{Cgroup, CgroupError, Controller};
+/// use slate_harness::cgroup::{Cgroup, CgroupError, Controller};
 /// let err = Cgroup::create_under(Controller::Cpu, "/nonexistent/cgroup").unwrap_err();
 /// assert!(matches!(err, CgroupError::Unavailable(_)));
 /// ```
@@ -130,7 +130,7 @@ pub enum CgroupError {
 /// # Examples
 ///
 /// ```no_run
-/// use ecosphere::cgroup::{Cgroup, Controller};
+/// use slate_harness::cgroup::{Cgroup, Controller};
 ///
 /// let mut child = std::process::Command::new("sleep").arg("5").spawn()?;
 /// let mut group = Cgroup::create(Controller::Freezer)?;
@@ -155,9 +155,9 @@ impl Cgroup {
     /// # Examples
     ///
     /// ```no_run
-    /// let group = ecosphere::cgroup::Cgroup::create(ecosphere::cgroup::Controller::Cpu)?;
+    /// let group = slate_harness::cgroup::Cgroup::create(slate_harness::cgroup::Controller::Cpu)?;
     /// assert!(group.path().exists());
-    /// # Ok::<(), ecosphere::cgroup::CgroupError>(())
+    /// # Ok::<(), slate_harness::cgroup::CgroupError>(())
     /// ```
     ///
     /// # Errors
@@ -174,9 +174,9 @@ impl Cgroup {
     /// # Examples
     ///
     /// ```no_run
-    /// use ecosphere::cgroup::{Cgroup, Controller};
+    /// use slate_harness::cgroup::{Cgroup, Controller};
     /// let group = Cgroup::create_under(Controller::Freezer, "/sys/fs/cgroup/freezer")?;
-    /// # Ok::<(), ecosphere::cgroup::CgroupError>(())
+    /// # Ok::<(), slate_harness::cgroup::CgroupError>(())
     /// ```
     ///
     /// # Errors
@@ -222,9 +222,9 @@ impl Cgroup {
     /// # Examples
     ///
     /// ```no_run
-    /// let group = ecosphere::cgroup::Cgroup::create(ecosphere::cgroup::Controller::Cpu)?;
+    /// let group = slate_harness::cgroup::Cgroup::create(slate_harness::cgroup::Controller::Cpu)?;
     /// println!("{}", group.path().display());
-    /// # Ok::<(), ecosphere::cgroup::CgroupError>(())
+    /// # Ok::<(), slate_harness::cgroup::CgroupError>(())
     /// ```
     ///
     /// # Errors
@@ -241,7 +241,7 @@ impl Cgroup {
     ///
     /// ```no_run
     /// let mut child = std::process::Command::new("sleep").arg("1").spawn()?;
-    /// let mut group = ecosphere::cgroup::Cgroup::create(ecosphere::cgroup::Controller::Cpu)?;
+    /// let mut group = slate_harness::cgroup::Cgroup::create(slate_harness::cgroup::Controller::Cpu)?;
     /// group.add(child.id())?;
     /// # child.kill()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -262,9 +262,9 @@ impl Cgroup {
     /// # Examples
     ///
     /// ```no_run
-    /// let group = ecosphere::cgroup::Cgroup::create(ecosphere::cgroup::Controller::Cpu)?;
+    /// let group = slate_harness::cgroup::Cgroup::create(slate_harness::cgroup::Controller::Cpu)?;
     /// assert!(group.pids()?.is_empty());
-    /// # Ok::<(), ecosphere::cgroup::CgroupError>(())
+    /// # Ok::<(), slate_harness::cgroup::CgroupError>(())
     /// ```
     ///
     /// # Errors
@@ -285,9 +285,9 @@ impl Cgroup {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// let group = ecosphere::cgroup::Cgroup::create(ecosphere::cgroup::Controller::Cpu)?;
+    /// let group = slate_harness::cgroup::Cgroup::create(slate_harness::cgroup::Controller::Cpu)?;
     /// group.set_cpu_quota(Duration::from_millis(1), Duration::from_millis(100))?;
-    /// # Ok::<(), ecosphere::cgroup::CgroupError>(())
+    /// # Ok::<(), slate_harness::cgroup::CgroupError>(())
     /// ```
     ///
     /// # Errors
@@ -311,9 +311,9 @@ impl Cgroup {
     /// # Examples
     ///
     /// ```no_run
-    /// let group = ecosphere::cgroup::Cgroup::create(ecosphere::cgroup::Controller::Cpu)?;
+    /// let group = slate_harness::cgroup::Cgroup::create(slate_harness::cgroup::Controller::Cpu)?;
     /// group.clear_cpu_quota()?;
-    /// # Ok::<(), ecosphere::cgroup::CgroupError>(())
+    /// # Ok::<(), slate_harness::cgroup::CgroupError>(())
     /// ```
     ///
     /// # Errors
@@ -330,9 +330,9 @@ impl Cgroup {
     /// # Examples
     ///
     /// ```no_run
-    /// let group = ecosphere::cgroup::Cgroup::create(ecosphere::cgroup::Controller::Cpu)?;
+    /// let group = slate_harness::cgroup::Cgroup::create(slate_harness::cgroup::Controller::Cpu)?;
     /// let (periods, time) = group.throttled()?;
-    /// # Ok::<(), ecosphere::cgroup::CgroupError>(())
+    /// # Ok::<(), slate_harness::cgroup::CgroupError>(())
     /// ```
     ///
     /// # Errors
@@ -359,10 +359,10 @@ impl Cgroup {
     /// # Examples
     ///
     /// ```no_run
-    /// let group = ecosphere::cgroup::Cgroup::create(ecosphere::cgroup::Controller::Freezer)?;
+    /// let group = slate_harness::cgroup::Cgroup::create(slate_harness::cgroup::Controller::Freezer)?;
     /// group.freeze()?;
     /// group.thaw()?;
-    /// # Ok::<(), ecosphere::cgroup::CgroupError>(())
+    /// # Ok::<(), slate_harness::cgroup::CgroupError>(())
     /// ```
     ///
     /// # Errors
@@ -394,9 +394,9 @@ impl Cgroup {
     /// # Examples
     ///
     /// ```no_run
-    /// let group = ecosphere::cgroup::Cgroup::create(ecosphere::cgroup::Controller::Freezer)?;
+    /// let group = slate_harness::cgroup::Cgroup::create(slate_harness::cgroup::Controller::Freezer)?;
     /// group.thaw()?;
-    /// # Ok::<(), ecosphere::cgroup::CgroupError>(())
+    /// # Ok::<(), slate_harness::cgroup::CgroupError>(())
     /// ```
     ///
     /// # Errors
@@ -446,7 +446,7 @@ impl Drop for Cgroup {
     fn drop(&mut self) {
         let report = |what: &str, r: Result<(), CgroupError>| {
             if let Err(e) = r {
-                eprintln!("ecosphere::cgroup: {what} {}: {e}", self.path.display());
+                eprintln!("slate_harness::cgroup: {what} {}: {e}", self.path.display());
             }
         };
         match self.controller {
@@ -471,7 +471,7 @@ impl Drop for Cgroup {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
                 Err(e) if attempt + 1 == RMDIR_TRIES => {
                     eprintln!(
-                        "ecosphere::cgroup: cannot remove {}: {e}",
+                        "slate_harness::cgroup: cannot remove {}: {e}",
                         self.path.display()
                     );
                 }

@@ -16,9 +16,9 @@ pub const SEED_VAR: &str = "SLATE_SEED";
 /// # Examples
 ///
 /// ```
-/// let mut seed = ecosphere::seed::Seed::with_value("doc", 42);
+/// let mut seed = slate_harness::seed::Seed::with_value("doc", 42);
 /// let a = seed.below(10);
-/// let mut again = ecosphere::seed::Seed::with_value("doc", 42);
+/// let mut again = slate_harness::seed::Seed::with_value("doc", 42);
 /// assert_eq!(a, again.below(10));
 /// ```
 #[derive(Debug, Clone)]

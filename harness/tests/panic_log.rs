@@ -46,6 +46,6 @@ fn inner_panics_with_a_live_server() {
     if std::env::var_os("ECOSPHERE_PANIC_LOG_INNER").is_none() {
         return; // Someone ran the ignored tests directly: nothing to demonstrate here.
     }
-    let _server = ecosphere::server::RedisServer::start().expect("start");
+    let _server = slate_harness::server::RedisServer::start().expect("start");
     panic!("intentional failure");
 }

@@ -28,13 +28,13 @@ const POLL: Duration = Duration::from_millis(50);
 /// # Examples
 ///
 /// ```no_run
-/// use ecosphere::sentinel::SentinelGroup;
+/// use slate_harness::sentinel::SentinelGroup;
 ///
 /// let mut group = SentinelGroup::start(2, 3)?;
 /// let old = group.master()?;
 /// let new = group.kill_master()?;
 /// assert_ne!(old, new);
-/// # Ok::<(), ecosphere::server::HarnessError>(())
+/// # Ok::<(), slate_harness::server::HarnessError>(())
 /// ```
 #[derive(Debug)]
 pub struct SentinelGroup {
@@ -48,9 +48,9 @@ impl SentinelGroup {
     /// # Examples
     ///
     /// ```no_run
-    /// let group = ecosphere::sentinel::SentinelGroup::start(2, 3)?;
+    /// let group = slate_harness::sentinel::SentinelGroup::start(2, 3)?;
     /// assert_eq!(group.sentinel_urls().len(), 3);
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors
@@ -66,9 +66,9 @@ impl SentinelGroup {
     /// # Examples
     ///
     /// ```no_run
-    /// let builder = ecosphere::server::RedisServer::builder();
-    /// let group = ecosphere::sentinel::SentinelGroup::start_with(2, 3, &builder)?;
-    /// # Ok::<(), ecosphere::server::HarnessError>(())
+    /// let builder = slate_harness::server::RedisServer::builder();
+    /// let group = slate_harness::sentinel::SentinelGroup::start_with(2, 3, &builder)?;
+    /// # Ok::<(), slate_harness::server::HarnessError>(())
     /// ```
     ///
     /// # Errors

@@ -1,15 +1,15 @@
-//! `WorkerSet` against real processes (the `ecosphere-echo` helper binary).
+//! `WorkerSet` against real processes (the `harness-echo` helper binary).
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use ecosphere::server::HarnessError;
-use ecosphere::workers::WorkerSet;
 use nix::errno::Errno;
 use nix::sys::signal;
 use nix::unistd::Pid;
+use slate_harness::server::HarnessError;
+use slate_harness::workers::WorkerSet;
 
-const ECHO: &str = env!("CARGO_BIN_EXE_ecosphere-echo");
+const ECHO: &str = env!("CARGO_BIN_EXE_harness-echo");
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()

@@ -10,7 +10,7 @@ use std::io;
 /// # Examples
 ///
 /// ```no_run
-/// use ecosphere::server::{HarnessError, RedisServer};
+/// use slate_harness::server::{HarnessError, RedisServer};
 ///
 /// match RedisServer::start() {
 ///     Ok(server) => println!("redis on {}", server.url()),
@@ -120,7 +120,7 @@ impl HarnessError {
     /// # Examples
     ///
     /// ```
-    /// use ecosphere::server::HarnessError;
+    /// use slate_harness::server::HarnessError;
     ///
     /// let err = HarnessError::Timeout { what: "PING".into() };
     /// assert!(err.is_timeout());
