@@ -1048,7 +1048,12 @@ impl Release for Releasing {
         &mut self,
         hold: &Hold,
     ) -> impl Future<Output = Result<u32>> + Send + 'static + use<> {
-        release(self.lock.clone(), hold.holder(), self.nodes.clone())
+        // Called once, as the guard ends: the list is not read again.
+        release(
+            self.lock.clone(),
+            hold.holder(),
+            std::mem::take(&mut self.nodes),
+        )
     }
 
     fn runtime(&self) -> &Handle {

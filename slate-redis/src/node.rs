@@ -1047,15 +1047,16 @@ impl<'c> Node<'c> {
     ///
     /// Cancel safe (a read).
     pub async fn inspect(self, keys: &NodeKeys) -> Result<LockStatus> {
-        self.status_of(&keys.keys).await
+        self.0.status_of(&keys.keys).await
     }
+}
 
+impl RedisClient {
     /// Reads the state of the lock whose keys are `keys` in one round trip.
-    pub(crate) async fn status_of(self, keys: &crate::scripts::keys::Keys) -> Result<LockStatus> {
+    pub(crate) async fn status_of(&self, keys: &crate::scripts::keys::Keys) -> Result<LockStatus> {
         let (lock_key, fence, alias): (&[u8], &[u8], &[u8]) =
             (&keys.lock, &keys.fence, &keys.holder);
         let reply: Vec<redis::Value> = self
-            .0
             .exec("inspect script", |mut c| async move {
                 INSPECT
                     .key(&*lock_key)
@@ -1065,7 +1066,7 @@ impl<'c> Node<'c> {
                     .await
             })
             .await?;
-        let bad = || unexpected_reply("inspect script", self.0.address(), "malformed reply");
+        let bad = || unexpected_reply("inspect script", self.address(), "malformed reply");
         let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).map_err(|_| bad());
         let (pttl, fence, passed, rest) = match reply.as_slice() {
             [p, f, passed, rest @ ..] if rest.len() % 2 == 0 => {

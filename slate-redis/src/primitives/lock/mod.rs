@@ -851,7 +851,7 @@ impl SingleLock {
     /// Cancel safe (a read).
     pub async fn status(&self) -> Result<LockStatus> {
         let c = self.shared.competitor();
-        c.client.node().status_of(&c.keys).await
+        c.client.status_of(&c.keys).await
     }
 
     /// Deletes the lock whoever holds it and publishes on its channel so that waiters retry at
