@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// How many times [`RedisClient::exec`] sends one request whose connection breaks before its
+/// reply (each on a new connection, all within one command timeout).
+const IO_SENDS: u32 = 3;
+
 impl RedisClient {
     /// The shared multiplexed connection (borrowed from the pool on first use and after a
     /// failure), with its generation for [`invalidate`](Self::invalidate).
@@ -237,8 +241,9 @@ impl RedisClient {
     /// Runs one command (or pipeline) on the shared connection within the command timeout.
     ///
     /// When the connection breaks before the reply arrives (a restarted server, a reset), the
-    /// command may or may not have run; it is sent once more, on a new connection, within what
-    /// is left of the command timeout. Every command Slate sends may be repeated: reads,
+    /// command may or may not have run; it is sent again, on a new connection, within what is
+    /// left of the command timeout (at most [`IO_SENDS`] sends: a new connection can break
+    /// too, under the same fault). Every command Slate sends may be repeated: reads,
     /// `PEXPIRE`-style renewals, `SET NX`, a fence raised to a maximum, and the acquire and
     /// release scripts, which carry a request id so that the server answers a retry from the
     /// request's record instead of applying it twice (see `request.rs`).
@@ -249,16 +254,19 @@ impl RedisClient {
     {
         let start = Instant::now();
         let budget = self.inner.options.command_timeout;
-        match self.exec_within(what, budget, &f).await {
-            Err(e) if e.backend_kind() == Some(BackendKind::Io) => {
-                let left = budget.saturating_sub(start.elapsed());
-                if left.is_zero() {
-                    return Err(e);
+        let mut sends = 1;
+        loop {
+            let left = budget.saturating_sub(start.elapsed());
+            match self.exec_within(what, left, &f).await {
+                Err(e) if e.backend_kind() == Some(BackendKind::Io) && sends < IO_SENDS => {
+                    if budget.saturating_sub(start.elapsed()).is_zero() {
+                        return Err(e);
+                    }
+                    sends += 1;
+                    tracing::debug!(node = %self.inner.address, error = %e, "{what}: the connection broke before the reply; sending the same request again");
                 }
-                tracing::debug!(node = %self.inner.address, error = %e, "{what}: the connection broke before the reply; sending the same request again");
-                self.exec_within(what, left, f).await
+                r => return r,
             }
-            r => r,
         }
     }
 
