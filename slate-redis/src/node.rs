@@ -16,17 +16,16 @@
 //! (every entry it lost has expired by then everywhere else too) and stamps the marker again,
 //! with [`RedisClient::node_mark`].
 
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use redis::Script;
 use slate_core::{Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions, Result};
 
 use crate::client::{RedisClient, unexpected_reply};
 use crate::primitives::lock::{
     Acquire, Release, Turn, acquire_remote, min_validity, release_remote,
 };
-use crate::scripts::FORCE_UNLOCK;
+use crate::scripts;
 use crate::scripts::keys::Keys;
 use crate::scripts::request;
 use crate::services::notify::ReleaseTarget;
@@ -36,86 +35,6 @@ use slate_aqs::Notifications;
 /// The acquire script's answer when the lease is longer than the quarantine the node marker
 /// records (nothing was touched).
 const LEASE_OVER_QUARANTINE: i64 = -8;
-
-/// Writes the node marker. KEYS[1] the marker; ARGV[1] the stamp; ARGV[2] the quarantine
-/// bound in ms ('' for none); ARGV[3] the mode: `adopt` (set exactly, reading nothing),
-/// `stamp` (stamp a node whose quarantine ran its course on this server, or add a bound to
-/// its own stamp: refused when the marker is missing, another server's, or pending with time
-/// left), `pend` (start a quarantine of ARGV[4] ms on the server's clock, keep the one this
-/// server already runs, at most the bound from now, or leave alone a stamp of this very
-/// server). A bound never goes down but by `adopt`. Returns {bound or -1, ms left of the
-/// quarantine (0: none), 1 if written as asked else 0}.
-static MARK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local suffix = ''
-if ARGV[2] ~= '' then
-    suffix = ' q=' .. ARGV[2]
-end
-if ARGV[3] == 'adopt' then
-    redis.call('SET', KEYS[1], ARGV[1] .. suffix)
-    return {tonumber(ARGV[2]) or -1, 0, 1}
-end
-local q = tonumber(ARGV[2])
-local cur = redis.call('GET', KEYS[1])
-local old_q = cur and tonumber(string.match(cur, ' q=(%d+)$') or '')
-if old_q and (not q or old_q > q) then
-    q = old_q
-end
-suffix = ''
-if q then
-    suffix = string.format(' q=%d', q)
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- A quarantine this very server runs: 'pending <stamp> <until ms>'.
-local until_ms = nil
-if cur then
-    local stamp, u = string.match(cur, '^pending (.+) (%d+) q=%d+$')
-    if not stamp then
-        stamp, u = string.match(cur, '^pending (.+) (%d+)$')
-    end
-    if stamp == ARGV[1] then
-        until_ms = tonumber(u)
-    end
-end
-local own = cur == ARGV[1] or (cur and string.sub(cur, 1, #ARGV[1] + 3) == ARGV[1] .. ' q=')
-if ARGV[3] == 'pend' then
-    -- Stamped by this very server since it was read: a quarantine of this server ran its
-    -- course after the loss the caller saw; left alone.
-    if own then
-        return {q or -1, 0, 0}
-    end
-    if until_ms then
-        -- More time left than the bound: the server's clock went back; counted from now.
-        if q and until_ms - now > q then
-            until_ms = now + q
-        end
-        redis.call('SET', KEYS[1], string.format('pending %s %d', ARGV[1], until_ms) .. suffix)
-        return {q or -1, math.max(until_ms - now, 0), 1}
-    end
-    local wait = tonumber(ARGV[4]) or 0
-    redis.call('SET', KEYS[1], string.format('pending %s %d', ARGV[1], now + wait) .. suffix)
-    return {q or -1, wait, 1}
-end
--- 'stamp'
-if not ((until_ms and until_ms <= now) or own) then
-    local left = 0
-    if until_ms then
-        left = until_ms - now
-    end
-    return {q or -1, left, 0}
-end
-redis.call('SET', KEYS[1], ARGV[1] .. suffix)
-return {q or -1, 0, 1}
-",
-    )
-});
-
-static RAISE_FENCE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
-static INSPECT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/inspect.lua")));
 
 /// The keys of one lock on one server, plus the server's node marker.
 ///
@@ -781,14 +700,13 @@ impl<'c> Node<'c> {
     ///
     /// Idempotent: safe to drop and repeat.
     pub async fn raise_fence(self, keys: &NodeKeys, token: FencingToken) -> Result<u64> {
-        let fence: &[u8] = &keys.keys.fence;
+        let call = scripts::call::RaiseFence {
+            fence: &keys.keys.fence,
+            token: token.get(),
+        };
         self.0
             .exec("raise-fence script", |mut c| async move {
-                RAISE_FENCE
-                    .key(&*fence)
-                    .arg(token.get())
-                    .invoke_async(&mut c)
-                    .await
+                call.invocation().invoke_async(&mut c).await
             })
             .await
     }
@@ -821,17 +739,17 @@ impl<'c> Node<'c> {
         };
         let ms = bound.map_or(String::new(), |q| q.as_millis().to_string());
         let wait = wait.as_millis().to_string();
-        let (stamp, ms, wait) = (&stamp, &ms, &wait);
+        let call = scripts::call::Mark {
+            marker,
+            stamp: &stamp,
+            bound_ms: &ms,
+            mode,
+            wait_ms: &wait,
+        };
         let reply: Vec<i64> = self
             .0
             .exec("node marker script", |mut c| async move {
-                MARK.key(&*marker)
-                    .arg(stamp)
-                    .arg(ms)
-                    .arg(mode)
-                    .arg(wait)
-                    .invoke_async(&mut c)
-                    .await
+                call.invocation().invoke_async(&mut c).await
             })
             .await?;
         match reply.as_slice() {
@@ -923,21 +841,7 @@ impl<'c> Node<'c> {
     ///
     /// The deletion may or may not have happened when the future is dropped.
     pub async fn force_unlock(self, keys: &NodeKeys) -> Result<bool> {
-        let (lock_key, channel): (&[u8], &[u8]) = (&keys.keys.lock, &keys.keys.channel);
-        let publish = self.0.publish_arg();
-        let n: i64 = self
-            .0
-            .exec("force-unlock script", |mut c| async move {
-                FORCE_UNLOCK
-                    .script
-                    .key(&*lock_key)
-                    .key(&*channel)
-                    .arg(publish)
-                    .invoke_async(&mut c)
-                    .await
-            })
-            .await?;
-        Ok(n == 1)
+        self.0.force_unlock_of(&keys.keys).await
     }
 
     /// Registers `holder`'s entry with this client's renewal service and returns its lease.
@@ -1052,18 +956,32 @@ impl<'c> Node<'c> {
 }
 
 impl RedisClient {
+    /// Deletes the lock whose keys are `keys` whoever holds it, and wakes its waiters;
+    /// answers whether there was an entry.
+    pub(crate) async fn force_unlock_of(&self, keys: &Keys) -> Result<bool> {
+        let call = scripts::call::ForceUnlock {
+            lock: &keys.lock,
+            channel: &keys.channel,
+            publish: self.publish_arg(),
+        };
+        let n: i64 = self
+            .exec("force-unlock script", |mut c| async move {
+                call.invocation().invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
     /// Reads the state of the lock whose keys are `keys` in one round trip.
-    pub(crate) async fn status_of(&self, keys: &crate::scripts::keys::Keys) -> Result<LockStatus> {
-        let (lock_key, fence, alias): (&[u8], &[u8], &[u8]) =
-            (&keys.lock, &keys.fence, &keys.holder);
+    pub(crate) async fn status_of(&self, keys: &Keys) -> Result<LockStatus> {
+        let call = scripts::call::Inspect {
+            lock: &keys.lock,
+            fence: &keys.fence,
+            current: &keys.holder,
+        };
         let reply: Vec<redis::Value> = self
             .exec("inspect script", |mut c| async move {
-                INSPECT
-                    .key(&*lock_key)
-                    .key(&*fence)
-                    .key(&*alias)
-                    .invoke_async(&mut c)
-                    .await
+                call.invocation().invoke_async(&mut c).await
             })
             .await?;
         let bad = || unexpected_reply("inspect script", self.address(), "malformed reply");

@@ -1,10 +1,11 @@
-//! The Lua scripts of the single lock (`scripts/*.lua`), run by `EVALSHA`.
+//! The Lua scripts of the Redis primitives (`scripts/*.lua`), run by `EVALSHA`, each called
+//! through its typed binding in [`call`].
 //!
 //! Single calls go through [`redis::Script`], whose `invoke_async` sends `EVALSHA` and, on a
 //! `NOSCRIPT` reply (a restarted server has an empty script cache), loads the script and sends
-//! it once more. Pipelines (renewal, and a script followed by its `WAIT`:
-//! `conn::eval_then_wait`) cannot use it, so [`SlateScript::evalsha`] builds the command and
-//! the caller loads the script and resends what answered `NOSCRIPT`, once.
+//! it once more (a binding's `invocation()`). Pipelines (renewal, and a script followed by its
+//! `WAIT`: `conn::eval_then_wait`) cannot use it, so a binding's `cmd()` builds the command
+//! and the caller loads the script and resends what answered `NOSCRIPT`, once.
 
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -14,6 +15,7 @@ use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
 use slate_core::HolderId;
 use slate_core::mutant::{self, Mutant};
 
+pub(crate) mod call;
 pub(crate) mod keys;
 pub(crate) mod request;
 
@@ -50,25 +52,6 @@ impl SlateScript {
     pub(crate) fn load_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(self.code);
-        cmd
-    }
-
-    /// `EVALSHA <sha> <#keys> <keys...>`: the caller adds the arguments.
-    pub(crate) fn evalsha(&self, keys: &[&[u8]]) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash()).arg(keys.len());
-        for k in keys {
-            cmd.arg(*k);
-        }
-        cmd
-    }
-
-    /// `EVALSHA <sha> <#keys> <keys...> <args...>`.
-    pub(crate) fn evalsha_cmd(&self, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
-        let mut cmd = self.evalsha(keys);
-        for a in args {
-            cmd.arg(*a);
-        }
         cmd
     }
 }
@@ -116,6 +99,16 @@ pub(crate) static RENEW: LazyLock<SlateScript> = LazyLock::new(|| {
 /// `force_unlock.lua`: delete whoever holds it, and publish.
 pub(crate) static FORCE_UNLOCK: LazyLock<SlateScript> =
     LazyLock::new(|| SlateScript::new(include_str!("force_unlock.lua")));
+
+/// `inspect.lua`: one lock's state in one round trip.
+pub(crate) static INSPECT: LazyLock<SlateScript> =
+    LazyLock::new(|| SlateScript::new(include_str!("inspect.lua")));
+/// `raise_fence.lua`: raise a multi-node lock's fencing counter on one node.
+pub(crate) static RAISE_FENCE: LazyLock<SlateScript> =
+    LazyLock::new(|| SlateScript::new(include_str!("raise_fence.lua")));
+/// `mark.lua`: write a multi-node lock's node marker.
+pub(crate) static MARK: LazyLock<SlateScript> =
+    LazyLock::new(|| SlateScript::new(include_str!("mark.lua")));
 
 /// The shared-mode scripts (read-write lock, semaphore): each is `shared_prelude.lua`
 /// followed by its body.
@@ -167,14 +160,20 @@ pub(crate) fn shared_renew_cmd(
     lease: Duration,
 ) -> Cmd {
     let holder = holder.to_string();
-    let ms = lease_ms(lease).to_string();
-    SHARED_RENEW.evalsha_cmd(&[key, leases], &[holder.as_bytes(), ms.as_bytes()])
+    call::SharedRenew {
+        holders: key,
+        leases,
+        holder: &holder,
+        lease_ms: lease_ms(lease),
+    }
+    .cmd()
 }
 
 /// The renewal of one hold, for a pipeline.
 ///
 /// `turn`: the single lock's turn key (refreshed with the lease); `fence`: its fencing counter
-/// and expiry when the counter expires (needs `turn`).
+/// and expiry when the counter expires (needs `turn`); `alias`: the single lock's current
+/// holder key and the local holder the hold was passed to (needs `turn`).
 pub(crate) fn renew_cmd(
     key: &[u8],
     turn: Option<&[u8]>,
@@ -184,35 +183,27 @@ pub(crate) fn renew_cmd(
     alias: Option<(&[u8], HolderId)>,
 ) -> Cmd {
     let holder = holder.to_string();
-    let ms = lease_ms(lease).to_string();
-    if let (Some(turn), Some((alias, to))) = (turn, alias) {
+    let idle = fence.map(|(_, idle)| lease_ms(*idle).to_string());
+    let passed_to = alias.map(|(_, to)| to.to_string());
+    let mut call = call::Renew {
+        lock: key,
+        turn,
+        // The fence goes only with the turn (KEYS[2]).
+        fence: turn.and(fence.map(|(fence, _)| &**fence)),
+        current: None,
+        holder: &holder,
+        lease_ms: lease_ms(lease),
+        fence_expiry_ms: turn.and(idle.as_deref()),
+        passed_to: None,
+    };
+    if let (Some(turn), Some((current, _))) = (turn, alias) {
         // KEYS[3] is the fence only with a fence expiry (ARGV[3]); else a placeholder.
-        let (fence, idle) = match fence {
-            Some((fence, idle)) => (&**fence, lease_ms(*idle).to_string()),
-            None => (turn, String::new()),
-        };
-        let to = to.to_string();
-        return RENEW.evalsha_cmd(
-            &[key, turn, fence, alias],
-            &[
-                holder.as_bytes(),
-                ms.as_bytes(),
-                idle.as_bytes(),
-                to.as_bytes(),
-            ],
-        );
+        call.fence = Some(call.fence.unwrap_or(turn));
+        call.fence_expiry_ms = Some(call.fence_expiry_ms.unwrap_or(""));
+        call.current = Some(current);
+        call.passed_to = passed_to.as_deref();
     }
-    match (turn, fence) {
-        (Some(turn), Some((fence, idle))) => {
-            let idle = lease_ms(*idle).to_string();
-            RENEW.evalsha_cmd(
-                &[key, turn, fence],
-                &[holder.as_bytes(), ms.as_bytes(), idle.as_bytes()],
-            )
-        }
-        (Some(turn), None) => RENEW.evalsha_cmd(&[key, turn], &[holder.as_bytes(), ms.as_bytes()]),
-        (None, _) => RENEW.evalsha_cmd(&[key], &[holder.as_bytes(), ms.as_bytes()]),
-    }
+    call.cmd()
 }
 
 /// Whether a reply says the server does not know the script.

@@ -307,28 +307,27 @@ pub(crate) async fn release_remote(
     let undo = release.undo.map(|id| id.to_string()).unwrap_or_default();
     let (request, waiters) = (release.request, u8::from(release.local_waiters));
     let publish = client.publish_arg();
-    let holds = release.holds;
+    let call = scripts::call::Release {
+        lock: &keys.lock,
+        channel: &keys.channel,
+        queue: &keys.queue,
+        turn: &keys.turn,
+        record: &record,
+        holder: &holder_arg,
+        lease_ms: ms,
+        queue_id,
+        tenure,
+        local_waiters: waiters,
+        reserve_ms: reserve,
+        request,
+        record_ms,
+        undo: &undo,
+        publish,
+        holds: release.holds,
+    };
     client
-        .exec("release script", |mut c| {
-            let mut invocation = RELEASE.script.prepare_invoke();
-            invocation
-                .key(&*keys.lock)
-                .key(&*keys.channel)
-                .key(&*keys.queue)
-                .key(&*keys.turn)
-                .key(&*record)
-                .arg(&holder_arg)
-                .arg(ms)
-                .arg(queue_id)
-                .arg(tenure)
-                .arg(waiters)
-                .arg(reserve)
-                .arg(request)
-                .arg(record_ms)
-                .arg(&undo)
-                .arg(publish)
-                .arg(holds);
-            async move { invocation.invoke_async(&mut c).await }
+        .exec("release script", |mut c| async move {
+            call.invocation().invoke_async(&mut c).await
         })
         .await
 }
@@ -378,23 +377,26 @@ pub(crate) async fn acquire_remote(
         .fence_expiry
         .map(|d| scripts::lease_ms(d).to_string());
     let synced = client.synced();
-    let mut keys_of: Vec<&[u8]> = vec![&keys.lock, &keys.fence, &keys.queue, &keys.turn, &record];
-    keys_of.extend(marker);
-    let mut eval = ACQUIRE.evalsha(&keys_of);
-    eval.arg(&holder_arg)
-        .arg(ms)
-        .arg(queue_id)
-        .arg(tenure)
-        .arg(request)
-        .arg(record_ms)
-        // ARGV[7] and ARGV[8]: '' means no (see acquire.lua).
-        .arg(if reentry { "1" } else { "" })
-        .arg(fence_expiry.as_deref().unwrap_or(""));
-    // ARGV[9]: the token block, only when it allows passes (the common call stays as short as
-    // it was).
-    if block > 1 {
-        eval.arg(block);
+    let eval = scripts::call::Acquire {
+        lock: &keys.lock,
+        fence: &keys.fence,
+        queue: &keys.queue,
+        turn: &keys.turn,
+        record: &record,
+        marker,
+        holder: &holder_arg,
+        lease_ms: ms,
+        queue_id,
+        tenure,
+        request,
+        record_ms,
+        reentry: if reentry { "1" } else { "" },
+        fence_expiry_ms: fence_expiry.as_deref().unwrap_or(""),
+        // The token block only when it allows passes (the common call stays as short as it
+        // was).
+        block: (block > 1).then_some(block),
     }
+    .cmd();
     let eval = &eval;
     let (reply, acked): (Vec<i64>, Option<usize>) = client
         .exec("acquire script", |mut c| async move {

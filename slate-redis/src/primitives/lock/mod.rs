@@ -18,7 +18,7 @@ use crate::node::LockStatus;
 use crate::primitives::lock::guard::SingleLockGuard;
 use crate::scripts::keys::Keys;
 use crate::scripts::request;
-use crate::scripts::{self, ACQUIRE, FORCE_UNLOCK, RELEASE};
+use crate::scripts::{self, ACQUIRE};
 use crate::services::notify::ReleaseTarget;
 use crate::services::renewal::{self, Renewable};
 use slate_core::registry::Registered;
@@ -878,24 +878,10 @@ impl SingleLock {
     /// The deletion may or may not have happened when the future is dropped.
     pub fn force_unlock(&self) -> impl Future<Output = Result<u64>> + Send + '_ {
         let c = self.shared.competitor();
-        let (key, channel) = (c.keys.lock.clone(), c.keys.channel.clone());
         async move {
-            let (key, channel): (&[u8], &[u8]) = (&key, &channel);
-            let publish = c.client.publish_arg();
-            let deleted: i64 = c
-                .client
-                .exec("force-unlock script", |mut conn| async move {
-                    FORCE_UNLOCK
-                        .script
-                        .key(&*key)
-                        .key(&*channel)
-                        .arg(publish)
-                        .invoke_async(&mut conn)
-                        .await
-                })
-                .await?;
+            let deleted = c.client.force_unlock_of(&c.keys).await?;
             tracing::warn!(lock = %c.label, deleted, "force unlock");
-            Ok(u64::from(deleted == 1))
+            Ok(u64::from(deleted))
         }
     }
 }

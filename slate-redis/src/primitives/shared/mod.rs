@@ -27,7 +27,7 @@ use crate::client::{RedisClient, lock, unexpected_reply};
 use crate::primitives::lock::min_validity;
 use crate::scripts::keys::Keys;
 use crate::scripts::request;
-use crate::scripts::{self, SHARED_ACQUIRE, SHARED_ADMIN, SHARED_LEAVE, SHARED_RELEASE};
+use crate::scripts::{self, SHARED_ACQUIRE};
 use crate::services::notify::ReleaseTarget;
 use crate::services::renewal::{self, Renewable};
 use slate_core::registry::Registered;
@@ -653,18 +653,18 @@ impl SharedCompetitor {
     pub(crate) async fn admin<T: redis::FromRedisValue>(&self, op: &str, n: u32) -> Result<T> {
         let keys = &self.keys;
         let publish = self.client.publish_arg();
+        let call = scripts::call::SharedAdmin {
+            holders: &keys.holders,
+            leases: &keys.leases,
+            channel: &keys.channel,
+            capacity_key: keys.permits.as_deref(),
+            op,
+            n,
+            publish,
+        };
         self.client
-            .exec("shared admin script", |mut c| {
-                let mut invocation = SHARED_ADMIN.script.prepare_invoke();
-                invocation
-                    .key(&*keys.holders)
-                    .key(&*keys.leases)
-                    .key(&*keys.channel);
-                if let Some(permits) = &keys.permits {
-                    invocation.key(&**permits);
-                }
-                invocation.arg(op).arg(n).arg(publish);
-                async move { invocation.invoke_async(&mut c).await }
+            .exec("shared admin script", |mut c| async move {
+                call.invocation().invoke_async(&mut c).await
             })
             .await
     }
@@ -735,30 +735,30 @@ impl Call {
         let capacity = self.kind.capacity();
         let publish = self.client.publish_arg();
         let synced = self.client.synced();
-        let mut keys_of: Vec<&[u8]> = vec![
-            &keys.holders,
-            &keys.leases,
-            &keys.queue,
-            &keys.wants,
-            &keys.fence,
-            &record,
-            &keys.channel,
-        ];
-        keys_of.extend(keys.permits.as_deref().or(keys.exclusive.as_deref()));
-        let mut eval = SHARED_ACQUIRE.evalsha(&keys_of);
-        eval.arg(&holder)
-            .arg(if a.write { "w" } else { "r" })
-            .arg(a.permits)
-            .arg(lease_ms)
-            .arg(a.queue_id)
-            .arg(claim_ms)
-            .arg(a.request)
-            .arg(record_ms)
-            .arg(if a.reentry { "1" } else { "" })
-            .arg(capacity)
-            .arg(if keys.exclusive.is_some() { "x" } else { "" })
-            .arg(a.seq)
-            .arg(publish);
+        let eval = scripts::call::SharedAcquire {
+            holders: &keys.holders,
+            leases: &keys.leases,
+            queue: &keys.queue,
+            wants: &keys.wants,
+            fence: &keys.fence,
+            record: &record,
+            channel: &keys.channel,
+            capacity_or_excluded: keys.permits.as_deref().or(keys.exclusive.as_deref()),
+            holder: &holder,
+            mode: if a.write { "w" } else { "r" },
+            permits: a.permits,
+            lease_ms,
+            queue_id: a.queue_id,
+            claim_ms,
+            request: a.request,
+            record_ms,
+            reentry: if a.reentry { "1" } else { "" },
+            capacity,
+            exclude: if keys.exclusive.is_some() { "x" } else { "" },
+            seq: a.seq,
+            publish,
+        }
+        .cmd();
         let eval = &eval;
         let (reply, acked): (Vec<i64>, Option<usize>) = self
             .client
@@ -801,29 +801,26 @@ impl Call {
         let undo = undo.map(|id| id.to_string()).unwrap_or_default();
         let publish = self.client.publish_arg();
         let capacity = self.kind.capacity();
+        let call = scripts::call::SharedRelease {
+            holders: &keys.holders,
+            leases: &keys.leases,
+            queue: &keys.queue,
+            wants: &keys.wants,
+            channel: &keys.channel,
+            record: &record,
+            capacity_key: keys.permits.as_deref(),
+            holder: &holder,
+            mode: if write { "w" } else { "r" },
+            lease_ms,
+            request,
+            record_ms,
+            undo: &undo,
+            publish,
+            capacity,
+        };
         self.client
-            .exec("shared release script", |mut c| {
-                let mut invocation = SHARED_RELEASE.script.prepare_invoke();
-                invocation
-                    .key(&*keys.holders)
-                    .key(&*keys.leases)
-                    .key(&*keys.queue)
-                    .key(&*keys.wants)
-                    .key(&*keys.channel)
-                    .key(&*record);
-                if let Some(permits) = &keys.permits {
-                    invocation.key(&**permits);
-                }
-                invocation
-                    .arg(&holder)
-                    .arg(if write { "w" } else { "r" })
-                    .arg(lease_ms)
-                    .arg(request)
-                    .arg(record_ms)
-                    .arg(&undo)
-                    .arg(publish)
-                    .arg(capacity);
-                async move { invocation.invoke_async(&mut c).await }
+            .exec("shared release script", |mut c| async move {
+                call.invocation().invoke_async(&mut c).await
             })
             .await
     }
@@ -834,20 +831,21 @@ impl Call {
         let keys = &self.keys;
         let publish = self.client.publish_arg();
         let capacity = self.kind.capacity();
+        let call = scripts::call::SharedLeave {
+            holders: &keys.holders,
+            leases: &keys.leases,
+            queue: &keys.queue,
+            wants: &keys.wants,
+            channel: &keys.channel,
+            capacity_key: keys.permits.as_deref(),
+            queue_id,
+            seq,
+            publish,
+            capacity,
+        };
         self.client
-            .exec("leaving the queue", |mut c| {
-                let mut invocation = SHARED_LEAVE.script.prepare_invoke();
-                invocation
-                    .key(&*keys.holders)
-                    .key(&*keys.leases)
-                    .key(&*keys.queue)
-                    .key(&*keys.wants)
-                    .key(&*keys.channel);
-                if let Some(permits) = &keys.permits {
-                    invocation.key(&**permits);
-                }
-                invocation.arg(queue_id).arg(seq).arg(publish).arg(capacity);
-                async move { invocation.invoke_async(&mut c).await }
+            .exec("leaving the queue", |mut c| async move {
+                call.invocation().invoke_async(&mut c).await
             })
             .await
     }

@@ -1,0 +1,444 @@
+//! Typed bindings: one struct per script, whose fields are the script's `KEYS` and `ARGV`,
+//! named and ordered as the script's header states them. A call site names what it sends
+//! (`Release { lock, channel, .., holder, lease_ms, .. }`) instead of a positional chain of
+//! `.key()` and `.arg()`, and a test holds each binding to its script's header.
+//!
+//! A binding's optional fields (`Option`) are the script's optional trailing keys or
+//! arguments: they are sent in order up to the first `None`, so a `Some` after a `None` is a
+//! caller's mistake (checked in debug builds).
+
+use redis::{Cmd, ScriptInvocation, ToRedisArgs};
+
+use super::SlateScript;
+
+/// Where a binding writes its keys and arguments: a command or a script invocation.
+pub(crate) trait Sink {
+    fn key(&mut self, key: &[u8]);
+    fn arg(&mut self, arg: &dyn WriteArg);
+}
+
+impl Sink for Cmd {
+    fn key(&mut self, key: &[u8]) {
+        self.arg(key);
+    }
+    fn arg(&mut self, arg: &dyn WriteArg) {
+        arg.write_to_cmd(self);
+    }
+}
+
+impl Sink for ScriptInvocation<'static> {
+    fn key(&mut self, key: &[u8]) {
+        ScriptInvocation::key(self, key);
+    }
+    fn arg(&mut self, arg: &dyn WriteArg) {
+        arg.write_to_invocation(self);
+    }
+}
+
+/// An argument of any type (object safe, so that arguments of different types go through
+/// one [`Sink`]).
+pub(crate) trait WriteArg {
+    fn write_to_cmd(&self, cmd: &mut Cmd);
+    fn write_to_invocation(&self, invocation: &mut ScriptInvocation<'static>);
+}
+
+impl<T: ToRedisArgs> WriteArg for T {
+    fn write_to_cmd(&self, cmd: &mut Cmd) {
+        cmd.arg(self);
+    }
+    fn write_to_invocation(&self, invocation: &mut ScriptInvocation<'static>) {
+        invocation.arg(self);
+    }
+}
+
+/// Tracks a binding's optional fields: each is sent only if every optional before it was (a
+/// `Some` after a `None` is a caller's mistake, caught in debug builds).
+struct Optionals(bool);
+
+impl Optionals {
+    fn send<T>(&mut self, opt: Option<T>) -> Option<T> {
+        match opt {
+            Some(v) => {
+                debug_assert!(self.0, "an optional script field is set after an unset one");
+                self.0.then_some(v)
+            }
+            None => {
+                self.0 = false;
+                None
+            }
+        }
+    }
+}
+
+/// Declares a binding: `Name => SCRIPT { keys: [..], optional_keys: [..], args: [..],
+/// optional_args: [..] }`. Keys are byte strings; arguments anything redis-rs can send.
+macro_rules! script_call {
+    (
+        $(#[$meta:meta])*
+        $name:ident => $script:ident {
+            keys: [$($key:ident),* $(,)?],
+            optional_keys: [$($okey:ident),* $(,)?],
+            args: [$($arg:ident: $aty:ty),* $(,)?],
+            optional_args: [$($oarg:ident: $oty:ty),* $(,)?] $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug)]
+        pub(crate) struct $name<'a> {
+            $(pub(crate) $key: &'a [u8],)*
+            $(pub(crate) $okey: Option<&'a [u8]>,)*
+            $(pub(crate) $arg: $aty,)*
+            $(pub(crate) $oarg: Option<$oty>,)*
+        }
+
+        #[allow(dead_code, reason = "a binding is sent by invocation, by command, or both")]
+        impl $name<'_> {
+            /// The names of `KEYS[1..]`, then of `ARGV[1..]`, as the script's header has them.
+            #[cfg(test)]
+            pub(crate) const NAMES: (&'static [&'static str], &'static [&'static str]) = (
+                &[$(stringify!($key),)* $(stringify!($okey),)*],
+                &[$(stringify!($arg),)* $(stringify!($oarg),)*],
+            );
+
+            /// The script this binding calls.
+            pub(crate) fn script() -> &'static SlateScript {
+                &super::$script
+            }
+
+            /// How many keys this call sends.
+            #[allow(unused_mut, unused_variables, reason = "a binding may have no optionals")]
+            fn key_count(&self) -> usize {
+                let mut n = 0;
+                $(let _ = self.$key; n += 1;)*
+                let mut optionals = super::call::Optionals(true);
+                $(n += usize::from(optionals.send(self.$okey).is_some());)*
+                n
+            }
+
+            /// Keys then arguments, in the script's order.
+            #[allow(unused_mut, unused_variables, reason = "a binding may have no optionals")]
+            fn write(&self, out: &mut impl super::call::Sink) {
+                $(out.key(self.$key);)*
+                let mut optionals = super::call::Optionals(true);
+                $(if let Some(k) = optionals.send(self.$okey) { out.key(k); })*
+                $(out.arg(&self.$arg);)*
+                let mut optionals = super::call::Optionals(true);
+                $(if let Some(a) = optionals.send(self.$oarg.as_ref()) { out.arg(a); })*
+            }
+
+            /// The call for `Script::invoke_async`, which loads the script on `NOSCRIPT`.
+            pub(crate) fn invocation(&self) -> ScriptInvocation<'static> {
+                let mut invocation = Self::script().script.prepare_invoke();
+                self.write(&mut invocation);
+                invocation
+            }
+
+            /// `EVALSHA` with this call's keys and arguments, for a pipeline (the caller
+            /// loads the script and resends on `NOSCRIPT`: `conn::eval_then_wait`).
+            pub(crate) fn cmd(&self) -> Cmd {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(Self::script().script.get_hash()).arg(self.key_count());
+                self.write(&mut cmd);
+                cmd
+            }
+        }
+    };
+}
+
+script_call! {
+    /// `acquire.lua`: acquire or re-enter the single lock (or one node of a multi-node lock).
+    Acquire => ACQUIRE {
+        keys: [lock, fence, queue, turn, record],
+        optional_keys: [marker],
+        args: [
+            holder: &'a str,
+            lease_ms: u64,
+            queue_id: &'a str,
+            tenure: u32,
+            request: u64,
+            record_ms: u64,
+            reentry: &'static str,
+            fence_expiry_ms: &'a str,
+        ],
+        optional_args: [block: u32],
+    }
+}
+
+script_call! {
+    /// `release.lua`: release one level, pass the turn, publish.
+    Release => RELEASE {
+        keys: [lock, channel, queue, turn, record],
+        optional_keys: [],
+        args: [
+            holder: &'a str,
+            lease_ms: u64,
+            queue_id: &'a str,
+            tenure: u32,
+            local_waiters: u8,
+            reserve_ms: u64,
+            request: u64,
+            record_ms: u64,
+            undo: &'a str,
+            publish: &'static str,
+            holds: u32,
+        ],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `renew.lua`: renew a holder's lease (with the single lock's turn, fence and current
+    /// holder when given).
+    Renew => RENEW {
+        keys: [lock],
+        optional_keys: [turn, fence, current],
+        args: [holder: &'a str, lease_ms: u64],
+        optional_args: [fence_expiry_ms: &'a str, passed_to: &'a str],
+    }
+}
+
+script_call! {
+    /// `force_unlock.lua`: delete whoever holds the lock, and publish.
+    ForceUnlock => FORCE_UNLOCK {
+        keys: [lock, channel],
+        optional_keys: [],
+        args: [publish: &'static str],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `inspect.lua`: the holders, their depths and leases, the fence, the current holder.
+    Inspect => INSPECT {
+        keys: [lock, fence, current],
+        optional_keys: [],
+        args: [],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `raise_fence.lua`: raise a fencing counter to at least a token.
+    RaiseFence => RAISE_FENCE {
+        keys: [fence],
+        optional_keys: [],
+        args: [token: u64],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `mark.lua`: write a combination node's marker.
+    Mark => MARK {
+        keys: [marker],
+        optional_keys: [],
+        args: [stamp: &'a str, bound_ms: &'a str, mode: &'static str, wait_ms: &'a str],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `shared_acquire.lua`: acquire or re-enter a read, write or permit hold.
+    SharedAcquire => SHARED_ACQUIRE {
+        keys: [holders, leases, queue, wants, fence, record, channel],
+        optional_keys: [capacity_or_excluded],
+        args: [
+            holder: &'a str,
+            mode: &'static str,
+            permits: u32,
+            lease_ms: u64,
+            queue_id: &'a str,
+            claim_ms: u64,
+            request: u64,
+            record_ms: u64,
+            reentry: &'static str,
+            capacity: u32,
+            exclude: &'static str,
+            seq: u64,
+            publish: &'static str,
+        ],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `shared_release.lua`: release one shared-mode level and wake what now fits.
+    SharedRelease => SHARED_RELEASE {
+        keys: [holders, leases, queue, wants, channel, record],
+        optional_keys: [capacity_key],
+        args: [
+            holder: &'a str,
+            mode: &'static str,
+            lease_ms: u64,
+            request: u64,
+            record_ms: u64,
+            undo: &'a str,
+            publish: &'static str,
+            capacity: u32,
+        ],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `shared_renew.lua`: renew a shared-mode holder's lease.
+    SharedRenew => SHARED_RENEW {
+        keys: [holders, leases],
+        optional_keys: [],
+        args: [holder: &'a str, lease_ms: u64],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `shared_leave.lua`: a drained process gives up its place in the queue.
+    SharedLeave => SHARED_LEAVE {
+        keys: [holders, leases, queue, wants, channel],
+        optional_keys: [capacity_key],
+        args: [queue_id: &'a str, seq: u64, publish: &'static str, capacity: u32],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `shared_admin.lua`: inspect, clear, or set a semaphore's permits.
+    SharedAdmin => SHARED_ADMIN {
+        keys: [holders, leases, channel],
+        optional_keys: [capacity_key],
+        args: [op: &'a str, n: u32, publish: &'static str],
+        optional_args: [],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The highest `NAME[n]` the script's header declares: lines `-- NAME[n]  what`,
+    /// `-- NAME[1], NAME[2]  what` or `-- NAME[1]..NAME[4]  what`.
+    fn declared(code: &str, name: &str) -> usize {
+        let index = |s: &str| -> Option<(usize, usize)> {
+            let rest = s.strip_prefix(name)?.strip_prefix('[')?;
+            let end = rest.find(']')?;
+            Some((rest[..end].parse().ok()?, name.len() + 1 + end + 1))
+        };
+        code.lines()
+            .filter_map(|line| {
+                let (first, used) = index(line.strip_prefix("-- ")?)?;
+                let rest = &line[3 + used..];
+                let second = rest
+                    .strip_prefix(", ")
+                    .or_else(|| rest.strip_prefix(".."))
+                    .and_then(|r| index(r).map(|(n, _)| n));
+                Some(second.unwrap_or(first))
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The highest `NAME[n]` the code (comments left out) reads.
+    fn read(code: &str, name: &str) -> usize {
+        let pat = format!("{name}[");
+        code.lines()
+            .map(|line| line.split("--").next().unwrap_or(""))
+            .flat_map(|line| line.match_indices(&pat).map(move |(i, _)| &line[i..]))
+            .filter_map(|at| {
+                let rest = &at[pat.len()..];
+                rest[..rest.find(']')?].parse::<usize>().ok()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    macro_rules! check {
+        ($($binding:ident),* $(,)?) => {{
+            let mut checked = 0;
+            $(
+                let code = $binding::script().code;
+                let (keys, args) = $binding::NAMES;
+                let name = stringify!($binding);
+                assert_eq!(keys.len(), declared(code, "KEYS"), "{name}: the header's KEYS");
+                assert_eq!(args.len(), declared(code, "ARGV"), "{name}: the header's ARGV");
+                // The shared prelude's helpers read what the scripts that call them declare.
+                let body = code.strip_prefix(include_str!("shared_prelude.lua")).unwrap_or(code);
+                assert!(read(body, "KEYS") <= keys.len(), "{name} reads an undeclared key");
+                assert!(read(body, "ARGV") <= args.len(), "{name} reads an undeclared argument");
+                checked += 1;
+            )*
+            checked
+        }};
+    }
+
+    #[test]
+    fn every_binding_names_each_key_and_argument_its_script_reads() {
+        let checked = check!(
+            Acquire,
+            Release,
+            Renew,
+            ForceUnlock,
+            Inspect,
+            RaiseFence,
+            Mark,
+            SharedAcquire,
+            SharedRelease,
+            SharedRenew,
+            SharedLeave,
+            SharedAdmin,
+        );
+        assert_eq!(checked, 12);
+    }
+
+    #[test]
+    fn optional_fields_are_sent_up_to_the_first_unset_one() {
+        let renew = Renew {
+            lock: b"l",
+            turn: Some(b"t"),
+            fence: None,
+            current: None,
+            holder: "h",
+            lease_ms: 5,
+            fence_expiry_ms: None,
+            passed_to: None,
+        };
+        let packed = renew.cmd().get_packed_command();
+        let text = String::from_utf8_lossy(&packed);
+        assert!(text.contains("\r\n2\r\n"), "two keys: {text}");
+        assert!(text.ends_with("$1\r\nh\r\n$1\r\n5\r\n"), "{text}");
+        assert_eq!(renew.key_count(), 2);
+    }
+
+    #[test]
+    fn invocation_and_cmd_send_the_same_keys_and_arguments() {
+        let acquire = Acquire {
+            lock: b"k",
+            fence: b"k:fence",
+            queue: b"k:queue",
+            turn: b"k:turn",
+            record: b"k:req:h",
+            marker: Some(b"node-marker"),
+            holder: "h",
+            lease_ms: 30_000,
+            queue_id: "q",
+            tenure: 4,
+            request: 77,
+            record_ms: 2_000,
+            reentry: "",
+            fence_expiry_ms: "",
+            block: Some(8),
+        };
+        let cmd = acquire.cmd();
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => b"<not a plain argument>".to_vec(),
+            })
+            .collect();
+        assert_eq!(args[0], b"EVALSHA");
+        assert_eq!(args[2], b"6");
+        assert_eq!(args[3], b"k");
+        assert_eq!(args[8], b"node-marker");
+        assert_eq!(args.last().unwrap(), b"8");
+        assert_eq!(args.len(), 3 + 6 + 9);
+    }
+}
