@@ -23,9 +23,6 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use ecosphere::server::RedisServer;
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
 
-const ACQUIRE: &str = include_str!("../../slate-redis/src/scripts/acquire.lua");
-const RELEASE: &str = include_str!("../../slate-redis/src/scripts/release.lua");
-
 fn combination(c: &mut Criterion) {
     let servers = RedisServer::start_many(3).expect("start redis-server");
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
@@ -37,7 +34,10 @@ fn combination(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("combination_uncontended_3_nodes");
 
-    let (acquire, release) = (redis::Script::new(ACQUIRE), redis::Script::new(RELEASE));
+    let (acquire, release) = (
+        redis::Script::new(slate_redis::lua_script("acquire").unwrap().source),
+        redis::Script::new(slate_redis::lua_script("release").unwrap().source),
+    );
     let conn = rt.block_on(async {
         let client = redis::Client::open(urls[0].as_str()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();

@@ -17,9 +17,6 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use ecosphere::server::RedisServer;
 use slate_redis::{RedisClient, SingleLock};
 
-const ACQUIRE: &str = include_str!("../../slate-redis/src/scripts/acquire.lua");
-const RELEASE: &str = include_str!("../../slate-redis/src/scripts/release.lua");
-
 fn single(c: &mut Criterion) {
     let server = RedisServer::start().expect("start redis-server");
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -30,7 +27,10 @@ fn single(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("single_uncontended");
 
-    let (acquire, release) = (redis::Script::new(ACQUIRE), redis::Script::new(RELEASE));
+    let (acquire, release) = (
+        redis::Script::new(slate_redis::lua_script("acquire").unwrap().source),
+        redis::Script::new(slate_redis::lua_script("release").unwrap().source),
+    );
     let conn = rt.block_on(async {
         let client = redis::Client::open(server.url()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();

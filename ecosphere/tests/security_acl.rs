@@ -44,9 +44,6 @@ use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{BackendKind, Error, LockGuard, LossReason};
 use slate_redis::{ClientOptions, RedisClient, RwLock, Semaphore, SingleLock};
 
-/// The library's acquire script (to ask the server whether its cache holds it).
-const ACQUIRE_LUA: &str = include_str!("../../slate-redis/src/scripts/acquire.lua");
-
 /// The lock user's password; no rendering may ever contain it.
 const PASSWORD: &str = "Acl-S3cret-7f3c91e2";
 /// The lock user.
@@ -655,9 +652,10 @@ async fn x1_least_privilege_user_runs_both_locks_with_an_empty_acl_log() {
     let g = lock.lock().await.expect("lock before the restart");
     assert_eq!(g.unlock().await.expect("unlock"), 0);
     servers[0].restart(Data::Wipe).expect("restart");
-    let acquire_sha = redis::Script::new(ACQUIRE_LUA).get_hash().to_owned();
+    // The library's acquire script (to ask the server whether its cache holds it).
+    let acquire_sha = slate_redis::lua_script("acquire").expect("acquire").sha1;
     let cached = servers[0]
-        .command(&["SCRIPT", "EXISTS", &acquire_sha])
+        .command(&["SCRIPT", "EXISTS", acquire_sha])
         .expect("SCRIPT EXISTS");
     assert_eq!(
         cached,

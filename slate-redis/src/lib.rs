@@ -68,6 +68,7 @@ pub use primitives::lock::{ClientSource, SingleLock, SingleLockBuilder};
 pub use primitives::rwlock::{RwLock, RwLockBuilder, RwLockReadGuard, RwLockWriteGuard};
 pub use primitives::semaphore::{MAX_PERMITS, Semaphore, SemaphoreBuilder, SemaphorePermit};
 pub use primitives::shared::{SharedHolder, SharedMode, SharedStatus};
+pub use scripts::{LuaScript, lua_script, lua_scripts};
 // Everything the examples and a typical caller need, so that depending on `slate-redis` alone
 // is enough (the traits are only needed for generic code).
 pub use slate_core::{

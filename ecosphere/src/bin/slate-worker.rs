@@ -106,9 +106,6 @@ use redis::aio::MultiplexedConnection;
 use slate_history::logged::{Held, Log, Released as Logged};
 use slate_redis::{ClientOptions, LossReason, RedisClient, SingleLock, SingleLockGuard};
 
-/// The library's release script, for the one release no guard can express (past depth 0).
-const RELEASE_LUA: &str = include_str!("../../../slate-redis/src/scripts/release.lua");
-
 /// The fenced resource F (reliability.md §6.1): rejects a token below the highest accepted so
 /// far; an accepted operation raises that maximum, counts itself (its sequence number is the
 /// accept order) and appends its element to the log list `KEYS[2]`. Replies `{1, seq}` or
@@ -1145,7 +1142,9 @@ async fn reenter(ctx: &Ctx) -> Res<()> {
         },
     )?;
     let mut direct = ctx.direct.clone();
-    let reply: i64 = redis::Script::new(RELEASE_LUA)
+    // The library's release script, for the one release no guard can express (past depth 0).
+    let release = slate_redis::lua_script("release").ok_or("no release script")?;
+    let reply: i64 = redis::Script::new(release.source)
         .key(key)
         .key(channel)
         .arg(&held.holder)

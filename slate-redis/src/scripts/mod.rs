@@ -147,6 +147,76 @@ pub(crate) static ALL: [&LazyLock<SlateScript>; 9] = [
     &SHARED_LEAVE,
 ];
 
+/// Every script by its file name (without `.lua`).
+static NAMED: [(&str, &LazyLock<SlateScript>); 12] = [
+    ("acquire", &ACQUIRE),
+    ("release", &RELEASE),
+    ("renew", &RENEW),
+    ("force_unlock", &FORCE_UNLOCK),
+    ("inspect", &INSPECT),
+    ("raise_fence", &RAISE_FENCE),
+    ("mark", &MARK),
+    ("shared_acquire", &SHARED_ACQUIRE),
+    ("shared_release", &SHARED_RELEASE),
+    ("shared_renew", &SHARED_RENEW),
+    ("shared_leave", &SHARED_LEAVE),
+    ("shared_admin", &SHARED_ADMIN),
+];
+
+/// One of the Lua scripts Slate runs on a Redis server, as this build sends it: for an
+/// operator who audits what runs on the server or preloads it (`SCRIPT LOAD`) where clients
+/// may not load scripts, and for tools that call a script directly.
+///
+/// # Examples
+///
+/// ```
+/// let release = slate_redis::lua_script("release").expect("a script of Slate's");
+/// assert_eq!(release.sha1.len(), 40);
+/// assert!(release.source.contains("KEYS[1]"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LuaScript {
+    /// The script's name: its file name in `slate-redis/src/scripts` without `.lua` (the
+    /// shared-mode scripts' source is `shared_prelude.lua` followed by that file).
+    pub name: &'static str,
+    /// The SHA1 digest `EVALSHA` names it by.
+    pub sha1: &'static str,
+    /// The source, whose header states its keys, arguments and replies.
+    pub source: &'static str,
+}
+
+/// Every Lua script Slate runs on a Redis server (see [`LuaScript`]).
+///
+/// # Examples
+///
+/// ```
+/// for script in slate_redis::lua_scripts() {
+///     println!("{} {}", script.sha1, script.name);
+/// }
+/// ```
+pub fn lua_scripts() -> impl Iterator<Item = LuaScript> {
+    NAMED.iter().map(|(name, s)| {
+        let s: &'static SlateScript = s;
+        LuaScript {
+            name,
+            sha1: s.script.get_hash(),
+            source: s.code,
+        }
+    })
+}
+
+/// The Lua script named `name` (see [`LuaScript::name`]), or `None`.
+///
+/// # Examples
+///
+/// ```
+/// assert!(slate_redis::lua_script("acquire").is_some());
+/// assert!(slate_redis::lua_script("nope").is_none());
+/// ```
+pub fn lua_script(name: &str) -> Option<LuaScript> {
+    lua_scripts().find(|s| s.name == name)
+}
+
 /// A lease as the scripts' ARGV: whole milliseconds, at least 1.
 pub(crate) fn lease_ms(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -222,6 +292,22 @@ mod tests {
             assert!(s.code.contains("ARGV"));
             assert!(s.code.contains("Replies"));
             assert_eq!(s.script.get_hash().len(), 40);
+        }
+    }
+
+    #[test]
+    fn every_script_is_listed_once_by_its_file_name() {
+        let names: std::collections::BTreeSet<_> = lua_scripts().map(|s| s.name).collect();
+        assert_eq!(names.len(), NAMED.len());
+        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts"))
+            .expect("the scripts folder")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|f| f.strip_suffix(".lua").map(str::to_owned))
+            .filter(|f| f != "shared_prelude")
+            .collect::<std::collections::BTreeSet<_>>();
+        assert_eq!(names, files.iter().map(String::as_str).collect());
+        for s in ALL {
+            assert!(lua_scripts().any(|l| l.sha1 == s.script.get_hash()));
         }
     }
 
