@@ -170,7 +170,7 @@ struct Common {
     /// The master's name as the Sentinels monitor it (with --sentinel).
     #[arg(long = "master-name", value_name = "NAME")]
     master_name: Option<String>,
-    /// A ZooKeeper ensemble, host:port[,host:port...][/chroot]: the lock is the ZooKeeper lock
+    /// A ZooKeeper ensemble, host:port[,host:port...]\[/chroot\]: the lock is the ZooKeeper lock
     /// (the session is the lease; digest credentials from $SLATE_ZOOKEEPER_DIGEST=user:password).
     #[arg(
         long = "zookeeper",

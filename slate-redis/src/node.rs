@@ -10,11 +10,11 @@
 //! A server that restarts without its data forgets every lock entry on it, and a holder that
 //! counted that node in its quorum silently loses it. To see this from any client (even one
 //! that never talked to the server before the restart), multi-node locks keep one persistent
-//! key per server, the *node marker* (`<prefix>node-marker`). [`RedisClient::node_acquire`]
+//! key per server, the *node marker* (`<prefix>node-marker`). [`Node::acquire`]
 //! answers [`NodeAcquire::DataLost`] when it is missing or pending, and touches nothing. The
 //! multi-node lock then quarantines the node, on the server, for at least the longest lease
 //! (every entry it lost has expired by then everywhere else too) and stamps the marker again,
-//! with [`RedisClient::node_mark`].
+//! with [`Node::mark`].
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -85,7 +85,7 @@ impl NodeKeys {
     }
 }
 
-/// The answer of [`RedisClient::node_acquire`].
+/// The answer of [`Node::acquire`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NodeAcquire {
@@ -102,7 +102,7 @@ pub enum NodeAcquire {
         /// or less where the node keeps the turn and the row had less left (1 without a
         /// block, and for a re-entry or a replayed answer).
         reserved: u32,
-        /// The acquire's request id: [`RedisClient::node_undo`] gives back exactly this level.
+        /// The acquire's request id: [`Node::undo`] gives back exactly this level.
         request: u64,
     },
     /// Another holder holds the lock on this node.
@@ -112,7 +112,7 @@ pub enum NodeAcquire {
     },
     /// The node marker is missing: the server lost its data. Nothing was touched.
     DataLost,
-    /// (A re-entry only, [`RedisClient::node_reenter`]) the holder has no entry on this node
+    /// (A re-entry only, [`Node::reenter`]) the holder has no entry on this node
     /// (its lease ran out there): nothing was touched.
     NotHeld,
 }
@@ -155,7 +155,7 @@ impl ServerInfo {
     }
 }
 
-/// What [`RedisClient::node_mark`] writes. A marker's quarantine bound never goes down but by
+/// What [`Node::mark`] writes. A marker's quarantine bound never goes down but by
 /// an adoption.
 ///
 /// # Examples
@@ -183,7 +183,7 @@ pub enum Mark {
     Adopt(Option<Duration>),
 }
 
-/// What [`RedisClient::node_mark`] found and did.
+/// What [`Node::mark`] found and did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Marked {
@@ -282,7 +282,7 @@ impl std::fmt::Display for NodeMarker {
     }
 }
 
-/// What a node's release message wakes (see [`RedisClient::node_subscribe`]): a multi-node
+/// What a node's release message wakes (see [`Node::subscribe`]): a multi-node
 /// lock's local queue.
 pub trait NodeReleased: Send + Sync + 'static {
     /// A release of the lock was published on the node, to anyone or to this queue.
@@ -306,7 +306,7 @@ impl<T: NodeReleased> ReleaseTarget for T {
 }
 
 /// A multi-node lock's local queue in the fair turn between processes, kept on the lock's lead
-/// node (see [`RedisClient::node_acquire_lead`]).
+/// node (see [`Node::acquire_lead`]).
 #[derive(Debug)]
 pub struct NodeTurn(Turn);
 

@@ -167,6 +167,176 @@ crate::primitives::shared::shared_lock_accessors!(
     "rw"
 );
 
+/// Writes one mode's family of methods (the read lock's or the write lock's): the plain,
+/// `_as`, `try_`, `try_.._for` forms and their blocking twins, over the mode's `*_with`.
+macro_rules! mode_methods {
+    (
+        mode = $mode:literal,
+        guard = $guard:ident,
+        with = $with:ident,
+        blocking_acquire = $blocking_acquire:ident,
+        [$plain:ident, $as_:ident, $try_:ident, $try_for:ident],
+        [$blocking:ident, $blocking_try_for:ident, $blocking_until:ident],
+        errors = $errors:literal,
+        cancel = $cancel:literal,
+        as_doc = $as_doc:literal,
+        as_example = $as_example:literal,
+        try_example = $try_example:literal $(,)?
+    ) => {
+        #[doc = concat!("Takes the ", $mode, " lock, waiting as long as it takes.")]
+        ///
+        /// The holder is the current [`HolderId::scope`]'s, else a fresh one.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+        /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+        /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+        #[doc = concat!("let guard = lock.", stringify!($plain), "().await?;")]
+        /// guard.unlock().await?;
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = $errors]
+        ///
+        /// # Cancel safety
+        ///
+        #[doc = $cancel]
+        pub fn $plain(&self) -> impl Future<Output = Result<$guard>> + Send + '_ {
+            self.$with(None, Wait::Forever)
+        }
+
+        #[doc = $as_doc]
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+        /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+        /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+        /// let me = slate_redis::HolderId::new();
+        #[doc = $as_example]
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("As [`", stringify!($plain), "`](Self::", stringify!($plain), "); [`Error::LeaseLost`] if `holder` held already and its hold is gone from Redis.")]
+        ///
+        /// # Cancel safety
+        ///
+        /// As [`read`](Self::read).
+        pub fn $as_(&self, holder: HolderId) -> impl Future<Output = Result<$guard>> + Send + '_ {
+            self.$with(Some(holder), Wait::Forever)
+        }
+
+        #[doc = concat!("Takes the ", $mode, " lock if it can without waiting (one round trip at most).")]
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+        /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+        /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+        #[doc = $try_example]
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("As [`", stringify!($plain), "`](Self::", stringify!($plain), "); busy is `Ok(None)`.")]
+        ///
+        /// # Cancel safety
+        ///
+        /// As [`read`](Self::read).
+        pub async fn $try_(&self) -> Result<Option<$guard>> {
+            slate_core::lock::busy_to_none(self.$with(None, Wait::Immediate).await)
+        }
+
+        #[doc = concat!("Takes the ", $mode, " lock, waiting at most `d` in the queue.")]
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+        /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+        /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+        #[doc = concat!("let guard = lock.", stringify!($try_for), "(std::time::Duration::from_secs(1)).await?;")]
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("As [`", stringify!($plain), "`](Self::", stringify!($plain), "); [`Error::Timeout`] when `d` passes first.")]
+        ///
+        /// # Cancel safety
+        ///
+        /// As [`read`](Self::read).
+        pub fn $try_for(&self, d: Duration) -> impl Future<Output = Result<$guard>> + Send + '_ {
+            self.$with(None, Wait::for_duration(d))
+        }
+
+        #[doc = concat!("The blocking twin of [`", stringify!($plain), "`](Self::", stringify!($plain), "), for threads.")]
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+        /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+        #[doc = concat!("let guard = lock.", stringify!($blocking), "()?;")]
+        /// guard.blocking_unlock()?;
+        /// # Ok::<(), slate_redis::Error>(())
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("As [`", stringify!($plain), "`](Self::", stringify!($plain), ").")]
+        ///
+        /// # Panics
+        ///
+        #[doc = concat!("Inside a tokio runtime (use `", stringify!($plain), "().await` there).")]
+        pub fn $blocking(&self) -> Result<$guard> {
+            self.$blocking_until(None)
+        }
+
+        #[doc = concat!("The blocking twin of [`", stringify!($try_for), "`](Self::", stringify!($try_for), ").")]
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+        /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
+        #[doc = concat!("let guard = lock.", stringify!($blocking_try_for), "(std::time::Duration::from_secs(1))?;")]
+        /// # Ok::<(), slate_redis::Error>(())
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("As [`", stringify!($try_for), "`](Self::", stringify!($try_for), ").")]
+        ///
+        /// # Panics
+        ///
+        /// Inside a tokio runtime.
+        pub fn $blocking_try_for(&self, d: Duration) -> Result<$guard> {
+            self.$blocking_until(Some(d))
+        }
+
+        fn $blocking_until(&self, d: Option<Duration>) -> Result<$guard> {
+            slate_core::blocking::assert_outside_runtime(concat!(
+                "RwLock::",
+                stringify!($blocking)
+            ));
+            let holder = Self::holder(None);
+            let wait = d.map_or(Wait::Forever, Wait::for_duration);
+            let grant = self.state.sync.$blocking_acquire(holder, wait)?;
+            Ok($guard::new(&self.state, holder, &grant))
+        }
+    };
+}
+
 impl RwLock {
     /// Starts building a read-write lock named `name` on `client` (a [`RedisClient`] or
     /// `&RedisClient`).
@@ -308,323 +478,48 @@ impl RwLock {
         take_write(&self.state, holder, wait).instrument(span)
     }
 
-    /// Takes the read lock, waiting as long as it takes.
-    ///
-    /// The holder is the current [`HolderId::scope`]'s, else a fresh one.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let guard = lock.read().await?;
-    /// guard.unlock().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures ([`Error::Backend`]).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: dropping the future leaves the local queue (passing a head's turn on),
-    /// and a grant that arrives after the drop is released in the background.
-    pub fn read(&self) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
-        self.read_with(None, Wait::Forever)
-    }
+    mode_methods!(
+        mode = "read",
+        guard = RwLockReadGuard,
+        with = read_with,
+        blocking_acquire = blocking_acquire_shared,
+        [read, read_as, try_read, try_read_for],
+        [
+            blocking_read,
+            blocking_try_read_for,
+            blocking_try_read_until
+        ],
+        errors = "Backend failures ([`Error::Backend`]).",
+        cancel = "Cancel safe: dropping the future leaves the local queue (passing a head's \
+                  turn on), and a grant that arrives after the drop is released in the \
+                  background.",
+        as_doc = "Takes the read lock for `holder` (re-entrant: a holder that reads or writes \
+                  already gets one more read level at once).",
+        as_example = "let a = lock.read_as(me).await?;\nlet b = lock.read_as(me).await?;\n\
+                      assert_eq!(b.depth(), 2);",
+        try_example =
+            "if let Some(guard) = lock.try_read().await? {\n    guard.unlock().await?;\n}",
+    );
 
-    /// Takes the read lock for `holder` (re-entrant: a holder that reads or writes already
-    /// gets one more read level at once).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let me = slate_redis::HolderId::new();
-    /// let a = lock.read_as(me).await?;
-    /// let b = lock.read_as(me).await?;
-    /// assert_eq!(b.depth(), 2);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`read`](Self::read); [`Error::LeaseLost`] if `holder` held already and its hold
-    /// is gone from Redis.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`read`](Self::read).
-    pub fn read_as(
-        &self,
-        holder: HolderId,
-    ) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
-        self.read_with(Some(holder), Wait::Forever)
-    }
-
-    /// Takes the read lock if it can without waiting (one round trip at most).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// if let Some(guard) = lock.try_read().await? {
-    ///     guard.unlock().await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`read`](Self::read); busy is `Ok(None)`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`read`](Self::read).
-    pub async fn try_read(&self) -> Result<Option<RwLockReadGuard>> {
-        slate_core::lock::busy_to_none(self.read_with(None, Wait::Immediate).await)
-    }
-
-    /// Takes the read lock, waiting at most `d` in the queue.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let guard = lock.try_read_for(std::time::Duration::from_secs(1)).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`read`](Self::read); [`Error::Timeout`] when `d` passes first.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`read`](Self::read).
-    pub fn try_read_for(
-        &self,
-        d: Duration,
-    ) -> impl Future<Output = Result<RwLockReadGuard>> + Send + '_ {
-        self.read_with(None, Wait::for_duration(d))
-    }
-
-    /// Takes the write lock, waiting as long as it takes.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let guard = lock.write().await?;
-    /// guard.unlock().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures; [`Error::InvalidInput`] when the holder reads already (a read lock
-    /// is never upgraded).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`read`](Self::read).
-    pub fn write(&self) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
-        self.write_with(None, Wait::Forever)
-    }
-
-    /// Takes the write lock for `holder` (re-entrant).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let me = slate_redis::HolderId::new();
-    /// let w = lock.write_as(me).await?;
-    /// let r = lock.read_as(me).await?; // the read its write covers
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`write`](Self::write); [`Error::LeaseLost`] if `holder` wrote already and its
-    /// hold is gone from Redis.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`read`](Self::read).
-    pub fn write_as(
-        &self,
-        holder: HolderId,
-    ) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
-        self.write_with(Some(holder), Wait::Forever)
-    }
-
-    /// Takes the write lock if it can without waiting (one round trip at most).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// assert!(lock.try_write().await?.is_some());
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`write`](Self::write); busy is `Ok(None)`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`read`](Self::read).
-    pub async fn try_write(&self) -> Result<Option<RwLockWriteGuard>> {
-        slate_core::lock::busy_to_none(self.write_with(None, Wait::Immediate).await)
-    }
-
-    /// Takes the write lock, waiting at most `d` in the queue.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
-    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let guard = lock.try_write_for(std::time::Duration::from_secs(1)).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`write`](Self::write); [`Error::Timeout`] when `d` passes first.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`read`](Self::read).
-    pub fn try_write_for(
-        &self,
-        d: Duration,
-    ) -> impl Future<Output = Result<RwLockWriteGuard>> + Send + '_ {
-        self.write_with(None, Wait::for_duration(d))
-    }
-
-    /// The blocking twin of [`read`](Self::read), for threads.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let guard = lock.blocking_read()?;
-    /// guard.blocking_unlock()?;
-    /// # Ok::<(), slate_redis::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`read`](Self::read).
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime (use `read().await` there).
-    pub fn blocking_read(&self) -> Result<RwLockReadGuard> {
-        self.blocking_try_read_until(None)
-    }
-
-    /// The blocking twin of [`try_read_for`](Self::try_read_for).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let guard = lock.blocking_try_read_for(std::time::Duration::from_secs(1))?;
-    /// # Ok::<(), slate_redis::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`try_read_for`](Self::try_read_for).
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_read_for(&self, d: Duration) -> Result<RwLockReadGuard> {
-        self.blocking_try_read_until(Some(d))
-    }
-
-    fn blocking_try_read_until(&self, d: Option<Duration>) -> Result<RwLockReadGuard> {
-        slate_core::blocking::assert_outside_runtime("RwLock::blocking_read");
-        let holder = Self::holder(None);
-        let wait = d.map_or(Wait::Forever, Wait::for_duration);
-        let grant = self.state.sync.blocking_acquire_shared(holder, wait)?;
-        Ok(RwLockReadGuard::new(&self.state, holder, &grant))
-    }
-
-    /// The blocking twin of [`write`](Self::write), for threads.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let guard = lock.blocking_write()?;
-    /// guard.blocking_unlock()?;
-    /// # Ok::<(), slate_redis::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`write`](Self::write).
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime (use `write().await` there).
-    pub fn blocking_write(&self) -> Result<RwLockWriteGuard> {
-        self.blocking_try_write_until(None)
-    }
-
-    /// The blocking twin of [`try_write_for`](Self::try_write_for).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
-    /// let lock = slate_redis::RwLock::builder(&client, "config").build()?;
-    /// let guard = lock.blocking_try_write_for(std::time::Duration::from_secs(1))?;
-    /// # Ok::<(), slate_redis::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`try_write_for`](Self::try_write_for).
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_write_for(&self, d: Duration) -> Result<RwLockWriteGuard> {
-        self.blocking_try_write_until(Some(d))
-    }
-
-    fn blocking_try_write_until(&self, d: Option<Duration>) -> Result<RwLockWriteGuard> {
-        slate_core::blocking::assert_outside_runtime("RwLock::blocking_write");
-        let holder = Self::holder(None);
-        let wait = d.map_or(Wait::Forever, Wait::for_duration);
-        let grant = self.state.sync.blocking_acquire(holder, wait)?;
-        Ok(RwLockWriteGuard::new(&self.state, holder, &grant))
-    }
+    mode_methods!(
+        mode = "write",
+        guard = RwLockWriteGuard,
+        with = write_with,
+        blocking_acquire = blocking_acquire,
+        [write, write_as, try_write, try_write_for],
+        [
+            blocking_write,
+            blocking_try_write_for,
+            blocking_try_write_until
+        ],
+        errors = "Backend failures; [`Error::InvalidInput`] when the holder reads already (a \
+                  read lock is never upgraded).",
+        cancel = "As [`read`](Self::read).",
+        as_doc = "Takes the write lock for `holder` (re-entrant).",
+        as_example = "let w = lock.write_as(me).await?;\n\
+                      let r = lock.read_as(me).await?; // the read its write covers",
+        try_example = "assert!(lock.try_write().await?.is_some());",
+    );
 
     /// Who holds the lock, as the server sees it (expired leases left out).
     ///

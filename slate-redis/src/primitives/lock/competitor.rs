@@ -351,7 +351,7 @@ pub(crate) struct Acquire<'a> {
     pub(crate) block: u32,
     /// How long the request record is kept (`None`: two command timeouts, the window in which
     /// a retry may arrive). A multi-node lock keeps it for as long as it may give the level
-    /// back by this request's id (`RedisClient::node_undo`).
+    /// back by this request's id (`Node::undo`).
     pub(crate) record_for: Option<Duration>,
 }
 
