@@ -24,14 +24,14 @@
 //!
 //! Not in the schedule: restarting a standalone server empty (the single lock, the read-write
 //! lock and the semaphore do not promise exclusion across it: `RELIABILITY.md`), a crash
-//! failover on the cluster (`cluster_exclusion.rs` has one) and Sentinel failovers
-//! (`sentinel_failover.rs`; 2–6 s each, too slow for a schedule).
+//! failover on the cluster (`cs01_cluster_exclusion.rs` has one) and Sentinel failovers
+//! (`cs03_sentinel_failover.rs`; 2–6 s each, too slow for a schedule).
 //!
 //! The negative control runs the same schedule with `--unsafe-skip-lock`: the checker must
 //! report the overlaps.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod single_common;
+mod scenario;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -44,7 +44,7 @@ use ecosphere::seed::{SEED_VAR, Seed};
 use ecosphere::server::{Data, RedisServer};
 use ecosphere::workers::{WorkerOutput, WorkerSet};
 use ecosphere::zookeeper::ZkEnsemble;
-use single_common::*;
+use scenario::*;
 
 /// How long each run's schedule of faults lasts.
 const CHAOS: Duration = Duration::from_secs(4);

@@ -5,7 +5,7 @@
 //! options; the capture must not contain a password, raw or percent-encoded.
 //!
 //! (This lives in `fork-probe` because the ecosphere crate has no tracing dependency; the
-//! other X1 checks are `ecosphere/tests/security_acl.rs`.)
+//! other X1 checks are `ecosphere/tests/x01_security_acl.rs`.)
 //!
 //! Paths: acquire, re-enter, renewal over several leases, a waiter in another client woken by
 //! the notification, release, force unlock, a guard dropped without unlock, a restart under a

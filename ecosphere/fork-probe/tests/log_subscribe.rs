@@ -3,7 +3,7 @@
 //! operator why waiters are no longer woken by releases. Expected: at least one log event at
 //! WARN or above naming the refused subscription as a permission problem.
 //!
-//! (`ecosphere/tests/security_acl.rs` shows the run itself: no error, the wake-up comes from
+//! (`ecosphere/tests/x01_security_acl.rs` shows the run itself: no error, the wake-up comes from
 //! the spin wait, only `ACL LOG` names `subscribe`.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

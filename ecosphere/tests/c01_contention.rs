@@ -1,0 +1,308 @@
+//! Combination lock, N = 5 (issue 5, test 7; reliability.md C1 with node pauses): 4 worker
+//! processes (two in sequential order, two pipelined) × 2 tasks contend on one lock over five
+//! independent servers, while the harness pauses and resumes two nodes at a time (first
+//! {1, 3}, then {0, 4}, the leftmost included), in cycles until the workers are done. The
+//! counter lives on a sixth, never-faulted server.
+//!
+//! A second run (issue 15: the parallel round, the turn and release notification under faults)
+//! has all four processes in the pipelined order and kills the lead node, on which parked
+//! heads wait for release messages and the turn is kept, then restarts it empty (it is
+//! quarantined, then used again).
+//!
+//! The history checker decides: no two holders' validity windows overlap (I1), first-level
+//! tokens strictly increase (I3), ownership (I5), validity, every increment inside its window,
+//! and the counter equals the number of acquisitions; after healing, no lock key is left.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod scenario;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ecosphere::history::{
+    CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, History, Recorder,
+};
+use ecosphere::server::{Data, RedisServer};
+use scenario::{assert_done, spawn_ready};
+const PROCS: usize = 4;
+const TASKS: u64 = 2;
+const ITERATIONS: u64 = 150;
+const LEASE: Duration = Duration::from_secs(2);
+const LOCK: &str = "comb";
+/// Each pause, and the gap after it (longer than the re-probe interval plus a node operation
+/// time, so that the nodes resumed are usable again before the next pair goes).
+const PAUSE: Duration = Duration::from_millis(700);
+const GAP: Duration = Duration::from_millis(500);
+
+fn args(
+    i: usize,
+    order: fn(usize) -> &'static str,
+    nodes: &[String],
+    resource: &str,
+    dir: &Path,
+    go: &Path,
+) -> Vec<String> {
+    let mut a = Vec::new();
+    for url in nodes {
+        a.push("--redis-url".to_owned());
+        a.push(url.clone());
+    }
+    let order = order(i);
+    for (flag, value) in [
+        ("--resource-url", resource.to_owned()),
+        ("--lock", LOCK.to_owned()),
+        ("--proc", i.to_string()),
+        ("--history-dir", dir.display().to_string()),
+        ("--mode", "contend".to_owned()),
+        ("--tasks", TASKS.to_string()),
+        ("--iterations", ITERATIONS.to_string()),
+        ("--max-duration-ms", "60000".to_owned()),
+        ("--lease-ms", LEASE.as_millis().to_string()),
+        ("--renewal-ms", "500".to_owned()),
+        ("--spin-wait-ms", "20".to_owned()),
+        ("--node-op-ms", "100".to_owned()),
+        ("--reprobe-ms", "200".to_owned()),
+        ("--order", order.to_owned()),
+        ("--go-file", go.display().to_string()),
+    ] {
+        a.push(flag.to_owned());
+        a.push(value);
+    }
+    a
+}
+
+/// Lock keys on a node (everything but the fencing counters and the node marker).
+fn lock_keys(server: &RedisServer) -> Vec<String> {
+    let keys: Vec<String> =
+        redis::from_redis_value(server.command(&["KEYS", "*"]).expect("KEYS")).expect("KEYS");
+    keys.into_iter()
+        .filter(|k| !k.ends_with(":fence") && !k.ends_with("node-marker"))
+        .collect()
+}
+
+/// Pauses and resumes {1, 3}, then {0, 4}, in cycles until `stop`; returns the servers and
+/// the number of pauses.
+fn nemesis(
+    mut nodes: Vec<RedisServer>,
+    rec: Recorder,
+    stop: Arc<AtomicBool>,
+) -> (Vec<RedisServer>, usize) {
+    let mut pauses = 0;
+    let end = Instant::now() + Duration::from_secs(50);
+    'cycles: for pair in [[1, 3], [0, 4]].into_iter().cycle() {
+        if stop.load(Ordering::SeqCst) || Instant::now() > end {
+            break;
+        }
+        for &i in &pair {
+            nodes[i].pause().unwrap();
+            rec.record(
+                0,
+                LOCK,
+                EventKind::Nemesis {
+                    action: "sigstop_server".into(),
+                    target: format!("node:{i}"),
+                },
+            )
+            .unwrap();
+        }
+        pauses += 1;
+        let until = Instant::now() + PAUSE;
+        while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for &i in &pair {
+            nodes[i].resume().unwrap();
+            rec.record(
+                0,
+                LOCK,
+                EventKind::Nemesis {
+                    action: "heal".into(),
+                    target: format!("node:{i}"),
+                },
+            )
+            .unwrap();
+        }
+        let until = Instant::now() + GAP;
+        while Instant::now() < until {
+            if stop.load(Ordering::SeqCst) {
+                break 'cycles;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    (nodes, pauses)
+}
+
+/// Kills the lead node (node 0) 300 ms in, restarts it empty 700 ms later; returns the servers
+/// and the number of faults made (2 unless the workers finished first).
+fn kill_the_lead(
+    mut nodes: Vec<RedisServer>,
+    rec: Recorder,
+    stop: Arc<AtomicBool>,
+) -> (Vec<RedisServer>, usize) {
+    let mut faults = 0;
+    for (after, action) in [(300u64, "kill_server"), (700, "restart_empty")] {
+        let due = Instant::now() + Duration::from_millis(after);
+        while Instant::now() < due {
+            if stop.load(Ordering::SeqCst) {
+                return (nodes, faults);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        match action {
+            "kill_server" => nodes[0].kill().unwrap(),
+            _ => nodes[0].restart(Data::Wipe).unwrap(),
+        }
+        rec.record(
+            0,
+            LOCK,
+            EventKind::Nemesis {
+                action: action.into(),
+                target: "node:0".into(),
+            },
+        )
+        .unwrap();
+        faults += 1;
+    }
+    (nodes, faults)
+}
+
+type Nemesis = fn(Vec<RedisServer>, Recorder, Arc<AtomicBool>) -> (Vec<RedisServer>, usize);
+
+#[test]
+fn five_nodes_four_processes_two_nodes_paused_and_resumed() {
+    let (faults, partial) = scenario(|i| if i < 2 { "sequential" } else { "pipelined" }, nemesis);
+    assert!(
+        faults >= 2,
+        "the workers finished before both pairs were paused"
+    );
+    assert!(partial > 0, "no acquisition happened during a pause");
+}
+
+#[test]
+fn pipelined_processes_lose_the_lead_node_while_parked() {
+    let (faults, partial) = scenario(|_| "pipelined", kill_the_lead);
+    assert_eq!(
+        faults, 2,
+        "the workers finished before the lead node was restarted"
+    );
+    assert!(partial > 0, "no acquisition happened without the lead node");
+}
+
+/// Runs the workers (orders by index) against five nodes under `chaos`; checks the history;
+/// returns the faults made and the acquisitions that held fewer than five nodes.
+fn scenario(order: fn(usize) -> &'static str, chaos: Nemesis) -> (usize, usize) {
+    let nodes = RedisServer::start_many(5).expect("redis-server");
+    let resource = RedisServer::start().expect("redis-server");
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    // The servers are new: adopt them once (the workers' views then find them marked).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // A generous node operation time: adoption is set-up here, not what the scenario
+        // measures, and five first connections at the 50 ms default can time out on a
+        // loaded machine (it did once in a full-matrix run, adopting none).
+        let options = slate_combination::NodeSetOptions::builder()
+            .node_operation_time(std::time::Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let set = slate_combination::NodeSet::connect(&urls, options).unwrap();
+        assert_eq!(set.adopt_fresh_servers("slate:").await.unwrap(), 5);
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history");
+    std::fs::create_dir(&history).unwrap();
+    let go = dir.path().join("go");
+    let mut workers = {
+        let (urls, res, h, g) = (urls.clone(), resource.url(), history.clone(), go.clone());
+        spawn_ready(PROCS, move |i| args(i, order, &urls, &res, &h, &g))
+    };
+    let rec = Recorder::create(&history, 100).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    std::fs::write(&go, b"go").unwrap();
+    let chaos = {
+        let stop = stop.clone();
+        std::thread::spawn(move || chaos(nodes, rec, stop))
+    };
+    let outputs = workers.wait_all(Duration::from_secs(70));
+    stop.store(true, Ordering::SeqCst);
+    let (nodes, faults) = chaos.join().expect("nemesis");
+    let outputs = outputs.expect("workers finish in time");
+    let elapsed = started.elapsed();
+    let mut failed_attempts = 0u64;
+    for (out, done) in outputs
+        .iter()
+        .zip(assert_done(&outputs, TASKS * ITERATIONS))
+    {
+        println!("worker {}: {done}", out.index);
+        failed_attempts += done
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("failed_attempts="))
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+        assert!(
+            out.stdout_lines()
+                .any(|l| l == "STATS renewals=0 subscriptions=0 local_waiters=0"),
+            "worker {} left waiters: {}",
+            out.index,
+            out.stdout
+        );
+    }
+    // Entries left by releases that could not reach a paused node expire with the lease.
+    let deadline = Instant::now() + LEASE + Duration::from_secs(1);
+    let left = loop {
+        let left: Vec<String> = nodes.iter().flat_map(lock_keys).collect();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let total = PROCS as u64 * TASKS * ITERATIONS;
+    let counter: u64 = {
+        let v: Option<u64> =
+            redis::from_redis_value(resource.command(&["GET", "counter"]).unwrap()).unwrap();
+        v.unwrap_or(0)
+    };
+    let cfg = CheckConfig {
+        counter: Some(CounterCheck {
+            final_value: counter,
+            expected: CounterExpectation::FirstLevelAcquisitions,
+        }),
+        min_validity: LEASE / 4,
+        final_keys: Some(left),
+        ..CheckConfig::new(LEASE)
+    };
+    let h = History::load(&history).expect("history");
+    let report = h.check(&cfg);
+    println!("{report}");
+    // Acquisitions that held fewer than all five nodes: the pauses hit the contention.
+    let partial = h
+        .events()
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::AcqOk { nodes, .. } if nodes.len() < 5))
+        .count();
+    println!(
+        "{total} acquisitions in {elapsed:?}; {faults} faults; {partial} held fewer than 5 \
+         nodes; {failed_attempts} failed attempts; counter {counter}"
+    );
+    report.assert_ok();
+    report.assert_contention(PROCS, (TASKS * ITERATIONS) as usize, 2);
+    assert_eq!(counter, total, "counter = acquisitions");
+    assert_eq!(report.stats.first_level_acquisitions, total as usize);
+    report.assert_pass(&[
+        CheckId::Exclusion,
+        CheckId::Tokens,
+        CheckId::Ownership,
+        CheckId::Validity,
+        CheckId::Activity,
+        CheckId::Counter,
+        CheckId::Quiescence,
+    ]);
+    (faults, partial)
+}
