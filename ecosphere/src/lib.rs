@@ -14,6 +14,8 @@
 //! `slate-harness`, which knows nothing of Slate; this crate adds the worker binary that
 //! drives the locks, the history checker's re-exports, and the scenarios. Never published.
 
+pub mod worker;
+
 pub use slate_harness::{
     cgroup, cluster, netns, proxy, seed, sentinel, server, undriven, workers, zookeeper,
 };

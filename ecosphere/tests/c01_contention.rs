@@ -25,6 +25,7 @@ use ecosphere::history::{
     CheckConfig, CheckId, CounterCheck, CounterExpectation, EventKind, History, Recorder,
 };
 use ecosphere::server::{Data, RedisServer};
+use ecosphere::worker::{CombOrder, Mode, WorkerArgs};
 use scenario::{assert_done, spawn_ready};
 const PROCS: usize = 4;
 const TASKS: u64 = 2;
@@ -38,39 +39,26 @@ const GAP: Duration = Duration::from_millis(500);
 
 fn args(
     i: usize,
-    order: fn(usize) -> &'static str,
+    order: fn(usize) -> CombOrder,
     nodes: &[String],
     resource: &str,
     dir: &Path,
     go: &Path,
 ) -> Vec<String> {
-    let mut a = Vec::new();
-    for url in nodes {
-        a.push("--redis-url".to_owned());
-        a.push(url.clone());
-    }
-    let order = order(i);
-    for (flag, value) in [
-        ("--resource-url", resource.to_owned()),
-        ("--lock", LOCK.to_owned()),
-        ("--proc", i.to_string()),
-        ("--history-dir", dir.display().to_string()),
-        ("--mode", "contend".to_owned()),
-        ("--tasks", TASKS.to_string()),
-        ("--iterations", ITERATIONS.to_string()),
-        ("--max-duration-ms", "60000".to_owned()),
-        ("--lease-ms", LEASE.as_millis().to_string()),
-        ("--renewal-ms", "500".to_owned()),
-        ("--spin-wait-ms", "20".to_owned()),
-        ("--node-op-ms", "100".to_owned()),
-        ("--reprobe-ms", "200".to_owned()),
-        ("--order", order.to_owned()),
-        ("--go-file", go.display().to_string()),
-    ] {
-        a.push(flag.to_owned());
-        a.push(value);
-    }
-    a
+    let mut a = WorkerArgs::new(Mode::Contend, LOCK, u32::try_from(i).unwrap(), dir);
+    a.redis_url = nodes.to_vec();
+    a.resource_url = Some(resource.to_owned());
+    a.tasks = TASKS;
+    a.iterations = ITERATIONS;
+    a.max_duration = Duration::from_secs(60);
+    a.lease = LEASE;
+    a.renewal = Some(Duration::from_millis(500));
+    a.spin_wait = Some(Duration::from_millis(20));
+    a.node_op = Some(Duration::from_millis(100));
+    a.reprobe = Some(Duration::from_millis(200));
+    a.order = order(i);
+    a.go_file = Some(go.to_owned());
+    a.to_args()
 }
 
 /// Lock keys on a node (everything but the fencing counters and the node marker).
@@ -173,7 +161,16 @@ type Nemesis = fn(Vec<RedisServer>, Recorder, Arc<AtomicBool>) -> (Vec<RedisServ
 
 #[test]
 fn five_nodes_four_processes_two_nodes_paused_and_resumed() {
-    let (faults, partial) = scenario(|i| if i < 2 { "sequential" } else { "pipelined" }, nemesis);
+    let (faults, partial) = scenario(
+        |i| {
+            if i < 2 {
+                CombOrder::Sequential
+            } else {
+                CombOrder::Pipelined
+            }
+        },
+        nemesis,
+    );
     assert!(
         faults >= 2,
         "the workers finished before both pairs were paused"
@@ -183,7 +180,7 @@ fn five_nodes_four_processes_two_nodes_paused_and_resumed() {
 
 #[test]
 fn pipelined_processes_lose_the_lead_node_while_parked() {
-    let (faults, partial) = scenario(|_| "pipelined", kill_the_lead);
+    let (faults, partial) = scenario(|_| CombOrder::Pipelined, kill_the_lead);
     assert_eq!(
         faults, 2,
         "the workers finished before the lead node was restarted"
@@ -193,7 +190,7 @@ fn pipelined_processes_lose_the_lead_node_while_parked() {
 
 /// Runs the workers (orders by index) against five nodes under `chaos`; checks the history;
 /// returns the faults made and the acquisitions that held fewer than five nodes.
-fn scenario(order: fn(usize) -> &'static str, chaos: Nemesis) -> (usize, usize) {
+fn scenario(order: fn(usize) -> CombOrder, chaos: Nemesis) -> (usize, usize) {
     let nodes = RedisServer::start_many(5).expect("redis-server");
     let resource = RedisServer::start().expect("redis-server");
     let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();

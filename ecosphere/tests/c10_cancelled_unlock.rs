@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation};
 use ecosphere::server::RedisServer;
+use ecosphere::worker::{CombOrder, Mode, WorkerArgs};
 use scenario::{adopt, assert_done, block_on, check, spawn_ready, wait_quiet};
 
 const PROCS: usize = 3;
@@ -26,38 +27,27 @@ const LEASE: Duration = Duration::from_secs(2);
 const LOCK: &str = "cancelled-unlock";
 
 fn args(i: usize, nodes: &[String], resource: &str, dir: &Path, go: &Path) -> Vec<String> {
-    let mut a = Vec::new();
-    for url in nodes {
-        a.push("--redis-url".to_owned());
-        a.push(url.clone());
-    }
-    let order = if i == 0 { "sequential" } else { "pipelined" };
-    for (flag, value) in [
-        ("--resource-url", resource.to_owned()),
-        ("--lock", LOCK.to_owned()),
-        ("--proc", i.to_string()),
-        ("--history-dir", dir.display().to_string()),
-        ("--mode", "contend".to_owned()),
-        ("--tasks", TASKS.to_string()),
-        ("--iterations", ITERATIONS.to_string()),
-        // Far less than the run takes if a cancelled unlock wedged the lock.
-        ("--max-duration-ms", "30000".to_owned()),
-        ("--lease-ms", LEASE.as_millis().to_string()),
-        ("--spin-wait-ms", "20".to_owned()),
-        ("--node-op-ms", "200".to_owned()),
-        ("--order", order.to_owned()),
-        ("--go-file", go.display().to_string()),
-        // The last cancelled release of a worker runs on its runtime: keep it up a moment
-        // (a process that exits at once takes its background work with it).
-        ("--linger-ms", "300".to_owned()),
-        ("--cancel-unlock", String::new()),
-    ] {
-        a.push(flag.to_owned());
-        if !value.is_empty() {
-            a.push(value);
-        }
-    }
-    a
+    let mut a = WorkerArgs::new(Mode::Contend, LOCK, u32::try_from(i).unwrap(), dir);
+    a.redis_url = nodes.to_vec();
+    a.resource_url = Some(resource.to_owned());
+    a.tasks = TASKS;
+    a.iterations = ITERATIONS;
+    // Far less than the run takes if a cancelled unlock wedged the lock.
+    a.max_duration = Duration::from_secs(30);
+    a.lease = LEASE;
+    a.spin_wait = Some(Duration::from_millis(20));
+    a.node_op = Some(Duration::from_millis(200));
+    a.order = if i == 0 {
+        CombOrder::Sequential
+    } else {
+        CombOrder::Pipelined
+    };
+    a.go_file = Some(go.to_owned());
+    // The last cancelled release of a worker runs on its runtime: keep it up a moment (a
+    // process that exits at once takes its background work with it).
+    a.linger = Duration::from_millis(300);
+    a.cancel_unlock = true;
+    a.to_args()
 }
 
 #[test]

@@ -48,9 +48,9 @@ fn start(
             std::fs::create_dir(&history).expect("history dir");
             let resource = server();
             let mut w = Worker::new("contend", cluster.node(0), name, &history);
-            w.topology_urls = cluster.urls();
+            w.redis_url = cluster.urls();
             w.cluster = true;
-            w.synced_replicas = synced;
+            w.set_synced(synced);
             w.resource_url = Some(resource.url());
             w.tasks = TASKS;
             w.iterations = iterations;

@@ -59,7 +59,7 @@ fn isolate_replica(group: &SentinelGroup, i: usize) -> std::thread::JoinHandle<(
 fn worker(group: &SentinelGroup, mode: &'static str, history: &Path, proc: u32) -> Worker {
     let dummy = group.server(0);
     let mut w = Worker::new(mode, dummy, "failover", history);
-    w.topology_urls = group.sentinel_urls();
+    w.redis_url = group.sentinel_urls();
     w.sentinel_master = Some(group.master_name().to_owned());
     w.proc_base = proc;
     w.lease = LEASE;
@@ -92,7 +92,7 @@ fn run(synced: bool) -> (String, String, ecosphere::history::Report, Duration) {
     let isolated = Instant::now();
     let mut a = worker(&group, "hold", history, 0);
     a.hold = FIRST_HOLD;
-    a.synced_replicas = sync;
+    a.set_synced(sync);
     let mut first = a.spawn(1);
     let outcome = first
         .wait_for_line(
@@ -131,7 +131,7 @@ fn run(synced: bool) -> (String, String, ecosphere::history::Report, Duration) {
     let mut b = worker(&group, "wait", history, 1);
     b.hold = Duration::from_millis(200);
     b.budget = AFTER_FAILOVER;
-    b.synced_replicas = sync;
+    b.set_synced(sync);
     b.spin_wait = Some(Duration::from_millis(100));
     let mut second = b.spawn(1);
     let b_out = finish_ok(&mut second, Duration::from_secs(30)).remove(0);

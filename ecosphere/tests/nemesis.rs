@@ -33,7 +33,7 @@
 
 mod scenario;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ecosphere::clock::now_ns;
@@ -42,6 +42,7 @@ use ecosphere::history::{CheckConfig, CheckId, CounterCheck, CounterExpectation,
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::seed::{SEED_VAR, Seed};
 use ecosphere::server::{Data, RedisServer};
+use ecosphere::worker::{CombOrder, SharedKind};
 use ecosphere::workers::{WorkerOutput, WorkerSet};
 use ecosphere::zookeeper::ZkEnsemble;
 use scenario::*;
@@ -178,7 +179,7 @@ impl Topology for Standalone {
     }
 
     fn configure(&self, w: &mut Worker, proc: usize) {
-        w.redis_url = self.proxies[proc].url();
+        w.redis_url = vec![self.proxies[proc].url()];
     }
 
     fn apply(&mut self, fault: Fault, seed: &mut Seed, _lock: &str) -> String {
@@ -248,9 +249,9 @@ impl Topology for Cluster {
     }
 
     fn configure(&self, w: &mut Worker, _proc: usize) {
-        w.topology_urls = self.cluster.urls();
+        w.redis_url = self.cluster.urls();
         w.cluster = true;
-        w.synced_replicas = Some((1, Duration::from_millis(300)));
+        w.set_synced(Some((1, Duration::from_millis(300))));
         // The replica wait must fit in a call's timeout, with room for the call.
         w.command_timeout = Some(Duration::from_secs(1));
     }
@@ -335,7 +336,7 @@ struct Combination {
     name: &'static str,
     nodes: Vec<RedisServer>,
     proxies: Vec<FaultProxy>,
-    order: &'static str,
+    order: CombOrder,
     /// When a node was last restarted empty (across seeds: the servers are kept).
     last_wipe: Option<Instant>,
 }
@@ -351,7 +352,7 @@ const QUARANTINE: Duration = Duration::from_secs(3);
 const WIPE_SPACING: Duration = Duration::from_secs(6);
 
 impl Combination {
-    fn start(name: &'static str, order: &'static str) -> Combination {
+    fn start(name: &'static str, order: CombOrder) -> Combination {
         let nodes = RedisServer::start_many(3).expect("redis-server");
         let proxies: Vec<FaultProxy> = nodes
             .iter()
@@ -404,20 +405,11 @@ impl Topology for Combination {
     }
 
     fn configure(&self, w: &mut Worker, _proc: usize) {
-        w.topology_urls = self.proxies.iter().map(FaultProxy::url).collect();
-        w.extra.extend(
-            [
-                "--order",
-                self.order,
-                "--node-op-ms",
-                "150",
-                "--reprobe-ms",
-                "200",
-                "--quarantine-ms",
-            ]
-            .map(str::to_owned),
-        );
-        w.extra.push(QUARANTINE.as_millis().to_string());
+        w.redis_url = self.proxies.iter().map(FaultProxy::url).collect();
+        w.order = self.order;
+        w.node_op = Some(Duration::from_millis(150));
+        w.reprobe = Some(Duration::from_millis(200));
+        w.quarantine = Some(QUARANTINE);
     }
 
     fn apply(&mut self, fault: Fault, seed: &mut Seed, lock: &str) -> String {
@@ -500,8 +492,8 @@ impl Topology for ZooKeeper {
     }
 
     fn configure(&self, w: &mut Worker, _proc: usize) {
-        w.extra
-            .extend(["--zookeeper".to_owned(), self.ensemble.connect_string()]);
+        w.redis_url.clear();
+        w.zookeeper = Some(self.ensemble.connect_string());
         w.lease = SESSION;
         w.renewal = None;
         w.command_timeout = Some(Duration::from_secs(2));
@@ -552,17 +544,21 @@ enum Kind {
 }
 
 impl Kind {
-    fn extra(self, proc: usize) -> Vec<String> {
-        let v: Vec<&str> = match self {
-            Kind::Exclusive => vec![],
-            Kind::ReadWrite => vec!["--shared", "rw", "--read-percent", "70"],
-            Kind::Semaphore if proc == 0 => {
-                vec!["--shared", "sem", "--capacity", "3", "--permits", "2"]
+    /// The worker's settings for this kind (process `proc`).
+    fn configure(self, w: &mut Worker, proc: usize) {
+        match self {
+            Kind::Exclusive => {}
+            Kind::ReadWrite => {
+                w.shared = Some(SharedKind::Rw);
+                w.read_percent = 70;
             }
-            Kind::Semaphore => vec!["--shared", "sem", "--capacity", "3", "--permits", "1"],
-            Kind::Unsafe => vec!["--unsafe-skip-lock"],
-        };
-        v.into_iter().map(str::to_owned).collect()
+            Kind::Semaphore => {
+                w.shared = Some(SharedKind::Sem);
+                w.capacity = 3;
+                w.permits = if proc == 0 { 2 } else { 1 };
+            }
+            Kind::Unsafe => w.unsafe_skip_lock = true,
+        }
     }
 
     fn capacity(self) -> Option<u64> {
@@ -744,14 +740,10 @@ fn spawn(
     w.go_file = Some(go_file.to_owned());
     w.proc_base = u32::try_from(p).unwrap();
     w.tolerate_errors = kind != Kind::Unsafe;
-    w.extra = kind.extra(p);
-    w.extra.extend(["--stop-file".to_owned(), path(stop_file)]);
+    kind.configure(&mut w, p);
+    w.stop_file = Some(stop_file.to_owned());
     topo.configure(&mut w, p);
     w.spawn(1)
-}
-
-fn path(p: &Path) -> String {
-    PathBuf::from(p).display().to_string()
 }
 
 /// Runs every seed on `topo` and asserts each run.
@@ -839,7 +831,7 @@ fn nemesis_single_lock_cluster_synced_replicas() {
 )]
 fn nemesis_combination_sequential() {
     nemesis_run(
-        &mut Combination::start("combination-sequential", "sequential"),
+        &mut Combination::start("combination-sequential", CombOrder::Sequential),
         Kind::Exclusive,
     );
 }
@@ -851,7 +843,7 @@ fn nemesis_combination_sequential() {
 )]
 fn nemesis_combination_pipelined() {
     nemesis_run(
-        &mut Combination::start("combination-pipelined", "pipelined"),
+        &mut Combination::start("combination-pipelined", CombOrder::Pipelined),
         Kind::Exclusive,
     );
 }

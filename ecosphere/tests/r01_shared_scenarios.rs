@@ -23,14 +23,57 @@ use std::time::{Duration, Instant};
 
 use ecosphere::clock::now_ns;
 use ecosphere::history::{CheckConfig, CheckId, EventKind, Recorder};
+use ecosphere::worker::{HoldAs, SharedKind};
 use scenario::*;
 
 const LEASE: Duration = Duration::from_secs(2);
 const WRITE: u64 = 1 << 30;
 const HARNESS: u32 = 99;
 
-fn extra(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| (*s).to_owned()).collect()
+/// What a worker takes of the shared-mode primitive.
+#[derive(Clone, Copy, Debug)]
+struct Shared {
+    kind: SharedKind,
+    read_percent: u64,
+    permits: u32,
+    hold_as: HoldAs,
+}
+
+impl Shared {
+    /// The read-write lock, `read_percent` of the acquisitions reading.
+    fn rw(read_percent: u64) -> Self {
+        Shared {
+            kind: SharedKind::Rw,
+            read_percent,
+            permits: 1,
+            hold_as: HoldAs::Read,
+        }
+    }
+
+    /// The semaphore of 3 permits, `permits` taken at a time.
+    fn sem(permits: u32) -> Self {
+        Shared {
+            kind: SharedKind::Sem,
+            permits,
+            ..Shared::rw(80)
+        }
+    }
+
+    /// A `hold` of the read-write lock as `hold_as`.
+    fn hold(hold_as: HoldAs) -> Self {
+        Shared {
+            hold_as,
+            ..Shared::rw(80)
+        }
+    }
+
+    fn apply(self, w: &mut Worker) {
+        w.shared = Some(self.kind);
+        w.read_percent = self.read_percent;
+        w.capacity = 3;
+        w.permits = self.permits;
+        w.hold_as = self.hold_as;
+    }
 }
 
 /// `DONE acquisitions=N writes=W max_inside=M max_shared=S` of each worker, summed (N, W) and
@@ -78,7 +121,7 @@ fn contend(
     lock_server: &ecosphere::server::RedisServer,
     resource: &ecosphere::server::RedisServer,
     lock: &str,
-    procs: &[Vec<String>],
+    procs: &[Shared],
     tasks: u64,
     iterations: u64,
 ) -> (Vec<ecosphere::workers::WorkerOutput>, tempfile::TempDir) {
@@ -87,7 +130,7 @@ fn contend(
     let history = dir.path().join("history");
     std::fs::create_dir(&history).expect("history dir");
     let mut sets = Vec::new();
-    for (i, args) in procs.iter().enumerate() {
+    for (i, shared) in procs.iter().enumerate() {
         let mut w = Worker::new("contend", lock_server, lock, &history);
         w.resource_url = Some(resource.url());
         w.tasks = tasks;
@@ -98,7 +141,7 @@ fn contend(
         w.max_duration = Duration::from_secs(50);
         w.go_file = Some(go_file.clone());
         w.proc_base = u32::try_from(i).unwrap();
-        w.extra = args.clone();
+        shared.apply(&mut w);
         sets.push(w.spawn(1));
     }
     for s in &mut sets {
@@ -116,16 +159,9 @@ fn contend(
 fn readers_overlap_and_writers_hold_alone_across_processes() {
     let lock_server = server();
     let resource = server();
-    let rw = extra(&["--shared", "rw", "--read-percent", "80"]);
+    let rw = Shared::rw(80);
     let started = Instant::now();
-    let (outputs, dir) = contend(
-        &lock_server,
-        &resource,
-        "rw",
-        &[rw.clone(), rw.clone(), rw],
-        4,
-        25,
-    );
+    let (outputs, dir) = contend(&lock_server, &resource, "rw", &[rw, rw, rw], 4, 25);
     let elapsed = started.elapsed();
     let (acquisitions, writes, max_inside, max_shared) = done(&outputs);
     assert_eq!(acquisitions, 3 * 4 * 25);
@@ -165,12 +201,12 @@ fn readers_overlap_and_writers_hold_alone_across_processes() {
 fn semaphore_permits_in_use_never_exceed_n_and_the_checker_catches_a_smaller_n() {
     let lock_server = server();
     let resource = server();
-    let sem = |k: &str| extra(&["--shared", "sem", "--capacity", "3", "--permits", k]);
+    let sem = Shared::sem;
     let (outputs, dir) = contend(
         &lock_server,
         &resource,
         "sem",
-        &[sem("2"), sem("1"), sem("1")],
+        &[sem(2), sem(1), sem(1)],
         4,
         15,
     );
@@ -195,7 +231,7 @@ fn semaphore_permits_in_use_never_exceed_n_and_the_checker_catches_a_smaller_n()
 
 /// A worker holds (`hold_as`, or permits), is killed, and a second worker waiting for what
 /// the dead one held gets in after its lease, not before.
-fn killed_holder(lock: &str, holder_args: &[&str], waiter_args: &[&str], capacity: u64) {
+fn killed_holder(lock: &str, holder_takes: Shared, waiter_takes: Shared, capacity: u64) {
     let lock_server = server();
     let resource = server();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -205,7 +241,7 @@ fn killed_holder(lock: &str, holder_args: &[&str], waiter_args: &[&str], capacit
     a.renewal = Some(LEASE / 3);
     a.hold = Duration::from_secs(30);
     a.max_duration = Duration::from_secs(40);
-    a.extra = extra(holder_args);
+    holder_takes.apply(&mut a);
     let mut holder = a.spawn(1);
     let holding = wait_line(&mut holder, 0, "HOLDING ", Duration::from_secs(20));
     let a_holder = holding.split(' ').nth(1).expect("holder").to_owned();
@@ -222,7 +258,7 @@ fn killed_holder(lock: &str, holder_args: &[&str], waiter_args: &[&str], capacit
     b.hold = Duration::from_millis(100);
     b.proc_base = 1;
     b.max_duration = Duration::from_secs(30);
-    b.extra = extra(waiter_args);
+    waiter_takes.apply(&mut b);
     let mut waiter = b.spawn(1);
     wait_line_all(&mut waiter, "READY", Duration::from_secs(20));
     // B asks before A dies: its acquisition is under way (and busy) when the kill lands.
@@ -276,8 +312,8 @@ fn killed_holder(lock: &str, holder_args: &[&str], waiter_args: &[&str], capacit
 fn a_killed_writer_gives_way_to_readers_after_its_lease() {
     killed_holder(
         "rw-kill",
-        &["--shared", "rw", "--hold-as", "write"],
-        &["--shared", "rw", "--hold-as", "read"],
+        Shared::hold(HoldAs::Write),
+        Shared::hold(HoldAs::Read),
         WRITE,
     );
 }
@@ -286,20 +322,15 @@ fn a_killed_writer_gives_way_to_readers_after_its_lease() {
 fn a_killed_reader_gives_way_to_a_writer_after_its_lease() {
     killed_holder(
         "rw-kill-reader",
-        &["--shared", "rw", "--hold-as", "read"],
-        &["--shared", "rw", "--hold-as", "write"],
+        Shared::hold(HoldAs::Read),
+        Shared::hold(HoldAs::Write),
         WRITE,
     );
 }
 
 #[test]
 fn a_killed_permit_holder_gives_its_permits_back_after_its_lease() {
-    killed_holder(
-        "sem-kill",
-        &["--shared", "sem", "--capacity", "3", "--permits", "2"],
-        &["--shared", "sem", "--capacity", "3", "--permits", "2"],
-        3,
-    );
+    killed_holder("sem-kill", Shared::sem(2), Shared::sem(2), 3);
 }
 
 #[test]
@@ -321,7 +352,7 @@ fn a_paused_lock_server_loses_replies_and_the_history_still_holds() {
     w.max_duration = Duration::from_secs(50);
     w.go_file = Some(go_file.clone());
     w.tolerate_errors = true;
-    w.extra = extra(&["--shared", "rw", "--read-percent", "70"]);
+    Shared::rw(70).apply(&mut w);
     let mut workers = w.spawn(2);
     wait_line_all(&mut workers, "READY", Duration::from_secs(20));
     go(&go_file);

@@ -48,7 +48,7 @@ fn s10_lost_replies_are_retried_once_and_never_applied_twice() {
     let mut sets = Vec::new();
     for (i, proxy) in proxies.iter().enumerate() {
         let mut w = Worker::new("contend", &lock_server, "s10", &history);
-        w.redis_url = proxy.url();
+        w.redis_url = vec![proxy.url()];
         w.resource_url = Some(resource.url());
         w.tasks = TASKS;
         w.iterations = ITERATIONS;

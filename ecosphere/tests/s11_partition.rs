@@ -71,7 +71,11 @@ fn partition(cut: Cut) {
     let rec = Recorder::create(&history, HARNESS).expect("harness recorder");
 
     let mut a = Worker::new("hold", &lock_server, lock, &history);
-    a.redis_url = format!("redis://{}:{}", net.host_addr(), lock_server.port());
+    a.redis_url = vec![format!(
+        "redis://{}:{}",
+        net.host_addr(),
+        lock_server.port()
+    )];
     a.exec_prefix = Some(net.exec_args());
     a.lease = LEASE;
     a.renewal = Some(RENEWAL);
@@ -209,7 +213,7 @@ fn s11e_a_passed_hold_ends_with_the_redis_lease_in_a_partition() {
     let rec = Recorder::create(&history, HARNESS).expect("harness recorder");
 
     let mut a = Worker::new("wait", &lock_server, lock, &history);
-    a.redis_url = proxy.url();
+    a.redis_url = vec![proxy.url()];
     a.tasks = 3;
     a.implicit_holders = true;
     a.lease = LEASE;

@@ -61,7 +61,7 @@ fn worker(
     dir: &std::path::Path,
 ) -> Worker {
     let mut a = Worker::new("hold", lock_server, lock, dir);
-    a.redis_url = proxy.url();
+    a.redis_url = vec![proxy.url()];
     a.lease = LEASE;
     a.renewal = Some(RENEWAL);
     a.command_timeout = Some(COMMAND_TIMEOUT);

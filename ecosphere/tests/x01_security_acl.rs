@@ -697,7 +697,7 @@ fn x1_worker_processes_as_the_acl_user_keep_exclusion_with_an_empty_acl_log() {
     std::fs::create_dir(&history).expect("history dir");
 
     let mut w = Worker::new("contend", &lock_server, "x1-workers", &history);
-    w.redis_url = lock_server.url_for_user(USER, PASSWORD);
+    w.redis_url = vec![lock_server.url_for_user(USER, PASSWORD)];
     w.resource_url = Some(resource.url());
     w.tasks = TASKS;
     w.iterations = ITERATIONS;

@@ -43,7 +43,7 @@ use ecosphere::server::RedisServer;
 use ecosphere::workers::WorkerSet;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-use scenario::{WORKER, Worker, check, finish_ok, go, server, wait_line_all};
+use scenario::{Worker, check, finish_ok, go, server, wait_line_all};
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
 use slate_core::{LossReason, MAX_NAME_LEN};
 use slate_redis::{ClientOptions, RedisClient, RwLock, Semaphore, SingleLock, SingleLockGuard};
@@ -503,19 +503,8 @@ fn look_alike_pairs(procs: usize, tasks: u64, iterations: u64, within: Duration)
         w.spin_wait = Some(Duration::from_millis(100));
         w.max_duration = within - Duration::from_secs(5);
         w.go_file = Some(go_file.clone());
-        let counter = format!("counter:name{n}");
-        sets.push(
-            WorkerSet::builder(WORKER)
-                .count(procs)
-                .args(move |i| {
-                    let mut a = w.args(i);
-                    a.extend(["--counter-key".to_owned(), counter.clone()]);
-                    a
-                })
-                .env("RUST_BACKTRACE", "1")
-                .spawn()
-                .expect("spawn slate-worker"),
-        );
+        w.counter_key = format!("counter:name{n}");
+        sets.push(w.spawn(procs));
     }
     for set in &mut sets {
         wait_line_all(set, "READY", Duration::from_secs(30));

@@ -17,7 +17,7 @@ use scenario::zookeeper::*;
 use scenario::*;
 
 #[test]
-fn z1_contention_through_a_leader_kill_and_a_leader_pause() {
+fn z01_contention_through_a_leader_kill_and_a_leader_pause() {
     let mut ensemble = ZkEnsemble::start(3).expect("ZooKeeper ensemble");
     let (run, mut workers, rec) = Contention::start(&ensemble.connect_string(), "z1", 3, 2, 80);
     let stop = Arc::new(AtomicBool::new(false));

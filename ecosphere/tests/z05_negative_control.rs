@@ -23,9 +23,9 @@ fn z05_negative_control_different_roots_do_not_exclude() {
     w.iterations = 30;
     w.hold = Duration::ZERO;
     let mut a = w.clone();
-    a.extra.extend(["--zk-root".into(), "/left".into()]);
+    a.zk_root = Some("/left".into());
     let mut b = w;
-    b.extra.extend(["--zk-root".into(), "/right".into()]);
+    b.zk_root = Some("/right".into());
     b.proc_base = 1;
     let mut wa = a.spawn(1);
     let mut wb = b.spawn(1);

@@ -18,7 +18,7 @@ use scenario::*;
 /// Z9 (full matrix): seeded chaos on a 5-server ensemble while 4 × 4 tasks contend.
 #[test]
 #[cfg_attr(not(feature = "full-matrix"), ignore)]
-fn z9_seeded_server_chaos_on_a_five_server_ensemble() {
+fn z09_seeded_server_chaos_on_a_five_server_ensemble() {
     let mut seed = ecosphere::seed::Seed::for_scenario("z9_zookeeper_chaos");
     let seed_value = seed.value();
     let mut ensemble = ZkEnsemble::start(5).expect("ZooKeeper ensemble");

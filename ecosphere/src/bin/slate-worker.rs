@@ -96,11 +96,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use ecosphere::clock::now_ns;
 use ecosphere::history::{
     EventKind, FencedOutcome, OP_FENCED_WRITE, OP_INCR, OUTCOME_OK, Recorder,
 };
+use ecosphere::worker::{CombOrder, HoldAs, Mode, SharedKind, WorkerArgs as Args};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use slate_history::logged::{Held, Log, Released as Logged};
@@ -150,220 +151,6 @@ fn may_operate(lease: &slate_redis::LeaseWatch) -> bool {
 const GO_POLL: Duration = Duration::from_millis(5);
 
 type Res<T> = Result<T, String>;
-
-/// What the worker does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Mode {
-    /// Loop lock / GET+SET counter / unlock.
-    Contend,
-    /// Acquire once and hold until done or lost.
-    Hold,
-    /// Re-enter to depth 3, release level by level, one extra release.
-    Reenter,
-    /// Many waiters, one `try_lock_for` each.
-    Wait,
-}
-
-/// Acquisition order of the combination lock.
-/// Which shared-mode primitive (`--shared`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum SharedKind {
-    /// `RwLock`: each acquisition reads (`--read-percent` of them) or writes.
-    Rw,
-    /// `Semaphore` of `--capacity` permits: each acquisition takes `--permits`.
-    Sem,
-}
-
-/// What a shared-mode `hold` takes (`--hold-as`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum HoldAs {
-    /// The read lock (or, with `--shared sem`, `--permits` permits).
-    Read,
-    /// The write lock.
-    Write,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum CombOrder {
-    /// One node after the other.
-    Sequential,
-    /// Node 0, then the others together.
-    Pipelined,
-}
-
-/// Command line.
-#[derive(Debug, Parser)]
-#[command(
-    name = "slate-worker",
-    about = "One process of a Slate single-lock scenario"
-)]
-struct Args {
-    /// URL of the Redis server that holds the lock; repeated (in node order): the nodes of a
-    /// combination lock.
-    #[arg(long, required_unless_present = "zookeeper")]
-    redis_url: Vec<String>,
-    /// The ZooKeeper lock on this ensemble (`host:port[,host:port…]`) instead of a Redis lock
-    /// (`contend` and `hold`; `--lease-ms` is the session timeout, `--command-timeout-ms` the
-    /// operation timeout).
-    #[arg(long, conflicts_with_all = ["cluster", "sentinel_master", "shared"])]
-    zookeeper: Option<String>,
-    /// The ZooKeeper lock's root (library default if absent). Workers given different roots
-    /// do not exclude each other: the negative control of the ZooKeeper scenarios.
-    #[arg(long, requires = "zookeeper")]
-    zk_root: Option<String>,
-    /// The `--redis-url`s are seed nodes of one Redis Cluster (a single lock on it).
-    #[arg(long, conflicts_with = "sentinel_master")]
-    cluster: bool,
-    /// The `--redis-url`s are Sentinels monitoring the master of this name (a single lock).
-    #[arg(long)]
-    sentinel_master: Option<String>,
-    /// Contend: an acquisition that fails with an error is retried (not counted) and a
-    /// release that fails is counted (the lease ends the hold): for runs with failovers and
-    /// slot migrations, where a command may time out or meet a master that is going away.
-    #[arg(long)]
-    tolerate_errors: bool,
-    /// Replicas that must acknowledge every grant and renewal (`ClientOptionsBuilder::synced_replicas`).
-    #[arg(long, default_value_t = 0)]
-    synced_replicas: usize,
-    /// How long a grant or renewal waits for the replicas' acknowledgement.
-    #[arg(long, default_value_t = 500)]
-    synced_within_ms: u64,
-    /// Combination lock: node operation time (library default if absent).
-    #[arg(long)]
-    node_op_ms: Option<u64>,
-    /// Combination lock: re-probe interval of an unavailable node (library default if absent).
-    #[arg(long)]
-    reprobe_ms: Option<u64>,
-    /// Combination lock: quarantine of a restarted server (library default if absent; at
-    /// least the lease).
-    #[arg(long)]
-    quarantine_ms: Option<u64>,
-    /// Combination lock: acquisition order.
-    #[arg(long, value_enum, default_value_t = CombOrder::Sequential)]
-    order: CombOrder,
-    /// URL of the resource Redis (the shared counter); required by contend; without it, hold,
-    /// reenter and wait do no resource operations.
-    #[arg(long)]
-    resource_url: Option<String>,
-    /// Lock name.
-    #[arg(long)]
-    lock: String,
-    /// Process number in the history (`proc`).
-    #[arg(long)]
-    proc: u32,
-    /// Directory of the history files.
-    #[arg(long)]
-    history_dir: PathBuf,
-    /// What to do.
-    #[arg(long, value_enum)]
-    mode: Mode,
-    /// Concurrent tasks (contend, wait).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=2000))]
-    tasks: u64,
-    /// Iterations per task (contend).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100_000))]
-    iterations: u64,
-    /// Upper bound of the whole run; the worker stops (and fails) when it passes.
-    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
-    max_duration_ms: u64,
-    /// Lease of the lock.
-    #[arg(long, default_value_t = 2_000)]
-    lease_ms: u64,
-    /// Renewal period (library default if absent).
-    #[arg(long)]
-    renewal_ms: Option<u64>,
-    /// Spin wait: retry interval when no release notification arrives (library default if
-    /// absent).
-    #[arg(long)]
-    spin_wait_ms: Option<u64>,
-    /// Command timeout of the client (library default if absent).
-    #[arg(long)]
-    command_timeout_ms: Option<u64>,
-    /// How long to hold (hold: total; reenter: at depth 3; wait: critical section).
-    #[arg(long, default_value_t = 1_000)]
-    hold_ms: u64,
-    /// Reenter: time held at each depth on the way down.
-    #[arg(long, default_value_t = 200)]
-    step_ms: u64,
-    /// Wait: the budget of each `try_lock_for` (0 = `try_lock`).
-    #[arg(long, default_value_t = 5_000)]
-    budget_ms: u64,
-    /// Keep the client (and its renewal service) alive this long after the mode ends.
-    #[arg(long, default_value_t = 0)]
-    linger_ms: u64,
-    /// After `READY`, wait until this file exists before starting.
-    #[arg(long)]
-    go_file: Option<PathBuf>,
-    /// Key of the shared counter on the resource server.
-    #[arg(long, default_value = "counter")]
-    counter_key: String,
-    /// Negative control (contend only): skip the lock entirely and log made-up holders.
-    #[arg(long)]
-    unsafe_skip_lock: bool,
-    /// Fenced resource F on the resource server: a hash at this key (`max`, `accepted`,
-    /// `rejected`) and the list `<KEY>:log` of accepted elements. Every resource operation
-    /// then also sends one fenced write carrying the holder's token.
-    #[arg(long, requires = "resource_url")]
-    fenced_key: Option<String>,
-    /// Hold: after a loss, send one more fenced write with the lost hold's token (a write
-    /// issued before a pause and delivered after it); prints `LATE <outcome>`.
-    #[arg(long, requires = "fenced_key")]
-    late_write: bool,
-    /// Hold: once the hold ends (done or lost), print `UNLOCK_WAIT` and wait, bounded by the
-    /// run's deadline, until this file exists before unlocking (a release after a healed
-    /// partition).
-    #[arg(long)]
-    unlock_file: Option<PathBuf>,
-    /// Reenter: after `DEPTH 1`, print `REENTER_WAIT` and wait, bounded by the run's deadline,
-    /// until this file exists before re-entering (the test makes the hold lose its entry
-    /// meanwhile). A re-entry that fails with a lost lease is then an outcome: `REENTER
-    /// lease_lost`, the first level is released (`RELEASED not_held`), and the mode ends.
-    #[arg(long)]
-    reenter_file: Option<PathBuf>,
-    /// Combination lock: give up on every `unlock()` after its first poll (as
-    /// `timeout(d, guard.unlock())` does when `d` runs out first); logged as `rel_info`. Each
-    /// acquisition then names a fresh holder (`lock_as`), so that every unlock walks the
-    /// nodes: a hold passed to the next local task (`lock()`) completes its unlock at once,
-    /// leaving nothing to cancel.
-    #[arg(long)]
-    cancel_unlock: bool,
-    /// `contend`: once this file exists, every task finishes the iteration it is in and
-    /// starts no other (the run then lasts as long as the scenario's faults, not a count of
-    /// iterations); `DONE` reports the acquisitions made.
-    #[arg(long)]
-    stop_file: Option<PathBuf>,
-    /// Single lock, `contend`: every acquisition names a fresh holder (`lock_as`), so that
-    /// every lock and unlock goes to Redis (no local passes between the tasks, issue 14): for
-    /// scenarios about what happens to the remote calls themselves.
-    #[arg(long)]
-    named_holders: bool,
-    /// Single lock, `wait`: the calls run as the task's implicit holder (as plain `lock()`
-    /// callers do), so a hold may be passed from one task to the next; a failed attempt then
-    /// cannot name the holder it tried as. Without it each call runs in an explicit holder
-    /// scope, which is never passed.
-    #[arg(long)]
-    implicit_holders: bool,
-    /// Hold (single lock): this many OS threads spin on the CPU while holding (the application
-    /// busy next to its renewal), stopped when the hold ends.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=8))]
-    burn_threads: u64,
-    /// Shared mode: a read-write lock (`rw`) or a semaphore (`sem`) instead of the single
-    /// lock (modes `contend` and `hold`).
-    #[arg(long, value_enum)]
-    shared: Option<SharedKind>,
-    /// Shared `contend` on a read-write lock: the share of acquisitions that read.
-    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u64).range(0..=100))]
-    read_percent: u64,
-    /// Shared mode on a semaphore: the permits each acquisition takes.
-    #[arg(long, default_value_t = 1)]
-    permits: u32,
-    /// Shared mode on a semaphore: its capacity.
-    #[arg(long, default_value_t = 3)]
-    capacity: u32,
-    /// Shared `hold`: take the read lock (or the permits) or the write lock.
-    #[arg(long, value_enum, default_value_t = HoldAs::Read)]
-    hold_as: HoldAs,
-}
 
 /// Threads spinning on the CPU until dropped (`--burn-threads`).
 struct Burners {
@@ -747,18 +534,15 @@ impl Released {
 }
 
 async fn run(args: Args) -> Res<()> {
-    let deadline = Instant::now() + Duration::from_millis(args.max_duration_ms);
+    let deadline = Instant::now() + args.max_duration;
     let rec = Recorder::create(&args.history_dir, args.proc)
         .map_err(|e| format!("opening the history: {e}"))?;
     let mut opts = ClientOptions::builder();
-    if let Some(ms) = args.command_timeout_ms {
-        opts = opts.command_timeout(Duration::from_millis(ms));
+    if let Some(d) = args.command_timeout {
+        opts = opts.command_timeout(d);
     }
     if args.synced_replicas > 0 {
-        opts = opts.synced_replicas(
-            args.synced_replicas,
-            Duration::from_millis(args.synced_within_ms),
-        );
+        opts = opts.synced_replicas(args.synced_replicas, args.synced_within);
     }
     let opts = opts.build().map_err(|e| format!("client options: {e}"))?;
     if args.zookeeper.is_some() {
@@ -778,13 +562,12 @@ async fn run(args: Args) -> Res<()> {
         RedisClient::open_with(&args.redis_url[0], opts)
     }
     .map_err(|e| format!("opening the lock client: {e}"))?;
-    let mut builder =
-        SingleLock::builder(&client, &args.lock).lease(Duration::from_millis(args.lease_ms));
-    if let Some(ms) = args.renewal_ms {
-        builder = builder.renewal_period(Duration::from_millis(ms));
+    let mut builder = SingleLock::builder(&client, &args.lock).lease(args.lease);
+    if let Some(d) = args.renewal {
+        builder = builder.renewal_period(d);
     }
-    if let Some(ms) = args.spin_wait_ms {
-        builder = builder.spin_wait(Duration::from_millis(ms));
+    if let Some(d) = args.spin_wait {
+        builder = builder.spin_wait(d);
     }
     let lock = builder
         .build()
@@ -829,8 +612,8 @@ async fn run(args: Args) -> Res<()> {
         Mode::Reenter => reenter(&ctx).await,
         Mode::Wait => wait(&ctx).await,
     };
-    if ctx.args.linger_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(ctx.args.linger_ms).min(ctx.remaining())).await;
+    if !ctx.args.linger.is_zero() {
+        tokio::time::sleep(ctx.args.linger.min(ctx.remaining())).await;
     }
     if let Some(f) = &ctx.fenced {
         say(&f.line())?;
@@ -941,7 +724,7 @@ async fn unsafe_iteration(ctx: &Ctx, task: u64, i: u64) -> Res<()> {
         holder: format!("unsafe:{}:{task}:{i}", ctx.args.proc),
         token,
         depth: 1,
-        deadline: now_ns() + ctx.args.lease_ms * 1_000_000,
+        deadline: now_ns() + u64::try_from(ctx.args.lease.as_nanos()).unwrap_or(u64::MAX),
         nodes: Vec::new(),
         renewals: None,
     };
@@ -982,7 +765,7 @@ async fn hold(ctx: &Ctx) -> Res<()> {
         Err(e) => return say(&format!("ACQUIRE error {}", e.replace('\n', " "))),
     };
     say(&format!("HOLDING {} {}", held.holder, held.token))?;
-    let end = (Instant::now() + Duration::from_millis(ctx.args.hold_ms)).min(ctx.deadline);
+    let end = (Instant::now() + ctx.args.hold).min(ctx.deadline);
     let burners = Burners::start(ctx.args.burn_threads, end);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -1123,8 +906,8 @@ async fn reenter(ctx: &Ctx) -> Res<()> {
     if count != 3 {
         return Err(format!("hold_count is {count} at depth 3"));
     }
-    hold_for(ctx, &mut held, &g3, Duration::from_millis(ctx.args.hold_ms)).await?;
-    let step = Duration::from_millis(ctx.args.step_ms);
+    hold_for(ctx, &mut held, &g3, ctx.args.hold).await?;
+    let step = ctx.args.step;
     for inner in [g3, g2] {
         release_level(ctx, &mut held, inner).await?;
         hold_for(ctx, &mut held, &g1, step).await?;
@@ -1148,7 +931,7 @@ async fn reenter(ctx: &Ctx) -> Res<()> {
         .key(key)
         .key(channel)
         .arg(&held.holder)
-        .arg(ctx.args.lease_ms)
+        .arg(u64::try_from(ctx.args.lease.as_millis()).unwrap_or(u64::MAX))
         .invoke_async(&mut direct)
         .await
         .map_err(|e| format!("extra release: {e}"))?;
@@ -1191,7 +974,7 @@ async fn wait(ctx: &Arc<Ctx>) -> Res<()> {
         );
         tasks.spawn(async move {
             let attempt = ctx.next_attempt();
-            let budget = ctx.args.budget_ms;
+            let budget = u64::try_from(ctx.args.budget.as_millis()).unwrap_or(u64::MAX);
             ctx.record(
                 task,
                 EventKind::AcqInvoke {
@@ -1315,10 +1098,10 @@ async fn wait_task(ctx: &Ctx, task: u64, attempt: u64, budget: u64) -> Res<WaitO
         ctx.resource_op(task, &mut held, Some(&guard)).await?;
     }
     // Hold until `--hold-ms` is up or the lease is lost, whichever comes first.
-    let lost = if ctx.args.hold_ms > 0 {
+    let lost = if !ctx.args.hold.is_zero() {
         tokio::select! {
             reason = guard.lost() => Some(reason),
-            () = tokio::time::sleep(Duration::from_millis(ctx.args.hold_ms)) => None,
+            () = tokio::time::sleep(ctx.args.hold) => None,
         }
     } else {
         guard.lease().loss_reason()
@@ -1415,30 +1198,30 @@ mod generic {
     pub(super) async fn combination(args: Args, deadline: Instant, rec: Recorder) -> Res<()> {
         check_mode(&args, "combination lock")?;
         let mut opts = NodeSetOptions::builder();
-        if let Some(ms) = args.node_op_ms {
-            opts = opts.node_operation_time(Duration::from_millis(ms));
+        if let Some(d) = args.node_op {
+            opts = opts.node_operation_time(d);
         }
-        if let Some(ms) = args.reprobe_ms {
-            opts = opts.reprobe_interval(Duration::from_millis(ms));
+        if let Some(d) = args.reprobe {
+            opts = opts.reprobe_interval(d);
         }
-        if let Some(ms) = args.quarantine_ms {
-            opts = opts.quarantine(Duration::from_millis(ms));
+        if let Some(d) = args.quarantine {
+            opts = opts.quarantine(d);
         }
         let nodes = opts
             .build()
             .and_then(|opts| NodeSet::connect(&args.redis_url, opts))
             .map_err(|e| format!("opening the node set: {e}"))?;
         let mut builder = CombinationLock::builder(&nodes, &args.lock)
-            .lease(Duration::from_millis(args.lease_ms))
+            .lease(args.lease)
             .order(match args.order {
                 CombOrder::Sequential => Order::Sequential,
                 CombOrder::Pipelined => Order::Pipelined,
             });
-        if let Some(ms) = args.renewal_ms {
-            builder = builder.renewal_period(Duration::from_millis(ms));
+        if let Some(d) = args.renewal {
+            builder = builder.renewal_period(d);
         }
-        if let Some(ms) = args.spin_wait_ms {
-            builder = builder.spin_wait(Duration::from_millis(ms));
+        if let Some(d) = args.spin_wait {
+            builder = builder.spin_wait(d);
         }
         let lock = builder
             .build()
@@ -1451,10 +1234,9 @@ mod generic {
     pub(super) async fn zookeeper(args: Args, deadline: Instant, rec: Recorder) -> Res<()> {
         check_mode(&args, "ZooKeeper lock")?;
         let servers = args.zookeeper.clone().unwrap_or_default();
-        let mut client =
-            ZkClient::builder(servers).session_timeout(Duration::from_millis(args.lease_ms));
-        if let Some(ms) = args.command_timeout_ms {
-            client = client.operation_timeout(Duration::from_millis(ms));
+        let mut client = ZkClient::builder(servers).session_timeout(args.lease);
+        if let Some(d) = args.command_timeout {
+            client = client.operation_timeout(d);
         }
         let client = client
             .connect()
@@ -1464,8 +1246,8 @@ mod generic {
         if let Some(root) = &args.zk_root {
             builder = builder.root(root.clone());
         }
-        if let Some(ms) = args.spin_wait_ms {
-            builder = builder.spin_wait(Duration::from_millis(ms));
+        if let Some(d) = args.spin_wait {
+            builder = builder.spin_wait(d);
         }
         let lock = builder
             .build()
@@ -1535,9 +1317,8 @@ mod generic {
                 ctx.incomplete.load(Ordering::Relaxed)
             ))?;
         }
-        if ctx.args.linger_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(ctx.args.linger_ms).min(ctx.remaining()))
-                .await;
+        if !ctx.args.linger.is_zero() {
+            tokio::time::sleep(ctx.args.linger.min(ctx.remaining())).await;
         }
         if let Some(f) = &ctx.fenced {
             say(&f.line())?;
@@ -1580,7 +1361,7 @@ mod generic {
                         || (ctx.args.tolerate_errors && e.is_retryable()) =>
                 {
                     ctx.failed.fetch_add(1, Ordering::Relaxed);
-                    let pause = Duration::from_millis(ctx.args.spin_wait_ms.unwrap_or(50));
+                    let pause = ctx.args.spin_wait.unwrap_or(Duration::from_millis(50));
                     tokio::time::sleep(pause.min(ctx.remaining())).await;
                 }
                 Err(_) if ctx.remaining().is_zero() => {
@@ -1755,8 +1536,8 @@ mod generic {
         if count != 3 {
             return Err(format!("hold_count is {count} at depth 3"));
         }
-        let step = Duration::from_millis(ctx.args.step_ms);
-        let mut pause = Duration::from_millis(ctx.args.hold_ms);
+        let step = ctx.args.step;
+        let mut pause = ctx.args.hold;
         while let Some(guard) = guards.pop() {
             tokio::time::sleep(pause.min(ctx.remaining())).await;
             pause = step;
@@ -1783,7 +1564,7 @@ mod generic {
         let (guard, mut held) = acquire(ctx, 0).await?;
         let (holder, token) = (held.holder.clone(), held.token);
         say(&format!("HOLDING {holder} {token}"))?;
-        let end = (Instant::now() + Duration::from_millis(ctx.args.hold_ms)).min(ctx.deadline);
+        let end = (Instant::now() + ctx.args.hold).min(ctx.deadline);
         let mut tick = tokio::time::interval(super::TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let lost = loop {
@@ -2042,8 +1823,8 @@ mod shared {
         rec: Recorder,
         client: RedisClient,
     ) -> Res<()> {
-        let lease = Duration::from_millis(args.lease_ms);
-        let spin = args.spin_wait_ms.map(Duration::from_millis);
+        let lease = args.lease;
+        let spin = args.spin_wait;
         let prim = match args.shared {
             Some(SharedKind::Sem) => {
                 let mut b = Semaphore::builder(&client, &args.lock, args.capacity).lease(lease);
@@ -2179,7 +1960,7 @@ mod shared {
             }
         };
         say(&format!("HOLDING {} {}", held.holder, held.token))?;
-        let until = Instant::now() + Duration::from_millis(sh.args.hold_ms);
+        let until = Instant::now() + sh.args.hold;
         while Instant::now() < until && sh.remaining() > TICK {
             if let Some(reason) = guard.lease().loss_reason() {
                 sh.log(0)

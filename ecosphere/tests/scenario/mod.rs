@@ -9,12 +9,13 @@
 pub mod zookeeper;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use ecosphere::clock::{now_ns, to_mono_ns};
 use ecosphere::history::{
     CheckConfig, Event, EventKind, FencedOutcome, History, OP_FENCED_WRITE, OP_INCR, OUTCOME_OK,
@@ -22,6 +23,7 @@ use ecosphere::history::{
 };
 use ecosphere::proxy::{FaultProxy, Mode};
 use ecosphere::server::RedisServer;
+use ecosphere::worker::{self, WorkerArgs};
 use ecosphere::workers::{WorkerOutput, WorkerSet};
 use slate_combination::{CombinationLock, CombinationLockGuard, NodeSet, NodeSetOptions};
 use slate_core::{Error, HolderId, Wait};
@@ -29,215 +31,76 @@ use slate_core::{Error, HolderId, Wait};
 /// The worker binary built with this package.
 pub const WORKER: &str = env!("CARGO_BIN_EXE_slate-worker");
 
-/// One `slate-worker` configuration; `args(proc)` renders its command line.
+/// One `slate-worker` configuration: the binary's own typed command line
+/// ([`WorkerArgs`], which `Worker` dereferences to) plus how the scenario starts it. Worker
+/// `i` of a [`spawn`](Worker::spawn) is process `proc_base + i`.
 #[derive(Clone, Debug)]
 pub struct Worker {
-    pub redis_url: String,
-    pub resource_url: Option<String>,
-    pub lock: String,
-    pub history_dir: PathBuf,
-    pub mode: &'static str,
-    pub tasks: u64,
-    pub iterations: u64,
-    pub max_duration: Duration,
-    pub lease: Duration,
-    pub renewal: Option<Duration>,
-    pub spin_wait: Option<Duration>,
-    pub command_timeout: Option<Duration>,
-    pub hold: Duration,
-    pub step: Duration,
-    pub budget: Duration,
-    pub linger: Duration,
-    pub go_file: Option<PathBuf>,
-    pub unsafe_skip_lock: bool,
-    /// `--named-holders`: every acquisition names a fresh holder (no local passes).
-    pub named_holders: bool,
-    /// `--implicit-holders` (mode `wait`): the tasks' holds may be passed between them.
-    pub implicit_holders: bool,
+    /// The command line (its `proc` is replaced by `proc_base + i`).
+    pub args: WorkerArgs,
     /// Added to the worker index to form `--proc`.
     pub proc_base: u32,
-    /// `--fenced-key`: the fenced resource F on the resource server.
-    pub fenced_key: Option<String>,
-    /// `--late-write`: one fenced write with the lost token after a loss.
-    pub late_write: bool,
-    /// `--unlock-file`: hold waits for this file before unlocking.
-    pub unlock_file: Option<PathBuf>,
-    /// `--reenter-file`: reenter waits for this file at depth 1 before re-entering.
-    pub reenter_file: Option<PathBuf>,
-    /// `--burn-threads`.
-    pub burn_threads: u64,
     /// Run through `ip <exec_prefix...> slate-worker ...` (a network namespace).
     pub exec_prefix: Option<Vec<String>>,
-    /// Cluster seed URLs (`--cluster`), or Sentinel URLs (with `sentinel_master`), replacing
-    /// `redis_url`.
-    pub topology_urls: Vec<String>,
-    /// `--cluster`.
-    pub cluster: bool,
-    /// `--sentinel-master`.
-    pub sentinel_master: Option<String>,
-    /// `--synced-replicas` and `--synced-within-ms`.
-    pub synced_replicas: Option<(usize, Duration)>,
-    /// `--tolerate-errors` (contend).
-    pub tolerate_errors: bool,
-    /// `--node-op-ms` (combination lock).
-    pub node_op: Option<Duration>,
-    /// `--reprobe-ms` (combination lock).
-    pub reprobe: Option<Duration>,
-    /// Further arguments, appended as they are (e.g. `--shared rw`).
-    pub extra: Vec<String>,
+}
+
+impl std::ops::Deref for Worker {
+    type Target = WorkerArgs;
+    fn deref(&self) -> &WorkerArgs {
+        &self.args
+    }
+}
+
+impl std::ops::DerefMut for Worker {
+    fn deref_mut(&mut self) -> &mut WorkerArgs {
+        &mut self.args
+    }
 }
 
 impl Worker {
     /// A worker in `mode` on the single lock `lock` of `lock_server`.
-    pub fn new(mode: &'static str, lock_server: &RedisServer, lock: &str, dir: &Path) -> Self {
-        Worker::for_url(mode, lock_server.url(), lock, dir)
-    }
-
-    fn for_url(mode: &'static str, redis_url: String, lock: &str, dir: &Path) -> Self {
-        Worker {
-            redis_url,
-            resource_url: None,
-            lock: lock.to_owned(),
-            history_dir: dir.to_owned(),
-            mode,
-            tasks: 1,
-            iterations: 1,
-            max_duration: Duration::from_secs(50),
-            lease: Duration::from_secs(1),
-            renewal: None,
-            spin_wait: None,
-            command_timeout: None,
-            hold: Duration::from_secs(1),
-            step: Duration::from_millis(200),
-            budget: Duration::from_secs(5),
-            linger: Duration::ZERO,
-            go_file: None,
-            unsafe_skip_lock: false,
-            named_holders: false,
-            implicit_holders: false,
-            proc_base: 0,
-            fenced_key: None,
-            late_write: false,
-            unlock_file: None,
-            reenter_file: None,
-            burn_threads: 0,
-            exec_prefix: None,
-            topology_urls: Vec::new(),
-            cluster: false,
-            sentinel_master: None,
-            synced_replicas: None,
-            tolerate_errors: false,
-            node_op: None,
-            reprobe: None,
-            extra: Vec::new(),
-        }
+    pub fn new(mode: &str, lock_server: &RedisServer, lock: &str, dir: &Path) -> Self {
+        let mut w = Worker::on(mode, lock, dir);
+        w.redis_url = vec![lock_server.url()];
+        w
     }
 
     /// A worker in `mode` on the combination lock over the servers at `urls` (node order).
-    pub fn nodes(mode: &'static str, urls: Vec<String>, lock: &str, dir: &Path) -> Self {
+    pub fn nodes(mode: &str, urls: Vec<String>, lock: &str, dir: &Path) -> Self {
+        let mut w = Worker::on(mode, lock, dir);
+        w.redis_url = urls;
+        w.max_duration = Duration::from_secs(40);
+        w
+    }
+
+    /// A worker in `mode` with the scenarios' defaults (one task, one iteration, a 1 s lease,
+    /// 50 s at most) and no lock server yet.
+    pub fn on(mode: &str, lock: &str, dir: &Path) -> Self {
+        let mode =
+            worker::Mode::from_str(mode, false).unwrap_or_else(|e| panic!("mode {mode}: {e}"));
+        let mut args = WorkerArgs::new(mode, lock, 0, dir);
+        args.iterations = 1;
+        args.max_duration = Duration::from_secs(50);
+        args.lease = Duration::from_secs(1);
         Worker {
-            redis_url: String::new(),
-            topology_urls: urls,
-            max_duration: Duration::from_secs(40),
-            ..Worker::for_url(mode, String::new(), lock, dir)
+            args,
+            proc_base: 0,
+            exec_prefix: None,
         }
     }
 
+    /// `--synced-replicas` and `--synced-within-ms` (none: 0 replicas).
+    pub fn set_synced(&mut self, synced: Option<(usize, Duration)>) {
+        let (n, within) = synced.unwrap_or((0, self.synced_within));
+        self.synced_replicas = n;
+        self.synced_within = within;
+    }
+
+    /// The command line of worker `index`.
     pub fn args(&self, index: usize) -> Vec<String> {
-        let ms = |d: Duration| d.as_millis().to_string();
-        let mut a: Vec<String> = Vec::new();
-        if self.topology_urls.is_empty() {
-            a.extend(["--redis-url".to_owned(), self.redis_url.clone()]);
-        }
-        for u in &self.topology_urls {
-            a.extend(["--redis-url".to_owned(), u.clone()]);
-        }
-        if self.cluster {
-            a.push("--cluster".into());
-        }
-        if let Some(m) = &self.sentinel_master {
-            a.extend(["--sentinel-master".to_owned(), m.clone()]);
-        }
-        if let Some((n, within)) = self.synced_replicas {
-            a.extend([
-                "--synced-replicas".to_owned(),
-                n.to_string(),
-                "--synced-within-ms".to_owned(),
-                ms(within),
-            ]);
-        }
-        a.extend(vec![
-            "--lock".into(),
-            self.lock.clone(),
-            "--proc".into(),
-            (self.proc_base + u32::try_from(index).unwrap()).to_string(),
-            "--history-dir".into(),
-            self.history_dir.display().to_string(),
-            "--mode".into(),
-            self.mode.into(),
-            "--tasks".into(),
-            self.tasks.to_string(),
-            "--iterations".into(),
-            self.iterations.to_string(),
-            "--max-duration-ms".into(),
-            ms(self.max_duration),
-            "--lease-ms".into(),
-            ms(self.lease),
-            "--hold-ms".into(),
-            ms(self.hold),
-            "--step-ms".into(),
-            ms(self.step),
-            "--budget-ms".into(),
-            ms(self.budget),
-            "--linger-ms".into(),
-            ms(self.linger),
-        ]);
-        let mut opt = |flag: &str, v: Option<String>| {
-            if let Some(v) = v {
-                a.push(flag.into());
-                a.push(v);
-            }
-        };
-        opt("--resource-url", self.resource_url.clone());
-        opt("--renewal-ms", self.renewal.map(ms));
-        opt("--spin-wait-ms", self.spin_wait.map(ms));
-        opt("--command-timeout-ms", self.command_timeout.map(ms));
-        opt("--node-op-ms", self.node_op.map(ms));
-        opt("--reprobe-ms", self.reprobe.map(ms));
-        opt(
-            "--go-file",
-            self.go_file.as_ref().map(|p| p.display().to_string()),
-        );
-        opt("--fenced-key", self.fenced_key.clone());
-        opt(
-            "--unlock-file",
-            self.unlock_file.as_ref().map(|p| p.display().to_string()),
-        );
-        opt(
-            "--reenter-file",
-            self.reenter_file.as_ref().map(|p| p.display().to_string()),
-        );
-        if self.burn_threads > 0 {
-            a.push("--burn-threads".into());
-            a.push(self.burn_threads.to_string());
-        }
-        if self.late_write {
-            a.push("--late-write".into());
-        }
-        if self.tolerate_errors {
-            a.push("--tolerate-errors".into());
-        }
-        if self.named_holders {
-            a.push("--named-holders".to_owned());
-        }
-        if self.implicit_holders {
-            a.push("--implicit-holders".to_owned());
-        }
-        if self.unsafe_skip_lock {
-            a.push("--unsafe-skip-lock".into());
-        }
-        a.extend(self.extra.iter().cloned());
-        a
+        let mut args = self.args.clone();
+        args.proc = self.proc_base + u32::try_from(index).unwrap();
+        args.to_args()
     }
 
     /// Spawns `n` copies (indices 0..n).

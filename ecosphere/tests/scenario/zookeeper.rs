@@ -23,7 +23,8 @@ pub fn zk_worker(
 ) -> Worker {
     let mut w = Worker::new(mode, resource, lock, dir);
     w.resource_url = Some(resource.url());
-    w.extra = vec!["--zookeeper".into(), servers.to_owned()];
+    w.redis_url.clear();
+    w.zookeeper = Some(servers.to_owned());
     w
 }
 
@@ -81,7 +82,7 @@ impl Contention {
         w.command_timeout = Some(Duration::from_secs(2));
         w.max_duration = Duration::from_secs(150);
         w.go_file = Some(go.clone());
-        w.extra.push("--tolerate-errors".into());
+        w.tolerate_errors = true;
         let mut workers = w.spawn(procs);
         wait_line_all(&mut workers, "READY", Duration::from_secs(30));
         let rec = Recorder::create(&history, HARNESS).unwrap();
