@@ -90,6 +90,50 @@ async fn queued_tasks_share_one_walk_per_eight_holders() {
     }
 }
 
+/// Generic code that takes the lock through the `DistributedLock` contract gets the local
+/// passes `lock()` gets (the contract acquires for the current holder, not a fresh named one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contracts_lock_is_passed_like_the_inherent_one() {
+    use slate_core::DistributedLock;
+    let servers = servers(3);
+    let nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
+    adopt(&nodes).await;
+    let lock = lock_on(&nodes, "cohort-contract", Order::Sequential);
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    let before: Vec<u64> = servers.iter().map(script_calls).collect();
+    let first = DistributedLock::lock(&lock).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let lock = lock.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = if i % 2 == 0 {
+                DistributedLock::lock(&lock).await
+            } else {
+                DistributedLock::try_lock_for(&lock, Duration::from_secs(10)).await
+            };
+            guard.unwrap().unlock().await.unwrap();
+        }));
+    }
+    wait_for(Duration::from_secs(5), "the tasks to queue", || {
+        (lock.local_waiters() == 4).then_some(())
+    })
+    .await;
+    first.unlock().await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(20), t)
+            .await
+            .expect("a queued task finished")
+            .unwrap();
+    }
+    // The first walk (acquire and release on each node), then one walk won from the queue and
+    // passed among the four, plus at most one fencing write-back per walk: 4 to 6 calls per
+    // node (10 when each task is a fresh named holder that walks alone).
+    for (i, server) in servers.iter().enumerate() {
+        let calls = script_calls(server) - before[i];
+        assert!((4..=6).contains(&calls), "{calls} script calls on node {i}");
+    }
+}
+
 /// Another process cannot enter a passed hold under the id of the holder that passed it or of
 /// the one that has it; its walk gets the lock once the hold ends, with a greater token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

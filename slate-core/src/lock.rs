@@ -165,6 +165,26 @@ pub trait DistributedLock: Clone + Send + Sync + 'static {
         wait: Wait,
     ) -> impl Future<Output = Result<Self::Guard>> + Send;
 
+    /// Acquires for the current holder, waiting as `wait` allows: the enclosing
+    /// [`HolderId::scope`]'s holder, else a fresh one that nobody else can name, which a
+    /// backend that passes holds inside a process (lock cohorting) may hand a local holder's
+    /// hold. [`lock`](DistributedLock::lock), [`try_lock`](DistributedLock::try_lock),
+    /// [`try_lock_for`](DistributedLock::try_lock_for) and
+    /// [`try_lock_until`](DistributedLock::try_lock_until) are this with their waits, so
+    /// generic code gets what the backend's own methods give. The default acquires for
+    /// [`HolderId::current`] (right for a backend that passes no holds).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](DistributedLock::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](DistributedLock::acquire).
+    fn acquire_current(&self, wait: Wait) -> impl Future<Output = Result<Self::Guard>> + Send {
+        self.acquire(HolderId::current(), wait)
+    }
+
     /// Waits until the lock is acquired for the current holder.
     ///
     /// # Errors
@@ -175,7 +195,7 @@ pub trait DistributedLock: Clone + Send + Sync + 'static {
     ///
     /// Cancel safe, as [`acquire`](DistributedLock::acquire).
     fn lock(&self) -> impl Future<Output = Result<Self::Guard>> + Send {
-        self.acquire(HolderId::current(), Wait::Forever)
+        self.acquire_current(Wait::Forever)
     }
 
     /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
@@ -201,7 +221,7 @@ pub trait DistributedLock: Clone + Send + Sync + 'static {
     ///
     /// Cancel safe, as [`acquire`](DistributedLock::acquire).
     fn try_lock(&self) -> impl Future<Output = Result<Option<Self::Guard>>> + Send {
-        let attempt = self.acquire(HolderId::current(), Wait::Immediate);
+        let attempt = self.acquire_current(Wait::Immediate);
         async move { busy_to_none(attempt.await) }
     }
 
@@ -215,7 +235,7 @@ pub trait DistributedLock: Clone + Send + Sync + 'static {
     ///
     /// Cancel safe, as [`acquire`](DistributedLock::acquire).
     fn try_lock_for(&self, d: Duration) -> impl Future<Output = Result<Self::Guard>> + Send {
-        self.acquire(HolderId::current(), Wait::for_duration(d))
+        self.acquire_current(Wait::for_duration(d))
     }
 
     /// Waits at most until `deadline`.
@@ -231,7 +251,7 @@ pub trait DistributedLock: Clone + Send + Sync + 'static {
         &self,
         deadline: Instant,
     ) -> impl Future<Output = Result<Self::Guard>> + Send {
-        self.acquire(HolderId::current(), Wait::Until(deadline))
+        self.acquire_current(Wait::Until(deadline))
     }
 
     /// Whether any holder holds the lock.
@@ -324,7 +344,9 @@ pub fn busy_to_none<G>(result: Result<G>) -> Result<Option<G>> {
 
 /// Implements [`DistributedLock`] for a lock type by delegating to its inherent methods of the
 /// same names (`name`, `acquire`, `is_locked`, `hold_count`, `remaining_lease`,
-/// `force_unlock`), which every lock has so that the common path needs no trait import.
+/// `force_unlock`), which every lock has so that the common path needs no trait import, and
+/// [`acquire_current`](DistributedLock::acquire_current) to its `acquire_for(None, wait)`, the
+/// acquisition its own `lock()` makes (for the current holder, passable where it passes holds).
 ///
 /// # Examples
 ///
@@ -347,6 +369,13 @@ macro_rules! delegate_distributed_lock {
                 wait: $crate::Wait,
             ) -> impl ::std::future::Future<Output = $crate::Result<$guard>> + Send {
                 $lock::acquire(self, holder, wait)
+            }
+
+            fn acquire_current(
+                &self,
+                wait: $crate::Wait,
+            ) -> impl ::std::future::Future<Output = $crate::Result<$guard>> + Send {
+                $lock::acquire_for(self, None, wait)
             }
 
             fn is_locked(&self) -> impl ::std::future::Future<Output = $crate::Result<bool>> + Send {

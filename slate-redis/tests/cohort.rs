@@ -176,6 +176,47 @@ async fn queued_local_tasks_share_one_remote_hold_per_tenure() {
     );
 }
 
+/// Generic code that takes the lock through the `DistributedLock` contract gets the local
+/// passes the inherent calls get: the contract's `lock()` and `try_lock_for()` acquire for the
+/// current holder, which may be passed a hold, not for a fresh named one (which never is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contracts_lock_is_passed_like_the_inherent_one() {
+    use slate_core::DistributedLock;
+    let server = server();
+    let client = client(&server);
+    let lock = lock(&client, "cohort-contract", LEASE);
+    lock.lock().await.unwrap().unlock().await.unwrap();
+
+    let before = script_calls(&server);
+    let first = DistributedLock::lock(&lock).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let lock = lock.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = if i % 2 == 0 {
+                DistributedLock::lock(&lock).await
+            } else {
+                DistributedLock::try_lock_for(&lock, Duration::from_secs(10)).await
+            };
+            guard.unwrap().unlock().await.unwrap();
+        }));
+    }
+    let waiters = lock.clone();
+    eventually(Duration::from_secs(5), "the tasks to queue", || {
+        waiters.local_waiters() == 4
+    })
+    .await;
+    first.unlock().await.unwrap();
+    for t in tasks {
+        within(Duration::from_secs(10), "a queued task", t)
+            .await
+            .unwrap();
+    }
+    // The first hold (its acquire and release), then one remote hold won from the queue and
+    // passed among the four: 4 script calls (10 when each is a fresh named holder).
+    assert_eq!(script_calls(&server) - before, 4);
+}
+
 /// Another process cannot enter a hold that was passed, not even under the id of the holder
 /// that acquired it or of the holder that has it now; it gets the lock once the hold ends.
 async fn another_process_naming_a_passed_holder_waits(server: Deployment) {

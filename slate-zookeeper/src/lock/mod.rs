@@ -422,6 +422,16 @@ impl ZkLock {
         .instrument(span)
     }
 
+    /// Acquires for `holder`, or when it is `None` for [`HolderId::current`] (a ZooKeeper
+    /// lock passes no holds: every holder has its own znode).
+    fn acquire_for(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+    ) -> impl Future<Output = Result<ZkLockGuard>> + Send + '_ {
+        self.acquire(holder.unwrap_or_else(HolderId::current), wait)
+    }
+
     /// Waits until the lock is acquired for the current holder ([`HolderId::current`]).
     ///
     /// # Examples
@@ -442,7 +452,7 @@ impl ZkLock {
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub fn lock(&self) -> impl Future<Output = Result<ZkLockGuard>> + Send + '_ {
-        self.acquire(HolderId::current(), Wait::Forever)
+        self.acquire_for(None, Wait::Forever)
     }
 
     /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it here).
@@ -495,7 +505,7 @@ impl ZkLock {
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
     pub async fn try_lock(&self) -> Result<Option<ZkLockGuard>> {
-        slate_core::lock::busy_to_none(self.acquire(HolderId::current(), Wait::Immediate).await)
+        slate_core::lock::busy_to_none(self.acquire_for(None, Wait::Immediate).await)
     }
 
     /// Waits at most `d`, in the queue like everyone else.
@@ -525,7 +535,7 @@ impl ZkLock {
         &self,
         d: Duration,
     ) -> impl Future<Output = Result<ZkLockGuard>> + Send + '_ {
-        self.acquire(HolderId::current(), Wait::for_duration(d))
+        self.acquire_for(None, Wait::for_duration(d))
     }
 
     /// Waits at most until `deadline`.
@@ -552,7 +562,7 @@ impl ZkLock {
         &self,
         deadline: Instant,
     ) -> impl Future<Output = Result<ZkLockGuard>> + Send + '_ {
-        self.acquire(HolderId::current(), Wait::Until(deadline))
+        self.acquire_for(None, Wait::Until(deadline))
     }
 
     fn blocking(&self, holder: HolderId, wait: Wait, what: &str) -> Result<ZkLockGuard> {
