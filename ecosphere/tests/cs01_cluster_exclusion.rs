@@ -78,7 +78,7 @@ fn finish_and_check(runs: &mut [Run], iterations: u64) -> u64 {
         for out in &outputs {
             assert!(
                 out.stdout_lines()
-                    .any(|l| l == format!("DONE acquisitions={}", TASKS * iterations)),
+                    .any(|l| l.starts_with(&format!("DONE acquisitions={} ", TASKS * iterations))),
                 "lock {name}, worker {}: {}",
                 out.index,
                 out.stdout
