@@ -508,14 +508,16 @@ impl CombinationLock {
     /// Acquires for `holder`, or when it is `None` for the current holder: the scope's
     /// ([`HolderId::scope`]), else a fresh one that nobody else can name, which may then be
     /// passed the hold by a local release and pass it on in turn (lock cohorting, see the
-    /// type's docs).
-    async fn acquire_for(
+    /// type's docs). The holder is read when the call is made, not when its future is first
+    /// polled: a call made inside a scope acquires as the scope's holder wherever it is
+    /// awaited.
+    fn acquire_for(
         &self,
         holder: Option<HolderId>,
         wait: Wait,
-    ) -> Result<CombinationLockGuard> {
+    ) -> impl Future<Output = Result<CombinationLockGuard>> + Send + '_ {
         let (holder, acquisition) = self.shared.sync.acquire_current(holder, wait);
-        Ok(self.guard(holder, &acquisition.await?))
+        async move { Ok(self.guard(holder, &acquisition.await?)) }
     }
 
     /// Blocks this thread until the lock is acquired for the current holder (the thread twin
@@ -714,131 +716,14 @@ impl CombinationLock {
         self.acquire_for(Some(holder), wait).await
     }
 
-    /// Waits until the lock is acquired for the current holder ([`HolderId::current`]).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let guard = lock.lock().await?;
-    /// guard.unlock().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Failures that make waiting pointless (authentication, permissions, a closed runtime).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn lock(&self) -> Result<CombinationLockGuard> {
-        self.acquire_for(None, Wait::Forever).await
-    }
-
-    /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let outer = lock.lock().await?;
-    /// let inner = lock.lock_as(outer.holder()).await?;
-    /// assert_eq!(inner.fencing_token(), outer.fencing_token());
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`lock`](Self::lock).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn lock_as(&self, holder: HolderId) -> Result<CombinationLockGuard> {
-        self.acquire(holder, Wait::Forever).await
-    }
-
-    /// One attempt, never waiting: `Ok(None)` if another holder has the lock.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// if let Some(guard) = lock.try_lock().await? {
-    ///     guard.unlock().await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Too few nodes; backend failures.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn try_lock(&self) -> Result<Option<CombinationLockGuard>> {
-        slate_core::lock::busy_to_none(self.acquire_for(None, Wait::Immediate).await)
-    }
-
-    /// Waits at most `d`, in the queue like everyone else.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let guard = lock.try_lock_for(std::time::Duration::from_secs(2)).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Timeout`] when `d` passes first; too few nodes; backend failures.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn try_lock_for(&self, d: Duration) -> Result<CombinationLockGuard> {
-        self.acquire_for(None, Wait::for_duration(d)).await
-    }
-
-    /// Waits at most until `deadline`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_combination::Result<()> {
-    /// # let nodes = NodeSet::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"], NodeSetOptions::default())?;
-    /// # let lock = CombinationLock::builder(&nodes, "orders").build()?;
-    /// let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    /// let guard = lock.try_lock_until(deadline).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Timeout`] when the deadline passes first; too few nodes; backend failures.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`acquire`](Self::acquire).
-    pub async fn try_lock_until(&self, deadline: Instant) -> Result<CombinationLockGuard> {
-        self.acquire_for(None, Wait::Until(deadline)).await
-    }
+    slate_core::waiting_methods!(
+        CombinationLockGuard,
+        setup = "# use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};\n\
+                 # #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_combination::Result<()> {\n\
+                 # let nodes = NodeSet::connect([\"redis://127.0.0.1:7001\", \"redis://127.0.0.1:7002\", \"redis://127.0.0.1:7003\"], NodeSetOptions::default())?;\n\
+                 # let lock = CombinationLock::builder(&nodes, \"orders\").build()?;",
+        errors = "too few nodes; backend failures",
+    );
 
     /// Whether some holder holds the lock on at least a quorum of nodes.
     ///

@@ -134,6 +134,32 @@ async fn the_contracts_lock_is_passed_like_the_inherent_one() {
     }
 }
 
+/// A call made inside a holder's scope acquires as that holder, even when its future is
+/// awaited after the scope ended (the holder is read when the call is made, as on the single
+/// lock): through the contract and through the lock's own `try_lock`, the call re-enters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_is_the_scope_s_when_the_call_is_made() {
+    use slate_core::DistributedLock;
+    let servers = servers(3);
+    let nodes = view_of(urls(&servers), opts(Duration::from_millis(500)));
+    adopt(&nodes).await;
+    let lock = lock_on(&nodes, "cohort-scope", Order::Sequential);
+    let h = HolderId::new();
+    let held = lock.lock_as(h).await.unwrap();
+    let through_contract = h.sync_scope(|| DistributedLock::try_lock(&lock));
+    let inner = through_contract
+        .await
+        .unwrap()
+        .expect("a re-entry, not busy");
+    assert_eq!((inner.holder(), inner.depth()), (h, 2));
+    let own = h.sync_scope(|| lock.try_lock());
+    let innermost = own.await.unwrap().expect("a re-entry, not busy");
+    assert_eq!((innermost.holder(), innermost.depth()), (h, 3));
+    innermost.unlock().await.unwrap();
+    inner.unlock().await.unwrap();
+    held.unlock().await.unwrap();
+}
+
 /// Another process cannot enter a passed hold under the id of the holder that passed it or of
 /// the one that has it; its walk gets the lock once the hold ends, with a greater token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

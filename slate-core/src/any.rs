@@ -22,7 +22,7 @@ use std::future::Future;
 use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::Result;
 use crate::hold::Hold;
@@ -61,6 +61,17 @@ pub trait DynLock: Send + Sync + 'static {
     ///
     /// Cancel safe, as [`DistributedLock::acquire`].
     fn dyn_acquire(&self, holder: HolderId, wait: Wait) -> BoxFuture<'_, Result<AnyGuard>>;
+
+    /// [`DistributedLock::acquire_current`], boxed.
+    ///
+    /// # Errors
+    ///
+    /// As [`DistributedLock::acquire`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`DistributedLock::acquire`].
+    fn dyn_acquire_current(&self, wait: Wait) -> BoxFuture<'_, Result<AnyGuard>>;
 
     /// [`DistributedLock::is_locked`], boxed.
     ///
@@ -114,6 +125,11 @@ impl<L: DistributedLock> DynLock for L {
 
     fn dyn_acquire(&self, holder: HolderId, wait: Wait) -> BoxFuture<'_, Result<AnyGuard>> {
         let acquire = self.acquire(holder, wait);
+        Box::pin(async move { acquire.await.map(AnyGuard::new) })
+    }
+
+    fn dyn_acquire_current(&self, wait: Wait) -> BoxFuture<'_, Result<AnyGuard>> {
+        let acquire = self.acquire_current(wait);
         Box::pin(async move { acquire.await.map(AnyGuard::new) })
     }
 
@@ -258,116 +274,19 @@ impl AnyLock {
         self.0.dyn_acquire(holder, wait).await
     }
 
-    /// Waits until the lock is acquired for the current holder.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
-    /// let guard = lock.lock().await?;
-    /// guard.unlock().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`DistributedLock::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`DistributedLock::acquire`].
-    pub async fn lock(&self) -> Result<AnyGuard> {
-        self.acquire(HolderId::current(), Wait::Forever).await
-    }
+    crate::waiting_methods!(
+        AnyGuard,
+        setup = "# async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {",
+        errors = "backend failures",
+    );
 
-    /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
-    /// let outer = lock.lock().await?;
-    /// let inner = lock.lock_as(outer.holder()).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`DistributedLock::lock`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`DistributedLock::acquire`].
-    pub async fn lock_as(&self, holder: HolderId) -> Result<AnyGuard> {
-        self.acquire(holder, Wait::Forever).await
-    }
-
-    /// One remote attempt, never waiting: `Ok(None)` if another holder has the lock.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
-    /// if let Some(guard) = lock.try_lock().await? {
-    ///     guard.unlock().await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`DistributedLock::acquire`].
-    pub async fn try_lock(&self) -> Result<Option<AnyGuard>> {
-        crate::lock::busy_to_none(self.acquire(HolderId::current(), Wait::Immediate).await)
-    }
-
-    /// Waits at most `d` (in the queue, like everyone else).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
-    /// let guard = lock.try_lock_for(std::time::Duration::from_secs(1)).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// `Timeout` when `d` passes first; backend failures.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`DistributedLock::acquire`].
-    pub async fn try_lock_for(&self, d: Duration) -> Result<AnyGuard> {
-        self.acquire(HolderId::current(), Wait::for_duration(d))
-            .await
-    }
-
-    /// Waits at most until `deadline`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(lock: slate_core::AnyLock) -> slate_core::Result<()> {
-    /// let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    /// let guard = lock.try_lock_until(deadline).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// `Timeout` when the deadline passes first; backend failures.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`DistributedLock::acquire`].
-    pub async fn try_lock_until(&self, deadline: Instant) -> Result<AnyGuard> {
-        self.acquire(HolderId::current(), Wait::Until(deadline))
-            .await
+    /// Acquires for `holder`, or when it is `None` for the current holder as the erased lock
+    /// does ([`DistributedLock::acquire_current`]).
+    fn acquire_for(&self, holder: Option<HolderId>, wait: Wait) -> BoxFuture<'_, Result<AnyGuard>> {
+        match holder {
+            Some(holder) => self.0.dyn_acquire(holder, wait),
+            None => self.0.dyn_acquire_current(wait),
+        }
     }
 
     /// Whether any holder holds the lock.
@@ -502,6 +421,10 @@ impl DistributedLock for AnyLock {
         wait: Wait,
     ) -> impl Future<Output = Result<AnyGuard>> + Send {
         self.0.dyn_acquire(holder, wait)
+    }
+
+    fn acquire_current(&self, wait: Wait) -> impl Future<Output = Result<AnyGuard>> + Send {
+        self.0.dyn_acquire_current(wait)
     }
 
     fn is_locked(&self) -> impl Future<Output = Result<bool>> + Send {

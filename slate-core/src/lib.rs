@@ -14,6 +14,13 @@
 
 #![forbid(unsafe_code)]
 
+// `slate_core::` paths in the macros' docs resolve inside this crate too.
+#[allow(
+    unused_extern_crates,
+    reason = "used by the doc links the macros write"
+)]
+extern crate self as slate_core;
+
 pub mod any;
 pub mod blocking;
 pub mod detach;

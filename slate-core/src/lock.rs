@@ -402,3 +402,149 @@ macro_rules! delegate_distributed_lock {
         }
     };
 }
+
+/// Writes a lock's inherent waiting methods, the same on every lock: `lock`, `lock_as`,
+/// `try_lock`, `try_lock_for` and `try_lock_until`, over its `acquire(holder, wait)` and its
+/// `acquire_for(Option<HolderId>, wait)` (the acquisition for the current holder, see
+/// [`DistributedLock::acquire_current`]), each reading the current holder when it is called
+/// (not when its future is first polled). `setup` is the hidden first lines of every example,
+/// ending with a `lock` in scope; `errors` is what a non-waiting or timed call may fail with
+/// besides a busy lock or a timeout.
+///
+/// # Examples
+///
+/// ```text
+/// impl SingleLock {
+///     slate_core::waiting_methods!(SingleLockGuard, setup = "# ...", errors = "backend failures");
+/// }
+/// ```
+#[macro_export]
+macro_rules! waiting_methods {
+    ($guard:ty, setup = $setup:literal, errors = $errors:literal $(,)?) => {
+        /// Waits until the lock is acquired for the current holder (the scope's, else a fresh
+        /// one: see [`DistributedLock::acquire_current`](slate_core::DistributedLock::acquire_current)).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $setup]
+        /// let guard = lock.lock().await?;
+        /// guard.unlock().await?;
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        /// Failures that make waiting pointless (authentication, permissions, a closed
+        /// client or runtime).
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel safe, as [`acquire`](Self::acquire).
+        pub fn lock(&self) -> impl ::std::future::Future<Output = $crate::Result<$guard>> + Send + '_ {
+            self.acquire_for(None, $crate::Wait::Forever)
+        }
+
+        /// Waits until the lock is acquired for `holder` (re-enters if `holder` holds it).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $setup]
+        /// let outer = lock.lock().await?;
+        /// let inner = lock.lock_as(outer.holder()).await?;
+        /// assert_eq!(inner.fencing_token(), outer.fencing_token());
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        /// As [`lock`](Self::lock).
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel safe, as [`acquire`](Self::acquire).
+        pub fn lock_as(
+            &self,
+            holder: $crate::HolderId,
+        ) -> impl ::std::future::Future<Output = $crate::Result<$guard>> + Send + '_ {
+            self.acquire(holder, $crate::Wait::Forever)
+        }
+
+        /// One attempt, never waiting: `Ok(None)` if another holder has the lock.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $setup]
+        /// if let Some(guard) = lock.try_lock().await? {
+        ///     guard.unlock().await?;
+        /// }
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("Anything but a busy lock: ", $errors, ".")]
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel safe, as [`acquire`](Self::acquire).
+        pub fn try_lock(
+            &self,
+        ) -> impl ::std::future::Future<Output = $crate::Result<Option<$guard>>> + Send + '_ {
+            // The holder is read now, not when the future is first polled.
+            let attempt = self.acquire_for(None, $crate::Wait::Immediate);
+            async move { $crate::lock::busy_to_none(attempt.await) }
+        }
+
+        /// Waits at most `d`, in the queue like everyone else.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $setup]
+        /// let guard = lock.try_lock_for(std::time::Duration::from_secs(2)).await?;
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("[`Error::Timeout`](slate_core::Error::Timeout) when `d` passes first; ", $errors, ".")]
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel safe, as [`acquire`](Self::acquire).
+        pub fn try_lock_for(
+            &self,
+            d: ::std::time::Duration,
+        ) -> impl ::std::future::Future<Output = $crate::Result<$guard>> + Send + '_ {
+            self.acquire_for(None, $crate::Wait::for_duration(d))
+        }
+
+        /// Waits at most until `deadline`.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $setup]
+        /// let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        /// let guard = lock.try_lock_until(deadline).await?;
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("[`Error::Timeout`](slate_core::Error::Timeout) when the deadline passes first; ", $errors, ".")]
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel safe, as [`acquire`](Self::acquire).
+        pub fn try_lock_until(
+            &self,
+            deadline: ::std::time::Instant,
+        ) -> impl ::std::future::Future<Output = $crate::Result<$guard>> + Send + '_ {
+            self.acquire_for(None, $crate::Wait::Until(deadline))
+        }
+    };
+}
