@@ -109,6 +109,17 @@ impl Mutant {
     }
 }
 
+/// Whether this build has the mutant switches (the test-only `mutants` feature): a test crate
+/// whose tests `.ci/mutants` runs asserts it, so that losing the feature (a dev-dependency
+/// dropped) fails at once instead of every mutant of that crate going uncaught.
+///
+/// # Examples
+///
+/// ```
+/// let _compiled_in: bool = slate_core::mutant::BUILT_IN;
+/// ```
+pub const BUILT_IN: bool = cfg!(feature = "mutants");
+
 /// Whether `m` is switched on in this process.
 ///
 /// # Examples

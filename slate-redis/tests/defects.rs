@@ -485,3 +485,15 @@ async fn a_turn_handed_to_a_stalled_process_is_kept_for_it() {
         .unwrap()
         .unwrap();
 }
+
+/// `.ci/mutants` runs mutants against this file's tests: they must be built with the switches
+/// (the `mutants` feature of the dev-dependency on slate-core), or every mutant here would go
+/// uncaught without a word.
+#[test]
+fn the_mutant_switches_are_built_into_these_tests() {
+    assert!(
+        slate_core::mutant::BUILT_IN,
+        "slate-redis's tests lack the mutant switches: its dev-dependency on slate-core needs \
+         features = [\"mutants\"]"
+    );
+}
