@@ -490,6 +490,10 @@ async fn a_turn_handed_to_a_stalled_process_is_kept_for_it() {
 /// (the `mutants` feature of the dev-dependency on slate-core), or every mutant here would go
 /// uncaught without a word.
 #[test]
+#[allow(
+    clippy::assertions_on_constants,
+    reason = "the constant is what this build's features made it"
+)]
 fn the_mutant_switches_are_built_into_these_tests() {
     assert!(
         slate_core::mutant::BUILT_IN,
