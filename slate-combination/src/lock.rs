@@ -498,26 +498,24 @@ impl CombinationLock {
         wait: Wait,
         what: &str,
     ) -> Result<CombinationLockGuard> {
-        slate_core::blocking::assert_outside_runtime(what);
         // The competitor runs each attempt's I/O on the lock's runtime when polled from a
         // plain thread.
-        let (holder, grant) = self.shared.sync.blocking_acquire_current(holder, wait)?;
-        Ok(self.guard(holder, &grant))
+        self.shared
+            .sync
+            .blocking_acquire_current_with(holder, wait, what, |h, g| self.guard(h, g))
     }
 
-    /// Acquires for `holder`, or when it is `None` for the current holder: the scope's
-    /// ([`HolderId::scope`]), else a fresh one that nobody else can name, which may then be
-    /// passed the hold by a local release and pass it on in turn (lock cohorting, see the
-    /// type's docs). The holder is read when the call is made, not when its future is first
-    /// polled: a call made inside a scope acquires as the scope's holder wherever it is
-    /// awaited.
+    /// Acquires for `holder`, or when it is `None` for the current holder, read now (not when
+    /// the future is first polled), as
+    /// [`DistributedLock::acquire_current`](slate_core::DistributedLock::acquire_current) describes.
     fn acquire_for(
         &self,
         holder: Option<HolderId>,
         wait: Wait,
     ) -> impl Future<Output = Result<CombinationLockGuard>> + Send + '_ {
-        let (holder, acquisition) = self.shared.sync.acquire_current(holder, wait);
-        async move { Ok(self.guard(holder, &acquisition.await?)) }
+        let (_, acquisition) =
+            (self.shared.sync).acquire_current_with(holder, wait, |h, g| self.guard(h, g));
+        acquisition
     }
 
     /// Blocks this thread until the lock is acquired for the current holder (the thread twin

@@ -663,6 +663,79 @@ impl<C: Competitor> Synchronizer<C> {
         Ok((holder, self.blocking_run(holder, wait, mode)?))
     }
 
+    /// [`acquire_current`](Synchronizer::acquire_current), then `guard(holder, &grant)`: the
+    /// acquisition every lock's `lock()` makes, ending in the lock's guard.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_aqs::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_aqs::Result<()> {
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// let (_, acquired) = sync.acquire_current_with(Some(me), Wait::Forever, |h, _| h);
+    /// assert_eq!(acquired.await?, me);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Synchronizer::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_passable`](Synchronizer::acquire_passable).
+    pub fn acquire_current_with<'a, G>(
+        &'a self,
+        holder: Option<HolderId>,
+        wait: Wait,
+        guard: impl FnOnce(HolderId, &C::Grant) -> G + 'a,
+    ) -> (HolderId, impl Future<Output = Result<G>> + 'a) {
+        let (holder, acquisition) = self.acquire_current(holder, wait);
+        (
+            holder,
+            async move { Ok(guard(holder, &acquisition.await?)) },
+        )
+    }
+
+    /// The blocking twin of [`acquire_current_with`](Synchronizer::acquire_current_with), for
+    /// threads: refuses to run inside a tokio runtime (`what` names the caller's method in
+    /// the panic message, see [`slate_core::blocking::assert_outside_runtime`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use slate_aqs::{HolderId, Wait};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// let me = HolderId::new();
+    /// let holder = sync.blocking_acquire_current_with(Some(me), Wait::Forever, "Lock::blocking_lock", |h, _| h)?;
+    /// assert_eq!(holder, me);
+    /// # Ok::<(), slate_aqs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Synchronizer::acquire).
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_acquire_current_with<G>(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+        what: &str,
+        guard: impl FnOnce(HolderId, &C::Grant) -> G,
+    ) -> Result<G> {
+        slate_core::blocking::assert_outside_runtime(what);
+        let (holder, grant) = self.blocking_acquire_current(holder, wait)?;
+        Ok(guard(holder, &grant))
+    }
+
     /// Acquires the lock for `holder` in **shared** mode (a read lock, permits of a
     /// semaphore), waiting as `wait` allows, and returns the competitor's grant (from
     /// [`Competitor::attempt_shared`]).

@@ -91,19 +91,9 @@ pub struct RwLockBuilder {
     exclude_single: bool,
 }
 
-slate_core::lock_options_setters!(
+crate::primitives::shared::shared_builder_setters!(
     RwLockBuilder,
-    slate_redis,
-    setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;",
-    start = "slate_redis::RwLock::builder(&client, \"a\")",
-    [
-        lease,
-        renewal_period,
-        spin_wait,
-        max_hold,
-        key_prefix,
-        options
-    ],
+    "slate_redis::RwLock::builder(&client, \"a\")"
 );
 
 impl RwLockBuilder {

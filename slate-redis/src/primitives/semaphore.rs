@@ -74,19 +74,9 @@ pub struct SemaphoreBuilder {
     options: LockOptionsBuilder,
 }
 
-slate_core::lock_options_setters!(
+crate::primitives::shared::shared_builder_setters!(
     SemaphoreBuilder,
-    slate_redis,
-    setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;",
-    start = "slate_redis::Semaphore::builder(&client, \"a\", 4)",
-    [
-        lease,
-        renewal_period,
-        spin_wait,
-        max_hold,
-        key_prefix,
-        options
-    ],
+    "slate_redis::Semaphore::builder(&client, \"a\", 4)"
 );
 
 impl SemaphoreBuilder {

@@ -372,23 +372,23 @@ impl SingleLock {
         wait: Wait,
         what: &str,
     ) -> Result<SingleLockGuard> {
-        slate_core::blocking::assert_outside_runtime(what);
-        let (holder, grant) = self.shared.sync.blocking_acquire_current(holder, wait)?;
-        Ok(self.guard(holder, &grant))
+        self.shared
+            .sync
+            .blocking_acquire_current_with(holder, wait, what, |h, g| self.guard(h, g))
     }
 
-    /// Acquires for `holder`, or when it is `None` for the current holder: the scope's
-    /// ([`HolderId::scope`]), else a fresh one that nobody else can name, which may then be
-    /// passed the hold by a local release and pass it on in turn (lock cohorting, see the
-    /// type's docs).
+    /// Acquires for `holder`, or when it is `None` for the current holder, read now (not when
+    /// the future is first polled), as
+    /// [`DistributedLock::acquire_current`](slate_core::DistributedLock::acquire_current) describes.
     fn acquire_for(
         &self,
         holder: Option<HolderId>,
         wait: Wait,
     ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
-        let (holder, acquisition) = self.shared.sync.acquire_current(holder, wait);
+        let (holder, acquisition) =
+            (self.shared.sync).acquire_current_with(holder, wait, |h, g| self.guard(h, g));
         let span = tracing::debug_span!("acquire", lock = %self.shared.competitor().label, %holder);
-        async move { Ok(self.guard(holder, &acquisition.await?)) }.instrument(span)
+        acquisition.instrument(span)
     }
 
     /// Blocks this thread until the lock is acquired for the current holder (the thread twin

@@ -1047,6 +1047,28 @@ impl Competitor for SharedCompetitor {
     }
 }
 
+/// The builder setters of a shared lock: the settings that apply to the read-write lock and
+/// the semaphore (no fence expiry: their fencing counter is persistent), said once for both.
+macro_rules! shared_builder_setters {
+    ($builder:ident, $start:literal) => {
+        slate_core::lock_options_setters!(
+            $builder,
+            slate_redis,
+            setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;",
+            start = $start,
+            [
+                lease,
+                renewal_period,
+                spin_wait,
+                max_hold,
+                key_prefix,
+                options
+            ],
+        );
+    };
+}
+pub(crate) use shared_builder_setters;
+
 /// The accessors every shared lock has (name, key, client, options), written once for
 /// [`RwLock`](crate::RwLock) and [`Semaphore`](crate::Semaphore).
 macro_rules! shared_lock_accessors {
