@@ -1006,11 +1006,13 @@ impl Cgroup {
     }
 
     /// Kills what is left in it and removes it, with any cgroups made below it (a nested
-    /// `slate run`'s, emptied by the same kill). Bounded: a removal that keeps failing (a
-    /// process stuck in the kernel) leaves an empty cgroup behind.
+    /// `slate run`'s, emptied by the same kill). A cgroup cannot be removed while its killed
+    /// processes are not yet reaped, which on a loaded machine took longer than the second
+    /// this waited before; bounded at 5 s: a removal that keeps failing (a process stuck in
+    /// the kernel) leaves an empty cgroup behind.
     fn remove(&self) {
         self.kill();
-        for _ in 0..100 {
+        for _ in 0..500 {
             if remove_cgroup_dir(&self.dir) {
                 return;
             }

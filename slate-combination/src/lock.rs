@@ -492,32 +492,6 @@ impl CombinationLock {
         Ok(answers)
     }
 
-    fn blocking_acquire(
-        &self,
-        holder: Option<HolderId>,
-        wait: Wait,
-        what: &str,
-    ) -> Result<CombinationLockGuard> {
-        // The competitor runs each attempt's I/O on the lock's runtime when polled from a
-        // plain thread.
-        self.shared
-            .sync
-            .blocking_acquire_current_with(holder, wait, what, |h, g| self.guard(h, g))
-    }
-
-    /// Acquires for `holder`, or when it is `None` for the current holder, read now (not when
-    /// the future is first polled), as
-    /// [`DistributedLock::acquire_current`](slate_core::DistributedLock::acquire_current) describes.
-    fn acquire_for(
-        &self,
-        holder: Option<HolderId>,
-        wait: Wait,
-    ) -> impl Future<Output = Result<CombinationLockGuard>> + Send + '_ {
-        let (_, acquisition) =
-            (self.shared.sync).acquire_current_with(holder, wait, |h, g| self.guard(h, g));
-        acquisition
-    }
-
     /// Blocks this thread until the lock is acquired for the current holder (the thread twin
     /// of `lock()`).
     ///
@@ -714,7 +688,10 @@ impl CombinationLock {
         self.acquire_for(Some(holder), wait).await
     }
 
+    // Also `acquire_for` and `blocking_acquire`; from a plain thread, the competitor runs each
+    // attempt's I/O on the lock's runtime.
     slate_core::waiting_methods!(
+        sync = shared.sync,
         CombinationLockGuard,
         setup = "# use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};\n\
                  # #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_combination::Result<()> {\n\

@@ -744,11 +744,16 @@ impl NodeSet {
             .key_prefix(prefix)
             .build()?;
         let keys = NodeKeys::new(prefix, &slate_core::LockName::new("-")?);
-        let op = self.inner.options.node_op_time;
         let options = &self.inner.options;
         let quarantine = options.quarantine_enabled.then_some(options.quarantine);
         let marked = futures::future::join_all(self.inner.nodes.iter().map(|n| {
             let keys = &keys;
+            // An adoption is a one-off call, often a client's first (its connection is made
+            // then, and the marker script loaded): bounded like any single command, not by the
+            // node operation time a lock attempt spends per node (50 ms by default).
+            let op = options
+                .node_op_time
+                .max(n.client.options().command_timeout());
             async move {
                 let mark = async {
                     let info = n.client.node().server_info().await?;
@@ -762,7 +767,7 @@ impl NodeSet {
                     Err(_) => Err(Error::backend(
                         slate_core::BackendKind::Timeout,
                         Some(n.address().to_owned()),
-                        format!("adopting took longer than the node operation time {op:?}"),
+                        format!("adopting took longer than {op:?} (the command timeout, or the node operation time if longer)"),
                         None,
                     )),
                 };

@@ -405,7 +405,8 @@ macro_rules! delegate_distributed_lock {
 
 /// Writes a lock's inherent waiting methods, the same on every lock: `lock`, `lock_as`,
 /// `try_lock`, `try_lock_for` and `try_lock_until`, over its `acquire(holder, wait)` and its
-/// `acquire_for(Option<HolderId>, wait)` (the acquisition for the current holder, see
+/// `acquire_for(Option<HolderId>, wait)` (written too, with `blocking_acquire`, for a lock
+/// given as `sync = <field path>` of its synchronizer; the acquisition for the current holder, see
 /// [`DistributedLock::acquire_current`]), each reading the current holder when it is called
 /// (not when its future is first polled). `setup` is the hidden first lines of every example,
 /// ending with a `lock` in scope; `errors` is what a non-waiting or timed call may fail with
@@ -420,6 +421,39 @@ macro_rules! delegate_distributed_lock {
 /// ```
 #[macro_export]
 macro_rules! waiting_methods {
+    // A lock built on a `slate_aqs::Synchronizer` at `self.<sync>`, whose `guard(holder,
+    // &grant)` makes its guard: its `acquire_for` and `blocking_acquire` too.
+    (sync = $($sync:ident).+, $guard:ty, setup = $setup:literal, errors = $errors:literal $(,)?) => {
+        /// Acquires for `holder`, or when it is `None` for the current holder, read now (not
+        /// when the future is first polled), as
+        /// [`DistributedLock::acquire_current`](slate_core::DistributedLock::acquire_current)
+        /// describes.
+        fn acquire_for(
+            &self,
+            holder: ::std::option::Option<$crate::HolderId>,
+            wait: $crate::Wait,
+        ) -> impl ::std::future::Future<Output = $crate::Result<$guard>> + Send + '_ {
+            let sync = &self.$($sync).+;
+            let (holder, acquisition) =
+                sync.acquire_current_with(holder, wait, |h, g| self.guard(h, g));
+            let span = ::tracing::debug_span!("acquire", lock = %sync.label(), %holder);
+            ::tracing::Instrument::instrument(acquisition, span)
+        }
+
+        /// The blocking twin of `acquire_for`, for threads (`what` names the caller's method in
+        /// the panic message inside a runtime).
+        fn blocking_acquire(
+            &self,
+            holder: ::std::option::Option<$crate::HolderId>,
+            wait: $crate::Wait,
+            what: &str,
+        ) -> $crate::Result<$guard> {
+            self.$($sync).+
+                .blocking_acquire_current_with(holder, wait, what, |h, g| self.guard(h, g))
+        }
+
+        $crate::waiting_methods!($guard, setup = $setup, errors = $errors);
+    };
     ($guard:ty, setup = $setup:literal, errors = $errors:literal $(,)?) => {
         /// Waits until the lock is acquired for the current holder (the scope's, else a fresh
         /// one: see [`DistributedLock::acquire_current`](slate_core::DistributedLock::acquire_current)).

@@ -10,7 +10,6 @@ use slate_core::{
     BackendKind, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions,
     LockOptionsBuilder, LossReason, Result, Wait,
 };
-use tracing::Instrument;
 
 use crate::client::conn;
 use crate::client::{RedisClient, lock, unexpected_reply};
@@ -366,31 +365,6 @@ impl SingleLock {
         )
     }
 
-    fn blocking_acquire(
-        &self,
-        holder: Option<HolderId>,
-        wait: Wait,
-        what: &str,
-    ) -> Result<SingleLockGuard> {
-        self.shared
-            .sync
-            .blocking_acquire_current_with(holder, wait, what, |h, g| self.guard(h, g))
-    }
-
-    /// Acquires for `holder`, or when it is `None` for the current holder, read now (not when
-    /// the future is first polled), as
-    /// [`DistributedLock::acquire_current`](slate_core::DistributedLock::acquire_current) describes.
-    fn acquire_for(
-        &self,
-        holder: Option<HolderId>,
-        wait: Wait,
-    ) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
-        let (holder, acquisition) =
-            (self.shared.sync).acquire_current_with(holder, wait, |h, g| self.guard(h, g));
-        let span = tracing::debug_span!("acquire", lock = %self.shared.competitor().label, %holder);
-        acquisition.instrument(span)
-    }
-
     /// Blocks this thread until the lock is acquired for the current holder (the thread twin
     /// of `lock()`).
     ///
@@ -564,6 +538,7 @@ impl SingleLock {
     }
 
     slate_core::waiting_methods!(
+        sync = shared.sync,
         SingleLockGuard,
         setup = "# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n\
                  # let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\n\
