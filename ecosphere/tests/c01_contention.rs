@@ -66,7 +66,7 @@ fn lock_keys(server: &RedisServer) -> Vec<String> {
     let keys: Vec<String> =
         redis::from_redis_value(server.command(&["KEYS", "*"]).expect("KEYS")).expect("KEYS");
     keys.into_iter()
-        .filter(|k| !k.ends_with(":fence") && !k.ends_with("node-marker"))
+        .filter(|k| !scenario::is_fence_counter(k) && !k.ends_with("node-marker"))
         .collect()
 }
 

@@ -226,13 +226,6 @@ impl CombinationLockBuilder {
     /// ```
     pub fn build(self) -> Result<CombinationLock> {
         let options = self.options.build()?;
-        if options.fence_expiry().is_some() {
-            return Err(Error::invalid_input(
-                "fence expiry",
-                "the combination lock keeps a persistent fencing counter on each node",
-                "leave the fence expiry unset for a combination lock (it is a single-lock option)",
-            ));
-        }
         let name = LockName::new(&self.name)?;
         let n = self.nodes.len();
         let required = quorum(n, self.required)?;

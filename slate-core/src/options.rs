@@ -54,7 +54,6 @@ pub fn check_max_duration(what: &'static str, d: Duration) -> Result<()> {
 /// | spin wait | 50 ms | at least 1 ms, at most [`MAX_DURATION`] |
 /// | max hold | none | when set, non-zero and at most [`MAX_DURATION`] |
 /// | key prefix | `slate:` | at most 256 bytes, no `{` or `}` |
-/// | fence expiry | none (persistent counter) | when set, at least the lease and 1 s, at most [`MAX_DURATION`] |
 ///
 /// Built with [`LockOptions::builder`] (or the lock builders' setters of the same names);
 /// read back with getters named as the options. Setters never fail; `build()` reports the
@@ -81,7 +80,6 @@ pub struct LockOptions {
     spin_wait: Duration,
     max_hold: Option<Duration>,
     key_prefix: String,
-    fence_expiry: Option<Duration>,
 }
 
 impl PartialEq for LockOptions {
@@ -91,7 +89,6 @@ impl PartialEq for LockOptions {
             && self.spin_wait == other.spin_wait
             && self.max_hold == other.max_hold
             && self.key_prefix == other.key_prefix
-            && self.fence_expiry == other.fence_expiry
     }
 }
 
@@ -103,7 +100,6 @@ impl Default for LockOptions {
             spin_wait: Duration::from_millis(50),
             max_hold: None,
             key_prefix: "slate:".to_owned(),
-            fence_expiry: None,
         }
     }
 }
@@ -172,19 +168,6 @@ impl LockOptions {
     #[must_use]
     pub fn max_hold(&self) -> Option<Duration> {
         self.max_hold
-    }
-
-    /// The fence expiry, if the fencing counter expires (see
-    /// [`LockOptionsBuilder::fence_expiry`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(slate_core::LockOptions::default().fence_expiry(), None);
-    /// ```
-    #[must_use]
-    pub fn fence_expiry(&self) -> Option<Duration> {
-        self.fence_expiry
     }
 
     /// The key prefix.
@@ -270,24 +253,6 @@ impl LockOptions {
                 "zero would stop renewal at once",
                 "use a positive max hold, or leave it unset for no cap",
             ));
-        }
-        if let Some(idle) = self.fence_expiry {
-            check_max_duration("fence expiry", idle)?;
-            let least = self.lease.max(Duration::from_secs(1));
-            if idle < least {
-                return Err(Error::invalid_input(
-                    "fence expiry",
-                    format!(
-                        "{idle:?} is shorter than the {:?} lease (or 1s): the counter could \
-                         expire while the lock is held",
-                        self.lease
-                    ),
-                    format!(
-                        "use a fence expiry of at least {least:?}; longer is safer against \
-                         the server's clock stepping back (an hour or a day is typical)"
-                    ),
-                ));
-            }
         }
         if self.key_prefix.len() > MAX_PREFIX_LEN {
             return Err(Error::invalid_input(
@@ -406,33 +371,6 @@ impl LockOptionsBuilder {
         self
     }
 
-    /// Lets a lock's fencing counter expire after `idle` without acquisitions or holds, and
-    /// seeds a fresh counter from the server's clock (single lock).
-    ///
-    /// By default the counter (`<prefix>{<name>}:fence`) is persistent: it costs Redis memory
-    /// for every lock name ever used (about 60 bytes plus the key's length), which grows
-    /// without bound with per-entity names (`order:<id>`). With a fence expiry the counter
-    /// lives while the lock is used (every acquisition and renewal resets its TTL to `idle`)
-    /// and a first acquisition takes `max(counter + 1, server time in µs)`. Tokens then stay
-    /// strictly increasing across holders as long as the server's clock never steps back by
-    /// more than `idle` (an NTP step of hours, not a drift), and they even survive a server
-    /// that loses its data, which resets a persistent counter. Tokens are then large numbers
-    /// (about 1.7 × 10¹⁵). Every process using one lock must use the same setting: a
-    /// persistent counter that meets an expired one restarts at 1.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = slate_core::LockOptions::builder().fence_expiry(Duration::from_secs(3600)).build()?;
-    /// assert_eq!(o.fence_expiry(), Some(Duration::from_secs(3600)));
-    /// # Ok::<(), slate_core::Error>(())
-    /// ```
-    pub fn fence_expiry(mut self, idle: Duration) -> Self {
-        self.options.fence_expiry = Some(idle);
-        self
-    }
-
     /// Checks every option against its rule and returns the options.
     ///
     /// # Errors
@@ -479,7 +417,7 @@ impl From<LockOptions> for LockOptionsBuilder {
 /// slate_core::lock_options_setters!(SingleLockBuilder, slate_redis,
 ///     setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;",
 ///     start = "slate_redis::SingleLock::builder(&client, \"a\")",
-///     [lease, renewal_period, spin_wait, max_hold, fence_expiry, key_prefix, options]);
+///     [lease, renewal_period, spin_wait, max_hold, key_prefix, options]);
 /// ```
 #[macro_export]
 macro_rules! lock_options_setters {
@@ -535,19 +473,6 @@ macro_rules! lock_options_setters {
         )]
         pub fn max_hold(mut self, max_hold: ::std::time::Duration) -> Self {
             self.options = self.options.max_hold(max_hold);
-            self
-        }
-    };
-    (@setter fence_expiry, $c:ident, $setup:literal, $start:literal) => {
-        #[doc = concat!(
-            "Lets the lock's fencing counter expire after `idle` without use, so that lock names ",
-            "used once do not keep memory for ever (see ",
-            "[`LockOptionsBuilder::fence_expiry`](", stringify!($c), "::LockOptionsBuilder::fence_expiry) ",
-            "for the guarantee and its condition).",
-            $crate::lock_options_setters!(@doc $c, $setup, $start, ".fence_expiry(std::time::Duration::from_secs(24 * 3600))")
-        )]
-        pub fn fence_expiry(mut self, idle: ::std::time::Duration) -> Self {
-            self.options = self.options.fence_expiry(idle);
             self
         }
     };
@@ -643,12 +568,6 @@ mod tests {
         assert_eq!(what(d().max_hold(Duration::MAX)), "max hold");
         d().lease(MAX_DURATION).build().unwrap();
         d().max_hold(MAX_DURATION).build().unwrap();
-        assert_eq!(
-            what(d().fence_expiry(Duration::from_secs(29))),
-            "fence expiry"
-        );
-        assert_eq!(what(d().fence_expiry(Duration::MAX)), "fence expiry");
-        d().fence_expiry(Duration::from_secs(30)).build().unwrap();
         assert_eq!(what(d().key_prefix("a{b")), "key prefix");
         assert_eq!(what(d().key_prefix("p".repeat(257))), "key prefix");
         d().renewal_period(Duration::from_secs(3)).build().unwrap();

@@ -72,10 +72,11 @@ impl NodeKeys {
         &self.keys.lock
     }
 
-    /// The fencing counter key.
+    /// The fencing counter key: the counter of the lock key's cluster hash slot, shared by
+    /// every lock whose key hashes there (`<prefix>fence:{<slot tag>}`).
     #[must_use]
     pub fn fence_key(&self) -> &[u8] {
-        &self.keys.fence
+        &self.keys.slot_fence
     }
 
     /// The node marker key.
@@ -523,7 +524,6 @@ impl<'c> Node<'c> {
                 marker: Some(&keys.marker),
                 request,
                 reentry,
-                fence_expiry: None,
                 block,
                 // An attempt that does not win gives its nodes back by this request's id,
                 // retrying until the lease is over (the record must outlive that).
@@ -701,7 +701,7 @@ impl<'c> Node<'c> {
     /// Idempotent: safe to drop and repeat.
     pub async fn raise_fence(self, keys: &NodeKeys, token: FencingToken) -> Result<u64> {
         let call = scripts::call::RaiseFence {
-            fence: &keys.keys.fence,
+            fence: &keys.keys.slot_fence,
             token: token.get(),
         };
         self.0
@@ -863,7 +863,6 @@ impl<'c> Node<'c> {
                 // it does nothing): a hold longer than the lease kept its tenure only while
                 // the turn key outlived it (issue 28, item 4).
                 turn: Some(keys.keys.turn.clone()),
-                fence: None,
                 alias: None,
                 leases: None,
                 holder,
@@ -976,7 +975,7 @@ impl RedisClient {
     pub(crate) async fn status_of(&self, keys: &Keys) -> Result<LockStatus> {
         let call = scripts::call::Inspect {
             lock: &keys.lock,
-            fence: &keys.fence,
+            fence: &keys.slot_fence,
             current: &keys.holder,
         };
         let reply: Vec<redis::Value> = self

@@ -355,47 +355,30 @@ async fn a_name_contended_on_and_off_subscribes_once_per_linger() {
     assert!(n <= 3, "{n} SUBSCRIBE commands for 20 waits on one name");
 }
 
-/// Issue 19, "also": fencing counters never expired, so per-entity lock names grew Redis
-/// memory without bound. With a fence expiry the counter lives while the lock is used (its TTL
-/// is reset by every acquisition and renewal, so a hold longer than the expiry keeps it), goes
-/// away when the lock is idle, and a new counter starts above every earlier token (seeded from
-/// the server's clock); it even survives a server that lost its data.
+/// Issue 19, "also", and issue 30: fencing counters never expired, so per-entity lock names
+/// grew Redis memory without bound (a persistent counter per name). The single lock counts
+/// tokens on its hash slot's counter: a name whose lease ended leaves no key at all, tokens of
+/// one lock still increase strictly (across holders, across names of the slot, re-entry keeps
+/// the token), and a server that lost its data seeds a new counter from its clock, above every
+/// earlier token, where a persistent per-name counter restarted at 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expiring_fence_goes_away_and_tokens_still_increase() {
-    const IDLE: Duration = Duration::from_secs(1);
+async fn an_idle_name_leaves_no_key_and_tokens_still_increase() {
     const LEASE: Duration = Duration::from_millis(300);
     let mut server = server();
     let (a, b) = (client(&server), client(&server));
-    let build = |c: &slate_redis::RedisClient| {
-        SingleLock::builder(c, "expiring")
-            .lease(LEASE)
-            .options(
-                slate_core::LockOptions::builder()
-                    .lease(LEASE)
-                    .fence_expiry(IDLE)
-                    .build()
-                    .unwrap(),
-            )
-            .build()
-            .unwrap()
+    let build = |c: &slate_redis::RedisClient, name: &str| {
+        SingleLock::builder(c, name).lease(LEASE).build().unwrap()
     };
-    let (la, lb) = (build(&a), build(&b));
-    let fence = "slate:{expiring}:fence";
-    // A hold three times the expiry: renewal keeps the counter, re-entry keeps the token.
+    let (la, lb) = (build(&a, "idle"), build(&b, "idle"));
+    // A hold three times the lease: renewal keeps it, re-entry keeps the token.
     let g = la.lock().await.unwrap();
     let first = g.fencing_token().get();
-    let pttl = int(&server, &["PTTL", fence]);
     assert!(
-        pttl > 0 && pttl <= 1000,
-        "the counter expires with the fence expiry: {pttl}"
+        first > 1_700_000_000_000_000,
+        "seeded from the clock: {first}"
     );
-    tokio::time::sleep(IDLE * 3).await;
+    tokio::time::sleep(LEASE * 3).await;
     assert!(!g.is_lost());
-    assert_eq!(
-        int(&server, &["EXISTS", fence]),
-        1,
-        "renewal keeps the counter"
-    );
     let inner = g.reenter().await.unwrap();
     assert_eq!(inner.fencing_token().get(), first);
     inner.unlock().await.unwrap();
@@ -405,16 +388,24 @@ async fn an_expiring_fence_goes_away_and_tokens_still_increase() {
     let second = g.fencing_token().get();
     assert!(second > first);
     g.unlock().await.unwrap();
-    // Idle: the counter goes away; the next token is still greater.
-    eventually(IDLE * 5, "the idle lock's counter to expire", || {
-        int(&server, &["EXISTS", fence]) == 0
-    })
-    .await;
+    // Nothing of the name is left: only slot counters, whatever the name.
+    let names: Vec<String> = (0..50).map(|i| format!("entity:{i}")).collect();
+    for name in &names {
+        let g = build(&a, name).lock().await.unwrap();
+        assert!(g.fencing_token().get() > first);
+        g.unlock().await.unwrap();
+    }
+    let left = keys(&server);
+    assert!(
+        left.iter().all(|k| k.starts_with("slate:fence:{")),
+        "idle names left keys behind: {left:?}"
+    );
+    assert!(left.len() <= 51, "one counter per slot used: {left:?}");
     let g = la.lock().await.unwrap();
     let third = g.fencing_token().get();
     assert!(third > second, "{third} after {second}");
     g.unlock().await.unwrap();
-    // A server that loses its data: a persistent counter would restart at 1.
+    // A server that loses its data: a persistent per-name counter would restart at 1.
     server
         .restart(slate_harness::server::Data::Wipe)
         .expect("restart empty");

@@ -139,7 +139,7 @@ async fn s10_lost_acquire_reply_is_retried_without_a_second_level() {
     assert!(!rig.lock.is_locked().await.unwrap());
     assert_eq!(
         keys_but_records(&rig.server, Duration::from_secs(6)),
-        ["slate:{s10-acquire}:fence"]
+        [fence_key("s10-acquire")]
     );
     drop(rig.client);
 }
@@ -201,8 +201,9 @@ async fn s10_timed_out_acquires_are_undone_exactly() {
     );
 }
 
-/// Runs the acquire script for holder `h1` with request id `request`.
-fn acquire(con: &mut redis::Connection, keys: &[&str], request: &str) -> Vec<i64> {
+/// Runs the acquire script for holder `h1` with request id `request`; `resent`: `"1"` for a
+/// send that may repeat an earlier one (`""`: a first send).
+fn acquire(con: &mut redis::Connection, keys: &[&str], request: &str, resent: &str) -> Vec<i64> {
     let script = redis::Script::new(ACQUIRE_LUA);
     let mut inv = script.prepare_invoke();
     for k in keys {
@@ -213,16 +214,23 @@ fn acquire(con: &mut redis::Connection, keys: &[&str], request: &str) -> Vec<i64
         .arg("")
         .arg(0)
         .arg(request)
-        .arg("5000");
+        .arg("5000")
+        .arg("")
+        .arg(resent);
     inv.invoke(con).unwrap()
 }
 
+/// The request protocol at the script level: an undo that arrives before its acquire cancels
+/// it; a first send keeps its record in the lock hash (no key of its own); a resend also
+/// writes the record key, so that a stale copy of the first send arriving after the hold ended
+/// does nothing instead of starting a hold nobody knows of.
 #[test]
 fn s10_an_acquire_that_runs_after_its_undo_does_nothing() {
     let server = server();
+    let fence = fence_key("late");
     let keys = [
         "slate:{late}",
-        "slate:{late}:fence",
+        &fence,
         "slate:{late}:queue",
         "slate:{late}:turn",
         "slate:{late}:req:h1",
@@ -244,22 +252,41 @@ fn s10_an_acquire_that_runs_after_its_undo_does_nothing() {
     assert_eq!(undo, -2, "the acquire had not run");
     // Then the acquire runs: it finds itself cancelled and touches nothing.
     let mut con = server.connection().unwrap();
-    let reply = acquire(&mut con, &keys, "7");
+    let reply = acquire(&mut con, &keys, "7", "");
     assert_eq!(reply, [-3]);
     assert_eq!(int(&server, &["EXISTS", "slate:{late}"]), 0);
-    assert_eq!(int(&server, &["EXISTS", "slate:{late}:fence"]), 0);
+    assert_eq!(int(&server, &["EXISTS", &fence]), 0, "no token was taken");
 
     // Another request of the same holder is not affected by the tombstone.
-    let reply = acquire(&mut con, &keys, "8");
-    assert_eq!(reply, [1, 1]);
-    // Sent again (a retry), request 8 answers the same and changes nothing.
-    let again = acquire(&mut con, &keys, "8");
-    assert_eq!(again, [1, 1]);
+    let reply = acquire(&mut con, &keys, "8", "");
+    assert_eq!(reply.len(), 2);
+    assert_eq!(reply[0], 1);
+    assert!(
+        reply[1] > 1_700_000_000_000_000,
+        "a clock-seeded token: {reply:?}"
+    );
+    // Sent again (a resend), request 8 answers the same and changes nothing.
+    let again = acquire(&mut con, &keys, "8", "1");
+    assert_eq!(again, reply);
     assert_eq!(int(&server, &["HGET", "slate:{late}", "h1"]), 1);
-    // A release retried answers its first count; a wrong holder still gets -1.
-    let args = ["h1", "10000", "", "0", "0", "20", "9", "5000"];
+    // The hold ends; a stale copy of request 8's first send arrives after: it does nothing.
+    let args = [
+        "h1", "10000", "", "0", "0", "20", "9", "5000", "", "", "1", "",
+    ];
     assert_eq!(run_script(&server, RELEASE_LUA, &release_keys, &args), 0);
-    assert_eq!(run_script(&server, RELEASE_LUA, &release_keys, &args), 0);
+    assert_eq!(acquire(&mut con, &keys, "8", ""), [-7]);
+    assert_eq!(
+        int(&server, &["EXISTS", "slate:{late}"]),
+        0,
+        "no hold nobody knows of"
+    );
+    // A resend of the last release finds no field: -1 at the script level, which the client
+    // reads as released while the hold's lease cannot have ended (`release_remote`).
+    let resent = [
+        "h1", "10000", "", "0", "0", "20", "9", "5000", "", "", "1", "1",
+    ];
+    assert_eq!(run_script(&server, RELEASE_LUA, &release_keys, &resent), -1);
+    // A wrong holder gets -1 and nothing is written.
     let other = [
         "slate:{late}",
         "slate:{late}:released",

@@ -34,7 +34,7 @@ async fn lock_over_tls() {
     assert_eq!(g.unlock().await.unwrap(), 0);
     assert_eq!(
         keys_but_records(&server, 2 * DEFAULT_COMMAND_TIMEOUT),
-        ["slate:{tls}:fence"]
+        [fence_key("tls")]
     );
 
     // Without trusting the test CA the handshake fails, as a connection error.

@@ -272,7 +272,7 @@ async fn x2_after_a_restart_the_client_reconnects_over_tls() {
     assert_eq!(g.unlock().await.expect("unlock"), 0);
     assert_eq!(
         keys_but_records(&server, TIMEOUT * 2),
-        ["slate:{x2-restart}:fence"]
+        [fence_key("x2-restart")]
     );
 }
 

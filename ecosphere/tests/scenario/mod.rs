@@ -145,10 +145,16 @@ pub fn get_u64(server: &RedisServer, key: &str) -> u64 {
     v.unwrap_or(0)
 }
 
-/// `HGETALL key` as field → count.
+/// `HGETALL key` of a lock hash as holder → count (the hash's own fields `t`, `r` and `w`,
+/// see `acquire.lua`, are left out).
 pub fn hgetall(server: &RedisServer, key: &str) -> BTreeMap<String, u64> {
-    redis::from_redis_value(server.command(&["HGETALL", key]).expect("HGETALL"))
-        .expect("HGETALL reply")
+    let all: BTreeMap<String, String> =
+        redis::from_redis_value(server.command(&["HGETALL", key]).expect("HGETALL"))
+            .expect("HGETALL reply");
+    all.into_iter()
+        .filter(|(f, _)| !matches!(f.as_str(), "t" | "r" | "w"))
+        .map(|(f, v)| (f, v.parse().expect("a count")))
+        .collect()
 }
 
 /// Polls `f` every 10 ms until it returns `Some`, failing the test after `within`.
@@ -335,12 +341,19 @@ pub fn lock_keys(server: &RedisServer) -> Vec<String> {
     let v = server.command(&["KEYS", "*"]).expect("KEYS");
     let keys: Vec<String> = redis::from_redis_value(v).expect("KEYS reply");
     keys.into_iter()
-        .filter(|k| !k.ends_with(":fence"))
+        .filter(|k| !is_fence_counter(k))
         .filter(|k| {
             let ttl = int(server, &["PTTL", k]);
             ttl != -2 && !(k.contains(":req:") && ttl >= 0)
         })
         .collect()
+}
+
+/// Whether `key` is a persistent fencing counter: a hash slot's (`<prefix>fence:{<slot tag>}`,
+/// the single and combination locks') or a name's (`...:fence`, the read-write lock's and the
+/// semaphore's).
+pub fn is_fence_counter(key: &str) -> bool {
+    key.ends_with(":fence") || (key.contains("fence:{") && key.ends_with('}'))
 }
 
 /// `INFO commandstats` as command → calls.
@@ -612,7 +625,7 @@ pub fn lock_keys_all(servers: &[RedisServer]) -> Vec<String> {
             let keys: Vec<String> =
                 redis::from_redis_value(s.command(&["KEYS", "*"]).expect("KEYS")).expect("KEYS");
             keys.into_iter()
-                .filter(|k| !k.ends_with(":fence") && !k.ends_with("node-marker"))
+                .filter(|k| !is_fence_counter(k) && !k.ends_with("node-marker"))
                 .filter(|k| {
                     let ttl: i64 = redis::from_redis_value(s.command(&["PTTL", k]).expect("PTTL"))
                         .expect("int");

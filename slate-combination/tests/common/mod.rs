@@ -73,10 +73,16 @@ pub fn key(name: &str) -> String {
     format!("slate:{{{name}}}")
 }
 
-/// `HGETALL` of the lock key on one server, as field → count (empty when absent).
+/// `HGETALL` of the lock key on one server, as holder → count (empty when absent; the hash's
+/// own fields `t`, `r` and `w`, see `acquire.lua`, are left out).
 pub fn entries(server: &RedisServer, name: &str) -> BTreeMap<String, i64> {
-    redis::from_redis_value(server.command(&["HGETALL", &key(name)]).expect("HGETALL"))
-        .expect("HGETALL reply")
+    let all: BTreeMap<String, String> =
+        redis::from_redis_value(server.command(&["HGETALL", &key(name)]).expect("HGETALL"))
+            .expect("HGETALL reply");
+    all.into_iter()
+        .filter(|(f, _)| !matches!(f.as_str(), "t" | "r" | "w"))
+        .map(|(f, v)| (f, v.parse().expect("a count")))
+        .collect()
 }
 
 /// `holder`'s count on one server, if it has an entry there.

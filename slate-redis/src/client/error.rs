@@ -76,7 +76,7 @@ fn hint(kind: BackendKind) -> &'static str {
         }
         BackendKind::Permission => {
             "; grant the ACL user EVALSHA, SCRIPT LOAD, PING, SUBSCRIBE, UNSUBSCRIBE, EXISTS, HGET, \
-             PTTL, INFO, SET, HSET, HEXISTS, HINCRBY, HMGET, HGETALL, DEL, PEXPIRE, GET, INCR, \
+             PTTL, INFO, SET, HSET, HINCRBY, HMGET, HGETALL, DEL, PEXPIRE, GET, INCR, \
              INCRBY, PUBLISH, TIME, ZADD, ZREM, ZRANGE, HDEL, ZSCORE, ZCARD, ZRANGEBYSCORE, \
              ZREMRANGEBYSCORE on the lock keys and channels (for the \
              default prefix: ~slate:* &slate:*); the scripts run most of them (README: ACL); \

@@ -252,12 +252,30 @@ impl RedisClient {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        self.exec_resending(what, |conn, _| f(conn))
+            .await
+            .map(|(reply, _)| reply)
+    }
+
+    /// As [`exec`](Self::exec), telling `f` whether the request may have been sent before (a
+    /// send after a broken connection: the earlier one may have run, or may still run if it is
+    /// stuck on its way), and answering with the reply whether it was.
+    pub(crate) async fn exec_resending<T, F, Fut>(
+        &self,
+        what: &'static str,
+        f: F,
+    ) -> Result<(T, bool)>
+    where
+        F: Fn(Conn, bool) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
         let start = Instant::now();
         let budget = self.inner.options.command_timeout;
         let mut sends = 1;
         loop {
             let left = budget.saturating_sub(start.elapsed());
-            match self.exec_within(what, left, &f).await {
+            let resent = sends > 1;
+            match self.exec_within(what, left, |c| f(c, resent)).await {
                 Err(e) if e.backend_kind() == Some(BackendKind::Io) && sends < IO_SENDS => {
                     if budget.saturating_sub(start.elapsed()).is_zero() {
                         return Err(e);
@@ -265,7 +283,7 @@ impl RedisClient {
                     sends += 1;
                     tracing::debug!(node = %self.inner.address, error = %e, "{what}: the connection broke before the reply; sending the same request again");
                 }
-                r => return r,
+                r => return r.map(|reply| (reply, resent)),
             }
         }
     }

@@ -1,37 +1,45 @@
 -- Slate: acquire (or re-enter) a lock for one holder, with a fair turn between processes.
 --
--- KEYS[1]  lock hash: <prefix>{<name>}; field = holder id, value = reentry count, TTL = lease
--- KEYS[2]  fencing counter: <prefix>{<name>}:fence (persistent, never expires, unless ARGV[8]
---          gives it an expiry)
+-- KEYS[1]  lock hash: <prefix>{<name>}, TTL = lease. Fields: <holder id> = reentry count (at
+--          most one holder: the lock is exclusive); 't' = the holder's fencing token; 'r' = the
+--          holder's last request record (below); 'w' = '1' once another process was told busy
+--          or a turn was kept while this hold lasted (the release then keeps the turn's books
+--          and publishes; without it nobody waits, and the release only deletes). Holder ids
+--          always contain ':', so these names never collide with one
+-- KEYS[2]  fencing counter of the lock's cluster hash slot: <prefix>fence:{<slot tag>} (see
+--          `keys.rs`), shared by every lock whose key hashes to that slot; persistent. A
+--          missing counter is seeded from the server clock in µs, so that tokens keep growing
+--          after a restart that lost it (unless the clock stepped back by more than the time
+--          since the last token)
 -- KEYS[3]  waiting processes: <prefix>{<name>}:queue, a sorted set (member = process id,
 --          score = server time in ms when it first got busy): the processes' FIFO
 -- KEYS[4]  the turn: <prefix>{<name>}:turn, a hash {o = queue id, u = reserved until (server
 --          ms, 0 while held), n = acquisitions in a row}: the local queue (process) a free lock
 --          is reserved for, and its tenure
--- KEYS[5]  the holder's request record: <prefix>{<name>}:req:<holder>, a string
---          '<request id> <kind> <a> <b>' that lets a retried request answer what it did the
---          first time instead of doing it twice (kind 'a': acquired, a = token, b = count;
---          'r': released, a = count left; 'c': cancelled, the request must do nothing).
---          Touched only when ARGV[5] is not ''.
+-- KEYS[5]  the holder's request record key: <prefix>{<name>}:req:<holder>. A request record
+--          is '<request id> <kind> <a> <b>' (kind 'a': acquired, a = token, b = count; 'r':
+--          released, a = count left; 'c': cancelled, the request must do nothing). Every
+--          request keeps its record in the lock hash (field 'r'), which costs no command and
+--          lives as long as the hold. Only a request that may have been sent before (ARGV[8],
+--          a resend after a broken connection) and the release's undo also write this key,
+--          which outlives the hold for the retry window: so that a stale copy of the request
+--          arriving after the hold ended (a first send that stalled on its way) does nothing
 -- KEYS[6]  (optional, multi-node locks) the node marker: <prefix>node-marker, a persistent key
 --          written once per server; its absence means the server lost its data. Its value
 --          ends in ' q=<ms>', the node set's quarantine, which bounds every lease here
 -- ARGV[1]  holder id (the text of a HolderId)
 -- ARGV[2]  lease in milliseconds (positive integer)
 -- ARGV[3]  queue id of the caller ('' = no turn: take a free lock whatever the queue;
---          KEYS[3] and KEYS[4] are then not touched)
+--          KEYS[3] and KEYS[4] are then not written)
 -- ARGV[4]  tenure: acquisitions in a row a queue may keep while others wait
 -- ARGV[5]  request id (decimal digits, unique per call; '' = no record)
--- ARGV[6]  how long the record is kept, in ms (the window in which a retry may arrive)
--- ARGV[7]  (optional) '1': a re-entry only ('' or absent: any acquisition). The caller holds
---          the lock in its process, so the holder's field must exist; if it does not (the lease
---          was lost), nothing is touched and {-4} is answered: a fresh hold must never be
---          counted as one more level
--- ARGV[8]  (optional) fence expiry in ms ('' or absent: the counter is persistent and a first
---          acquisition INCRs it). When given, a first acquisition takes max(counter + 1, server
---          time in µs) and sets the counter to it with this TTL, and a re-entry resets the TTL:
---          an idle lock's counter goes away, and a new one starts above every earlier token as
---          long as the server's clock does not step back by more than the expiry
+-- ARGV[6]  how long the record key is kept, in ms (the window in which a copy may arrive)
+-- ARGV[7]  '1': a re-entry only ('': any acquisition). The caller holds the lock in its
+--          process, so the holder's field must exist; if it does not (the lease was lost),
+--          nothing is touched and {-4} is answered: a fresh hold must never be counted as one
+--          more level
+-- ARGV[8]  '1': this request may have been sent before (a resend on a new connection): write
+--          its record to KEYS[5] too ('': a first send)
 -- ARGV[9]  (optional) block: a first acquisition reserves this many fencing
 --          tokens (the counter moves by the block; the reply's token is the block's first) so
 --          that the caller's process may pass the hold to up to block - 1 more local holders
@@ -43,14 +51,13 @@
 --          reserve 1 token, not 8), so that passes never stretch a row past the tenure
 --
 -- Replies (always an array of integers):
---   {1, token}         acquired: the key was absent; created holder -> 1 with the lease and
---                      took the next fencing token (INCR of the counter)
+--   {1, token}         acquired: the lock was free; created holder -> 1 with the lease and
+--                      took the next fencing token of the slot's counter
 --   {1, token, block}  (only when ARGV[9] is given) the same, with a block: token is the
 --                      block's first, block the tokens reserved (at most ARGV[9])
 --   {2, token, count}  re-entered: the holder's field existed; count is its new value, the TTL
---                      was reset to the lease, token is the counter's current value (it only
---                      moves when a new holder acquires, so it is this holder's token; after
---                      a block, the block's last token: the client keeps its holder's own)
+--                      was reset to the lease, token is the holder's token (field 't'; after a
+--                      block, the block's first: the client keeps its current holder's own)
 --   {0, ms}            busy: another holder has the lock (ms = its PTTL), or the free lock is
 --                      reserved for another process's turn (ms = what is left of the
 --                      reservation); the caller's process was queued
@@ -62,14 +69,19 @@
 --   {-8, q}            (only with KEYS[6]) the lease is longer than the quarantine q (ms)
 --                      the node marker records; nothing was touched
 --   {-7}               the request is older than the holder's record (overtaken by a later
---                      request of the same holder, see `older`); nothing was touched. A
---                      caller still waiting sends it again under a fresh id
+--                      request of the same holder, see `older`), or its own acquisition
+--                      already ran and that hold has ended; nothing was touched. A caller
+--                      still waiting sends it again under a fresh id
 --   {-4}               (only with ARGV[7] = '1') the holder's field does not exist: its hold
 --                      was lost; nothing was touched
 --
--- A request whose record says it already acquired, while the holder's field still exists,
--- answers {1, token} or {2, token, count} as it did the first time and changes nothing but
--- the record's expiry (a write, so that a WAIT after the replay covers the grant).
+-- A request whose record says it already acquired, while that hold lasts, answers {1, token}
+-- or {2, token, count} as it did the first time and changes nothing but the record (a write,
+-- so that a WAIT after the replay covers the grant).
+--
+-- The common case costs five commands: EXISTS over the lock, queue, turn and record key
+-- (none exists: free, nobody waits, no copy of an earlier request is about), INCR of the
+-- slot's counter, HSET of the holder, its token and record, and PEXPIRE.
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
 local marker = false
@@ -80,6 +92,74 @@ if #KEYS >= 6 then
         return {-2}
     end
 end
+local holder, lease = ARGV[1], ARGV[2]
+local req = ARGV[5] or ''
+local careful = ARGV[8] == '1' and req ~= ''
+local pid = ARGV[3] or ''
+local asked_block = tonumber(ARGV[9] or '')
+local block = asked_block or 1
+-- A lease longer than the quarantine the marker records would outlive another process's
+-- quarantine of this node after a data loss (issue 28, item 3). Checked for every
+-- acquisition but a re-entry-only call (which renews the lease its hold passed the check
+-- with), and after a replay (a resent grant answers as it did).
+local function over_quarantine()
+    if marker and ARGV[7] ~= '1' then
+        local q = tonumber(string.match(marker, ' q=(%d+)$') or '')
+        if q and tonumber(lease) > q then
+            return q
+        end
+    end
+    return nil
+end
+local function record(token, count)
+    return string.format('%s a %d %d', req, token, count)
+end
+-- The next block of tokens from the slot's counter; a counter that did not exist (a new
+-- server, or one that lost its data) starts at the server clock in µs instead of 1.
+local function take_tokens(n)
+    local last = redis.call('INCRBY', KEYS[2], n)
+    if last == n then
+        local t = redis.call('TIME')
+        last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n - 1
+        redis.call('SET', KEYS[2], string.format('%d', last))
+    end
+    return last - n + 1
+end
+-- A fresh hold: the holder's field, its token and record in one write. `waiting`: another
+-- process waits or a turn is kept (the release must keep the turn's books).
+local function grant(waiting)
+    local token = take_tokens(block)
+    local rec = ''
+    if req ~= '' then
+        rec = record(token, 1)
+    end
+    if waiting then
+        redis.call('HSET', KEYS[1], holder, 1, 't', token, 'r', rec, 'w', 1)
+    else
+        redis.call('HSET', KEYS[1], holder, 1, 't', token, 'r', rec)
+    end
+    redis.call('PEXPIRE', KEYS[1], lease)
+    if careful then
+        redis.call('SET', KEYS[5], rec, 'PX', ARGV[6])
+    end
+    if asked_block then
+        return {1, token, block}
+    end
+    return {1, token}
+end
+
+if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) == 0 then
+    -- Free, nobody queued, no turn kept, no record about: take it.
+    if ARGV[7] == '1' then
+        return {-4}
+    end
+    local q = over_quarantine()
+    if q then
+        return {-8, q}
+    end
+    return grant(false)
+end
+
 -- Request ids grow in each process (`request.rs`: above every id the process sent before, and
 -- drawn from the clock in µs, so ids of different processes compare too), and a holder's
 -- requests come from its process. A request older than the holder's record was overtaken by
@@ -89,59 +169,72 @@ end
 local function older(x, y)
     return #x < #y or (#x == #y and x < y)
 end
-local req = ARGV[5] or ''
+local entry = redis.call('HMGET', KEYS[1], holder, 't', 'r', 'w')
+local count = tonumber(entry[1] or '0')
+local inner = false
+if count > 0 then
+    inner = entry[3]
+end
 if req ~= '' then
-    local rec = redis.call('GET', KEYS[5])
-    if rec then
-        local last = string.match(rec, '^(%d+) ')
-        if last and older(req, last) then
-            return {-7}
+    -- The holder's latest record: the lock hash's (while the holder's field exists), or the
+    -- record key's, whichever is newer.
+    local latest = inner
+    local outer = redis.call('GET', KEYS[5])
+    local lid = latest and string.match(latest, '^(%d+) ')
+    local oid = outer and string.match(outer, '^(%d+) ')
+    if oid and (not lid or older(lid, oid)) then
+        latest, lid = outer, oid
+    end
+    if lid and older(req, lid) then
+        return {-7}
+    end
+    if lid == req then
+        local _, kind, a, b = string.match(latest, '^(%d+) (%a) (%-?%d+) (%-?%d+)$')
+        if kind == 'c' then
+            return {-3}
         end
-        local id, kind, a, b = string.match(rec, '^(%d+) (%a) (%-?%d+) (%-?%d+)$')
-        if id == req then
-            if kind == 'c' then
-                return {-3}
-            end
-            if kind == 'a' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-                -- A replayed answer writes the record again: a WAIT on the resending
-                -- connection then covers this write, and with it the grant before it
-                -- (replication is in order); without a write it would count every replica
-                -- at once (issue 35, defect 3).
-                redis.call('SET', KEYS[5], rec, 'PX', ARGV[6])
+        if kind == 'a' then
+            if inner and string.match(inner, '^(%d+) ') == req then
+                -- This request's hold lasts: answer as the first time. The write makes a WAIT
+                -- on the resending connection cover the grant before it (replication is in
+                -- order); without a write it would count every replica at once (issue 35,
+                -- defect 3).
+                redis.call('HSET', KEYS[1], 'r', inner)
+                if careful then
+                    redis.call('SET', KEYS[5], inner, 'PX', ARGV[6])
+                end
                 if tonumber(b) == 1 then
                     return {1, tonumber(a)}
                 end
                 return {2, tonumber(a), tonumber(b)}
             end
+            -- It acquired, and that hold has ended since: a copy of it must not start another.
+            return {-7}
         end
     end
 end
-if ARGV[7] == '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+if ARGV[7] == '1' and count <= 0 then
     return {-4}
 end
--- A lease longer than the quarantine the marker records would outlive another process's
--- quarantine of this node after a data loss (issue 28, item 3). Checked after the replay (a
--- resent grant answers as it did) and for every acquisition but a re-entry-only call (which
--- renews the lease its hold passed the check with): a first-level call that finds the
--- holder's field re-enters and sets the key's TTL to its own lease, which may be another
--- lock handle's, longer (review finding).
-if marker and ARGV[7] ~= '1' then
-    local q = tonumber(string.match(marker, ' q=(%d+)$') or '')
-    if q and tonumber(ARGV[2]) > q then
-        return {-8, q}
-    end
+local q = over_quarantine()
+if q then
+    return {-8, q}
 end
-local function remember(token, count)
+if count > 0 then
+    -- Re-entry.
+    count = count + 1
+    local token = tonumber(entry[2] or '0')
+    local rec = ''
     if req ~= '' then
-        -- '%d': concatenation would format a µs-scale token (fence expiry) as 1.7e+15, which
-        -- the record's pattern does not match (issue 35, defect 9).
-        redis.call('SET', KEYS[5], string.format('%s a %d %d', req, token, count), 'PX', ARGV[6])
+        rec = record(token, count)
     end
+    redis.call('HSET', KEYS[1], holder, count, 'r', rec)
+    redis.call('PEXPIRE', KEYS[1], lease)
+    if careful then
+        redis.call('SET', KEYS[5], rec, 'PX', ARGV[6])
+    end
+    return {2, token, count}
 end
-local pid = ARGV[3] or ''
-local fence_expiry = ARGV[8] or ''
-local asked_block = tonumber(ARGV[9] or '')
-local block = asked_block or 1
 local function now_ms()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -149,70 +242,47 @@ end
 local function enqueue(now)
     if pid ~= '' then
         redis.call('ZADD', KEYS[3], 'NX', now, pid)
-        redis.call('PEXPIRE', KEYS[3], ARGV[2])
+        redis.call('PEXPIRE', KEYS[3], lease)
     end
 end
-if redis.call('EXISTS', KEYS[1]) == 0 then
-    local tenure = 1
-    -- The turn's bookkeeping is skipped while no turn is kept and no process is queued (one
-    -- EXISTS over both keys instead of HMGET, TIME, ZREM, HSET and PEXPIRE): nobody waits, so
-    -- there is no order to keep; a release that then finds no turn counts this acquisition
-    -- as the first of a row (release.lua). Under contention it costs one command more.
-    if pid ~= '' and redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
-        local turn = redis.call('HMGET', KEYS[4], 'o', 'u', 'n')
-        local owner = turn[1]
-        if owner then
-            local now = now_ms()
-            local until_ms = tonumber(turn[2])
-            if owner == pid then
-                tenure = tonumber(turn[3]) + 1
-            elseif until_ms > now then
-                enqueue(now)
-                return {0, until_ms - now}
-            else
-                -- The reserved process did not claim its turn in time: it leaves the queue.
-                redis.call('ZREM', KEYS[3], owner)
-            end
-        end
-        redis.call('ZREM', KEYS[3], pid)
-        redis.call('HSET', KEYS[4], 'o', pid, 'u', 0, 'n', tenure)
-        redis.call('PEXPIRE', KEYS[4], ARGV[2])
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    -- Held by another holder: busy. The hold learns that someone waits ('w'), so that its
+    -- release publishes.
+    if not entry[4] then
+        redis.call('HSET', KEYS[1], 'w', 1)
     end
-    if block > 1 and pid ~= '' and redis.call('ZCARD', KEYS[3]) > 0 then
+    if pid ~= '' then
+        enqueue(now_ms())
+    end
+    return {0, redis.call('PTTL', KEYS[1])}
+end
+-- Free, with a queue, a turn or a record about.
+local tenure = 1
+local waiting = false
+if pid ~= '' and redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
+    waiting = true
+    local turn = redis.call('HMGET', KEYS[4], 'o', 'u', 'n')
+    local owner = turn[1]
+    if owner then
+        local now = now_ms()
+        local until_ms = tonumber(turn[2])
+        if owner == pid then
+            tenure = tonumber(turn[3]) + 1
+        elseif until_ms > now then
+            enqueue(now)
+            return {0, until_ms - now}
+        else
+            -- The reserved process did not claim its turn in time: it leaves the queue.
+            redis.call('ZREM', KEYS[3], owner)
+        end
+    end
+    redis.call('ZREM', KEYS[3], pid)
+    redis.call('HSET', KEYS[4], 'o', pid, 'u', 0, 'n', tenure)
+    redis.call('PEXPIRE', KEYS[4], lease)
+    if block > 1 and redis.call('ZCARD', KEYS[3]) > 0 then
         -- Another process waits and this acquisition is the row's `tenure`-th: reserve no
         -- more than the row has left. (Nobody else waiting, the row does not count.)
         block = math.max(1, math.min(block, tonumber(ARGV[4]) - tenure + 1))
     end
-    redis.call('HSET', KEYS[1], ARGV[1], 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    local token
-    if fence_expiry ~= '' then
-        local t = redis.call('TIME')
-        local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-        token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
-        redis.call('SET', KEYS[2], string.format('%d', token + block - 1), 'PX', fence_expiry)
-    elseif block > 1 then
-        token = redis.call('INCRBY', KEYS[2], block) - block + 1
-    else
-        token = redis.call('INCR', KEYS[2])
-    end
-    remember(token, 1)
-    if asked_block then
-        return {1, token, block}
-    end
-    return {1, token}
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-    local count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    if fence_expiry ~= '' then
-        redis.call('PEXPIRE', KEYS[2], fence_expiry)
-    end
-    local token = tonumber(redis.call('GET', KEYS[2]) or '0')
-    remember(token, count)
-    return {2, token, count}
-end
-if pid ~= '' then
-    enqueue(now_ms())
-end
-return {0, redis.call('PTTL', KEYS[1])}
+return grant(waiting)

@@ -158,7 +158,7 @@ script_call! {
             request: u64,
             record_ms: u64,
             reentry: &'static str,
-            fence_expiry_ms: &'a str,
+            resent: &'static str,
         ],
         optional_args: [block: u32],
     }
@@ -181,19 +181,20 @@ script_call! {
             undo: &'a str,
             publish: &'static str,
             holds: u32,
+            resent: &'static str,
         ],
         optional_args: [],
     }
 }
 
 script_call! {
-    /// `renew.lua`: renew a holder's lease (with the single lock's turn, fence and current
-    /// holder when given).
+    /// `renew.lua`: renew a holder's lease (with the single lock's turn and current holder
+    /// when given).
     Renew => RENEW {
         keys: [lock],
-        optional_keys: [turn, fence, current],
+        optional_keys: [turn, current],
         args: [holder: &'a str, lease_ms: u64],
-        optional_args: [fence_expiry_ms: &'a str, passed_to: &'a str],
+        optional_args: [passed_to: &'a str],
     }
 }
 
@@ -393,11 +394,9 @@ mod tests {
         let renew = Renew {
             lock: b"l",
             turn: Some(b"t"),
-            fence: None,
             current: None,
             holder: "h",
             lease_ms: 5,
-            fence_expiry_ms: None,
             passed_to: None,
         };
         let packed = renew.cmd().get_packed_command();
@@ -411,7 +410,7 @@ mod tests {
     fn invocation_and_cmd_send_the_same_keys_and_arguments() {
         let acquire = Acquire {
             lock: b"k",
-            fence: b"k:fence",
+            fence: b"fence:{3ce}",
             queue: b"k:queue",
             turn: b"k:turn",
             record: b"k:req:h",
@@ -423,7 +422,7 @@ mod tests {
             request: 77,
             record_ms: 2_000,
             reentry: "",
-            fence_expiry_ms: "",
+            resent: "",
             block: Some(8),
         };
         let cmd = acquire.cmd();

@@ -9,11 +9,12 @@ use slate_core::LockName;
 /// | what | key | lifetime |
 /// | --- | --- | --- |
 /// | lock hash | `<prefix>{<name>}` | field = holder id, value = reentry count; TTL = lease |
-/// | fencing counter | `<prefix>{<name>}:fence` | persistent: it must never expire or be deleted, or tokens would repeat |
+/// | fencing counter (single lock, combination nodes) | `<prefix>fence:{<slot tag>}` | one per cluster hash slot, shared by every lock whose key is in that slot (see [`slot_tag`]); persistent; seeded from the server clock when created |
+/// | fencing counter (read-write lock, semaphore) | `<prefix>{<name>}:fence` (the shared primitives add their own infix) | persistent: it must never expire or be deleted, or tokens would repeat |
 /// | release channel | `<prefix>{<name>}:released` | pub/sub channel the release script publishes on |
 /// | waiting processes | `<prefix>{<name>}:queue` | sorted set of the processes waiting, FIFO; TTL = lease |
 /// | turn | `<prefix>{<name>}:turn` | which process a free lock is reserved for; TTL = lease |
-/// | request record | `<prefix>{<name>}:req:<holder>` | the holder's last acquire or release request and its answer, so that a retry does not apply twice; TTL = the retry window (2 × command timeout) |
+/// | request record | `<prefix>{<name>}:req:<holder>` | written only by a request sent again (or an undo): the holder's last request and its answer, so that a stale copy does nothing; TTL = the retry window (2 × command timeout). The first send of a request keeps its record inside the lock hash instead (`scripts/acquire.lua`) |
 /// | current holder | `<prefix>{<name>}:holder` | `<remote holder> <holder>`: the local holder a hold was passed to inside its process (lock cohorting), written by the hold's renewals, read by `slate status`; TTL = lease |
 ///
 /// The name's bytes go in verbatim, between braces, so that every key and the channel of one
@@ -32,7 +33,11 @@ use slate_core::LockName;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Keys {
     pub(crate) lock: Arc<[u8]>,
+    /// The per-name counter (the shared primitives' layout; the single lock uses
+    /// [`slot_fence`](Self::slot_fence)).
     pub(crate) fence: Arc<[u8]>,
+    /// The fencing counter of the lock key's hash slot.
+    pub(crate) slot_fence: Arc<[u8]>,
     pub(crate) channel: Arc<[u8]>,
     pub(crate) queue: Arc<[u8]>,
     pub(crate) turn: Arc<[u8]>,
@@ -64,7 +69,12 @@ impl Keys {
             k.extend_from_slice(suffix);
             Arc::from(k)
         };
+        let mut slot_fence = prefix.as_bytes().to_vec();
+        slot_fence.extend_from_slice(b"fence:{");
+        slot_fence.extend_from_slice(slot_tag(crate::client::conn::slot_of(&lock)).as_bytes());
+        slot_fence.push(b'}');
         Keys {
+            slot_fence: Arc::from(slot_fence),
             fence: with(b":fence"),
             channel: with(b":released"),
             queue: with(b":queue"),
@@ -73,6 +83,58 @@ impl Keys {
             lock: Arc::from(lock),
         }
     }
+}
+
+/// The hash tag of slot `slot`'s fencing counter: the first string, in the order of
+/// [`tag_candidate`] (`0`..`9`, `a`..`z`, then two characters, and so on), whose CRC16 lands in
+/// that slot. Every Slate client derives the same table, so that all of them count one lock's
+/// tokens on one key.
+///
+/// Why one counter per slot and not per name: a per-name counter must never be deleted (its
+/// tokens would repeat), so every name ever locked leaves a key behind for ever (about 70 bytes
+/// each: a million per-entity names kept 70 MB). A slot's counter is shared by the names that
+/// hash there, which keeps each lock's tokens strictly increasing (the counter only grows)
+/// with at most 16,384 keys in all. It lives in the lock's slot, so a cluster's script can
+/// touch both, and moves with the slot when a cluster reshards.
+pub(crate) fn slot_tag(slot: u16) -> &'static str {
+    static TAGS: std::sync::OnceLock<Vec<Box<str>>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags: Vec<Option<Box<str>>> = vec![None; SLOTS];
+        let mut left = SLOTS;
+        let mut i = 0u64;
+        while left > 0 {
+            let tag = tag_candidate(i);
+            let s = usize::from(crate::client::conn::slot_of(tag.as_bytes()));
+            if tags[s].is_none() {
+                tags[s] = Some(tag.into_boxed_str());
+                left -= 1;
+            }
+            i += 1;
+        }
+        tags.into_iter().map(Option::unwrap_or_default).collect()
+    });
+    &tags[usize::from(slot) % SLOTS]
+}
+
+/// Cluster hash slots.
+const SLOTS: usize = 16_384;
+
+/// The `i`-th candidate tag: the strings over `0-9a-z`, shortest first, then in base-36 order.
+fn tag_candidate(mut i: u64) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut len = 1;
+    let mut count = 36u64;
+    while i >= count {
+        i -= count;
+        len += 1;
+        count *= 36;
+    }
+    let mut out = vec![b'0'; len];
+    for c in out.iter_mut().rev() {
+        *c = DIGITS[usize::try_from(i % 36).unwrap_or(0)];
+        i /= 36;
+    }
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// Whether `{<name>}` would be an empty hash tag: the name is `{`* then `}`.
@@ -157,6 +219,8 @@ mod tests {
                 prop_assert_eq!(hash_tag(key), tag);
             }
             prop_assert_eq!(a == b, ka.lock == kb.lock);
+            let slot = crate::client::conn::slot_of(&ka.lock);
+            prop_assert_eq!(crate::client::conn::slot_of(&ka.slot_fence), slot);
         }
     }
 
@@ -168,5 +232,30 @@ mod tests {
         assert_eq!(&*k.fence, b"p:{a}b\"\r\n\xff}:fence".as_slice());
         assert_eq!(&*k.channel, b"p:{a}b\"\r\n\xff}:released".as_slice());
         assert_eq!(k.record("h:1"), b"p:{a}b\"\r\n\xff}:req:h:1".as_slice());
+        let tag = slot_tag(crate::client::conn::slot_of(&k.lock));
+        assert_eq!(&*k.slot_fence, format!("p:fence:{{{tag}}}").as_bytes());
+    }
+
+    /// The table is a function of the slot alone (every client computes the same keys), covers
+    /// every slot, and each tag lands in its slot.
+    #[test]
+    fn every_slot_has_its_own_short_tag() {
+        assert_eq!(tag_candidate(0), "0");
+        assert_eq!(tag_candidate(35), "z");
+        assert_eq!(tag_candidate(36), "00");
+        assert_eq!(tag_candidate(36 + 36 * 36), "000");
+        let mut seen = std::collections::HashSet::new();
+        for slot in 0..16_384u16 {
+            let tag = slot_tag(slot);
+            assert!(!tag.is_empty() && tag.len() <= 4, "{slot}: {tag:?}");
+            assert_eq!(crate::client::conn::slot_of(tag.as_bytes()), slot);
+            assert!(seen.insert(tag));
+        }
+        // Pinned: a change of the table would split one lock's tokens over two counters.
+        assert_eq!(slot_tag(0), "1bz");
+        assert_eq!(
+            slot_tag(12_182),
+            slot_tag(crate::client::conn::slot_of(b"foo"))
+        );
     }
 }

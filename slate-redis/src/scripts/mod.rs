@@ -7,7 +7,6 @@
 //! `WAIT`: `conn::eval_then_wait`) cannot use it, so a binding's `cmd()` builds the command
 //! and the caller loads the script and resends what answered `NOSCRIPT`, once.
 
-use std::sync::Arc;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -68,12 +67,12 @@ pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
             "elseif false then",
         );
     }
-    // Burns a token before looking at the holder: a re-entry returns a new token.
+    // Takes a token without looking at the holder: a re-entry returns a new token.
     SlateScript::mutated(
         code,
         Mutant::TokenBeforeHolderCheck,
-        "if redis.call('EXISTS', KEYS[1]) == 0 then",
-        "redis.call('INCR', KEYS[2])\nif redis.call('EXISTS', KEYS[1]) == 0 then",
+        "local token = tonumber(entry[2] or '0')",
+        "local token = take_tokens(1)",
     )
 });
 /// `release.lua`: release one level.
@@ -82,8 +81,8 @@ pub(crate) static RELEASE: LazyLock<SlateScript> = LazyLock::new(|| {
     SlateScript::mutated(
         include_str!("release.lua"),
         Mutant::ReleaseSkipsHolderCheck,
-        "redis.call('HGET', KEYS[1], ARGV[1]) or '0'",
-        "redis.call('HGET', KEYS[1], ARGV[1]) or '1'",
+        "local held = tonumber(entry[1] or '0')",
+        "local held = tonumber(entry[1] or '1')",
     )
 });
 /// `renew.lua`: renew a holder's lease.
@@ -92,7 +91,7 @@ pub(crate) static RENEW: LazyLock<SlateScript> = LazyLock::new(|| {
     SlateScript::mutated(
         include_str!("renew.lua"),
         Mutant::RenewAnyHolder,
-        "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then",
+        "if redis.call('HGET', KEYS[1], ARGV[1]) then",
         "if redis.call('EXISTS', KEYS[1]) == 1 then",
     )
 });
@@ -241,39 +240,27 @@ pub(crate) fn shared_renew_cmd(
 
 /// The renewal of one hold, for a pipeline.
 ///
-/// `turn`: the single lock's turn key (refreshed with the lease); `fence`: its fencing counter
-/// and expiry when the counter expires (needs `turn`); `alias`: the single lock's current
-/// holder key and the local holder the hold was passed to (needs `turn`).
+/// `turn`: the single lock's turn key (refreshed with the lease); `alias`: the single lock's
+/// current holder key and the local holder the hold was passed to (needs `turn`).
 pub(crate) fn renew_cmd(
     key: &[u8],
     turn: Option<&[u8]>,
-    fence: Option<&(Arc<[u8]>, Duration)>,
     holder: HolderId,
     lease: Duration,
     alias: Option<(&[u8], HolderId)>,
 ) -> Cmd {
     let holder = holder.to_string();
-    let idle = fence.map(|(_, idle)| lease_ms(*idle).to_string());
     let passed_to = alias.map(|(_, to)| to.to_string());
-    let mut call = call::Renew {
+    call::Renew {
         lock: key,
         turn,
-        // The fence goes only with the turn (KEYS[2]).
-        fence: turn.and(fence.map(|(fence, _)| &**fence)),
-        current: None,
+        // The current holder goes only with the turn (KEYS[2]).
+        current: turn.and(alias.map(|(current, _)| current)),
         holder: &holder,
         lease_ms: lease_ms(lease),
-        fence_expiry_ms: turn.and(idle.as_deref()),
-        passed_to: None,
-    };
-    if let (Some(turn), Some((current, _))) = (turn, alias) {
-        // KEYS[3] is the fence only with a fence expiry (ARGV[3]); else a placeholder.
-        call.fence = Some(call.fence.unwrap_or(turn));
-        call.fence_expiry_ms = Some(call.fence_expiry_ms.unwrap_or(""));
-        call.current = Some(current);
-        call.passed_to = passed_to.as_deref();
+        passed_to: turn.and(passed_to.as_deref()),
     }
-    call.cmd()
+    .cmd()
 }
 
 /// Whether a reply says the server does not know the script.

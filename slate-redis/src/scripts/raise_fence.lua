@@ -1,6 +1,7 @@
 -- Slate multi-node locks: raise a node's fencing counter to at least a token.
 --
--- KEYS[1]  fencing counter: <prefix>{<name>}:fence (persistent, never expires)
+-- KEYS[1]  fencing counter: the lock's slot counter, <prefix>fence:{<slot tag>} (persistent,
+--          never expires; see acquire.lua)
 -- ARGV[1]  the token (positive integer)
 --
 -- Replies (an integer):

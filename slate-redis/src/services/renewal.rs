@@ -65,13 +65,11 @@ pub(crate) struct Renewable {
     /// The lock's turn key, refreshed with the lease while held (the single lock, and the
     /// combination lock's node entries: the lead node keeps a turn; `None` for shared holds).
     pub(crate) turn: Option<Arc<[u8]>>,
-    /// The fencing counter and its expiry, when it expires (reset with every renewal).
-    pub(crate) fence: Option<(Arc<[u8]>, Duration)>,
     /// Where renewals record the local holder a passed hold now serves (single lock; `None`
     /// for node entries): see `Keys::holder`.
     pub(crate) alias: Option<Arc<[u8]>>,
     /// A shared-mode hold (read-write lock, semaphore): its leases key. `key` is then the
-    /// holders hash and the renewal runs `shared_renew.lua` (`turn`, `fence` and `alias` are
+    /// holders hash and the renewal runs `shared_renew.lua` (`turn` and `alias` are
     /// `None`).
     pub(crate) leases: Option<Arc<[u8]>>,
     pub(crate) holder: HolderId,
@@ -293,6 +291,16 @@ impl Renewal {
         }
     }
 
+    /// Whether `holder`'s hold on `key` is registered and its lease deadline (taken from the
+    /// send of its grant or last successful renewal, less the drift allowance) is after `at`:
+    /// the server cannot have expired it by then.
+    pub(crate) fn lease_ahead(&self, key: &Arc<[u8]>, holder: HolderId, at: Instant) -> bool {
+        lock(&self.shared.state)
+            .regs
+            .get(&(key.clone(), holder))
+            .is_some_and(|reg| reg.keeper.deadline() > at)
+    }
+
     /// Marks a release of `holder` on `key` as in flight (see [`Registration::releasing`]);
     /// returns the registration's generation for [`end_release`](Self::end_release) (`None`:
     /// nothing is registered).
@@ -352,7 +360,6 @@ fn passable(reg: &Registration, now: Instant, min_validity: Duration) -> bool {
 struct Due {
     key: RegKey,
     turn: Option<Arc<[u8]>>,
-    fence: Option<(Arc<[u8]>, Duration)>,
     alias: Option<(Arc<[u8]>, HolderId)>,
     leases: Option<Arc<[u8]>>,
     generation: u64,
@@ -448,7 +455,6 @@ fn plan(st: &mut State, now: Instant) -> (Vec<Due>, Option<Instant>) {
                     batch.push(Due {
                         key: key.clone(),
                         turn: reg.hold.turn.clone(),
-                        fence: reg.hold.fence.clone(),
                         alias: reg.hold.alias.clone().zip(reg.current),
                         leases: reg.hold.leases.clone(),
                         generation: reg.generation,
@@ -635,7 +641,6 @@ fn renew_cmd(due: &Due) -> redis::Cmd {
     scripts::renew_cmd(
         &due.key.0,
         due.turn.as_deref(),
-        due.fence.as_ref(),
         due.key.1,
         due.lease,
         due.alias.as_ref().map(|(key, to)| (&**key, *to)),
@@ -858,7 +863,6 @@ mod tests {
             hold: Renewable {
                 key: Arc::from(b"k".as_slice()),
                 turn: None,
-                fence: None,
                 alias: None,
                 leases: None,
                 holder: HolderId::new(),

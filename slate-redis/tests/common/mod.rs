@@ -271,3 +271,11 @@ pub async fn woken_by_the_release(
     );
     g
 }
+
+/// The fencing counter key lock `name` counts its tokens on under the `slate:` prefix: its
+/// hash slot's counter (`slate:fence:{<slot tag>}`), the only key a released lock leaves.
+pub fn fence_key(name: &str) -> String {
+    let keys =
+        slate_redis::node::NodeKeys::new("slate:", &slate_redis::LockName::new(name).unwrap());
+    String::from_utf8(keys.fence_key().to_vec()).unwrap()
+}

@@ -79,10 +79,6 @@ impl RedisCompetitor {
         Renewable {
             key: self.keys.lock.clone(),
             turn: Some(self.keys.turn.clone()),
-            fence: self
-                .options
-                .fence_expiry()
-                .map(|idle| (self.keys.fence.clone(), idle)),
             alias: Some(self.keys.holder.clone()),
             leases: None,
             holder,
@@ -291,8 +287,15 @@ impl<'a> Release<'a> {
 }
 
 /// Runs the release script: `-2` (undo only) the acquire had not run and is cancelled, `-1`
-/// not held, `0` released, `n` still held. Retried once, with the same request id, if the
+/// not held, `0` released, `n` still held. Sent again, with the same request id, if the
 /// connection breaks before the reply.
+///
+/// The record of a release that ends a hold goes with the lock hash (`scripts/release.lua`), so
+/// a resend whose first send did release the last level finds no field and answers `-1`. That
+/// answer is read as released (`0`) when the hold's lease cannot have run out by the time the
+/// reply came (the renewal service's deadline for it is still ahead): nothing but a release
+/// deletes a field before its lease ends, except an operator's force-unlock or a server that
+/// lost its data, and the hold was being given up anyway.
 pub(crate) async fn release_remote(
     client: &RedisClient,
     keys: &Keys,
@@ -324,12 +327,29 @@ pub(crate) async fn release_remote(
         undo: &undo,
         publish,
         holds: release.holds,
+        resent: "",
     };
-    client
-        .exec("release script", |mut c| async move {
-            call.invocation().invoke_async(&mut c).await
+    let (reply, resent) = client
+        .exec_resending("release script", |mut c, resent| async move {
+            let call = scripts::call::Release {
+                resent: if resent { "1" } else { "" },
+                ..call
+            };
+            call.invocation().invoke_async::<i64>(&mut c).await
         })
-        .await
+        .await?;
+    if reply == -1
+        && resent
+        && release.undo.is_none()
+        && client
+            .inner
+            .renewal
+            .lease_ahead(&keys.lock, release.holder, Instant::now())
+    {
+        tracing::debug!(holder = %release.holder, "a resent release found the hold gone within its lease: the first send released it");
+        return Ok(0);
+    }
+    Ok(reply)
 }
 
 /// One acquire request (see `scripts/acquire.lua`).
@@ -344,8 +364,6 @@ pub(crate) struct Acquire<'a> {
     /// A re-entry only: the holder's entry must exist; the script answers `{-4}` and touches
     /// nothing when it does not (the hold was lost), instead of starting a fresh hold.
     pub(crate) reentry: bool,
-    /// The fencing counter's expiry (`None`: persistent).
-    pub(crate) fence_expiry: Option<Duration>,
     /// Fencing tokens a first acquisition reserves for local passes (1: none; more needs a
     /// turn, see `scripts/acquire.lua` ARGV[9]).
     pub(crate) block: u32,
@@ -373,13 +391,10 @@ pub(crate) async fn acquire_remote(
     };
     let (request, marker, reentry) = (acquire.request, acquire.marker, acquire.reentry);
     let block = acquire.block;
-    let fence_expiry = acquire
-        .fence_expiry
-        .map(|d| scripts::lease_ms(d).to_string());
     let synced = client.synced();
-    let eval = scripts::call::Acquire {
+    let call = scripts::call::Acquire {
         lock: &keys.lock,
-        fence: &keys.fence,
+        fence: &keys.slot_fence,
         queue: &keys.queue,
         turn: &keys.turn,
         record: &record,
@@ -391,18 +406,29 @@ pub(crate) async fn acquire_remote(
         request,
         record_ms,
         reentry: if reentry { "1" } else { "" },
-        fence_expiry_ms: fence_expiry.as_deref().unwrap_or(""),
+        resent: "",
         // The token block only when it allows passes (the common call stays as short as it
         // was).
         block: (block > 1).then_some(block),
-    }
-    .cmd();
-    let eval = &eval;
-    let (reply, acked): (Vec<i64>, Option<usize>) = client
-        .exec("acquire script", |mut c| async move {
+    };
+    let first = call.cmd();
+    let first = &first;
+    let ((reply, acked), _): ((Vec<i64>, Option<usize>), bool) = client
+        .exec_resending("acquire script", |mut c, resent| async move {
             // A grant counts once the replicas have it: WAIT behind it, where it ran.
             let granted = |r: &Vec<i64>| matches!(r.first(), Some(1 | 2));
-            conn::eval_then_wait(&mut c, &ACQUIRE, eval, synced, granted).await
+            if resent {
+                // The first send may still run after this one: the record must outlive the
+                // hold (`scripts/acquire.lua`, KEYS[5]).
+                let again = scripts::call::Acquire {
+                    resent: "1",
+                    ..call
+                }
+                .cmd();
+                conn::eval_then_wait(&mut c, &ACQUIRE, &again, synced, granted).await
+            } else {
+                conn::eval_then_wait(&mut c, &ACQUIRE, first, synced, granted).await
+            }
         })
         .await?;
     if let (Some((wanted, within)), Some(acked)) = (synced, acked)
@@ -454,7 +480,6 @@ impl RedisCompetitor {
         let client = self.client.clone();
         let turn = self.turn.clone();
         let lease = self.options.lease();
-        let fence_expiry = self.options.fence_expiry();
         let last = self.last_attempt.clone();
         let label = self.label.clone();
         let keys = self.keys.clone();
@@ -471,7 +496,6 @@ impl RedisCompetitor {
                     marker: None,
                     request,
                     reentry,
-                    fence_expiry,
                     block,
                     record_for: None,
                 };

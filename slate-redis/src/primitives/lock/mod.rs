@@ -43,11 +43,13 @@ pub(crate) use competitor::*;
 /// - **Reentrancy** is keyed by [`HolderId`]: the same holder locking again raises the count
 ///   kept in Redis and gets the same fencing token. Re-enter with [`SingleLockGuard::reenter`],
 ///   [`DistributedLock::lock_as`](crate::DistributedLock::lock_as) or inside a [`HolderId::scope`].
-/// - **Fencing tokens** strictly increase across holders (a persistent counter next to the
-///   lock, `<prefix>{<name>}:fence`, which must never be deleted) and stay fixed across
-///   re-entry. The counter restarts if the server loses its data. It costs about 60 bytes of
-///   Redis memory plus its key's length per lock name ever used; for per-entity names, see
-///   [`SingleLockBuilder::fence_expiry`] (an expiring counter seeded from the server clock).
+/// - **Fencing tokens** strictly increase across holders and stay fixed across re-entry. They
+///   come from one counter per cluster hash slot, `<prefix>fence:{<slot tag>}`, shared by the
+///   locks whose keys hash to that slot (at most 16,384 keys, whatever the number of names),
+///   and seeded from the server's clock in µs when it is created: so a lock name used once
+///   leaves nothing behind once its lease ends, and tokens keep growing across a server that
+///   lost its data, unless its clock stepped back by more than the time since the lock's last
+///   token. Tokens are large numbers (about 1.8 × 10¹⁵).
 /// - **Local passes (lock cohorting)**: callers whose holder is minted by the call itself
 ///   (`lock()`, `try_lock_for()`, `try_lock_until()` and the blocking twins, outside a
 ///   [`HolderId::scope`]) that wait behind each other share Redis holds: the one that wins a
@@ -196,7 +198,6 @@ slate_core::lock_options_setters!(
         renewal_period,
         spin_wait,
         max_hold,
-        fence_expiry,
         key_prefix,
         options
     ],

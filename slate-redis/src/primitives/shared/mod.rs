@@ -302,15 +302,6 @@ impl SharedCompetitor {
         kind: Kind,
         exclude_single: bool,
     ) -> Result<Arc<SharedState>> {
-        if options.fence_expiry().is_some() {
-            return Err(Error::invalid_input(
-                "fence expiry",
-                format!(
-                    "{name}: read-write locks and semaphores keep a persistent fencing counter"
-                ),
-                "leave fence_expiry unset",
-            ));
-        }
         let keys = SharedKeys::new(options.key_prefix(), &name, kind, exclude_single);
         let key = keys.holders.clone();
         let settings = (options, kind, keys.exclusive.clone());
@@ -367,7 +358,6 @@ impl SharedCompetitor {
         Renewable {
             key: self.keys.holders.clone(),
             turn: None,
-            fence: None,
             alias: None,
             leases: Some(self.keys.leases.clone()),
             holder,
