@@ -491,7 +491,8 @@ async fn combination_run(
     // The counter of the name's slot (`NodeKeys::fence_key`), far ahead of the clock-seeded
     // counters the other nodes start.
     const AHEAD: u64 = 4_000_000_000_000_000;
-    let keys = slate_redis::node::NodeKeys::new(prefix, &slate_redis::LockName::new(name).expect("name"));
+    let keys =
+        slate_redis::node::NodeKeys::new(prefix, &slate_redis::LockName::new(name).expect("name"));
     let fence = String::from_utf8(keys.fence_key().to_vec()).expect("utf-8");
     servers[0]
         .command(&["SET", &fence, &AHEAD.to_string()])

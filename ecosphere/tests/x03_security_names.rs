@@ -764,9 +764,8 @@ async fn x3_read_write_locks_and_semaphores_take_hostile_names_verbatim() {
     }
     // Nothing left but each name's persistent keys (fences, capacities) and request records.
     for k in raw_keys(&server) {
-        let persistent = k.ends_with(b":fence")
-            || k.starts_with(b"slate:fence:{")
-            || k.ends_with(b":permits");
+        let persistent =
+            k.ends_with(b":fence") || k.starts_with(b"slate:fence:{") || k.ends_with(b":permits");
         let record = k.windows(5).any(|w| w == b":req:");
         assert!(
             persistent || record,

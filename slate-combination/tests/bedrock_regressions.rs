@@ -74,12 +74,8 @@ fn infos(server: &RedisServer) -> u64 {
 
 /// The fencing counter of `name` on a server.
 fn fence(server: &RedisServer, name: &str) -> i64 {
-    let v: Option<i64> = redis::from_redis_value(
-        server
-            .command(&["GET", &format!("{}:fence", key(name))])
-            .unwrap(),
-    )
-    .unwrap();
+    let v: Option<i64> =
+        redis::from_redis_value(server.command(&["GET", &fence_key(name)]).unwrap()).unwrap();
     v.unwrap_or(0)
 }
 
@@ -298,8 +294,10 @@ async fn c8_busy_at_node_i_releases_the_prefix() {
                 while Instant::now() < end {
                     for c in &clients {
                         let mut con = c.get_connection().unwrap();
-                        let all: std::collections::BTreeMap<String, String> =
-                            redis::cmd("HGETALL").arg(key(&name)).query(&mut con).unwrap();
+                        let all: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
+                            .arg(key(&name))
+                            .query(&mut con)
+                            .unwrap();
                         for (field, n) in all {
                             if !matches!(field.as_str(), "t" | "r" | "w") {
                                 max.fetch_max(n.parse::<i64>().unwrap(), Ordering::SeqCst);

@@ -140,7 +140,8 @@ async fn i3_a_larger_quorum_does_not_fence_on_fewer_nodes() {
     let plain = urls(&s);
     adopt(&view_of(plain.clone(), opts(OP))).await;
     // Node 0's counter is ahead (it took part in holds the others missed).
-    s[0].command(&["SET", "slate:{i3}:fence", "10"]).unwrap();
+    s[0].command(&["SET", &fence_key("i3"), "4000000000000000"])
+        .unwrap();
     let restricted = vec![
         plain[0].clone(),
         s[1].url_for_user("no-incrby", "n0-incrby"),

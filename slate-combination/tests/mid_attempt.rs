@@ -43,19 +43,16 @@ impl Rig {
     }
 
     fn lock(&self, name: &str, order: Order) -> CombinationLock {
+        for s in &self.servers {
+            base_fence(s, name);
+        }
         self::lock(&self.nodes, name, order)
     }
 
-    /// The fencing counter of `name` on server `i`: the acquire script increments it, so it
-    /// shows whether an acquire ran there.
+    /// Tokens taken on server `i` for `name` since the lock was built (see
+    /// `common::tokens_taken`): whether an acquire ran there.
     fn fence(&self, i: usize, name: &str) -> i64 {
-        let v: Option<i64> = redis::from_redis_value(
-            self.servers[i]
-                .command(&["GET", &format!("{}:fence", key(name))])
-                .expect("GET"),
-        )
-        .expect("GET reply");
-        v.unwrap_or(0)
+        tokens_taken(&self.servers[i], name)
     }
 
     fn heal(&self) {

@@ -55,13 +55,7 @@ async fn warm_view(s: &[RedisServer]) -> NodeSet {
 }
 
 fn fence(server: &RedisServer, name: &str) -> i64 {
-    let v: Option<i64> = redis::from_redis_value(
-        server
-            .command(&["GET", &format!("{}:fence", key(name))])
-            .unwrap(),
-    )
-    .unwrap();
-    v.unwrap_or(0)
+    tokens_taken(server, name)
 }
 
 /// One node down (killed or paused; leftmost or middle), both orders: skipped, held on the
@@ -136,6 +130,7 @@ async fn one_node_left_is_insufficient_within_its_bound_and_node_0_is_released()
             apply(&mut s[1], f1);
             apply(&mut s[2], f2);
             let name = "one-left";
+            base_fence(&s[0], name);
             let h = HolderId::new();
             let started = Instant::now();
             let err = try_as(&lock(&mine, name, order), h)

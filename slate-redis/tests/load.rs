@@ -296,3 +296,44 @@ async fn handles_of_one_name_share_one_queue() {
     let other = RedisClient::open(server.url()).unwrap();
     assert_eq!(other.stats().locks, 0);
 }
+
+/// Issue 30, the per-entity workload: an uncontended acquisition and its release cost the
+/// server 8 commands in all (two `EVALSHA`; inside them `EXISTS`, `INCR`, `HSET`, `PEXPIRE`,
+/// then `HMGET`, `DEL`), where the request records and the turn's bookkeeping cost 14
+/// before. Counted with `INFO commandstats`, not timed. Each name is new (its slot counter may
+/// be too: a first use of a slot seeds it with `TIME` and `SET`, which is counted apart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_acquisition_costs_the_server_eight_commands() {
+    const NAMES: u64 = 40;
+    let server = server();
+    let client = client(&server);
+    // Warm up: the connection, its script loads and server checks.
+    let g = lock(&client, "warm-up", Duration::from_secs(30))
+        .lock()
+        .await
+        .unwrap();
+    g.unlock().await.unwrap();
+    let locks: Vec<_> = (0..NAMES)
+        .map(|i| lock(&client, &format!("order:{i}"), Duration::from_secs(30)))
+        .collect();
+    drop(server.command(&["CONFIG", "RESETSTAT"]).unwrap());
+    for l in &locks {
+        let g = l.lock().await.unwrap();
+        assert_eq!(g.unlock().await.unwrap(), 0);
+    }
+    let stats = commandstats(&server);
+    let calls = |c: &str| stats.get(c).copied().unwrap_or(0);
+    // Slots used for the first time seed their counter: one TIME and one SET each.
+    let seeded = calls("time");
+    assert_eq!(calls("set"), seeded, "{stats:?}");
+    let total: u64 = stats
+        .iter()
+        .filter(|(c, _)| !matches!(c.as_str(), "config|resetstat" | "time" | "set"))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(calls("evalsha"), 2 * NAMES, "{stats:?}");
+    assert_eq!(calls("publish"), 0, "nobody waited: {stats:?}");
+    assert_eq!(total, 8 * NAMES, "{stats:?}");
+    // Nothing of the names is left but slot counters.
+    assert!(keys(&server).iter().all(|k| k.starts_with("slate:fence:{")));
+}

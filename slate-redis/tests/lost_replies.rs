@@ -302,3 +302,50 @@ fn s10_an_acquire_that_runs_after_its_undo_does_nothing() {
         "not-held writes nothing"
     );
 }
+
+/// A copy of a release that stalled on its way (its resend ran and freed the lock, and the
+/// holder acquired again since) must not take a level of the newer hold: it is older than the
+/// holder's latest request and does nothing (`-7`). Before, it released the newer hold, and
+/// the lock was free while its holder believed it held it.
+#[test]
+fn s10_a_stale_copy_of_a_release_leaves_the_next_hold_alone() {
+    let server = server();
+    let fence = fence_key("stale-release");
+    let keys = [
+        "slate:{stale-release}",
+        &fence,
+        "slate:{stale-release}:queue",
+        "slate:{stale-release}:turn",
+        "slate:{stale-release}:req:h1",
+    ];
+    let release_keys = [
+        "slate:{stale-release}",
+        "slate:{stale-release}:released",
+        "slate:{stale-release}:queue",
+        "slate:{stale-release}:turn",
+        "slate:{stale-release}:req:h1",
+    ];
+    let release = |request: &str, resent: &str| {
+        run_script(
+            &server,
+            RELEASE_LUA,
+            &release_keys,
+            &[
+                "h1", "10000", "", "0", "0", "20", request, "5000", "", "", "1", resent,
+            ],
+        )
+    };
+    let mut con = server.connection().unwrap();
+    assert_eq!(acquire(&mut con, &keys, "10", "")[0], 1);
+    // Release 11's first send stalls; its resend frees the lock.
+    assert_eq!(release("11", "1"), 0);
+    // The holder acquires again.
+    let next = acquire(&mut con, &keys, "12", "");
+    assert_eq!(next[0], 1);
+    // The stalled first send of release 11 arrives now: it does nothing.
+    assert_eq!(release("11", ""), -7);
+    assert_eq!(int(&server, &["HGET", "slate:{stale-release}", "h1"]), 1);
+    // The holder's own release of the new hold works.
+    assert_eq!(release("13", ""), 0);
+    assert_eq!(int(&server, &["EXISTS", "slate:{stale-release}"]), 0);
+}

@@ -145,13 +145,19 @@ pub fn get_u64(server: &RedisServer, key: &str) -> u64 {
     v.unwrap_or(0)
 }
 
-/// `HGETALL key` of a lock hash as holder → count (the hash's own fields `t`, `r` and `w`,
-/// see `acquire.lua`, are left out).
+/// `HGETALL key` of a lock hash as holder → count.
 pub fn hgetall(server: &RedisServer, key: &str) -> BTreeMap<String, u64> {
-    let all: BTreeMap<String, String> =
+    holders(
         redis::from_redis_value(server.command(&["HGETALL", key]).expect("HGETALL"))
-            .expect("HGETALL reply");
-    all.into_iter()
+            .expect("HGETALL reply"),
+    )
+}
+
+/// A single-lock hash's fields as holder → count: the hash's own fields `t` (token), `r`
+/// (request record) and `w` (someone waits), see `acquire.lua`, are left out.
+pub fn holders(fields: BTreeMap<String, String>) -> BTreeMap<String, u64> {
+    fields
+        .into_iter()
         .filter(|(f, _)| !matches!(f.as_str(), "t" | "r" | "w"))
         .map(|(f, v)| (f, v.parse().expect("a count")))
         .collect()
@@ -257,7 +263,7 @@ pub fn wait_history(dir: &Path, within: Duration, what: &str, pred: impl Fn(&His
 /// (MULTI/EXEC, so that an expiry cannot fall between them), then the run id.
 pub fn observe(rec: &Recorder, server: &RedisServer, lock: &str, key: &str) -> Event {
     let mut con = server.connection().expect("observer connection");
-    let (fields, pttl_ms): (BTreeMap<String, u64>, i64) = redis::pipe()
+    let (fields, pttl_ms): (BTreeMap<String, String>, i64) = redis::pipe()
         .atomic()
         .cmd("HGETALL")
         .arg(key)
@@ -265,6 +271,7 @@ pub fn observe(rec: &Recorder, server: &RedisServer, lock: &str, key: &str) -> E
         .arg(key)
         .query(&mut con)
         .expect("HGETALL + PTTL");
+    let fields = holders(fields);
     let run_id = server.run_id().expect("run_id");
     let kind = EventKind::Observe {
         node: 0,
@@ -347,6 +354,14 @@ pub fn lock_keys(server: &RedisServer) -> Vec<String> {
             ttl != -2 && !(k.contains(":req:") && ttl >= 0)
         })
         .collect()
+}
+
+/// The fencing counter lock `name` (default prefix) takes its tokens from: its hash slot's,
+/// `slate:fence:{<slot tag>}` (`NodeKeys::fence_key`).
+pub fn fence_key(name: &str) -> String {
+    let name = slate_core::LockName::new(name).expect("a lock name");
+    let keys = slate_redis::node::NodeKeys::new(PREFIX, &name);
+    String::from_utf8(keys.fence_key().to_vec()).expect("utf-8")
 }
 
 /// Whether `key` is a persistent fencing counter: a hash slot's (`<prefix>fence:{<slot tag>}`,
@@ -603,10 +618,9 @@ pub fn key(name: &str) -> String {
     format!("{PREFIX}{{{name}}}")
 }
 
-/// `HGETALL` of the lock key on one server, as field → count (empty when absent).
+/// `HGETALL` of the lock key on one server, as holder → count (empty when absent).
 pub fn entries(server: &RedisServer, name: &str) -> BTreeMap<String, u64> {
-    redis::from_redis_value(server.command(&["HGETALL", &key(name)]).expect("HGETALL"))
-        .expect("HGETALL reply")
+    hgetall(server, &key(name))
 }
 
 /// `PTTL` of the lock key on one server (−2 when absent).
@@ -1019,7 +1033,7 @@ impl Observer {
             let mut snaps = Vec::new();
             let end = Instant::now() + Duration::from_secs(120);
             while !flag.load(Ordering::SeqCst) && Instant::now() < end {
-                let (fields, pttl_ms): (BTreeMap<String, u64>, i64) = redis::pipe()
+                let (fields, pttl_ms): (BTreeMap<String, String>, i64) = redis::pipe()
                     .atomic()
                     .cmd("HGETALL")
                     .arg(&key)
@@ -1027,6 +1041,7 @@ impl Observer {
                     .arg(&key)
                     .query(&mut con)
                     .expect("HGETALL + PTTL");
+                let fields = holders(fields);
                 let kind = EventKind::Observe {
                     node,
                     fields: fields.clone(),

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use slate_combination::{CombinationLock, NodeSet, NodeSetOptions, Order};
-use slate_core::HolderId;
+use slate_core::{HolderId, LockName};
 use slate_harness::proxy::{FaultProxy, Mode};
 use slate_harness::server::RedisServer;
 
@@ -66,6 +66,34 @@ pub fn lock_on(nodes: &NodeSet, name: &str, order: Order) -> CombinationLock {
         .order(order)
         .build()
         .expect("lock")
+}
+
+/// The fencing counter `name`'s tokens come from (default prefix): its hash slot's,
+/// `slate:fence:{<slot tag>}`, shared with every name of that slot.
+pub fn fence_key(name: &str) -> String {
+    let keys = slate_redis::node::NodeKeys::new("slate:", &LockName::new(name).expect("name"));
+    String::from_utf8(keys.fence_key().to_vec()).expect("utf-8")
+}
+
+/// What [`base_fence`] sets a slot counter to.
+pub const FENCE_BASE: i64 = 1_000_000;
+
+/// Starts `name`'s slot counter on `server` at [`FENCE_BASE`] unless it exists, so that
+/// [`tokens_taken`] counts the acquisitions that ran there (a missing counter is seeded from
+/// the server clock by the first acquisition instead).
+pub fn base_fence(server: &RedisServer, name: &str) {
+    server
+        .command(&["SET", &fence_key(name), &FENCE_BASE.to_string(), "NX"])
+        .expect("SET NX");
+}
+
+/// Tokens taken from `name`'s slot counter on `server` since [`base_fence`] (0: none; every
+/// first acquisition takes one): whether, and how often, an acquire ran there.
+pub fn tokens_taken(server: &RedisServer, name: &str) -> i64 {
+    let v: Option<i64> =
+        redis::from_redis_value(server.command(&["GET", &fence_key(name)]).expect("GET"))
+            .expect("GET reply");
+    v.map_or(0, |v| v - FENCE_BASE)
 }
 
 /// The lock hash key of `name` (default prefix).

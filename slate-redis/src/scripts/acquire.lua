@@ -117,7 +117,12 @@ end
 -- The next block of tokens from the slot's counter; a counter that did not exist (a new
 -- server, or one that lost its data) starts at the server clock in µs instead of 1.
 local function take_tokens(n)
-    local last = redis.call('INCRBY', KEYS[2], n)
+    local last
+    if n == 1 then
+        last = redis.call('INCR', KEYS[2])
+    else
+        last = redis.call('INCRBY', KEYS[2], n)
+    end
     if last == n then
         local t = redis.call('TIME')
         last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n - 1

@@ -28,6 +28,8 @@
 --          record is written to KEYS[5] too ('': a first send)
 --
 -- Replies (an integer):
+--   -7      (not an undo) the request is older than the holder's latest record (overtaken by
+--           a later request of the same holder); nothing was touched
 --   -2      (undo only) the acquire had not run (or its record was gone): it is cancelled
 --   -1      not held: the holder has no field (lease ran out, force-unlocked, never held, or
 --           a first send of this very request released the last level); nothing was
@@ -83,6 +85,12 @@ if req ~= '' then
     end
     if lid == req and kind == 'r' then
         return tonumber(a)
+    end
+    if undo == '' and lid and older(req, lid) then
+        -- Overtaken by a later request of the same holder: a copy of a release that stalled on
+        -- its way (its resend ran, and the holder acquired again since) must not take a level
+        -- of the newer hold. A caller still waiting sends it again under a fresh id.
+        return -7
     end
     if undo ~= '' and not (lid == undo and kind == 'a' and held > 0) then
         -- A record newer than the undone acquire is kept: that acquire, if it runs later,

@@ -43,14 +43,15 @@ pub(crate) fn next_id() -> u64 {
     prev.saturating_add(1).max(now)
 }
 
-/// The acquire scripts' answer to a request older than its holder's request record
-/// (`acquire.lua`, `shared_acquire.lua`): it was overtaken by a later request of the same
+/// The acquire scripts' (and the single lock's release script's) answer to a request older
+/// than its holder's request record (`acquire.lua`, `release.lua`, `shared_acquire.lua`): it
+/// was overtaken by a later request of the same
 /// holder (another task's, sent after it but run before) and did nothing.
 pub(crate) const OVERTAKEN: i64 = -7;
 
 /// How many times an overtaken request is sent again under a fresh id before its answer
 /// stands (the callers then read it as busy).
-const OVERTAKEN_RESENDS: u32 = 3;
+pub(crate) const OVERTAKEN_RESENDS: u32 = 3;
 
 /// Sends a request under a fresh id, and again under another while the script answers
 /// [`OVERTAKEN`] (at most [`OVERTAKEN_RESENDS`] times): nothing ran, so nothing is undone.

@@ -308,36 +308,51 @@ pub(crate) async fn release_remote(
     let (tenure, reserve) = (release.turn.tenure, scripts::lease_ms(release.turn.reserve));
     let record_ms = request::record_ttl_ms(client.command_timeout());
     let undo = release.undo.map(|id| id.to_string()).unwrap_or_default();
-    let (request, waiters) = (release.request, u8::from(release.local_waiters));
+    let waiters = u8::from(release.local_waiters);
     let publish = client.publish_arg();
-    let call = scripts::call::Release {
-        lock: &keys.lock,
-        channel: &keys.channel,
-        queue: &keys.queue,
-        turn: &keys.turn,
-        record: &record,
-        holder: &holder_arg,
-        lease_ms: ms,
-        queue_id,
-        tenure,
-        local_waiters: waiters,
-        reserve_ms: reserve,
-        request,
-        record_ms,
-        undo: &undo,
-        publish,
-        holds: release.holds,
-        resent: "",
+    let mut request = release.request;
+    let mut resends = 0;
+    let (reply, resent) = loop {
+        let call = scripts::call::Release {
+            lock: &keys.lock,
+            channel: &keys.channel,
+            queue: &keys.queue,
+            turn: &keys.turn,
+            record: &record,
+            holder: &holder_arg,
+            lease_ms: ms,
+            queue_id,
+            tenure,
+            local_waiters: waiters,
+            reserve_ms: reserve,
+            request,
+            record_ms,
+            undo: &undo,
+            publish,
+            holds: release.holds,
+            resent: "",
+        };
+        let (reply, resent) = client
+            .exec_resending("release script", |mut c, resent| async move {
+                let call = scripts::call::Release {
+                    resent: if resent { "1" } else { "" },
+                    ..call
+                };
+                call.invocation().invoke_async::<i64>(&mut c).await
+            })
+            .await?;
+        // Overtaken by a later request of the same holder (another task's, sent after this
+        // one but run before): nothing ran; send it again as a new request.
+        if reply == request::OVERTAKEN
+            && release.undo.is_none()
+            && resends < request::OVERTAKEN_RESENDS
+        {
+            resends += 1;
+            request = request::next_id();
+            continue;
+        }
+        break (reply, resent);
     };
-    let (reply, resent) = client
-        .exec_resending("release script", |mut c, resent| async move {
-            let call = scripts::call::Release {
-                resent: if resent { "1" } else { "" },
-                ..call
-            };
-            call.invocation().invoke_async::<i64>(&mut c).await
-        })
-        .await?;
     if reply == -1
         && resent
         && release.undo.is_none()
