@@ -39,9 +39,11 @@
 //!
 //! | key | type | content |
 //! | --- | --- | --- |
-//! | `<prefix>{<name>}` | hash | field = holder id, value = reentry count; TTL = lease |
-//! | `<prefix>{<name>}:fence` | string | the fencing counter; persistent, **never expire or delete it** (tokens would repeat) |
-//! | `<prefix>{<name>}:released` | channel | a message per release to zero |
+//! | `<prefix>{<name>}` | hash | field = holder id, value = reentry count; fields `t` (the holder's token), `r` (its last request record), `w` (someone waits); TTL = lease |
+//! | `<prefix>fence:{<slot tag>}` | string | the fencing counter of the name's cluster hash slot, shared by the names of that slot; persistent (a missing one is seeded from the server clock, so deleting it does not make tokens repeat unless the clock stepped back) |
+//! | `<prefix>{<name>}:queue`, `:turn` | sorted set, hash | the processes waiting and the fair turn, only while processes contend; TTL = lease |
+//! | `<prefix>{<name>}:req:<holder>` | string | a request record, only after a resend or an undo; TTL = twice the command timeout |
+//! | `<prefix>{<name>}:released` | channel | a message per release to zero that someone waits for |
 //!
 //! The scripts (`src/scripts/*.lua`) are run by `EVALSHA` and reloaded after `NOSCRIPT`.
 //!

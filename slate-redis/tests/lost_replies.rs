@@ -349,3 +349,120 @@ fn s10_a_stale_copy_of_a_release_leaves_the_next_hold_alone() {
     assert_eq!(release("13", ""), 0);
     assert_eq!(int(&server, &["EXISTS", "slate:{stale-release}"]), 0);
 }
+
+/// Runs the acquire script for `holder` on lock `{name}` with request id `request` (`resent`:
+/// `"1"` for a resend).
+fn acquire_named(
+    con: &mut redis::Connection,
+    name: &str,
+    holder: &str,
+    request: &str,
+    resent: &str,
+) -> Vec<i64> {
+    let fence = fence_key(name);
+    let keys = [
+        format!("slate:{{{name}}}"),
+        fence,
+        format!("slate:{{{name}}}:queue"),
+        format!("slate:{{{name}}}:turn"),
+        format!("slate:{{{name}}}:req:{holder}"),
+    ];
+    let script = redis::Script::new(ACQUIRE_LUA);
+    let mut inv = script.prepare_invoke();
+    for k in &keys {
+        inv.key(k);
+    }
+    inv.arg(holder)
+        .arg("10000")
+        .arg("")
+        .arg(0)
+        .arg(request)
+        .arg("5000")
+        .arg("")
+        .arg(resent);
+    inv.invoke(con).unwrap()
+}
+
+/// Review finding (issue 30): an acquire's first send stalls, its resend is told busy, the
+/// holder later acquires and releases under new requests whose records live in the lock hash
+/// and go with it; then the stalled first send arrives. It must not grant a hold nobody knows
+/// of: the resend that did not grant marked it cancelled in the record key.
+#[test]
+fn s10_a_stale_first_send_whose_resend_was_told_busy_never_grants() {
+    let server = server();
+    let name = "stale-busy";
+    let lock = format!("slate:{{{name}}}");
+    let release = |holder: &str, request: &str| {
+        run_script(
+            &server,
+            RELEASE_LUA,
+            &[
+                &lock,
+                &format!("{lock}:released"),
+                &format!("{lock}:queue"),
+                &format!("{lock}:turn"),
+                &format!("{lock}:req:{holder}"),
+            ],
+            &[
+                holder, "10000", "", "0", "0", "20", request, "5000", "", "", "1", "",
+            ],
+        )
+    };
+    let mut con = server.connection().unwrap();
+    assert_eq!(acquire_named(&mut con, name, "h0", "5", "")[0], 1);
+    // h1's request 10: the first send stalls; the resend is told busy.
+    assert_eq!(acquire_named(&mut con, name, "h1", "10", "1")[0], 0);
+    assert_eq!(release("h0", "6"), 0);
+    // h1 acquires and releases under new requests (first sends: records in the hash only).
+    assert_eq!(acquire_named(&mut con, name, "h1", "11", "")[0], 1);
+    assert_eq!(release("h1", "12"), 0);
+    // The stalled first send of request 10 arrives: cancelled, nothing granted.
+    assert_eq!(acquire_named(&mut con, name, "h1", "10", ""), [-3]);
+    assert_eq!(
+        int(&server, &["EXISTS", &lock]),
+        0,
+        "a hold nobody knows of"
+    );
+}
+
+/// Review finding (issue 30): two requests of one holder in flight on one connection, both
+/// replies lost. The inner release ran (2 → 1), then the holder's re-entry (1 → 2). Sent again
+/// on a new connection, the release is older than the re-entry's record (`-7`): its first send
+/// may have run, so it must not be sent once more as a new request (which took a second level:
+/// the server left at 1 while two guards believed they held 2). The release reports an error;
+/// the server keeps the re-entry's level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s10_a_resent_release_overtaken_by_the_holders_reentry_is_not_applied_twice() {
+    let rig = rig("s10-overtaken", Duration::from_secs(3)).await;
+    let holder = HolderId::new();
+    let outer = rig.lock.lock_as(holder).await.unwrap();
+    let inner = rig.lock.lock_as(holder).await.unwrap();
+    assert_eq!(rig.depth(holder), 2);
+    rig.proxy.set_mode(Mode::DropReplies).unwrap();
+    let release = tokio::spawn(async move { inner.unlock().await });
+    eventually(Duration::from_secs(5), "the release to run", || {
+        rig.depth(holder) == 1
+    })
+    .await;
+    let reenter = {
+        let lock = rig.lock.clone();
+        tokio::spawn(async move { lock.lock_as(holder).await })
+    };
+    eventually(Duration::from_secs(5), "the re-entry to run", || {
+        rig.depth(holder) == 2
+    })
+    .await;
+    rig.proxy.set_mode(Mode::Pass).unwrap();
+    rig.proxy.reset_all().unwrap();
+    let released = within(Duration::from_secs(5), "the release", release)
+        .await
+        .unwrap();
+    let again = within(Duration::from_secs(5), "the re-entry", reenter)
+        .await
+        .unwrap()
+        .expect("the re-entry's resend answers its first run");
+    assert!(released.is_err(), "the release may have run: {released:?}");
+    assert_eq!(rig.depth(holder), 2, "the release was applied twice");
+    drop(again);
+    drop(outer);
+}

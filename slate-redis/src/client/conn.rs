@@ -105,25 +105,29 @@ pub(crate) async fn eval_then_wait<T: redis::FromRedisValue>(
     wait: Option<(usize, std::time::Duration)>,
     counts: impl Fn(&T) -> bool,
 ) -> redis::RedisResult<(T, Option<usize>)> {
-    if let (Conn::Server(_), Some((n, within))) = (&*conn, wait) {
-        let reply: T = match eval.query_async(conn).await {
-            Err(e) if is_noscript(&e) => {
-                script.load_cmd().query_async::<()>(conn).await?;
-                eval.query_async(conn).await?
-            }
-            r => r?,
-        };
-        if !counts(&reply) {
-            return Ok((reply, None));
+    let pipelined = match wait {
+        // A cluster's WAIT rides in the script's pipeline, redirected with it as a whole.
+        Some(w) if matches!(conn, Conn::Cluster(_)) => w,
+        _ => {
+            // Alone (no replicas to wait for), or followed by its WAIT on one server's
+            // connection: no pipeline around it.
+            let reply: T = match eval.query_async(conn).await {
+                Err(e) if is_noscript(&e) => {
+                    script.load_cmd().query_async::<()>(conn).await?;
+                    eval.query_async(conn).await?
+                }
+                r => r?,
+            };
+            let Some((n, within)) = wait.filter(|_| counts(&reply)) else {
+                return Ok((reply, None));
+            };
+            let acked = wait_cmd(n, within).query_async(conn).await?;
+            return Ok((reply, Some(acked)));
         }
-        let acked = wait_cmd(n, within).query_async(conn).await?;
-        return Ok((reply, Some(acked)));
-    }
+    };
     let mut pipe = redis::pipe();
     pipe.add_command(eval.clone());
-    if let Some((n, within)) = wait {
-        pipe.add_command(wait_cmd(n, within));
-    }
+    pipe.add_command(wait_cmd(pipelined.0, pipelined.1));
     // Errors stay in the replies: the script's own is read below, a `WAIT`'s is returned.
     pipe.ignore_errors();
     let mut replies: Vec<Value> = pipe.query_async(conn).await?;

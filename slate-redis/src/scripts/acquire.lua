@@ -39,7 +39,9 @@
 --          nothing is touched and {-4} is answered: a fresh hold must never be counted as one
 --          more level
 -- ARGV[8]  '1': this request may have been sent before (a resend on a new connection): write
---          its record to KEYS[5] too ('': a first send)
+--          its record to KEYS[5] too, and when it does not grant, mark it cancelled there
+--          ('<id> c 0 0'), so that the first send, if it arrives later, does nothing ('': a
+--          first send)
 -- ARGV[9]  (optional) block: a first acquisition reserves this many fencing
 --          tokens (the counter moves by the block; the reply's token is the block's first) so
 --          that the caller's process may pass the hold to up to block - 1 more local holders
@@ -153,18 +155,6 @@ local function grant(waiting)
     return {1, token}
 end
 
-if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) == 0 then
-    -- Free, nobody queued, no turn kept, no record about: take it.
-    if ARGV[7] == '1' then
-        return {-4}
-    end
-    local q = over_quarantine()
-    if q then
-        return {-8, q}
-    end
-    return grant(false)
-end
-
 -- Request ids grow in each process (`request.rs`: above every id the process sent before, and
 -- drawn from the clock in µs, so ids of different processes compare too), and a holder's
 -- requests come from its process. A request older than the holder's record was overtaken by
@@ -174,6 +164,40 @@ end
 local function older(x, y)
     return #x < #y or (#x == #y and x < y)
 end
+-- The record key's value, read once (false: none).
+local outer_read, outer_value = false, false
+local function outer()
+    if not outer_read then
+        outer_read, outer_value = true, redis.call('GET', KEYS[5])
+    end
+    return outer_value
+end
+-- A resend that does not grant: its first send, if still on its way, must not grant either
+-- when it arrives later, even after every hold of the holder has ended and taken the lock
+-- hash's record with it. The record key says so (cancelled), unless it holds a newer record.
+local function refuse(reply)
+    if careful then
+        local o = outer()
+        local oid = o and string.match(o, '^(%d+) ')
+        if not (oid and older(req, oid)) then
+            redis.call('SET', KEYS[5], req .. ' c 0 0', 'PX', ARGV[6])
+        end
+    end
+    return reply
+end
+
+if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) == 0 then
+    -- Free, nobody queued, no turn kept, no record about: take it.
+    if ARGV[7] == '1' then
+        return refuse({-4})
+    end
+    local q = over_quarantine()
+    if q then
+        return refuse({-8, q})
+    end
+    return grant(false)
+end
+
 local entry = redis.call('HMGET', KEYS[1], holder, 't', 'r', 'w')
 local count = tonumber(entry[1] or '0')
 local inner = false
@@ -184,14 +208,14 @@ if req ~= '' then
     -- The holder's latest record: the lock hash's (while the holder's field exists), or the
     -- record key's, whichever is newer.
     local latest = inner
-    local outer = redis.call('GET', KEYS[5])
+    local o = outer()
     local lid = latest and string.match(latest, '^(%d+) ')
-    local oid = outer and string.match(outer, '^(%d+) ')
+    local oid = o and string.match(o, '^(%d+) ')
     if oid and (not lid or older(lid, oid)) then
-        latest, lid = outer, oid
+        latest, lid = o, oid
     end
     if lid and older(req, lid) then
-        return {-7}
+        return refuse({-7})
     end
     if lid == req then
         local _, kind, a, b = string.match(latest, '^(%d+) (%a) (%-?%d+) (%-?%d+)$')
@@ -214,16 +238,16 @@ if req ~= '' then
                 return {2, tonumber(a), tonumber(b)}
             end
             -- It acquired, and that hold has ended since: a copy of it must not start another.
-            return {-7}
+            return refuse({-7})
         end
     end
 end
 if ARGV[7] == '1' and count <= 0 then
-    return {-4}
+    return refuse({-4})
 end
 local q = over_quarantine()
 if q then
-    return {-8, q}
+    return refuse({-8, q})
 end
 if count > 0 then
     -- Re-entry.
@@ -259,7 +283,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     if pid ~= '' then
         enqueue(now_ms())
     end
-    return {0, redis.call('PTTL', KEYS[1])}
+    return refuse({0, redis.call('PTTL', KEYS[1])})
 end
 -- Free, with a queue, a turn or a record about.
 local tenure = 1
@@ -275,7 +299,7 @@ if pid ~= '' and redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
             tenure = tonumber(turn[3]) + 1
         elseif until_ms > now then
             enqueue(now)
-            return {0, until_ms - now}
+            return refuse({0, until_ms - now})
         else
             -- The reserved process did not claim its turn in time: it leaves the queue.
             redis.call('ZREM', KEYS[3], owner)

@@ -72,9 +72,10 @@ if req ~= '' then
         latest = entry[2]
     end
     local lid = latest and string.match(latest, '^(%d+) ')
+    local oid = false
     if careful then
         local outer = redis.call('GET', KEYS[5])
-        local oid = outer and string.match(outer, '^(%d+) ')
+        oid = outer and string.match(outer, '^(%d+) ')
         if oid and (not lid or older(lid, oid)) then
             latest, lid = outer, oid
         end
@@ -93,9 +94,10 @@ if req ~= '' then
         return -7
     end
     if undo ~= '' and not (lid == undo and kind == 'a' and held > 0) then
-        -- A record newer than the undone acquire is kept: that acquire, if it runs later,
-        -- is older than the record and does nothing (acquire.lua, `older`).
-        if not (lid and older(undo, lid)) then
+        -- A newer record in the record key is kept: that acquire, if it runs later, is older
+        -- than the record and does nothing (acquire.lua, `older`). A newer record in the lock
+        -- hash only is not enough: it goes with the hold.
+        if not (oid and older(undo, oid)) then
             redis.call('SET', KEYS[5], undo .. ' c 0 0', 'PX', ARGV[8])
         end
         return -2

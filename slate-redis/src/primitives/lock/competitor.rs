@@ -306,7 +306,15 @@ pub(crate) async fn release_remote(
     let ms = scripts::lease_ms(release.lease);
     let queue_id = &*release.turn.queue_id;
     let (tenure, reserve) = (release.turn.tenure, scripts::lease_ms(release.turn.reserve));
-    let record_ms = request::record_ttl_ms(client.command_timeout());
+    // An undo's cancel mark must outlive any copy of the acquire it cancels: a multi-node
+    // lock's node acquire keeps its own record for its lease and two command timeouts
+    // (`Node::acquire`), and a copy may arrive within that.
+    let record_ms = match release.undo {
+        Some(_) => request::record_ttl_ms(client.command_timeout()).max(scripts::lease_ms(
+            release.lease + client.command_timeout() * 2,
+        )),
+        None => request::record_ttl_ms(client.command_timeout()),
+    };
     let undo = release.undo.map(|id| id.to_string()).unwrap_or_default();
     let waiters = u8::from(release.local_waiters);
     let publish = client.publish_arg();
@@ -342,7 +350,11 @@ pub(crate) async fn release_remote(
             })
             .await?;
         // Overtaken by a later request of the same holder (another task's, sent after this
-        // one but run before): nothing ran; send it again as a new request.
+        // one but run before): nothing ran, unless this was a resend, whose first send may
+        // have run before that request; a first send is sent again as a new request.
+        if reply == request::OVERTAKEN && resent && release.undo.is_none() {
+            return Err(may_have_run(client, "release"));
+        }
         if reply == request::OVERTAKEN
             && release.undo.is_none()
             && resends < request::OVERTAKEN_RESENDS
@@ -365,6 +377,20 @@ pub(crate) async fn release_remote(
         return Ok(0);
     }
     Ok(reply)
+}
+
+/// The error of a resent request that was overtaken by a later request of its holder: its first
+/// send may or may not have run.
+fn may_have_run(client: &RedisClient, what: &str) -> Error {
+    Error::backend(
+        BackendKind::Io,
+        Some(client.address().to_owned()),
+        format!(
+            "the {what} was sent again after its connection broke, and a later request of the \
+             same holder ran before the resend: the first send may or may not have run"
+        ),
+        None,
+    )
 }
 
 /// One acquire request (see `scripts/acquire.lua`).
@@ -428,7 +454,7 @@ pub(crate) async fn acquire_remote(
     };
     let first = call.cmd();
     let first = &first;
-    let ((reply, acked), _): ((Vec<i64>, Option<usize>), bool) = client
+    let ((reply, acked), resent): ((Vec<i64>, Option<usize>), bool) = client
         .exec_resending("acquire script", |mut c, resent| async move {
             // A grant counts once the replicas have it: WAIT behind it, where it ran.
             let granted = |r: &Vec<i64>| matches!(r.first(), Some(1 | 2));
@@ -446,6 +472,11 @@ pub(crate) async fn acquire_remote(
             }
         })
         .await?;
+    if resent && reply == [request::OVERTAKEN] {
+        // The resend was overtaken by a later request of the same holder; its first send may
+        // have run before that one. An error makes the caller undo it by its id.
+        return Err(may_have_run(client, "acquire"));
+    }
     if let (Some((wanted, within)), Some(acked)) = (synced, acked)
         && acked < wanted
     {
