@@ -166,14 +166,11 @@ async fn c4c_without_quarantine_the_checker_reports_the_overlap() {
         matches!(report.status(CheckId::Exclusion), Status::Fail(_)),
         "the checker must see the overlap"
     );
-    // The restarted nodes' fencing counters started again, from their clocks (issue 30: a
-    // missing slot counter is seeded with the server time in µs), so B's token still exceeds
-    // A's: only the overlap fails. (With per-name counters restarting at 1, the token order
-    // failed too.)
+    // The restarted nodes' fencing counters started again: B's token does not exceed A's.
     assert_eq!(
         report.failed(),
-        [CheckId::Exclusion],
-        "exactly the overlap fails"
+        [CheckId::Exclusion, CheckId::Tokens],
+        "exactly the overlap and the token order fail"
     );
 }
 

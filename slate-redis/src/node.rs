@@ -593,8 +593,9 @@ impl<'c> Node<'c> {
                  one (NodeSet::adopt_fresh_servers with NodeSetOptions::quarantine, or \
                  `slate nodes adopt --quarantine`) while no lock on them is held",
             )),
-            // Overtaken again and again by later requests of the same holder: busy for now.
-            [request::OVERTAKEN] => Ok(NodeAcquire::Busy { retry_after: None }),
+            // Overtaken again and again by later requests of the same holder, or (-3) a resend
+            // that finds its request cancelled by its own undo: busy for now.
+            [-3 | request::OVERTAKEN] => Ok(NodeAcquire::Busy { retry_after: None }),
             _ => Err(unexpected_reply("acquire script", self.0.address(), &reply)),
         }
     }

@@ -466,3 +466,74 @@ async fn s10_a_resent_release_overtaken_by_the_holders_reentry_is_not_applied_tw
     drop(again);
     drop(outer);
 }
+
+/// Second review (issue 30): a resend that was refused marks its request so that the first
+/// send, arriving later, does nothing; but a further resend of the same request (a third send
+/// after another broken connection) is answered anew, not as cancelled. And a write to the
+/// record key never shortens its expiry: a long cancel mark (a combination node's undo keeps
+/// it for a lease) is not cut short by a later request's two command timeouts.
+#[test]
+fn s10_a_refused_resend_is_answered_anew_and_record_marks_are_never_shortened() {
+    let server = server();
+    let name = "third-send";
+    let lock = format!("slate:{{{name}}}");
+    let record = format!("{lock}:req:h1");
+    let release_keys = [
+        lock.clone(),
+        format!("{lock}:released"),
+        format!("{lock}:queue"),
+        format!("{lock}:turn"),
+        record.clone(),
+    ];
+    let release_keys: Vec<&str> = release_keys.iter().map(String::as_str).collect();
+    let mut con = server.connection().unwrap();
+    assert_eq!(acquire_named(&mut con, name, "h0", "5", "")[0], 1);
+    // h1's request 10, sent a second time: busy.
+    assert_eq!(acquire_named(&mut con, name, "h1", "10", "1")[0], 0);
+    let released = run_script(
+        &server,
+        RELEASE_LUA,
+        &[
+            &lock,
+            &format!("{lock}:released"),
+            &format!("{lock}:queue"),
+            &format!("{lock}:turn"),
+            &format!("{lock}:req:h0"),
+        ],
+        &[
+            "h0", "10000", "", "0", "0", "20", "6", "5000", "", "", "1", "",
+        ],
+    );
+    assert_eq!(released, 0);
+    // A third send of request 10: answered anew (granted), not as cancelled.
+    let third = acquire_named(&mut con, name, "h1", "10", "1");
+    assert_eq!(third[0], 1, "{third:?}");
+    // The first send arrives at last: the grant is replayed, nothing is added.
+    assert_eq!(acquire_named(&mut con, name, "h1", "10", ""), third);
+    assert_eq!(int(&server, &["HGET", &lock, "h1"]), 1);
+
+    // An undo's mark kept for a minute is not cut to 5 s by a later resent release.
+    let undo = run_script(
+        &server,
+        RELEASE_LUA,
+        &release_keys,
+        &[
+            "h1", "10000", "", "0", "0", "20", "30", "60000", "29", "", "1", "",
+        ],
+    );
+    assert_eq!(undo, -2, "request 29 never ran");
+    let resent_release = run_script(
+        &server,
+        RELEASE_LUA,
+        &release_keys,
+        &[
+            "h1", "10000", "", "0", "0", "20", "31", "5000", "", "", "1", "1",
+        ],
+    );
+    assert_eq!(resent_release, 0);
+    let left = int(&server, &["PTTL", &record]);
+    assert!(
+        left > 30_000,
+        "the record key's expiry was shortened to {left} ms"
+    );
+}

@@ -10,7 +10,7 @@
 --          `keys.rs`), shared by every lock whose key hashes to that slot; persistent. A
 --          missing counter is seeded from the server clock in µs, so that tokens keep growing
 --          after a restart that lost it (unless the clock stepped back by more than the time
---          since the last token)
+--          since the last token); on a multi-node lock's node (with KEYS[6]) it starts at 1
 -- KEYS[3]  waiting processes: <prefix>{<name>}:queue, a sorted set (member = process id,
 --          score = server time in ms when it first got busy): the processes' FIFO
 -- KEYS[4]  the turn: <prefix>{<name>}:turn, a hash {o = queue id, u = reserved until (server
@@ -18,7 +18,9 @@
 --          is reserved for, and its tenure
 -- KEYS[5]  the holder's request record key: <prefix>{<name>}:req:<holder>. A request record
 --          is '<request id> <kind> <a> <b>' (kind 'a': acquired, a = token, b = count; 'r':
---          released, a = count left; 'c': cancelled, the request must do nothing). Every
+--          released, a = count left; 'c': cancelled, the request must do nothing; 'b': a resend
+--          of it was refused, so its first send must do nothing, and a further resend is
+--          answered anew). The key's expiry is never shortened by a write. Every
 --          request keeps its record in the lock hash (field 'r'), which costs no command and
 --          lives as long as the hold. Only a request that may have been sent before (ARGV[8],
 --          a resend after a broken connection) and the release's undo also write this key,
@@ -87,12 +89,11 @@
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
 local marker = false
+local marker_refused = false
 if #KEYS >= 6 then
     marker = redis.call('GET', KEYS[6])
     -- Missing (the server lost its data), or a quarantine under way ('pending ...').
-    if not marker or string.sub(marker, 1, 8) == 'pending ' then
-        return {-2}
-    end
+    marker_refused = not marker or string.sub(marker, 1, 8) == 'pending '
 end
 local holder, lease = ARGV[1], ARGV[2]
 local req = ARGV[5] or ''
@@ -113,11 +114,25 @@ local function over_quarantine()
     end
     return nil
 end
+-- Writes the record key, never shortening what it has left: a mark that must outlive a copy
+-- of an earlier request (a combination node's, kept for a lease) is not cut short by a later
+-- request's shorter window.
+local function keep_record(value)
+    local ms = tonumber(ARGV[6])
+    local left = redis.call('PTTL', KEYS[5])
+    if left > ms then
+        ms = left
+    end
+    redis.call('SET', KEYS[5], value, 'PX', ms)
+end
 local function record(token, count)
     return string.format('%s a %d %d', req, token, count)
 end
 -- The next block of tokens from the slot's counter; a counter that did not exist (a new
--- server, or one that lost its data) starts at the server clock in µs instead of 1.
+-- server, or one that lost its data) starts at the server clock in µs instead of 1. Not on a
+-- multi-node lock's node (KEYS[6]): there the counters of the nodes must agree, or every
+-- acquisition would have to raise the others to the highest (a round trip), and clocks differ;
+-- a node that lost its data is quarantined, and its counter raised, by the multi-node lock.
 local function take_tokens(n)
     local last
     if n == 1 then
@@ -125,7 +140,7 @@ local function take_tokens(n)
     else
         last = redis.call('INCRBY', KEYS[2], n)
     end
-    if last == n then
+    if last == n and #KEYS < 6 then
         local t = redis.call('TIME')
         last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n - 1
         redis.call('SET', KEYS[2], string.format('%d', last))
@@ -147,7 +162,7 @@ local function grant(waiting)
     end
     redis.call('PEXPIRE', KEYS[1], lease)
     if careful then
-        redis.call('SET', KEYS[5], rec, 'PX', ARGV[6])
+        keep_record(rec)
     end
     if asked_block then
         return {1, token, block}
@@ -175,15 +190,21 @@ end
 -- A resend that does not grant: its first send, if still on its way, must not grant either
 -- when it arrives later, even after every hold of the holder has ended and taken the lock
 -- hash's record with it. The record key says so (cancelled), unless it holds a newer record.
+-- Kind 'b' (refused while sent again): a first send that finds it does nothing ({-3}); a
+-- later resend of the same request is answered anew.
 local function refuse(reply)
     if careful then
         local o = outer()
         local oid = o and string.match(o, '^(%d+) ')
         if not (oid and older(req, oid)) then
-            redis.call('SET', KEYS[5], req .. ' c 0 0', 'PX', ARGV[6])
+            keep_record(req .. ' b 0 0')
         end
     end
     return reply
+end
+
+if marker_refused then
+    return refuse({-2})
 end
 
 if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) == 0 then
@@ -219,7 +240,7 @@ if req ~= '' then
     end
     if lid == req then
         local _, kind, a, b = string.match(latest, '^(%d+) (%a) (%-?%d+) (%-?%d+)$')
-        if kind == 'c' then
+        if kind == 'c' or (kind == 'b' and not careful) then
             return {-3}
         end
         if kind == 'a' then
@@ -230,7 +251,7 @@ if req ~= '' then
                 -- defect 3).
                 redis.call('HSET', KEYS[1], 'r', inner)
                 if careful then
-                    redis.call('SET', KEYS[5], inner, 'PX', ARGV[6])
+                    keep_record(inner)
                 end
                 if tonumber(b) == 1 then
                     return {1, tonumber(a)}
@@ -260,7 +281,7 @@ if count > 0 then
     redis.call('HSET', KEYS[1], holder, count, 'r', rec)
     redis.call('PEXPIRE', KEYS[1], lease)
     if careful then
-        redis.call('SET', KEYS[5], rec, 'PX', ARGV[6])
+        keep_record(rec)
     end
     return {2, token, count}
 end

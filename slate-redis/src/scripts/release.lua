@@ -64,6 +64,15 @@ local held = tonumber(entry[1] or '0')
 local function older(x, y)
     return #x < #y or (#x == #y and x < y)
 end
+-- Writes the record key, never shortening what it has left (see acquire.lua, KEYS[5]).
+local function keep_record(value)
+    local ms = tonumber(ARGV[8])
+    local left = redis.call('PTTL', KEYS[5])
+    if left > ms then
+        ms = left
+    end
+    redis.call('SET', KEYS[5], value, 'PX', ms)
+end
 if req ~= '' then
     -- The holder's latest record: the lock hash's (while the holder's field exists), or, for
     -- an undo or a resend, the record key's, whichever is newer.
@@ -98,7 +107,7 @@ if req ~= '' then
         -- than the record and does nothing (acquire.lua, `older`). A newer record in the lock
         -- hash only is not enough: it goes with the hold.
         if not (oid and older(undo, oid)) then
-            redis.call('SET', KEYS[5], undo .. ' c 0 0', 'PX', ARGV[8])
+            keep_record(undo .. ' c 0 0')
         end
         return -2
     end
@@ -115,12 +124,12 @@ if count > 0 then
     redis.call('HSET', KEYS[1], holder, count, 'r', rec)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     if careful then
-        redis.call('SET', KEYS[5], rec, 'PX', ARGV[8])
+        keep_record(rec)
     end
     return count
 end
 if careful then
-    redis.call('SET', KEYS[5], string.format('%s r 0 0', req), 'PX', ARGV[8])
+    keep_record(string.format('%s r 0 0', req))
 end
 redis.call('DEL', KEYS[1])
 if not entry[3] then

@@ -474,7 +474,9 @@ pub(crate) async fn acquire_remote(
         .await?;
     if resent && reply == [request::OVERTAKEN] {
         // The resend was overtaken by a later request of the same holder; its first send may
-        // have run before that one. An error makes the caller undo it by its id.
+        // have run before that one. Sent again under a fresh id it could run twice; an error
+        // instead. (The caller's undo by this id then finds a newer record and only marks it
+        // cancelled: a level its first send took, if any, ends with the lease.)
         return Err(may_have_run(client, "acquire"));
     }
     if let (Some((wanted, within)), Some(acked)) = (synced, acked)
