@@ -389,26 +389,7 @@ fn d3_a_replayed_acquire_is_covered_by_the_wait_after_it() {
     let acquire = |request: &str, wait_ms: u64| -> (Vec<i64>, i64) {
         // A new connection each time, as a resend after a broken one.
         let mut con = master.connection().unwrap();
-        let script = redis::Script::new(include_str!("../src/scripts/acquire.lua"));
-        let mut inv = script.prepare_invoke();
-        for k in [
-            "slate:{d3}",
-            fence_key("d3").as_str(),
-            "slate:{d3}:queue",
-            "slate:{d3}:turn",
-            "slate:{d3}:req:h1",
-        ] {
-            inv.key(k);
-        }
-        inv.arg("h1")
-            .arg("10000")
-            .arg("")
-            .arg(0)
-            .arg(request)
-            .arg("5000")
-            .arg("")
-            .arg("1");
-        let reply: Vec<i64> = inv.invoke(&mut con).unwrap();
+        let reply = acquire_script(&mut con, "d3", "h1", request, "1");
         let acked: i64 = redis::cmd("WAIT")
             .arg(1)
             .arg(wait_ms)

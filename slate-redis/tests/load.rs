@@ -337,3 +337,35 @@ async fn an_uncontended_acquisition_costs_the_server_eight_commands() {
     // Nothing of the names is left but slot counters.
     assert!(keys(&server).iter().all(|k| k.starts_with("slate:fence:{")));
 }
+
+/// Issue 30: a re-entry while nobody waits costs the server 5 commands (`EVALSHA`; `EXISTS`,
+/// `HMGET`, `HSET`, `PEXPIRE`), and the first busy answer to another process 8 (`EVALSHA`;
+/// `EXISTS`, `HMGET`, `HSET` of the hold's `w`, then the queue: `TIME`, `ZADD`, `PEXPIRE`; and
+/// `PTTL`): a hold alone among its keys needs no read of the record key, the queue or the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentry_and_a_first_busy_answer_read_only_the_hold() {
+    let server = server();
+    let (a, b) = (client(&server), client(&server));
+    let (la, lb) = (
+        lock(&a, "entity:7", Duration::from_secs(30)),
+        lock(&b, "entity:7", Duration::from_secs(30)),
+    );
+    let g = la.lock().await.unwrap();
+    // Warm up b's connection (scripts loaded, server checked).
+    assert!(lb.is_locked().await.unwrap());
+    let counted = || -> u64 {
+        commandstats(&server)
+            .iter()
+            .filter(|(c, _)| !matches!(c.as_str(), "config|resetstat" | "info"))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    drop(server.command(&["CONFIG", "RESETSTAT"]).unwrap());
+    let inner = g.reenter().await.unwrap();
+    assert_eq!(counted(), 5, "{:?}", commandstats(&server));
+    drop(server.command(&["CONFIG", "RESETSTAT"]).unwrap());
+    assert!(lb.try_lock().await.unwrap().is_none());
+    assert_eq!(counted(), 8, "{:?}", commandstats(&server));
+    assert_eq!(inner.unlock().await.unwrap(), 1);
+    assert_eq!(g.unlock().await.unwrap(), 0);
+}

@@ -22,7 +22,6 @@ use slate_harness::server::RedisServer;
 use slate_redis::{ClientOptions, HolderId, RedisClient, SingleLock};
 
 const LEASE: Duration = Duration::from_secs(10);
-const ACQUIRE_LUA: &str = include_str!("../src/scripts/acquire.lua");
 
 struct Rig {
     server: RedisServer,
@@ -201,25 +200,6 @@ async fn s10_timed_out_acquires_are_undone_exactly() {
     );
 }
 
-/// Runs the acquire script for holder `h1` with request id `request`; `resent`: `"1"` for a
-/// send that may repeat an earlier one (`""`: a first send).
-fn acquire(con: &mut redis::Connection, keys: &[&str], request: &str, resent: &str) -> Vec<i64> {
-    let script = redis::Script::new(ACQUIRE_LUA);
-    let mut inv = script.prepare_invoke();
-    for k in keys {
-        inv.key(*k);
-    }
-    inv.arg("h1")
-        .arg("10000")
-        .arg("")
-        .arg(0)
-        .arg(request)
-        .arg("5000")
-        .arg("")
-        .arg(resent);
-    inv.invoke(con).unwrap()
-}
-
 /// The request protocol at the script level: an undo that arrives before its acquire cancels
 /// it; a first send keeps its record in the lock hash (no key of its own); a resend also
 /// writes the record key, so that a stale copy of the first send arriving after the hold ended
@@ -227,38 +207,24 @@ fn acquire(con: &mut redis::Connection, keys: &[&str], request: &str, resent: &s
 #[test]
 fn s10_an_acquire_that_runs_after_its_undo_does_nothing() {
     let server = server();
-    let fence = fence_key("late");
-    let keys = [
-        "slate:{late}",
-        &fence,
-        "slate:{late}:queue",
-        "slate:{late}:turn",
-        "slate:{late}:req:h1",
-    ];
-    let release_keys = [
-        "slate:{late}",
-        "slate:{late}:released",
-        "slate:{late}:queue",
-        "slate:{late}:turn",
-        "slate:{late}:req:h1",
-    ];
+    let mut con = server.connection().unwrap();
+    let acquire = |con: &mut redis::Connection, request: &str, resent: &str| {
+        acquire_script(con, "late", "h1", request, resent)
+    };
     // The undo of request 7 arrives first (the acquire is still in flight): nothing to undo.
-    let undo = run_script(
-        &server,
-        RELEASE_LUA,
-        &release_keys,
-        &["h1", "10000", "", "0", "0", "20", "8", "5000", "7"],
-    );
+    let undo = release_script(&server, "late", "h1", ("8", "7", "5000"), "");
     assert_eq!(undo, -2, "the acquire had not run");
     // Then the acquire runs: it finds itself cancelled and touches nothing.
-    let mut con = server.connection().unwrap();
-    let reply = acquire(&mut con, &keys, "7", "");
-    assert_eq!(reply, [-3]);
+    assert_eq!(acquire(&mut con, "7", ""), [-3]);
     assert_eq!(int(&server, &["EXISTS", "slate:{late}"]), 0);
-    assert_eq!(int(&server, &["EXISTS", &fence]), 0, "no token was taken");
+    assert_eq!(
+        int(&server, &["EXISTS", &fence_key("late")]),
+        0,
+        "no token was taken"
+    );
 
     // Another request of the same holder is not affected by the tombstone.
-    let reply = acquire(&mut con, &keys, "8", "");
+    let reply = acquire(&mut con, "8", "");
     assert_eq!(reply.len(), 2);
     assert_eq!(reply[0], 1);
     assert!(
@@ -266,15 +232,14 @@ fn s10_an_acquire_that_runs_after_its_undo_does_nothing() {
         "a clock-seeded token: {reply:?}"
     );
     // Sent again (a resend), request 8 answers the same and changes nothing.
-    let again = acquire(&mut con, &keys, "8", "1");
-    assert_eq!(again, reply);
+    assert_eq!(acquire(&mut con, "8", "1"), reply);
     assert_eq!(int(&server, &["HGET", "slate:{late}", "h1"]), 1);
     // The hold ends; a stale copy of request 8's first send arrives after: it does nothing.
-    let args = [
-        "h1", "10000", "", "0", "0", "20", "9", "5000", "", "", "1", "",
-    ];
-    assert_eq!(run_script(&server, RELEASE_LUA, &release_keys, &args), 0);
-    assert_eq!(acquire(&mut con, &keys, "8", ""), [-7]);
+    assert_eq!(
+        release_script(&server, "late", "h1", ("9", "", "5000"), ""),
+        0
+    );
+    assert_eq!(acquire(&mut con, "8", ""), [-7]);
     assert_eq!(
         int(&server, &["EXISTS", "slate:{late}"]),
         0,
@@ -282,20 +247,15 @@ fn s10_an_acquire_that_runs_after_its_undo_does_nothing() {
     );
     // A resend of the last release finds no field: -1 at the script level, which the client
     // reads as released while the hold's lease cannot have ended (`release_remote`).
-    let resent = [
-        "h1", "10000", "", "0", "0", "20", "9", "5000", "", "", "1", "1",
-    ];
-    assert_eq!(run_script(&server, RELEASE_LUA, &release_keys, &resent), -1);
+    assert_eq!(
+        release_script(&server, "late", "h1", ("9", "", "5000"), "1"),
+        -1
+    );
     // A wrong holder gets -1 and nothing is written.
-    let other = [
-        "slate:{late}",
-        "slate:{late}:released",
-        "slate:{late}:queue",
-        "slate:{late}:turn",
-        "slate:{late}:req:h2",
-    ];
-    let args2 = ["h2", "10000", "", "0", "0", "20", "10", "5000"];
-    assert_eq!(run_script(&server, RELEASE_LUA, &other, &args2), -1);
+    assert_eq!(
+        release_script(&server, "late", "h2", ("10", "", "5000"), ""),
+        -1
+    );
     assert_eq!(
         int(&server, &["EXISTS", "slate:{late}:req:h2"]),
         0,
@@ -310,38 +270,16 @@ fn s10_an_acquire_that_runs_after_its_undo_does_nothing() {
 #[test]
 fn s10_a_stale_copy_of_a_release_leaves_the_next_hold_alone() {
     let server = server();
-    let fence = fence_key("stale-release");
-    let keys = [
-        "slate:{stale-release}",
-        &fence,
-        "slate:{stale-release}:queue",
-        "slate:{stale-release}:turn",
-        "slate:{stale-release}:req:h1",
-    ];
-    let release_keys = [
-        "slate:{stale-release}",
-        "slate:{stale-release}:released",
-        "slate:{stale-release}:queue",
-        "slate:{stale-release}:turn",
-        "slate:{stale-release}:req:h1",
-    ];
+    let name = "stale-release";
     let release = |request: &str, resent: &str| {
-        run_script(
-            &server,
-            RELEASE_LUA,
-            &release_keys,
-            &[
-                "h1", "10000", "", "0", "0", "20", request, "5000", "", "", "1", resent,
-            ],
-        )
+        release_script(&server, name, "h1", (request, "", "5000"), resent)
     };
     let mut con = server.connection().unwrap();
-    assert_eq!(acquire(&mut con, &keys, "10", "")[0], 1);
+    assert_eq!(acquire_script(&mut con, name, "h1", "10", "")[0], 1);
     // Release 11's first send stalls; its resend frees the lock.
     assert_eq!(release("11", "1"), 0);
     // The holder acquires again.
-    let next = acquire(&mut con, &keys, "12", "");
-    assert_eq!(next[0], 1);
+    assert_eq!(acquire_script(&mut con, name, "h1", "12", "")[0], 1);
     // The stalled first send of release 11 arrives now: it does nothing.
     assert_eq!(release("11", ""), -7);
     assert_eq!(int(&server, &["HGET", "slate:{stale-release}", "h1"]), 1);
@@ -350,76 +288,32 @@ fn s10_a_stale_copy_of_a_release_leaves_the_next_hold_alone() {
     assert_eq!(int(&server, &["EXISTS", "slate:{stale-release}"]), 0);
 }
 
-/// Runs the acquire script for `holder` on lock `{name}` with request id `request` (`resent`:
-/// `"1"` for a resend).
-fn acquire_named(
-    con: &mut redis::Connection,
-    name: &str,
-    holder: &str,
-    request: &str,
-    resent: &str,
-) -> Vec<i64> {
-    let fence = fence_key(name);
-    let keys = [
-        format!("slate:{{{name}}}"),
-        fence,
-        format!("slate:{{{name}}}:queue"),
-        format!("slate:{{{name}}}:turn"),
-        format!("slate:{{{name}}}:req:{holder}"),
-    ];
-    let script = redis::Script::new(ACQUIRE_LUA);
-    let mut inv = script.prepare_invoke();
-    for k in &keys {
-        inv.key(k);
-    }
-    inv.arg(holder)
-        .arg("10000")
-        .arg("")
-        .arg(0)
-        .arg(request)
-        .arg("5000")
-        .arg("")
-        .arg(resent);
-    inv.invoke(con).unwrap()
-}
-
 /// Review finding (issue 30): an acquire's first send stalls, its resend is told busy, the
 /// holder later acquires and releases under new requests whose records live in the lock hash
 /// and go with it; then the stalled first send arrives. It must not grant a hold nobody knows
-/// of: the resend that did not grant marked it cancelled in the record key.
+/// of: the resend that did not grant marked it in the record key.
 #[test]
 fn s10_a_stale_first_send_whose_resend_was_told_busy_never_grants() {
     let server = server();
     let name = "stale-busy";
-    let lock = format!("slate:{{{name}}}");
-    let release = |holder: &str, request: &str| {
-        run_script(
-            &server,
-            RELEASE_LUA,
-            &[
-                &lock,
-                &format!("{lock}:released"),
-                &format!("{lock}:queue"),
-                &format!("{lock}:turn"),
-                &format!("{lock}:req:{holder}"),
-            ],
-            &[
-                holder, "10000", "", "0", "0", "20", request, "5000", "", "", "1", "",
-            ],
-        )
-    };
     let mut con = server.connection().unwrap();
-    assert_eq!(acquire_named(&mut con, name, "h0", "5", "")[0], 1);
+    assert_eq!(acquire_script(&mut con, name, "h0", "5", "")[0], 1);
     // h1's request 10: the first send stalls; the resend is told busy.
-    assert_eq!(acquire_named(&mut con, name, "h1", "10", "1")[0], 0);
-    assert_eq!(release("h0", "6"), 0);
-    // h1 acquires and releases under new requests (first sends: records in the hash only).
-    assert_eq!(acquire_named(&mut con, name, "h1", "11", "")[0], 1);
-    assert_eq!(release("h1", "12"), 0);
-    // The stalled first send of request 10 arrives: cancelled, nothing granted.
-    assert_eq!(acquire_named(&mut con, name, "h1", "10", ""), [-3]);
+    assert_eq!(acquire_script(&mut con, name, "h1", "10", "1")[0], 0);
     assert_eq!(
-        int(&server, &["EXISTS", &lock]),
+        release_script(&server, name, "h0", ("6", "", "5000"), ""),
+        0
+    );
+    // h1 acquires and releases under new requests (first sends: records in the hash only).
+    assert_eq!(acquire_script(&mut con, name, "h1", "11", "")[0], 1);
+    assert_eq!(
+        release_script(&server, name, "h1", ("12", "", "5000"), ""),
+        0
+    );
+    // The stalled first send of request 10 arrives: it does nothing.
+    assert_eq!(acquire_script(&mut con, name, "h1", "10", ""), [-3]);
+    assert_eq!(
+        int(&server, &["EXISTS", "slate:{stale-busy}"]),
         0,
         "a hold nobody knows of"
     );
@@ -476,62 +370,29 @@ async fn s10_a_resent_release_overtaken_by_the_holders_reentry_is_not_applied_tw
 fn s10_a_refused_resend_is_answered_anew_and_record_marks_are_never_shortened() {
     let server = server();
     let name = "third-send";
-    let lock = format!("slate:{{{name}}}");
-    let record = format!("{lock}:req:h1");
-    let release_keys = [
-        lock.clone(),
-        format!("{lock}:released"),
-        format!("{lock}:queue"),
-        format!("{lock}:turn"),
-        record.clone(),
-    ];
-    let release_keys: Vec<&str> = release_keys.iter().map(String::as_str).collect();
     let mut con = server.connection().unwrap();
-    assert_eq!(acquire_named(&mut con, name, "h0", "5", "")[0], 1);
+    assert_eq!(acquire_script(&mut con, name, "h0", "5", "")[0], 1);
     // h1's request 10, sent a second time: busy.
-    assert_eq!(acquire_named(&mut con, name, "h1", "10", "1")[0], 0);
-    let released = run_script(
-        &server,
-        RELEASE_LUA,
-        &[
-            &lock,
-            &format!("{lock}:released"),
-            &format!("{lock}:queue"),
-            &format!("{lock}:turn"),
-            &format!("{lock}:req:h0"),
-        ],
-        &[
-            "h0", "10000", "", "0", "0", "20", "6", "5000", "", "", "1", "",
-        ],
+    assert_eq!(acquire_script(&mut con, name, "h1", "10", "1")[0], 0);
+    assert_eq!(
+        release_script(&server, name, "h0", ("6", "", "5000"), ""),
+        0
     );
-    assert_eq!(released, 0);
     // A third send of request 10: answered anew (granted), not as cancelled.
-    let third = acquire_named(&mut con, name, "h1", "10", "1");
+    let third = acquire_script(&mut con, name, "h1", "10", "1");
     assert_eq!(third[0], 1, "{third:?}");
     // The first send arrives at last: the grant is replayed, nothing is added.
-    assert_eq!(acquire_named(&mut con, name, "h1", "10", ""), third);
-    assert_eq!(int(&server, &["HGET", &lock, "h1"]), 1);
+    assert_eq!(acquire_script(&mut con, name, "h1", "10", ""), third);
+    assert_eq!(int(&server, &["HGET", "slate:{third-send}", "h1"]), 1);
 
     // An undo's mark kept for a minute is not cut to 5 s by a later resent release.
-    let undo = run_script(
-        &server,
-        RELEASE_LUA,
-        &release_keys,
-        &[
-            "h1", "10000", "", "0", "0", "20", "30", "60000", "29", "", "1", "",
-        ],
-    );
+    let undo = release_script(&server, name, "h1", ("30", "29", "60000"), "");
     assert_eq!(undo, -2, "request 29 never ran");
-    let resent_release = run_script(
-        &server,
-        RELEASE_LUA,
-        &release_keys,
-        &[
-            "h1", "10000", "", "0", "0", "20", "31", "5000", "", "", "1", "1",
-        ],
+    assert_eq!(
+        release_script(&server, name, "h1", ("31", "", "5000"), "1"),
+        0
     );
-    assert_eq!(resent_release, 0);
-    let left = int(&server, &["PTTL", &record]);
+    let left = int(&server, &["PTTL", "slate:{third-send}:req:h1"]);
     assert!(
         left > 30_000,
         "the record key's expiry was shortened to {left} ms"

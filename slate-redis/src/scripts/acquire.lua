@@ -85,7 +85,8 @@
 --
 -- The common case costs five commands: EXISTS over the lock, queue, turn and record key
 -- (none exists: free, nobody waits, no copy of an earlier request is about), INCR of the
--- slot's counter, HSET of the holder, its token and record, and PEXPIRE.
+-- slot's counter, HSET of the holder, its token and record, and PEXPIRE. A re-entry, or a busy
+-- answer while nobody else is queued, costs EXISTS, HMGET and its own writes.
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
 local marker = false
@@ -207,19 +208,34 @@ if marker_refused then
     return refuse({-2})
 end
 
-if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) == 0 then
-    -- Free, nobody queued, no turn kept, no record about: take it.
-    if ARGV[7] == '1' then
+-- The refusals every acquisition checks before it grants or re-enters: a re-entry-only call
+-- whose hold is gone ({-4}), a lease over the node's quarantine ({-8, q}). `held`: the holder's
+-- field exists.
+local function refusal(held)
+    if ARGV[7] == '1' and not held then
         return refuse({-4})
     end
     local q = over_quarantine()
     if q then
         return refuse({-8, q})
     end
-    return grant(false)
+    return nil
+end
+
+local present = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+if present == 0 then
+    -- Free, nobody queued, no turn kept, no record about: take it.
+    return refusal(false) or grant(false)
 end
 
 local entry = redis.call('HMGET', KEYS[1], holder, 't', 'r', 'w')
+-- Every hold has a token field: with one key present and the hold's token there, the lock
+-- hash is that key, and there is no record key, queue or turn to read (a busy answer or a
+-- re-entry then costs two commands less).
+local held_alone = present == 1 and entry[2] ~= false
+if held_alone then
+    outer_read, outer_value = true, false
+end
 local count = tonumber(entry[1] or '0')
 local inner = false
 if count > 0 then
@@ -263,12 +279,9 @@ if req ~= '' then
         end
     end
 end
-if ARGV[7] == '1' and count <= 0 then
-    return refuse({-4})
-end
-local q = over_quarantine()
-if q then
-    return refuse({-8, q})
+local refused = refusal(count > 0)
+if refused then
+    return refused
 end
 if count > 0 then
     -- Re-entry.
@@ -295,7 +308,7 @@ local function enqueue(now)
         redis.call('PEXPIRE', KEYS[3], lease)
     end
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if held_alone or redis.call('EXISTS', KEYS[1]) == 1 then
     -- Held by another holder: busy. The hold learns that someone waits ('w'), so that its
     -- release publishes.
     if not entry[4] then

@@ -279,3 +279,69 @@ pub fn fence_key(name: &str) -> String {
         slate_redis::node::NodeKeys::new("slate:", &slate_redis::LockName::new(name).unwrap());
     String::from_utf8(keys.fence_key().to_vec()).unwrap()
 }
+
+/// The acquire script's source, for tests that run it directly.
+pub const ACQUIRE_LUA: &str = include_str!("../../src/scripts/acquire.lua");
+
+/// Runs the acquire script directly for `holder` on lock `{name}` (default prefix, no turn)
+/// with request id `request`; `resent`: `"1"` for a send that may repeat an earlier one (`""`:
+/// a first send).
+pub fn acquire_script(
+    con: &mut redis::Connection,
+    name: &str,
+    holder: &str,
+    request: &str,
+    resent: &str,
+) -> Vec<i64> {
+    let lock = format!("slate:{{{name}}}");
+    let keys = [
+        lock.clone(),
+        fence_key(name),
+        format!("{lock}:queue"),
+        format!("{lock}:turn"),
+        format!("{lock}:req:{holder}"),
+    ];
+    let script = redis::Script::new(ACQUIRE_LUA);
+    let mut inv = script.prepare_invoke();
+    for k in &keys {
+        inv.key(k);
+    }
+    inv.arg(holder)
+        .arg("10000")
+        .arg("")
+        .arg(0)
+        .arg(request)
+        .arg("5000")
+        .arg("")
+        .arg(resent);
+    inv.invoke(con).unwrap()
+}
+
+/// Runs the release script directly for `holder` on lock `{name}` (default prefix, no turn):
+/// request `request`, undoing acquire `undo` (`""`: a plain release), its record kept
+/// `record_ms`; `resent` as for [`acquire_script`].
+pub fn release_script(
+    at: &impl Inspect,
+    name: &str,
+    holder: &str,
+    (request, undo, record_ms): (&str, &str, &str),
+    resent: &str,
+) -> i64 {
+    let lock = format!("slate:{{{name}}}");
+    let keys = [
+        lock.clone(),
+        format!("{lock}:released"),
+        format!("{lock}:queue"),
+        format!("{lock}:turn"),
+        format!("{lock}:req:{holder}"),
+    ];
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    run_script(
+        at,
+        RELEASE_LUA,
+        &keys,
+        &[
+            holder, "10000", "", "0", "0", "20", request, record_ms, undo, "", "1", resent,
+        ],
+    )
+}
