@@ -9,8 +9,7 @@ use slate_core::LockName;
 /// | what | key | lifetime |
 /// | --- | --- | --- |
 /// | lock hash | `<prefix>{<name>}` | field = holder id, value = reentry count; TTL = lease |
-/// | fencing counter (single lock, combination nodes) | `<prefix>fence:{<slot tag>}` | one per cluster hash slot, shared by every lock whose key is in that slot (see [`slot_tag`]); persistent; seeded from the server clock when created |
-/// | fencing counter (read-write lock, semaphore) | `<prefix>{<name>}:fence` (the shared primitives add their own infix) | persistent: it must never expire or be deleted, or tokens would repeat |
+/// | fencing counter | `<prefix>fence:{<slot tag>}` | one per cluster hash slot, shared by every lock whose key is in that slot (see [`slot_tag`]); persistent; a single lock seeds a missing one from the server clock |
 /// | release channel | `<prefix>{<name>}:released` | pub/sub channel the release script publishes on |
 /// | waiting processes | `<prefix>{<name>}:queue` | sorted set of the processes waiting, FIFO; TTL = lease |
 /// | turn | `<prefix>{<name>}:turn` | which process a free lock is reserved for; TTL = lease |
@@ -33,9 +32,6 @@ use slate_core::LockName;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Keys {
     pub(crate) lock: Arc<[u8]>,
-    /// The per-name counter (the shared primitives' layout; the single lock uses
-    /// [`slot_fence`](Self::slot_fence)).
-    pub(crate) fence: Arc<[u8]>,
     /// The fencing counter of the lock key's hash slot.
     pub(crate) slot_fence: Arc<[u8]>,
     pub(crate) channel: Arc<[u8]>,
@@ -75,7 +71,6 @@ impl Keys {
         slot_fence.push(b'}');
         Keys {
             slot_fence: Arc::from(slot_fence),
-            fence: with(b":fence"),
             channel: with(b":released"),
             queue: with(b":queue"),
             turn: with(b":turn"),
@@ -163,7 +158,6 @@ mod tests {
     fn all(k: &Keys) -> Vec<Vec<u8>> {
         vec![
             k.lock.to_vec(),
-            k.fence.to_vec(),
             k.channel.to_vec(),
             k.queue.to_vec(),
             k.turn.to_vec(),
@@ -229,7 +223,6 @@ mod tests {
         let name = LockName::new(b"a}b\"\r\n\xff".as_slice()).unwrap();
         let k = Keys::new("p:", &name);
         assert_eq!(&*k.lock, b"p:{a}b\"\r\n\xff}".as_slice());
-        assert_eq!(&*k.fence, b"p:{a}b\"\r\n\xff}:fence".as_slice());
         assert_eq!(&*k.channel, b"p:{a}b\"\r\n\xff}:released".as_slice());
         assert_eq!(k.record("h:1"), b"p:{a}b\"\r\n\xff}:req:h:1".as_slice());
         let tag = slot_tag(crate::client::conn::slot_of(&k.lock));
