@@ -383,6 +383,8 @@ enum Outcome {
         replies: Vec<oneshot::Sender<bool>>,
         result: redis::RedisResult<()>,
     },
+    /// (Cluster) a `SUNSUBSCRIBE` of `channels` answered (`ok`) or failed.
+    Unsubscribed { channels: Vec<Arc<[u8]>>, ok: bool },
     /// An `UNSUBSCRIBE` (or a keepalive `PING`) answered.
     Done(bool),
 }
@@ -729,6 +731,12 @@ impl Listener {
                 // next wait asks for it again. The connection serves the others.
                 true
             }
+            Outcome::Unsubscribed { channels, ok } => {
+                if !ok {
+                    self.unsubscribe_failed(channels);
+                }
+                true
+            }
             Outcome::Done(ok) => {
                 if !ok {
                     tracing::warn!("pub/sub connection does not answer; reconnecting");
@@ -788,16 +796,45 @@ impl Listener {
             self.lost.remove(c);
         }
         let mut sink = self.sink.clone()?;
-        // On a cluster a failed unsubscription concerns its node only (like a subscription).
-        let tolerated = matches!(sink, Sink::Cluster(_));
+        let cluster = matches!(sink, Sink::Cluster(_));
         let (generation, budget) = (self.generation, self.command_timeout);
         Some(Box::pin(async move {
             let ok = matches!(
                 tokio::time::timeout(budget, sink.unsubscribe(&gone)).await,
                 Ok(Ok(()))
             );
-            (generation, Outcome::Done(ok || tolerated))
+            let outcome = if cluster {
+                // A failed unsubscription concerns its node only (like a subscription).
+                Outcome::Unsubscribed { channels: gone, ok }
+            } else {
+                Outcome::Done(ok)
+            };
+            (generation, outcome)
         }))
+    }
+
+    /// (Cluster) an unsubscription failed (its node is out of reach): redis-rs still counts
+    /// the channels as subscribed and restores them when it reconnects to the node, so each
+    /// one still unwanted is kept as lost and tried again after the linger. Forgotten, it
+    /// stayed subscribed on the server for the client's life.
+    fn unsubscribe_failed(&mut self, channels: Vec<Arc<[u8]>>) {
+        tracing::debug!(
+            channels = channels.len(),
+            "a sharded unsubscription failed; trying again"
+        );
+        let again = Instant::now() + LINGER;
+        let st = lock(&self.state);
+        for channel in channels {
+            // Wanted again meanwhile: its new subscription is on its way or done.
+            if st.channels.contains_key(&channel)
+                || self.inflight.contains_key(&channel)
+                || self.subscribed.contains(&channel)
+            {
+                continue;
+            }
+            self.lost.insert(channel.clone());
+            self.lingering.insert(channel, again);
+        }
     }
 
     /// A keepalive `PING` (a silently dead connection would otherwise look subscribed).
@@ -919,8 +956,19 @@ impl Listener {
     /// (Cluster) a sharded subscription was confirmed. For a channel lost with its node, this
     /// is redis-rs's resubscription: confirmed from now on, and its waiters retry once (a
     /// release may have passed while it was down).
+    ///
+    /// A confirmation of a channel that nobody wants and that is not counted as subscribed is
+    /// also redis-rs restoring it from its own record: its reconnection to a node raced our
+    /// unsubscription, which the server answered first. It is unsubscribed after the linger,
+    /// like any other; left alone, it stayed on the server for the client's life.
     fn resubscribed(&mut self, channel: &[u8]) {
         let Some(channel) = self.lost.take(channel) else {
+            let known = self.subscribed.contains(channel) || self.inflight.contains_key(channel);
+            if !known && !lock(&self.state).channels.contains_key(channel) {
+                let channel: Arc<[u8]> = Arc::from(channel);
+                self.lost.insert(channel.clone());
+                self.lingering.insert(channel, Instant::now() + LINGER);
+            }
             return;
         };
         let target = {
