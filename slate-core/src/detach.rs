@@ -131,17 +131,27 @@ impl<T: Send + 'static> Drop for Detached<T> {
 /// # Cancel safety
 ///
 /// Dropping the returned future drops `fut` when it ran directly; a spawned task runs on.
-pub async fn on_runtime<T, F>(handle: tokio::runtime::Handle, fut: F) -> crate::Result<T>
+pub fn on_runtime<T, F>(
+    handle: tokio::runtime::Handle,
+    fut: F,
+) -> impl Future<Output = crate::Result<T>> + Send + 'static + use<T, F>
 where
     T: Send + 'static,
     F: Future<Output = crate::Result<T>> + Send + 'static,
 {
-    if tokio::runtime::Handle::try_current().is_ok() {
-        fut.await
-    } else {
-        match handle.spawn(fut).await {
-            Ok(r) => r,
-            Err(_) => Err(crate::Error::closed("the client's tokio runtime")),
+    // Boxed at once: a backend call's future holds its command futures (kilobytes), and a
+    // future passed by value is stored again by each layer that awaits it (an argument and
+    // the awaited copy). Every layer above this one then moves a pointer; unboxed, a lock's
+    // acquire attempt was 18,896 bytes, copied several times per acquisition.
+    let fut = Box::pin(fut);
+    async move {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            fut.await
+        } else {
+            match handle.spawn(fut).await {
+                Ok(r) => r,
+                Err(_) => Err(crate::Error::closed("the client's tokio runtime")),
+            }
         }
     }
 }

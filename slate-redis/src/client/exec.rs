@@ -22,6 +22,14 @@ impl RedisClient {
                 return Ok((slot.generation, c.conn()));
             }
         }
+        // Boxed: connecting takes futures of several kilobytes, which every command's future
+        // would otherwise carry (and copy when it is built) for a path a command rarely takes.
+        Box::pin(self.fill_connection()).await
+    }
+
+    /// The cold path of [`connection`](Self::connection): opens (or borrows) a connection,
+    /// checks the server and loads the scripts.
+    async fn fill_connection(&self) -> Result<(u64, Conn)> {
         // One task fills the slot; the others wait for it instead of each taking (and
         // PING-recycling) a pool connection.
         let _filling = self.inner.fill.lock().await;

@@ -493,7 +493,8 @@ pub(crate) async fn acquire_remote(
             undo: Some(request),
             holds: 1,
         };
-        if let Err(e) = release_remote(client, keys, undo).await {
+        // Boxed: a rare path, whose future every acquire would otherwise carry.
+        if let Err(e) = Box::pin(release_remote(client, keys, undo)).await {
             tracing::warn!(error = %e, "giving back a grant the replicas did not acknowledge failed; it ends with its lease");
         }
         return Err(Error::backend(
