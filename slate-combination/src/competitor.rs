@@ -73,9 +73,17 @@ pub(crate) struct Inner {
     /// This process's place in the fair turn, kept on the lead node.
     pub(crate) turn: NodeTurn,
     busy_at: Mutex<Option<usize>>,
+    /// When an attempt last found the lock held (the parallel round asks the lead first for
+    /// a while after, see [`CONTENDED_FOR`]).
+    busy_when: Mutex<Option<Instant>>,
     last_attempt: Mutex<Option<Instant>>,
     subscribed: Mutex<Vec<usize>>,
 }
+
+/// How long after a busy answer the lock counts as contended: its parallel attempts ask the
+/// lead alone first (`decision`'s "Lead first"), so that contenders meet there one by one
+/// instead of splitting the nodes between them.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
 /// What a node call of an attempt may have left on the node, to give back if the node does
 /// not end up in a hold.
@@ -120,6 +128,7 @@ impl CombinationCompetitor {
                 waiters,
                 turn: NodeTurn::new(&options),
                 busy_at: Mutex::new(None),
+                busy_when: Mutex::new(None),
                 last_attempt: Mutex::new(None),
                 subscribed: Mutex::new(Vec::new()),
                 nodes,
@@ -328,6 +337,9 @@ impl Inner {
         // asks first (sequential) or which decides between them (pipelined).
         let lead = usable.iter().position(|u| *u);
         let mut state = AttemptState::new(usable, self.required, self.budget, self.order);
+        if self.contended(start) {
+            state = state.lead_first();
+        }
         let mut next = state.start();
         let mut won: HashMap<usize, (FencingToken, Instant)> = HashMap::new();
         // What to give back, node by node, of what does not end up held.
@@ -437,6 +449,7 @@ impl Inner {
                 Next::Busy { at, release } => {
                     tracing::trace!(lock = %self.label, %holder, at, "busy");
                     *lock(&self.busy_at) = Some(at);
+                    *lock(&self.busy_when) = Some(Instant::now());
                     self.release_attempt(&release, &left, holder, start).await;
                     return Ok(Attempt::Busy { retry_after });
                 }
@@ -457,6 +470,13 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Whether the lock is contended as an attempt starts at `now`: this process has tasks
+    /// queued for it, or an attempt found it held less than [`CONTENDED_FOR`] ago.
+    fn contended(&self, now: Instant) -> bool {
+        self.waiters.upgrade().is_some_and(|s| s.sync.waiters() > 0)
+            || lock(&self.busy_when).is_some_and(|t| now.duration_since(t) < CONTENDED_FOR)
     }
 
     /// After the walk was won: establish the fencing token on enough nodes, compute the

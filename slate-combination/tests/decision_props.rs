@@ -33,6 +33,8 @@ struct Case {
     frees_at: Vec<u32>,
     required: usize,
     order: Order,
+    /// (Parallel round) the lead is asked alone first (`AttemptState::lead_first`).
+    lead_first: bool,
 }
 
 /// Time of the answers of re-ask `k` (ms): each re-ask takes 5 ms after the first round.
@@ -58,40 +60,50 @@ fn case() -> impl Strategy<Value = Case> {
                 prop::collection::vec(1..=MAX_REASKS + 1, n),
                 0..=(n - default_quorum(n)),
                 prop_oneof![Just(Order::Sequential), Just(Order::Pipelined)],
+                any::<bool>(),
             )
         })
-        .prop_map(|(usable, answers, steps, frees_at, extra, order)| {
-            let n = usable.len();
-            // Answers arrive in node order; times grow by a random step per node.
-            let times = steps
-                .iter()
-                .scan(0, |t, s| {
-                    *t += s;
-                    Some(*t)
-                })
-                .collect();
-            Case {
-                usable,
-                answers,
-                times,
-                frees_at,
-                required: default_quorum(n) + extra,
-                order,
-            }
-        })
+        .prop_map(
+            |(usable, answers, steps, frees_at, extra, order, lead_first)| {
+                let n = usable.len();
+                // Answers arrive in node order; times grow by a random step per node.
+                let times = steps
+                    .iter()
+                    .scan(0, |t, s| {
+                        *t += s;
+                        Some(*t)
+                    })
+                    .collect();
+                Case {
+                    usable,
+                    answers,
+                    times,
+                    frees_at,
+                    required: default_quorum(n) + extra,
+                    order,
+                    lead_first,
+                }
+            },
+        )
 }
 
 /// Runs the state machine, answering each sent node from the case. Returns the final step and
 /// the batches sent.
 fn run(c: &Case) -> (Next, Vec<Vec<usize>>) {
     let mut state = AttemptState::new(c.usable.clone(), c.required, BUDGET, c.order);
+    if c.lead_first {
+        state = state.lead_first();
+    }
     let mut next = state.start();
     let mut sent = Vec::new();
+    // Lead first: the lead's round and the others' are both the first round (no re-ask).
+    let first_rounds = if c.lead_first { 2 } else { 1 };
     for _ in 0..=c.usable.len() + MAX_REASKS as usize {
         let Next::Send(batch) = &next else {
             return (next, sent);
         };
-        let (answers, elapsed): (Vec<_>, u64) = match (c.order, sent.len()) {
+        let round = (sent.len() + 1).saturating_sub(first_rounds);
+        let (answers, elapsed): (Vec<_>, u64) = match (c.order, round) {
             (Order::Pipelined, k @ 1..) => {
                 let k = u32::try_from(k).unwrap();
                 let answers = batch.iter().map(|&i| (i, answer_at(c, i, k))).collect();
@@ -120,6 +132,23 @@ fn oracle(c: &Case) -> Next {
         return Next::InsufficientNodes { release: vec![] };
     }
     if c.order == Order::Pipelined {
+        if c.lead_first {
+            // Lead first (the module's "Lead first"), the table's rows in order on the lead's
+            // answer alone: past the budget; lost at once at another holder's lead; otherwise
+            // the parallel table on all the answers.
+            let lead = usable[0];
+            let held_by_other = c.answers[lead] == NodeAnswer::HeldByOther;
+            if Duration::from_millis(c.times[lead]) > BUDGET {
+                let release = if held_by_other { vec![] } else { vec![lead] };
+                return Next::BudgetExceeded { release };
+            }
+            if held_by_other {
+                return Next::Busy {
+                    at: lead,
+                    release: vec![],
+                };
+            }
+        }
         return parallel_oracle(c, &usable);
     }
     // The answer groups in the order they arrive: sequential = one node each.
@@ -262,6 +291,46 @@ fn parallel_structure(
     sent: &[Vec<usize>],
 ) -> std::result::Result<(), TestCaseError> {
     let usable: Vec<usize> = (0..c.usable.len()).filter(|&i| c.usable[i]).collect();
+    let mut sent = sent;
+    if c.lead_first {
+        // The lead alone, then (unless that decided) every other usable node at once: the
+        // first round in two batches.
+        if let Some(first) = sent.first() {
+            prop_assert_eq!(first, &vec![usable[0]], "lead first asks the lead alone");
+        }
+        if let Some(second) = sent.get(1) {
+            prop_assert_eq!(&second[..], &usable[1..], "then every other usable node");
+        }
+        if sent.len() == 1 {
+            prop_assert!(
+                c.answers[usable[0]] == NodeAnswer::HeldByOther
+                    || Duration::from_millis(c.times[usable[0]]) > BUDGET,
+                "only another holder's lead or the budget end the attempt after the lead"
+            );
+        }
+    }
+    let merged: Vec<Vec<usize>>;
+    if c.lead_first && sent.len() >= 2 {
+        merged = std::iter::once(usable.clone())
+            .chain(sent[2..].iter().cloned())
+            .collect();
+        sent = &merged;
+    } else if c.lead_first && !sent.is_empty() {
+        // Ended after the lead: its answer is all there is.
+        let lead = usable[0];
+        match got {
+            Next::Busy { at, release } => {
+                prop_assert_eq!(*at, lead);
+                prop_assert!(release.is_empty());
+            }
+            Next::BudgetExceeded { release } => {
+                let may_hold = c.answers[lead] != NodeAnswer::HeldByOther;
+                prop_assert_eq!(release, &if may_hold { vec![lead] } else { vec![] });
+            }
+            other => prop_assert!(false, "after the lead alone: {:?}", other),
+        }
+        return Ok(());
+    }
     if let Some(first) = sent.first() {
         prop_assert_eq!(first, &usable, "the first round asks every usable node");
     }
@@ -358,6 +427,7 @@ fn all_125_three_node_cases() {
                     frees_at: vec![MAX_REASKS + 1; 3],
                     required: 2,
                     order: Order::Sequential,
+                    lead_first: false,
                 };
                 let (got, _) = run(&case);
                 // Expected, stated per case from the rules: the first held node (left to right,

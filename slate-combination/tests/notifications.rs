@@ -184,3 +184,45 @@ async fn the_turn_hands_the_lock_to_the_waiting_process_after_the_tenure() {
         );
     }
 }
+
+/// `EVALSHA` calls a server has run so far (acquire and release scripts).
+fn evalshas(server: &RedisServer) -> u64 {
+    let text: String =
+        redis::from_redis_value(server.command(&["INFO", "commandstats"]).unwrap()).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|f| f.split(',').find_map(|x| x.strip_prefix("calls=")))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Issue 30: a parallel attempt on a contended lock asks the lead alone first (`decision`'s
+/// "Lead first"). Here another holder holds the lead node: the first attempt asks every node
+/// (the lock was not known to be contended), takes the two others and gives them back; the
+/// attempts after it, within a second of that busy answer, ask the lead alone and touch
+/// nothing else. Before, each one took and gave back both other nodes: 4 script calls
+/// wasted per attempt, and under contention contenders split the nodes between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_parallel_attempt_asks_the_lead_alone_first() {
+    let s = RedisServer::start_many(3).expect("redis-server (apt-get install -y redis-server)");
+    let nodes = view_of(urls(&s), opts(Duration::from_millis(200)));
+    adopt(&nodes).await;
+    let name = "lead-first";
+    hold_directly(&s[0], name, "another-process", 30_000);
+    let l = lock_on(&nodes, name, Order::Pipelined);
+    assert!(l.try_lock().await.unwrap().is_none(), "the lead is held");
+    let others = |s: &[RedisServer]| evalshas(&s[1]) + evalshas(&s[2]);
+    let (lead_before, others_before) = (evalshas(&s[0]), others(&s));
+    for _ in 0..3 {
+        assert!(l.try_lock().await.unwrap().is_none(), "the lead is held");
+    }
+    assert_eq!(
+        others(&s) - others_before,
+        0,
+        "a contended attempt touched the nodes after the lead"
+    );
+    assert_eq!(
+        evalshas(&s[0]) - lead_before,
+        3,
+        "each attempt asks the lead once"
+    );
+}
