@@ -25,7 +25,8 @@
 //!
 //! ## The parallel round ([`Order::Pipelined`])
 //!
-//! Every usable node is asked at once. With all the answers in, the *lead* is the leftmost
+//! Every usable node is asked at once (or the lead first, see "Lead first" below). With all
+//! the answers in, the *lead* is the leftmost
 //! node that did not fail (the node every contender reaches first), and the first matching
 //! row decides:
 //!
@@ -89,8 +90,9 @@ pub enum NodeAnswer {
 /// What the caller does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Next {
-    /// Send the acquire command to these nodes (one node in sequential order; in pipelined
-    /// order, the first usable node alone and then all the others together).
+    /// Send the acquire command to these nodes: one node in sequential order; in pipelined
+    /// order every usable node at once (the lead alone first, then all the others together,
+    /// with [`AttemptState::lead_first`]), then re-asks of nodes other holders held.
     Send(Vec<usize>),
     /// The attempt won; these are the nodes held, ascending.
     Acquired {

@@ -613,6 +613,9 @@ impl Listener {
                     } else if let Some(waiting) = self.inflight.get_mut(&channel) {
                         waiting.push(reply);
                     } else {
+                        // Its subscription goes out now: no unsubscription may follow it
+                        // while it is on its way (the outcome lingers it if unwanted by then).
+                        self.lingering.remove(&channel);
                         self.inflight.insert(channel.clone(), Vec::new());
                         to_subscribe.push(channel);
                         replies.push(reply);
@@ -781,10 +784,14 @@ impl Listener {
             .filter(|(_, at)| **at <= now)
             .map(|(c, _)| c.clone())
             .collect();
+        // A channel whose subscription is on its way is left alone: an unsubscription sent
+        // behind it could be answered after it, and the channel counted as confirmed while
+        // the server no longer has it (review finding); the subscription's outcome lingers
+        // it again if nobody wants it by then.
         let st = lock(&self.state);
         let gone: Vec<Arc<[u8]>> = due
             .into_iter()
-            .filter(|c| !st.channels.contains_key(c))
+            .filter(|c| !st.channels.contains_key(c) && !self.inflight.contains_key(c))
             .collect();
         drop(st);
         self.lingering.retain(|_, at| *at > now);
