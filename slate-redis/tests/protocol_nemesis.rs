@@ -4,6 +4,10 @@
 //! sends again; the stalled copy arrives later, at a random step), and times requests out (the
 //! client gives up and undoes the acquire by its id, the first send having run or not).
 //!
+//! Half the cases give each holder a process of its own with a queue id, so that busy answers
+//! queue it, releases hand the turn on (reserved 20 ms) and the hold's books of who waits
+//! (field `w`) are kept; the other half name no queue.
+//!
 //! The clients follow the library's rules (`primitives/lock/competitor.rs`, `request.rs`): a
 //! first send answered "overtaken" (`-7`) is sent again under a fresh id; a resend answered
 //! so is an error (it may have run), after which an acquire is undone by its id and a release
@@ -121,6 +125,9 @@ struct World<'a> {
     stalled: Vec<Request>,
     /// The highest fencing token granted so far.
     top_token: i64,
+    /// Each holder is its own process with a queue id (the fair turn and the books of who
+    /// waits, field `w`, come into play), or no holder names one.
+    turns: bool,
     log: Vec<String>,
 }
 
@@ -131,6 +138,15 @@ fn holder_id(h: usize) -> &'static str {
 impl World<'_> {
     fn fresh_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// The holder's process's queue id ('': no turn).
+    fn queue_id(&self, h: usize) -> &'static str {
+        if self.turns {
+            ["proc-a", "proc-b"][h]
+        } else {
+            ""
+        }
     }
 
     fn lock_key(&self) -> String {
@@ -161,8 +177,8 @@ impl World<'_> {
                 }
                 inv.arg(holder_id(holder))
                     .arg(LEASE_MS)
-                    .arg("")
-                    .arg(0)
+                    .arg(self.queue_id(holder))
+                    .arg(2)
                     .arg(id.to_string())
                     .arg(RECORD_MS)
                     .arg(if reentry { "1" } else { "" })
@@ -185,6 +201,7 @@ impl World<'_> {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let id = id.to_string();
                 let undo = undo.map(|u| u.to_string()).unwrap_or_default();
+                let queue = self.queue_id(holder);
                 let n = run_script(
                     self.server,
                     RELEASE_LUA,
@@ -192,8 +209,8 @@ impl World<'_> {
                     &[
                         holder_id(holder),
                         LEASE_MS,
-                        "",
-                        "0",
+                        queue,
+                        "2",
                         "0",
                         "20",
                         &id,
@@ -427,7 +444,10 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     #[test]
-    fn random_schedules_keep_exclusion_levels_and_tokens(steps in prop::collection::vec(step(), 1..40)) {
+    fn random_schedules_keep_exclusion_levels_and_tokens(
+        turns in any::<bool>(),
+        steps in prop::collection::vec(step(), 1..40),
+    ) {
         static SERVER: std::sync::OnceLock<slate_harness::server::RedisServer> =
             std::sync::OnceLock::new();
         static CASE: AtomicU64 = AtomicU64::new(0);
@@ -442,6 +462,7 @@ proptest! {
             drift: [false, false],
             stalled: Vec::new(),
             top_token: 0,
+            turns,
             log: Vec::new(),
         };
         for s in &steps {
