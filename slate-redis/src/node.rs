@@ -707,7 +707,7 @@ impl<'c> Node<'c> {
         };
         self.0
             .exec("raise-fence script", |mut c| async move {
-                call.invocation().invoke_async(&mut c).await
+                call.eval(&mut c).await
             })
             .await
     }
@@ -750,7 +750,7 @@ impl<'c> Node<'c> {
         let reply: Vec<i64> = self
             .0
             .exec("node marker script", |mut c| async move {
-                call.invocation().invoke_async(&mut c).await
+                call.eval(&mut c).await
             })
             .await?;
         match reply.as_slice() {
@@ -966,7 +966,7 @@ impl RedisClient {
         };
         let n: i64 = self
             .exec("force-unlock script", |mut c| async move {
-                call.invocation().invoke_async(&mut c).await
+                call.eval(&mut c).await
             })
             .await?;
         Ok(n == 1)
@@ -980,9 +980,10 @@ impl RedisClient {
             current: &keys.holder,
         };
         let reply: Vec<redis::Value> = self
-            .exec("inspect script", |mut c| async move {
-                call.invocation().invoke_async(&mut c).await
-            })
+            .exec(
+                "inspect script",
+                |mut c| async move { call.eval(&mut c).await },
+            )
             .await?;
         let bad = || unexpected_reply("inspect script", self.address(), "malformed reply");
         let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).map_err(|_| bad());

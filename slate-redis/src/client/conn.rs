@@ -98,6 +98,22 @@ pub(crate) fn wait_cmd(replicas: usize, within: std::time::Duration) -> redis::C
 /// (a busy answer too). On one server the `WAIT` follows the script on the same connection
 /// only when the reply `counts` (a grant, a renewal), so busy answers never block the shared
 /// connection behind a `WAIT` (review finding).
+/// Runs a script call (`EVALSHA`, as the bindings in `scripts::call` build it); on
+/// `NOSCRIPT` (a restarted or failed-over server) loads the script and sends the call again.
+pub(crate) async fn eval<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    script: &SlateScript,
+    eval: &Cmd,
+) -> redis::RedisResult<T> {
+    match eval.query_async(conn).await {
+        Err(e) if is_noscript(&e) => {
+            script.load_cmd().query_async::<()>(conn).await?;
+            eval.query_async(conn).await
+        }
+        r => r,
+    }
+}
+
 pub(crate) async fn eval_then_wait<T: redis::FromRedisValue>(
     conn: &mut Conn,
     script: &SlateScript,
@@ -111,13 +127,7 @@ pub(crate) async fn eval_then_wait<T: redis::FromRedisValue>(
         _ => {
             // Alone (no replicas to wait for), or followed by its WAIT on one server's
             // connection: no pipeline around it.
-            let reply: T = match eval.query_async(conn).await {
-                Err(e) if is_noscript(&e) => {
-                    script.load_cmd().query_async::<()>(conn).await?;
-                    eval.query_async(conn).await?
-                }
-                r => r?,
-            };
+            let reply: T = self::eval(conn, script, eval).await?;
             let Some((n, within)) = wait.filter(|_| counts(&reply)) else {
                 return Ok((reply, None));
             };

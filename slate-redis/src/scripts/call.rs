@@ -6,12 +6,17 @@
 //! A binding's optional fields (`Option`) are the script's optional trailing keys or
 //! arguments: they are sent in order up to the first `None`, so a `Some` after a `None` is a
 //! caller's mistake (checked in debug builds).
+//!
+//! Every call is one `EVALSHA` command built in one pre-sized buffer ([`cmd`](Acquire::cmd)),
+//! sent by [`conn::eval`](crate::client::conn::eval) (which loads the script on `NOSCRIPT`) or
+//! in a pipeline. Not redis-rs's `ScriptInvocation`, which allocates two vectors per key and
+//! argument before copying them into the command (34 allocations for a release).
 
-use redis::{Cmd, ScriptInvocation, ToRedisArgs};
+use redis::{Cmd, ToRedisArgs};
 
 use super::SlateScript;
 
-/// Where a binding writes its keys and arguments: a command or a script invocation.
+/// Where a binding writes its keys and arguments.
 pub(crate) trait Sink {
     fn key(&mut self, key: &[u8]);
     fn arg(&mut self, arg: &dyn WriteArg);
@@ -26,30 +31,23 @@ impl Sink for Cmd {
     }
 }
 
-impl Sink for ScriptInvocation<'static> {
-    fn key(&mut self, key: &[u8]) {
-        ScriptInvocation::key(self, key);
-    }
-    fn arg(&mut self, arg: &dyn WriteArg) {
-        arg.write_to_invocation(self);
-    }
-}
-
 /// An argument of any type (object safe, so that arguments of different types go through
 /// one [`Sink`]).
 pub(crate) trait WriteArg {
     fn write_to_cmd(&self, cmd: &mut Cmd);
-    fn write_to_invocation(&self, invocation: &mut ScriptInvocation<'static>);
 }
 
 impl<T: ToRedisArgs> WriteArg for T {
     fn write_to_cmd(&self, cmd: &mut Cmd) {
         cmd.arg(self);
     }
-    fn write_to_invocation(&self, invocation: &mut ScriptInvocation<'static>) {
-        invocation.arg(self);
-    }
 }
+
+/// What a call's command holds room for before it is written: the script's arguments with
+/// `EVALSHA`, the hash and the key count, and bytes for a typical call's keys and arguments
+/// (a lock name of a few dozen bytes and its derived keys), so that writing it rarely grows.
+const CMD_ARGS: usize = 24;
+const CMD_BYTES: usize = 512;
 
 /// Tracks a binding's optional fields: each is sent only if every optional before it was (a
 /// `Some` after a `None` is a caller's mistake, caught in debug builds).
@@ -126,18 +124,21 @@ macro_rules! script_call {
                 $(if let Some(a) = optionals.send(self.$oarg.as_ref()) { out.arg(a); })*
             }
 
-            /// The call for `Script::invoke_async`, which loads the script on `NOSCRIPT`.
-            pub(crate) fn invocation(&self) -> ScriptInvocation<'static> {
-                let mut invocation = Self::script().script.prepare_invoke();
-                self.write(&mut invocation);
-                invocation
+            /// Runs the call on `conn` (loading the script on `NOSCRIPT`).
+            pub(crate) async fn eval<T: redis::FromRedisValue>(
+                &self,
+                conn: &mut crate::client::conn::Conn,
+            ) -> redis::RedisResult<T> {
+                crate::client::conn::eval(conn, Self::script(), &self.cmd()).await
             }
 
-            /// `EVALSHA` with this call's keys and arguments, for a pipeline (the caller
-            /// loads the script and resends on `NOSCRIPT`: `conn::eval_then_wait`).
+            /// `EVALSHA` with this call's keys and arguments (the caller loads the script
+            /// and resends on `NOSCRIPT`: `conn::eval`, `conn::eval_then_wait`).
             pub(crate) fn cmd(&self) -> Cmd {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(Self::script().script.get_hash()).arg(self.key_count());
+                let mut cmd = Cmd::with_capacity(super::call::CMD_ARGS, super::call::CMD_BYTES);
+                cmd.arg("EVALSHA")
+                    .arg(Self::script().script.get_hash())
+                    .arg(self.key_count());
                 self.write(&mut cmd);
                 cmd
             }
@@ -407,7 +408,7 @@ mod tests {
     }
 
     #[test]
-    fn invocation_and_cmd_send_the_same_keys_and_arguments() {
+    fn a_call_sends_evalsha_its_keys_then_its_arguments() {
         let acquire = Acquire {
             lock: b"k",
             fence: b"fence:{3ce}",

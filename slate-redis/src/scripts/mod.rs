@@ -1,11 +1,11 @@
 //! The Lua scripts of the Redis primitives (`scripts/*.lua`), run by `EVALSHA`, each called
 //! through its typed binding in [`call`].
 //!
-//! Single calls go through [`redis::Script`], whose `invoke_async` sends `EVALSHA` and, on a
-//! `NOSCRIPT` reply (a restarted server has an empty script cache), loads the script and sends
-//! it once more (a binding's `invocation()`). Pipelines (renewal, and a script followed by its
-//! `WAIT`: `conn::eval_then_wait`) cannot use it, so a binding's `cmd()` builds the command
-//! and the caller loads the script and resends what answered `NOSCRIPT`, once.
+//! A binding's `cmd()` builds the `EVALSHA` command. A single call goes through its `eval()`
+//! (`conn::eval`), which, on a `NOSCRIPT` reply (a restarted server has an empty script cache),
+//! loads the script and sends the call once more; in a pipeline (renewal, and a script followed
+//! by its `WAIT`: `conn::eval_then_wait`) the caller loads the script and resends what
+//! answered `NOSCRIPT`, once.
 
 use std::sync::LazyLock;
 use std::time::Duration;

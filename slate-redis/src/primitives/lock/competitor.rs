@@ -346,7 +346,7 @@ pub(crate) async fn release_remote(
                     resent: if resent { "1" } else { "" },
                     ..call
                 };
-                call.invocation().invoke_async::<i64>(&mut c).await
+                call.eval::<i64>(&mut c).await
             })
             .await?;
         // Overtaken by a later request of the same holder (another task's, sent after this

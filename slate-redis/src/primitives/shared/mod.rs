@@ -654,7 +654,7 @@ impl SharedCompetitor {
         };
         self.client
             .exec("shared admin script", |mut c| async move {
-                call.invocation().invoke_async(&mut c).await
+                call.eval(&mut c).await
             })
             .await
     }
@@ -810,7 +810,7 @@ impl Call {
         };
         self.client
             .exec("shared release script", |mut c| async move {
-                call.invocation().invoke_async(&mut c).await
+                call.eval(&mut c).await
             })
             .await
     }
@@ -835,7 +835,7 @@ impl Call {
         };
         self.client
             .exec("leaving the queue", |mut c| async move {
-                call.invocation().invoke_async(&mut c).await
+                call.eval(&mut c).await
             })
             .await
     }
