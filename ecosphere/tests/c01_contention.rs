@@ -30,7 +30,7 @@ use ecosphere::history::{
 };
 use ecosphere::server::{Data, RedisServer};
 use ecosphere::worker::{CombOrder, Mode, WorkerArgs};
-use scenario::spawn_ready;
+use scenario::{done_lines, spawn_ready};
 const PROCS: usize = 4;
 const TASKS: u64 = 2;
 /// An upper bound: the workers stop at the stop file, after the faults.
@@ -167,27 +167,6 @@ fn kill_the_lead(
     (nodes, faults)
 }
 
-/// Each worker's `DONE` line (the worker must have succeeded).
-fn assert_done(outputs: &[ecosphere::workers::WorkerOutput]) -> Vec<String> {
-    outputs
-        .iter()
-        .map(|out| {
-            assert!(
-                out.status.success(),
-                "worker {} failed ({:?})\n--- stdout ---\n{}\n--- stderr ---\n{}",
-                out.index,
-                out.status,
-                out.stdout,
-                out.stderr
-            );
-            out.stdout_lines()
-                .find(|l| l.starts_with("DONE "))
-                .unwrap_or_else(|| panic!("worker {}: {}", out.index, out.stdout))
-                .to_owned()
-        })
-        .collect()
-}
-
 type Nemesis = fn(Vec<RedisServer>, Recorder, Arc<AtomicBool>) -> (Vec<RedisServer>, usize);
 
 #[test]
@@ -269,7 +248,7 @@ fn scenario(order: fn(usize) -> CombOrder, chaos: Nemesis) -> (usize, usize) {
     let elapsed = started.elapsed();
     let mut failed_attempts = 0u64;
     let mut total = 0u64;
-    for (out, done) in outputs.iter().zip(assert_done(&outputs)) {
+    for (out, done) in outputs.iter().zip(done_lines(&outputs)) {
         println!("worker {}: {done}", out.index);
         let field = |name: &str| -> u64 {
             done.split_whitespace()

@@ -61,17 +61,6 @@ async fn setup(n: usize) -> (Vec<RedisServer>, NodeSet) {
     (s, nodes)
 }
 
-/// Calls of `INFO` on a server so far (the node verification uses `INFO server`), not counting
-/// the one reading it (each reading is counted by the next).
-fn infos(server: &RedisServer) -> u64 {
-    let text: String =
-        redis::from_redis_value(server.command(&["INFO", "commandstats"]).unwrap()).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_info:"))
-        .and_then(|f| f.split(',').find_map(|x| x.strip_prefix("calls=")))
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// The fencing counter of `name` on a server.
 fn fence(server: &RedisServer, name: &str) -> i64 {
     let v: Option<i64> =
@@ -197,7 +186,9 @@ async fn c6_unavailable_node_is_not_contacted_before_reprobe() {
     // raises the fencing counter. (The release of the node skipped above may still be retried
     // in the background: releases are not acquisitions. Each new connection reads the
     // eviction policy with one INFO of its own, counted apart.)
-    let probes = |x: &RedisServer| (infos(x), fence(x, name));
+    // Calls of `INFO` so far (the node verification uses `INFO server`), not counting the
+    // one reading it (each reading is counted by the next).
+    let probes = |x: &RedisServer| (calls(x, "info"), fence(x, name));
     let (infos_before, fence_before) = probes(&s[1]);
     let connections_before = p[1].connections_accepted();
     let mut skipped = 0;

@@ -185,16 +185,6 @@ async fn the_turn_hands_the_lock_to_the_waiting_process_after_the_tenure() {
     }
 }
 
-/// `EVALSHA` calls a server has run so far (acquire and release scripts).
-fn evalshas(server: &RedisServer) -> u64 {
-    let text: String =
-        redis::from_redis_value(server.command(&["INFO", "commandstats"]).unwrap()).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-        .and_then(|f| f.split(',').find_map(|x| x.strip_prefix("calls=")))
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// Issue 30: a parallel attempt on a contended lock asks the lead alone first (`decision`'s
 /// "Lead first"). Here another holder holds the lead node: the first attempt asks every node
 /// (the lock was not known to be contended), takes the two others and gives them back; the
@@ -210,8 +200,8 @@ async fn a_contended_parallel_attempt_asks_the_lead_alone_first() {
     hold_directly(&s[0], name, "another-process", 30_000);
     let l = lock_on(&nodes, name, Order::Pipelined);
     assert!(l.try_lock().await.unwrap().is_none(), "the lead is held");
-    let others = |s: &[RedisServer]| evalshas(&s[1]) + evalshas(&s[2]);
-    let (lead_before, others_before) = (evalshas(&s[0]), others(&s));
+    let others = |s: &[RedisServer]| calls(&s[1], "evalsha") + calls(&s[2], "evalsha");
+    let (lead_before, others_before) = (calls(&s[0], "evalsha"), others(&s));
     for _ in 0..3 {
         assert!(l.try_lock().await.unwrap().is_none(), "the lead is held");
     }
@@ -221,7 +211,7 @@ async fn a_contended_parallel_attempt_asks_the_lead_alone_first() {
         "a contended attempt touched the nodes after the lead"
     );
     assert_eq!(
-        evalshas(&s[0]) - lead_before,
+        calls(&s[0], "evalsha") - lead_before,
         3,
         "each attempt asks the lead once"
     );

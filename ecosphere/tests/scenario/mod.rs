@@ -1132,6 +1132,19 @@ pub fn spawn_ready(n: usize, args: impl Fn(usize) -> Vec<String> + 'static) -> W
 /// Asserts that every `contend` worker exited 0 after `expected` acquisitions; returns their
 /// `DONE` lines.
 pub fn assert_done(outputs: &[WorkerOutput], expected: u64) -> Vec<String> {
+    let lines = done_lines(outputs);
+    for (out, done) in outputs.iter().zip(&lines) {
+        assert!(
+            done.starts_with(&format!("DONE acquisitions={expected} ")),
+            "worker {}: {done}",
+            out.index
+        );
+    }
+    lines
+}
+
+/// Each worker's `DONE` line; every worker must have succeeded.
+pub fn done_lines(outputs: &[WorkerOutput]) -> Vec<String> {
     outputs
         .iter()
         .map(|out| {
@@ -1143,16 +1156,10 @@ pub fn assert_done(outputs: &[WorkerOutput], expected: u64) -> Vec<String> {
                 out.stdout,
                 out.stderr
             );
-            let done = out
-                .stdout_lines()
+            out.stdout_lines()
                 .find(|l| l.starts_with("DONE "))
-                .unwrap_or_else(|| panic!("worker {}: {}", out.index, out.stdout));
-            assert!(
-                done.starts_with(&format!("DONE acquisitions={expected} ")),
-                "worker {}: {done}",
-                out.index
-            );
-            done.to_owned()
+                .unwrap_or_else(|| panic!("worker {}: {}", out.index, out.stdout))
+                .to_owned()
         })
         .collect()
 }
