@@ -172,15 +172,17 @@ impl ZkServer {
     ///
     /// As [`start`](Self::start).
     pub fn start_with(force_sync: bool) -> Result<ZkServer, HarnessError> {
-        let l = Layout {
-            id: 1,
-            port: free_port()?,
-            dir: temp_dir("zk")?,
-        };
-        write_config(&l, &[], force_sync, SYNC_LIMIT)?;
-        let mut server = ZkServer::spawn(l)?;
-        server.wait_serving(START_TIMEOUT, &["standalone"])?;
-        Ok(server)
+        retry_taken_ports(|| {
+            let l = Layout {
+                id: 1,
+                port: free_port()?,
+                dir: temp_dir("zk")?,
+            };
+            write_config(&l, &[], force_sync, SYNC_LIMIT)?;
+            let mut server = ZkServer::spawn(l)?;
+            server.wait_serving(START_TIMEOUT, &["standalone"])?;
+            Ok(server)
+        })
     }
 
     fn spawn(l: Layout) -> Result<ZkServer, HarnessError> {
@@ -566,6 +568,10 @@ impl ZkEnsemble {
                 "an ensemble of {n} server(s): use ZkServer::start for one, or at least 3"
             )));
         }
+        retry_taken_ports(|| Self::try_start(n, linked, sync_limit))
+    }
+
+    fn try_start(n: usize, linked: bool, sync_limit: u32) -> Result<ZkEnsemble, HarnessError> {
         let mut peers = Vec::with_capacity(n);
         let mut layouts = Vec::with_capacity(n);
         let base = temp_dir("zk-ensemble")?;
@@ -789,4 +795,67 @@ fn next_id() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// How many times a start whose port was taken is tried again, on fresh ports.
+const PORT_ATTEMPTS: usize = 4;
+
+/// Runs `start` again (on the fresh ports it picks) when a server exited because a port it
+/// was given was taken meanwhile: ports are chosen free and then bound by the JVM a moment
+/// later, and another test's server or proxy can take one in between (seen once in a loaded
+/// workspace run: `java.net.BindException: Address already in use`). What the failed try
+/// started is stopped as it is dropped.
+fn retry_taken_ports<T>(
+    mut start: impl FnMut() -> Result<T, HarnessError>,
+) -> Result<T, HarnessError> {
+    let mut attempt = 1;
+    loop {
+        match start() {
+            Err(HarnessError::StartFailed { log_tail, .. })
+                if attempt < PORT_ATTEMPTS && log_tail.contains("Address already in use") =>
+            {
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taken() -> HarnessError {
+        HarnessError::StartFailed {
+            port: 1,
+            reason: "ZooKeeper server 3: the process exited".into(),
+            log_tail: "java.net.BindException: Address already in use".into(),
+        }
+    }
+
+    #[test]
+    fn a_start_whose_port_was_taken_is_tried_again_and_other_failures_are_not() {
+        let mut tries = 0;
+        let r = retry_taken_ports(|| {
+            tries += 1;
+            if tries < 3 { Err(taken()) } else { Ok(tries) }
+        });
+        assert_eq!(r.unwrap(), 3);
+
+        let mut tries = 0;
+        let r: Result<(), _> = retry_taken_ports(|| {
+            tries += 1;
+            Err(taken())
+        });
+        assert!(r.is_err());
+        assert_eq!(tries, PORT_ATTEMPTS, "bounded");
+
+        let mut tries = 0;
+        let r: Result<(), _> = retry_taken_ports(|| {
+            tries += 1;
+            Err(HarnessError::Config("no".into()))
+        });
+        assert!(r.is_err());
+        assert_eq!(tries, 1, "only a taken port is a reason to try again");
+    }
 }

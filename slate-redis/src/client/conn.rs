@@ -85,19 +85,6 @@ pub(crate) fn wait_cmd(replicas: usize, within: std::time::Duration) -> redis::C
     cmd
 }
 
-/// Runs `eval` (an `EVALSHA` of `script`) and, with `wait` (replicas, within) and a reply
-/// that `counts`, `WAIT`s for the replicas. Returns the script's reply and, when it waited,
-/// how many replicas acknowledged the connection's writes up to it. After `NOSCRIPT`, loads
-/// the script and sends it again, once.
-///
-/// On a cluster the `WAIT` rides in one pipeline with the script, so that it runs on the
-/// server that ran the script even while its slot migrates: redis-rs sends the whole pipeline
-/// again after an `ASK` (or `MOVED`), so both run on the importing node. A lone `WAIT` routed
-/// by the key's slot went to the migrating node, which had nothing of this write to wait for
-/// and counted every replica. The pipeline waits whatever the reply
-/// (a busy answer too). On one server the `WAIT` follows the script on the same connection
-/// only when the reply `counts` (a grant, a renewal), so busy answers never block the shared
-/// connection behind a `WAIT` (review finding).
 /// Runs a script call (`EVALSHA`, as the bindings in `scripts::call` build it); on
 /// `NOSCRIPT` (a restarted or failed-over server) loads the script and sends the call again.
 pub(crate) async fn eval<T: redis::FromRedisValue>(
@@ -114,6 +101,19 @@ pub(crate) async fn eval<T: redis::FromRedisValue>(
     }
 }
 
+/// Runs `eval` (an `EVALSHA` of `script`) and, with `wait` (replicas, within) and a reply
+/// that `counts`, `WAIT`s for the replicas. Returns the script's reply and, when it waited,
+/// how many replicas acknowledged the connection's writes up to it. After `NOSCRIPT`, loads
+/// the script and sends it again, once.
+///
+/// On a cluster the `WAIT` rides in one pipeline with the script, so that it runs on the
+/// server that ran the script even while its slot migrates: redis-rs sends the whole pipeline
+/// again after an `ASK` (or `MOVED`), so both run on the importing node. A lone `WAIT` routed
+/// by the key's slot went to the migrating node, which had nothing of this write to wait for
+/// and counted every replica. The pipeline waits whatever the reply
+/// (a busy answer too). On one server the `WAIT` follows the script on the same connection
+/// only when the reply `counts` (a grant, a renewal), so busy answers never block the shared
+/// connection behind a `WAIT` (review finding).
 pub(crate) async fn eval_then_wait<T: redis::FromRedisValue>(
     conn: &mut Conn,
     script: &SlateScript,

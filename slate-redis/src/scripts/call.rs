@@ -89,7 +89,7 @@ macro_rules! script_call {
             $(pub(crate) $oarg: Option<$oty>,)*
         }
 
-        #[allow(dead_code, reason = "a binding is sent by invocation, by command, or both")]
+        #[allow(dead_code, reason = "a binding is sent alone (`eval`), in a pipeline (`cmd`), or both")]
         impl $name<'_> {
             /// The names of `KEYS[1..]`, then of `ARGV[1..]`, as the script's header has them.
             #[cfg(test)]
