@@ -72,10 +72,9 @@ pub(crate) struct Inner {
     waiters: Weak<crate::lock::Shared>,
     /// This process's place in the fair turn, kept on the lead node.
     pub(crate) turn: NodeTurn,
-    busy_at: Mutex<Option<usize>>,
-    /// When an attempt last found the lock held (the parallel round asks the lead first for
-    /// a while after, see [`CONTENDED_FOR`]).
-    busy_when: Mutex<Option<Instant>>,
+    /// The node the last busy attempt found held, and when (the parallel round asks the lead
+    /// first for a while after, see [`CONTENDED_FOR`]).
+    busy: Mutex<Option<(usize, Instant)>>,
     last_attempt: Mutex<Option<Instant>>,
     subscribed: Mutex<Vec<usize>>,
 }
@@ -127,8 +126,7 @@ impl CombinationCompetitor {
             inner: Arc::new(Inner {
                 waiters,
                 turn: NodeTurn::new(&options),
-                busy_at: Mutex::new(None),
-                busy_when: Mutex::new(None),
+                busy: Mutex::new(None),
                 last_attempt: Mutex::new(None),
                 subscribed: Mutex::new(Vec::new()),
                 nodes,
@@ -448,8 +446,7 @@ impl Inner {
                 }
                 Next::Busy { at, release } => {
                     tracing::trace!(lock = %self.label, %holder, at, "busy");
-                    *lock(&self.busy_at) = Some(at);
-                    *lock(&self.busy_when) = Some(Instant::now());
+                    *lock(&self.busy) = Some((at, Instant::now()));
                     self.release_attempt(&release, &left, holder, start).await;
                     return Ok(Attempt::Busy { retry_after });
                 }
@@ -476,7 +473,7 @@ impl Inner {
     /// queued for it, or an attempt found it held less than [`CONTENDED_FOR`] ago.
     fn contended(&self, now: Instant) -> bool {
         self.waiters.upgrade().is_some_and(|s| s.sync.waiters() > 0)
-            || lock(&self.busy_when).is_some_and(|t| now.duration_since(t) < CONTENDED_FOR)
+            || lock(&self.busy).is_some_and(|(_, t)| now.duration_since(t) < CONTENDED_FOR)
     }
 
     /// After the walk was won: establish the fencing token on enough nodes, compute the
@@ -1001,7 +998,7 @@ impl Competitor for CombinationCompetitor {
     fn prepare_wait(&self) -> impl Future<Output = Notifications> + Send {
         let inner = self.inner.clone();
         async move {
-            let busy_at = *lock(&inner.busy_at);
+            let busy_at = lock(&inner.busy).map(|(at, _)| at);
             let (Some(i), Some(target)) = (busy_at, inner.waiters.upgrade()) else {
                 return Notifications::Off;
             };

@@ -188,7 +188,7 @@ async fn c6_unavailable_node_is_not_contacted_before_reprobe() {
     // eviction policy with one INFO of its own, counted apart.)
     // Calls of `INFO` so far (the node verification uses `INFO server`), not counting the
     // one reading it (each reading is counted by the next).
-    let probes = |x: &RedisServer| (calls(x, "info"), fence(x, name));
+    let probes = |x: &RedisServer| (x.command_calls(&["info"]).unwrap(), fence(x, name));
     let (infos_before, fence_before) = probes(&s[1]);
     let connections_before = p[1].connections_accepted();
     let mut skipped = 0;

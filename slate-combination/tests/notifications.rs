@@ -200,8 +200,9 @@ async fn a_contended_parallel_attempt_asks_the_lead_alone_first() {
     hold_directly(&s[0], name, "another-process", 30_000);
     let l = lock_on(&nodes, name, Order::Pipelined);
     assert!(l.try_lock().await.unwrap().is_none(), "the lead is held");
-    let others = |s: &[RedisServer]| calls(&s[1], "evalsha") + calls(&s[2], "evalsha");
-    let (lead_before, others_before) = (calls(&s[0], "evalsha"), others(&s));
+    let evalshas = |s: &RedisServer| s.command_calls(&["evalsha"]).unwrap();
+    let others = |s: &[RedisServer]| evalshas(&s[1]) + evalshas(&s[2]);
+    let (lead_before, others_before) = (evalshas(&s[0]), others(&s));
     for _ in 0..3 {
         assert!(l.try_lock().await.unwrap().is_none(), "the lead is held");
     }
@@ -211,7 +212,7 @@ async fn a_contended_parallel_attempt_asks_the_lead_alone_first() {
         "a contended attempt touched the nodes after the lead"
     );
     assert_eq!(
-        calls(&s[0], "evalsha") - lead_before,
+        evalshas(&s[0]) - lead_before,
         3,
         "each attempt asks the lead once"
     );

@@ -38,8 +38,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use common::*;
 use proptest::prelude::*;
 
-/// The release script's source.
-const RELEASE_LUA: &str = include_str!("../src/scripts/release.lua");
 /// The lease (ms): long enough that nothing expires within a case.
 const LEASE_MS: &str = "60000";
 /// How long a request record is kept (ms): longer than a case.
@@ -149,13 +147,16 @@ impl World<'_> {
         }
     }
 
-    fn lock_key(&self) -> String {
-        format!("slate:{{{}}}", self.name)
-    }
-
     /// Runs `req` on the server and returns its reply.
     fn run(&mut self, req: &Request) -> Vec<i64> {
-        let lock = self.lock_key();
+        let how = |holder: usize, reentry: bool, resent: bool| Direct {
+            queue: self.queue_id(holder),
+            tenure: 2,
+            lease_ms: LEASE_MS,
+            record_ms: RECORD_MS,
+            reentry,
+            resent,
+        };
         let reply = match *req {
             Request::Acquire {
                 holder,
@@ -163,27 +164,9 @@ impl World<'_> {
                 reentry,
                 resent,
             } => {
-                let keys = [
-                    lock.clone(),
-                    fence_key(&self.name),
-                    format!("{lock}:queue"),
-                    format!("{lock}:turn"),
-                    format!("{lock}:req:{}", holder_id(holder)),
-                ];
-                let script = redis::Script::new(ACQUIRE_LUA);
-                let mut inv = script.prepare_invoke();
-                for k in &keys {
-                    inv.key(k);
-                }
-                inv.arg(holder_id(holder))
-                    .arg(LEASE_MS)
-                    .arg(self.queue_id(holder))
-                    .arg(2)
-                    .arg(id.to_string())
-                    .arg(RECORD_MS)
-                    .arg(if reentry { "1" } else { "" })
-                    .arg(if resent { "1" } else { "" });
-                inv.invoke::<Vec<i64>>(&mut self.con).unwrap()
+                let how = how(holder, reentry, resent);
+                let id = id.to_string();
+                acquire_direct(&mut self.con, &self.name, holder_id(holder), &id, &how)
             }
             Request::Release {
                 holder,
@@ -191,37 +174,16 @@ impl World<'_> {
                 undo,
                 resent,
             } => {
-                let keys = [
-                    lock.clone(),
-                    format!("{lock}:released"),
-                    format!("{lock}:queue"),
-                    format!("{lock}:turn"),
-                    format!("{lock}:req:{}", holder_id(holder)),
-                ];
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                let id = id.to_string();
-                let undo = undo.map(|u| u.to_string()).unwrap_or_default();
-                let queue = self.queue_id(holder);
-                let n = run_script(
+                let how = how(holder, false, resent);
+                let (id, undo) = (id.to_string(), undo.map(|u| u.to_string()));
+                let ids = (id.as_str(), undo.as_deref().unwrap_or(""));
+                vec![release_direct(
                     self.server,
-                    RELEASE_LUA,
-                    &keys,
-                    &[
-                        holder_id(holder),
-                        LEASE_MS,
-                        queue,
-                        "2",
-                        "0",
-                        "20",
-                        &id,
-                        RECORD_MS,
-                        &undo,
-                        "",
-                        "1",
-                        if resent { "1" } else { "" },
-                    ],
-                );
-                vec![n]
+                    &self.name,
+                    holder_id(holder),
+                    ids,
+                    &how,
+                )]
             }
         };
         self.log.push(format!("{req:?} -> {reply:?}"));
@@ -407,7 +369,9 @@ impl World<'_> {
     fn check(&mut self) {
         let fields: BTreeMap<String, i64> = {
             let v: Vec<String> = redis::from_redis_value(
-                self.server.command(&["HGETALL", &self.lock_key()]).unwrap(),
+                self.server
+                    .command(&["HGETALL", &format!("slate:{{{}}}", self.name)])
+                    .unwrap(),
             )
             .unwrap();
             v.chunks(2)

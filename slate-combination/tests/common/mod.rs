@@ -224,13 +224,3 @@ pub async fn hold_including(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
-
-/// How many times `server` has run `command` so far (`INFO commandstats`, lower-case name).
-pub fn calls(server: &RedisServer, command: &str) -> u64 {
-    let text: String =
-        redis::from_redis_value(server.command(&["INFO", "commandstats"]).unwrap()).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-        .and_then(|f| f.split(',').find_map(|x| x.strip_prefix("calls=")))
-        .map_or(0, |n| n.parse().unwrap())
-}

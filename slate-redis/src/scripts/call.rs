@@ -12,36 +12,9 @@
 //! in a pipeline. Not redis-rs's `ScriptInvocation`, which allocates two vectors per key and
 //! argument before copying them into the command (34 allocations for a release).
 
-use redis::{Cmd, ToRedisArgs};
+use redis::Cmd;
 
 use super::SlateScript;
-
-/// Where a binding writes its keys and arguments.
-pub(crate) trait Sink {
-    fn key(&mut self, key: &[u8]);
-    fn arg(&mut self, arg: &dyn WriteArg);
-}
-
-impl Sink for Cmd {
-    fn key(&mut self, key: &[u8]) {
-        self.arg(key);
-    }
-    fn arg(&mut self, arg: &dyn WriteArg) {
-        arg.write_to_cmd(self);
-    }
-}
-
-/// An argument of any type (object safe, so that arguments of different types go through
-/// one [`Sink`]).
-pub(crate) trait WriteArg {
-    fn write_to_cmd(&self, cmd: &mut Cmd);
-}
-
-impl<T: ToRedisArgs> WriteArg for T {
-    fn write_to_cmd(&self, cmd: &mut Cmd) {
-        cmd.arg(self);
-    }
-}
 
 /// What a call's command holds room for before it is written: the script's arguments with
 /// `EVALSHA`, the hash and the key count, and bytes for a typical call's keys and arguments
@@ -115,13 +88,13 @@ macro_rules! script_call {
 
             /// Keys then arguments, in the script's order.
             #[allow(unused_mut, unused_variables, reason = "a binding may have no optionals")]
-            fn write(&self, out: &mut impl super::call::Sink) {
-                $(out.key(self.$key);)*
+            fn write(&self, cmd: &mut Cmd) {
+                $(cmd.arg(self.$key);)*
                 let mut optionals = super::call::Optionals(true);
-                $(if let Some(k) = optionals.send(self.$okey) { out.key(k); })*
-                $(out.arg(&self.$arg);)*
+                $(if let Some(k) = optionals.send(self.$okey) { cmd.arg(k); })*
+                $(cmd.arg(&self.$arg);)*
                 let mut optionals = super::call::Optionals(true);
-                $(if let Some(a) = optionals.send(self.$oarg.as_ref()) { out.arg(a); })*
+                $(if let Some(a) = optionals.send(self.$oarg.as_ref()) { cmd.arg(a); })*
             }
 
             /// Runs the call on `conn` (loading the script on `NOSCRIPT`).

@@ -829,19 +829,21 @@ impl Listener {
             channels = channels.len(),
             "a sharded unsubscription failed; trying again"
         );
-        let again = Instant::now() + LINGER;
-        let st = lock(&self.state);
         for channel in channels {
-            // Wanted again meanwhile: its new subscription is on its way or done.
-            if st.channels.contains_key(&channel)
-                || self.inflight.contains_key(&channel)
-                || self.subscribed.contains(&channel)
-            {
-                continue;
-            }
-            self.lost.insert(channel.clone());
-            self.lingering.insert(channel, again);
+            self.unsubscribe_later(channel);
         }
+    }
+
+    /// (Cluster) `channel` may be subscribed on the server without our counting it (redis-rs
+    /// keeps it, and restores it on reconnection): unless it is wanted, subscribed or on its
+    /// way again, it is kept as lost and unsubscribed after the linger.
+    fn unsubscribe_later(&mut self, channel: Arc<[u8]>) {
+        let known = self.subscribed.contains(&channel) || self.inflight.contains_key(&channel);
+        if known || lock(&self.state).channels.contains_key(&channel) {
+            return;
+        }
+        self.lost.insert(channel.clone());
+        self.lingering.insert(channel, Instant::now() + LINGER);
     }
 
     /// A keepalive `PING` (a silently dead connection would otherwise look subscribed).
@@ -970,12 +972,7 @@ impl Listener {
     /// like any other; left alone, it stayed on the server for the client's life.
     fn resubscribed(&mut self, channel: &[u8]) {
         let Some(channel) = self.lost.take(channel) else {
-            let known = self.subscribed.contains(channel) || self.inflight.contains_key(channel);
-            if !known && !lock(&self.state).channels.contains_key(channel) {
-                let channel: Arc<[u8]> = Arc::from(channel);
-                self.lost.insert(channel.clone());
-                self.lingering.insert(channel, Instant::now() + LINGER);
-            }
+            self.unsubscribe_later(Arc::from(channel));
             return;
         };
         let target = {

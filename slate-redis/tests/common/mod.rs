@@ -283,15 +283,48 @@ pub fn fence_key(name: &str) -> String {
 /// The acquire script's source, for tests that run it directly.
 pub const ACQUIRE_LUA: &str = include_str!("../../src/scripts/acquire.lua");
 
-/// Runs the acquire script directly for `holder` on lock `{name}` (default prefix, no turn)
-/// with request id `request`; `resent`: `"1"` for a send that may repeat an earlier one (`""`:
-/// a first send).
-pub fn acquire_script(
+/// How a test calls a lock script directly (default prefix); [`Direct::default`] is the plain
+/// call: no turn, a 10 s lease, records kept 5 s, a first send that is not a re-entry.
+#[derive(Clone, Copy, Debug)]
+pub struct Direct<'a> {
+    /// The caller's queue id (`""`: no turn).
+    pub queue: &'a str,
+    /// Acquisitions in a row a queue may keep while others wait.
+    pub tenure: u32,
+    pub lease_ms: &'a str,
+    /// How long a request record is kept.
+    pub record_ms: &'a str,
+    /// (Acquire) a re-entry only.
+    pub reentry: bool,
+    /// A send that may repeat an earlier one (`false`: a first send).
+    pub resent: bool,
+}
+
+impl Default for Direct<'_> {
+    fn default() -> Self {
+        Direct {
+            queue: "",
+            tenure: 0,
+            lease_ms: "10000",
+            record_ms: "5000",
+            reentry: false,
+            resent: false,
+        }
+    }
+}
+
+fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "" }
+}
+
+/// Runs the acquire script directly for `holder` on lock `{name}` with request id `request`,
+/// as `how` says.
+pub fn acquire_direct(
     con: &mut redis::Connection,
     name: &str,
     holder: &str,
     request: &str,
-    resent: &str,
+    how: &Direct<'_>,
 ) -> Vec<i64> {
     let lock = format!("slate:{{{name}}}");
     let keys = [
@@ -307,25 +340,24 @@ pub fn acquire_script(
         inv.key(k);
     }
     inv.arg(holder)
-        .arg("10000")
-        .arg("")
-        .arg(0)
+        .arg(how.lease_ms)
+        .arg(how.queue)
+        .arg(how.tenure)
         .arg(request)
-        .arg("5000")
-        .arg("")
-        .arg(resent);
+        .arg(how.record_ms)
+        .arg(flag(how.reentry))
+        .arg(flag(how.resent));
     inv.invoke(con).unwrap()
 }
 
-/// Runs the release script directly for `holder` on lock `{name}` (default prefix, no turn):
-/// request `request`, undoing acquire `undo` (`""`: a plain release), its record kept
-/// `record_ms`; `resent` as for [`acquire_script`].
-pub fn release_script(
+/// Runs the release script directly for `holder` on lock `{name}`: request `request`, undoing
+/// acquire `undo` (`""`: a plain release), as `how` says.
+pub fn release_direct(
     at: &impl Inspect,
     name: &str,
     holder: &str,
-    (request, undo, record_ms): (&str, &str, &str),
-    resent: &str,
+    (request, undo): (&str, &str),
+    how: &Direct<'_>,
 ) -> i64 {
     let lock = format!("slate:{{{name}}}");
     let keys = [
@@ -336,12 +368,57 @@ pub fn release_script(
         format!("{lock}:req:{holder}"),
     ];
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let tenure = how.tenure.to_string();
     run_script(
         at,
         RELEASE_LUA,
         &keys,
         &[
-            holder, "10000", "", "0", "0", "20", request, record_ms, undo, "", "1", resent,
+            holder,
+            how.lease_ms,
+            how.queue,
+            &tenure,
+            "0",
+            "20",
+            request,
+            how.record_ms,
+            undo,
+            "",
+            "1",
+            flag(how.resent),
         ],
     )
+}
+
+/// [`acquire_direct`] with the defaults; `resent`: `"1"` for a send that may repeat an
+/// earlier one (`""`: a first send).
+pub fn acquire_script(
+    con: &mut redis::Connection,
+    name: &str,
+    holder: &str,
+    request: &str,
+    resent: &str,
+) -> Vec<i64> {
+    let how = Direct {
+        resent: resent == "1",
+        ..Direct::default()
+    };
+    acquire_direct(con, name, holder, request, &how)
+}
+
+/// [`release_direct`] with the defaults: request `request`, undoing acquire `undo` (`""`: a
+/// plain release), its record kept `record_ms`; `resent` as for [`acquire_script`].
+pub fn release_script(
+    at: &impl Inspect,
+    name: &str,
+    holder: &str,
+    (request, undo, record_ms): (&str, &str, &str),
+    resent: &str,
+) -> i64 {
+    let how = Direct {
+        record_ms,
+        resent: resent == "1",
+        ..Direct::default()
+    };
+    release_direct(at, name, holder, (request, undo), &how)
 }
