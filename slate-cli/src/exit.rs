@@ -2,7 +2,8 @@
 
 /// Success.
 pub const OK: u8 = 0;
-/// A check failed (the demo's history checker found a violation).
+/// A check failed (the demo's history checker found a violation), or `slate latch set` found
+/// the latch already counting down.
 pub const FAILED: u8 = 1;
 /// Usage error: bad arguments (clap also exits with 2), `unlock` without `--force`.
 pub const USAGE: u8 = 2;
@@ -27,12 +28,13 @@ pub const SIGNAL_BASE: u8 = 128;
 pub const TABLE: &str = "\
 Exit codes:
   CMD's code  slate run: CMD's own exit code; 128+N if CMD died of signal N
-  0           success (status, unlock, demo)
-  1           demo: the history checker found a violation
+  0           success (status, unlock, demo, latch)
+  1           demo: the history checker found a violation; latch set: already counting down
   2           usage error (bad arguments; unlock without --force)
   69          Redis unavailable: connection refused or timed out, authentication, too few nodes
   70          internal error
-  75          slate run: the lock was not acquired within --wait (held by another holder)
+  75          slate run: the lock was not acquired within --wait (held by another holder);
+              slate latch wait: the latch was still closed after --timeout
   76          slate run: the lease was lost while CMD ran and CMD was killed/terminated (--on-lost)
   126, 127    slate run: CMD could not be executed / was not found
   129,130,143 slate run: SIGHUP / SIGINT / SIGTERM while waiting for the lock (CMD not started)";

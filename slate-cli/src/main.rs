@@ -9,6 +9,7 @@
 //!   (instead of --redis: --cluster URL... for a Redis Cluster, --sentinel URL...
 //!    --master-name NAME for a Sentinel-managed master, or --zookeeper HOST:PORT[,...] for the
 //!    ZooKeeper lock)
+//! slate latch NAME set N | down | wait [--timeout D] | count [--redis URL] [--ttl 24h]
 //! slate nodes adopt [--redis URL]...
 //! slate completions bash|zsh|fish|elvish|powershell
 //! slate man
@@ -25,6 +26,7 @@
 mod demo;
 mod duration;
 mod exit;
+mod latch;
 mod nodes;
 mod run;
 mod status;
@@ -93,6 +95,22 @@ table shows which), 2 usage error."
 69 Redis error."
     )]
     Unlock(UnlockArgs),
+    /// A countdown latch: set it to N, count it down, or wait until it reaches zero.
+    #[command(
+        long_about = "A countdown latch shared by every machine that reaches the same Redis: \
+`set N` starts a round (only when the latch is open), each `down` counts one, and every `wait` \
+returns once the count is zero (woken by a message, not by polling).\n\n\
+A `down` whose reply is lost is sent again and counts once. The latch's key expires after \
+--ttl without a set or count-down (an expired latch reads as open).\n\n\
+Example, start a job when three loaders are done:\n  \
+slate latch loaders set 3\n  \
+(each loader, when done)  slate latch loaders down\n  \
+slate latch loaders wait --timeout 1h && run-report",
+        after_help = "Exit codes: 0 done (set: the count was set; wait: the latch is open), \
+1 set: the latch is already counting down (not set), 75 wait: still closed after --timeout, \
+69 Redis unavailable, 2 usage error."
+    )]
+    Latch(LatchArgs),
     /// Manage the servers of a combination lock.
     #[command(subcommand)]
     Nodes(NodesCmd),
@@ -248,6 +266,27 @@ struct StatusArgs {
 }
 
 #[derive(Debug, Args)]
+struct LatchArgs {
+    /// Latch name.
+    #[arg(value_name = "NAME")]
+    name: String,
+    /// What to do.
+    #[arg(value_enum, value_name = "ACTION")]
+    action: latch::Action,
+    /// The count (set only).
+    #[arg(value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(slate_redis::CountDownLatch::MAX_COUNT)))]
+    count: Option<u32>,
+    #[command(flatten)]
+    common: Common,
+    /// How long wait waits (default: until the latch opens). Still closed: exit 75.
+    #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
+    timeout: Option<Duration>,
+    /// How long the latch outlives its last set or count-down.
+    #[arg(long, default_value = "24h", value_parser = duration::parse, value_name = "DURATION")]
+    ttl: Duration,
+}
+
+#[derive(Debug, Args)]
 struct UnlockArgs {
     /// Lock name.
     #[arg(value_name = "NAME")]
@@ -376,6 +415,25 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
             };
             let rt = runtime()?;
             let code = rt.block_on(run::run(spec));
+            rt.shutdown_timeout(Duration::from_millis(200));
+            Ok(code)
+        }
+        Cmd::Latch(args) => {
+            if let Err(msg) = latch::check(args.action, args.count, args.timeout) {
+                eprintln!("slate: {msg}");
+                return Err(exit::USAGE);
+            }
+            let spec = latch::LatchSpec {
+                servers: servers(&args.common)?,
+                name: args.name,
+                prefix: args.common.prefix,
+                action: args.action,
+                count: args.count,
+                timeout: args.timeout,
+                ttl: args.ttl,
+            };
+            let rt = runtime()?;
+            let code = rt.block_on(latch::latch(spec));
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)
         }

@@ -149,6 +149,38 @@ fn split_all(flags: &[String]) -> Vec<String> {
         .collect()
 }
 
+impl Servers {
+    /// A client for one Redis deployment (one `--redis`, `--cluster` or `--sentinel`), for the
+    /// primitives that live on one deployment (the read-write lock, the semaphore, the latch).
+    /// `what` names the command in the error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for several `--redis` (a combination) or `--zookeeper`, or a
+    /// bad URL.
+    pub fn one_client(&self, what: &str) -> Result<RedisClient, Error> {
+        match self {
+            Servers::Masters(urls) if urls.len() == 1 => RedisClient::open(&urls[0]),
+            Servers::Masters(_) => Err(Error::invalid_input(
+                "servers",
+                format!(
+                    "{what} lives on one Redis deployment, and several --redis name a combination"
+                ),
+                "give one --redis URL (or --cluster / --sentinel)",
+            )),
+            Servers::Cluster(seeds) => RedisClient::open_cluster(seeds, ClientOptions::default()),
+            Servers::Sentinel { sentinels, master } => {
+                RedisClient::open_sentinel(sentinels, master, ClientOptions::default())
+            }
+            Servers::ZooKeeper(_) => Err(Error::invalid_input(
+                "servers",
+                format!("{what} lives on Redis, and --zookeeper names a ZooKeeper ensemble"),
+                "give --redis URL (or --cluster / --sentinel)",
+            )),
+        }
+    }
+}
+
 /// A lock on one server or across several.
 #[derive(Clone, Debug)]
 pub enum Target {

@@ -1637,3 +1637,114 @@ fn wait_line_or(
         }
     }
 }
+
+/// `slate latch`: two waiting processes stay until three `down` processes have counted the
+/// latch to zero, then exit 0; `set` on a closed latch exits 1, `wait --timeout` on one exits
+/// 75, and bad arguments exit 2.
+#[test]
+fn latch_processes_count_down_while_others_wait() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let latch = |args: &[&str]| {
+        let mut all = vec!["latch"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--redis", &url]);
+        output(&all)
+    };
+    let out = latch(&["loaders", "set", "3"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "3");
+    let out = latch(&["loaders", "set", "5"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a closed latch is not set: {}",
+        text(&out.stderr)
+    );
+    assert!(text(&out.stderr).contains("already counting down"));
+
+    let started = Instant::now();
+    let out = latch(&["loaders", "wait", "--timeout", "300ms"]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    let mut waiters: Vec<Child> = (0..2)
+        .map(|_| {
+            slate(&[
+                "latch",
+                "loaders",
+                "wait",
+                "--timeout",
+                "60s",
+                "--redis",
+                &url,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("slate latch wait")
+        })
+        .collect();
+    let downs: Vec<Child> = (0..2)
+        .map(|_| {
+            slate(&["latch", "loaders", "down", "--redis", &url])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("slate latch down")
+        })
+        .collect();
+    let mut left: Vec<String> = downs
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().expect("down");
+            assert_eq!(out.status.code(), Some(0));
+            text(&out.stdout).trim().to_owned()
+        })
+        .collect();
+    left.sort();
+    assert_eq!(left, ["1", "2"], "each count-down counted once");
+    let out = latch(&["loaders", "count"]);
+    assert_eq!(text(&out.stdout).trim(), "1");
+    std::thread::sleep(Duration::from_millis(300));
+    for w in &mut waiters {
+        assert!(
+            w.try_wait().expect("try_wait").is_none(),
+            "a waiter left a closed latch"
+        );
+    }
+    let out = latch(&["loaders", "down"]);
+    assert_eq!(text(&out.stdout).trim(), "0");
+    let deadline = Instant::now() + PATIENCE;
+    for w in &mut waiters {
+        let status = loop {
+            if let Some(s) = w.try_wait().expect("try_wait") {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a waiter did not see the latch open"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(0));
+    }
+    let out = latch(&["loaders", "wait"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "an open latch lets wait through"
+    );
+
+    for bad in [
+        &["loaders", "set"][..],
+        &["loaders", "down", "2"][..],
+        &["loaders", "down", "--timeout", "1s"][..],
+        &["loaders", "set", "0"][..],
+    ] {
+        let out = latch(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out.stderr));
+    }
+    let out = output(&["latch", "x", "count", "--redis", &url, "--redis", &url]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("one Redis deployment"));
+}

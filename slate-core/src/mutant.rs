@@ -54,11 +54,13 @@ pub enum Mutant {
     /// A grant processed after its lease ran out displaces a live local hold ("the last
     /// grant processed wins").
     LateGrantDisplaces,
+    /// The countdown latch counts every copy of a count-down that was sent again.
+    LatchCountsResends,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 11] = [
+    pub const ALL: [Mutant; 12] = [
         Mutant::LeaseIgnoresDeadline,
         Mutant::LeaseFromReply,
         Mutant::ReleaseSkipsHolderCheck,
@@ -70,6 +72,7 @@ impl Mutant {
         Mutant::ZkWrongPredecessor,
         Mutant::NewHeadKeepsRetry,
         Mutant::LateGrantDisplaces,
+        Mutant::LatchCountsResends,
     ];
 
     /// The name `SLATE_MUTANT` takes.
@@ -93,6 +96,7 @@ impl Mutant {
             Mutant::ZkWrongPredecessor => "zk-wrong-predecessor",
             Mutant::NewHeadKeepsRetry => "new-head-keeps-retry",
             Mutant::LateGrantDisplaces => "late-grant-displaces",
+            Mutant::LatchCountsResends => "latch-counts-resends",
         }
     }
 

@@ -27,6 +27,8 @@
 //!   [`RwLockWriteGuard`].
 //! - [`Semaphore`]: `n` permits across processes, each acquisition's permits leased and
 //!   renewed (a crashed holder's come back); [`SemaphorePermit`].
+//! - [`CountDownLatch`]: wait until `n` count-downs have happened, in any processes (woken by a
+//!   message, each count-down counted once even when sent again).
 //!
 //! The read-write lock and the semaphore run on the synchronizer's shared mode and keep
 //! their holders in `<prefix>{<name>}:rw` (or `:sem`): a hash of every holder's permits and
@@ -65,6 +67,7 @@ pub use client::{
     ClientOptions, ClientOptionsBuilder, ClientStats, DEFAULT_COMMAND_TIMEOUT, RedisClient,
 };
 pub use node::LockStatus;
+pub use primitives::latch::{CountDownLatch, CountDownLatchBuilder};
 pub use primitives::lock::guard::SingleLockGuard;
 pub use primitives::lock::{ClientSource, SingleLock, SingleLockBuilder};
 pub use primitives::rwlock::{RwLock, RwLockBuilder, RwLockReadGuard, RwLockWriteGuard};

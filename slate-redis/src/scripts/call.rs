@@ -183,6 +183,26 @@ script_call! {
 }
 
 script_call! {
+    /// `latch_set.lua`: set a countdown latch's count, only when it is open.
+    LatchSet => LATCH_SET {
+        keys: [latch, done],
+        optional_keys: [],
+        args: [count: u64, ttl_ms: u64, request: &'a str],
+        optional_args: [],
+    }
+}
+
+script_call! {
+    /// `latch_down.lua`: count a countdown latch down by one, once per request.
+    LatchDown => LATCH_DOWN {
+        keys: [latch, done, channel],
+        optional_keys: [],
+        args: [request: &'a str, ttl_ms: u64, window_ms: u64, publish: &'static str],
+        optional_args: [],
+    }
+}
+
+script_call! {
     /// `inspect.lua`: the holders, their depths and leases, the fence, the current holder.
     Inspect => INSPECT {
         keys: [lock, fence, current],
@@ -359,8 +379,10 @@ mod tests {
             SharedRenew,
             SharedLeave,
             SharedAdmin,
+            LatchSet,
+            LatchDown,
         );
-        assert_eq!(checked, 12);
+        assert_eq!(checked, 14);
     }
 
     #[test]

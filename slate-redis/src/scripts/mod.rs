@@ -109,6 +109,20 @@ pub(crate) static RAISE_FENCE: LazyLock<SlateScript> =
 pub(crate) static MARK: LazyLock<SlateScript> =
     LazyLock::new(|| SlateScript::new(include_str!("mark.lua")));
 
+/// `latch_set.lua`: set a countdown latch's count.
+pub(crate) static LATCH_SET: LazyLock<SlateScript> =
+    LazyLock::new(|| SlateScript::new(include_str!("latch_set.lua")));
+/// `latch_down.lua`: count a countdown latch down, once per request.
+pub(crate) static LATCH_DOWN: LazyLock<SlateScript> = LazyLock::new(|| {
+    // A count-down's id is not looked at: every copy of it counts.
+    SlateScript::mutated(
+        include_str!("latch_down.lua"),
+        Mutant::LatchCountsResends,
+        "if redis.call('HEXISTS', KEYS[1], mark) == 1 then",
+        "if false then",
+    )
+});
+
 /// The shared-mode scripts (read-write lock, semaphore): each is `shared_prelude.lua`
 /// followed by its body.
 macro_rules! shared_script {
@@ -147,7 +161,7 @@ pub(crate) static ALL: [&LazyLock<SlateScript>; 9] = [
 ];
 
 /// Every script by its file name (without `.lua`).
-static NAMED: [(&str, &LazyLock<SlateScript>); 12] = [
+static NAMED: [(&str, &LazyLock<SlateScript>); 14] = [
     ("acquire", &ACQUIRE),
     ("release", &RELEASE),
     ("renew", &RENEW),
@@ -160,6 +174,8 @@ static NAMED: [(&str, &LazyLock<SlateScript>); 12] = [
     ("shared_renew", &SHARED_RENEW),
     ("shared_leave", &SHARED_LEAVE),
     ("shared_admin", &SHARED_ADMIN),
+    ("latch_set", &LATCH_SET),
+    ("latch_down", &LATCH_DOWN),
 ];
 
 /// One of the Lua scripts Slate runs on a Redis server, as this build sends it: for an
