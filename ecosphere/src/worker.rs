@@ -219,6 +219,18 @@ pub struct WorkerArgs {
     /// busy next to its renewal), stopped when the hold ends.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=8))]
     pub burn_threads: u64,
+    /// `contend` on a multi-lock over these comma-separated names (`--lock` only labels the
+    /// run); each name's calls are recorded under its own name.
+    #[arg(long, conflicts_with_all = ["zookeeper", "shared"])]
+    pub multi: Option<String>,
+    /// With `--multi`: take the names by hand, as single locks in the order given, with
+    /// `--gap-ms` between two (the negative control: overlapping sets given in cycle-making
+    /// orders deadlock).
+    #[arg(long, requires = "multi")]
+    pub caller_order: bool,
+    /// With `--caller-order`: the pause between taking two names.
+    #[arg(long = "gap-ms", value_name = "MS", default_value = "0", value_parser = millis)]
+    pub gap: Duration,
     /// Shared mode: a read-write lock (`rw`) or a semaphore (`sem`) instead of the single
     /// lock (modes `contend` and `hold`).
     #[arg(long, value_enum)]
@@ -320,6 +332,9 @@ impl WorkerArgs {
         a.flag("--named-holders", self.named_holders);
         a.flag("--implicit-holders", self.implicit_holders);
         a.value("--burn-threads", self.burn_threads);
+        a.opt("--multi", self.multi.as_ref());
+        a.flag("--caller-order", self.caller_order);
+        a.ms("--gap-ms", self.gap);
         a.opt("--shared", self.shared.as_ref().map(value_name));
         a.value("--read-percent", self.read_percent);
         a.value("--permits", self.permits);

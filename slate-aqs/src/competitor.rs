@@ -26,7 +26,8 @@ pub enum Notifications {
     /// the busy answer and the switch, so the head retries once at once before parking.
     Started,
     /// Notifications were already on before the last attempt was sent: park until one arrives
-    /// (or the spin-wait timer fires).
+    /// (or the retry timer fires: the spin wait, or with [`Competitor::live_park_cap`] the busy
+    /// answer's `retry_after` up to the cap).
     Live,
     /// No notifications (the backend has none, or its channel is down): park on the spin-wait
     /// timer only.
@@ -253,6 +254,19 @@ pub trait Competitor: Send + Sync + 'static {
     /// Gives back a grant that no caller will receive. Must not block: spawn the remote
     /// release.
     fn abandon(&self, holder: HolderId, grant: Self::Grant);
+
+    /// How long a head parks at most after a busy answer while its notifications are
+    /// [`Notifications::Live`]. `None` (the default): the spin wait, as without notifications
+    /// (the notifications only wake it sooner). `Some(cap)`: the backend's notifications are
+    /// trusted to announce every release, so the head parks until the busy answer's
+    /// `retry_after` (when the holder's lease or a reservation ends by itself, which nothing
+    /// announces), at most `cap` (and at least until the spin wait when `retry_after` is
+    /// unknown): a waiter then costs the backend one attempt per `cap` instead of one per spin
+    /// wait. Backends whose notifications can be missed without the competitor learning it
+    /// keep the default.
+    fn live_park_cap(&self) -> Option<Duration> {
+        None
+    }
 
     /// Called by the head after a busy answer, before it parks, so the backend can switch on
     /// release notifications (e.g. subscribe to the lock's channel) and report whether they

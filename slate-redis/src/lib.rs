@@ -27,6 +27,8 @@
 //!   [`RwLockWriteGuard`].
 //! - [`Semaphore`]: `n` permits across processes, each acquisition's permits leased and
 //!   renewed (a crashed holder's come back); [`SemaphorePermit`].
+//! - [`MultiLock`]: several named locks held as one, all or nothing, deadlock-free whatever
+//!   sets other callers take (one canonical order); [`MultiLockGuard`] has each name's token.
 //! - [`CountDownLatch`]: wait until `n` count-downs have happened, in any processes (woken by a
 //!   message, each count-down counted once even when sent again).
 //!
@@ -70,6 +72,7 @@ pub use node::LockStatus;
 pub use primitives::latch::{CountDownLatch, CountDownLatchBuilder};
 pub use primitives::lock::guard::SingleLockGuard;
 pub use primitives::lock::{ClientSource, SingleLock, SingleLockBuilder};
+pub use primitives::multi::{MultiLock, MultiLockBuilder, MultiLockGuard};
 pub use primitives::rwlock::{RwLock, RwLockBuilder, RwLockReadGuard, RwLockWriteGuard};
 pub use primitives::semaphore::{MAX_PERMITS, Semaphore, SemaphoreBuilder, SemaphorePermit};
 pub use primitives::shared::{SharedHolder, SharedMode, SharedStatus};

@@ -570,3 +570,58 @@ async fn acl_users_log_in_and_missing_permissions_are_named() {
     assert!(err.to_string().contains("grant the ACL user"), "{err}");
     assert!(!format!("{err} {reader:?}").contains("r3ader"));
 }
+
+/// A waiter whose release notifications are live does not poll: while another client holds
+/// the lock, the server sees a handful of attempts in a second of waiting, not one per spin
+/// wait (50 ms); the release wakes it at once, and a holder that stops renewing is noticed
+/// right when its lease ends (the busy answer said when).
+async fn a_waiter_with_live_notifications_does_not_poll(server: Deployment) {
+    let holder_client = server.client();
+    let held = lock(&holder_client, "quiet", LEASE).lock().await.unwrap();
+    let waiting_client = server.client();
+    let waiter = tokio::spawn({
+        let l = lock(&waiting_client, "quiet", LEASE);
+        async move { l.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let owner = server.owner("slate:{quiet}");
+    let before = owner.command_calls(&["evalsha"]).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = owner.command_calls(&["evalsha"]).unwrap() - before;
+    // The holder's renewal (one per lease/3) and at most two attempts of the waiter.
+    assert!(
+        during <= 4,
+        "{during} script calls in a second of waiting: polling"
+    );
+    let g = woken_by_the_release(
+        held,
+        waiter,
+        Duration::from_secs(5),
+        Duration::from_millis(500),
+    )
+    .await;
+    g.unlock().await.unwrap();
+
+    // A holder that stops renewing (its entry written directly, as a crashed process leaves
+    // it): the waiter takes the lock right after the entry expires.
+    let key = "slate:{quiet}";
+    server
+        .command(&["HSET", key, "crashed-holder", "1", "t", "1"])
+        .unwrap();
+    server.command(&["PEXPIRE", key, "1500"]).unwrap();
+    let started = Instant::now();
+    let g = within(
+        Duration::from_secs(5),
+        "the waiter after the lease ended",
+        lock(&waiting_client, "quiet", LEASE).lock(),
+    )
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_400) && took < Duration::from_millis(1_900),
+        "taken {took:?} after a 1.5 s lease began"
+    );
+    g.unlock().await.unwrap();
+}
+crate::per_topology!(a_waiter_with_live_notifications_does_not_poll);

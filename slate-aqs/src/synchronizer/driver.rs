@@ -124,8 +124,15 @@ impl<C: Competitor> Synchronizer<C> {
                             started_retried = true;
                             retry = Retry::Now;
                         } else {
+                            // With trusted live notifications, until the holder's lease
+                            // or reservation ends by itself (at most the backend's cap);
+                            // otherwise the spin wait.
+                            let cap = match (notifications, self.competitor.live_park_cap()) {
+                                (Notifications::Live, Some(cap)) => cap.max(self.spin_wait),
+                                _ => self.spin_wait,
+                            };
                             let delay = retry_after
-                                .map_or(self.spin_wait, |r| r.min(self.spin_wait))
+                                .map_or(self.spin_wait, |r| r.min(cap))
                                 .max(MIN_RETRY_DELAY);
                             retry = Retry::Parked {
                                 epoch,

@@ -41,7 +41,9 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// - **Queue.** Otherwise the caller joins the tail. The head attempts; on *busy* it calls
 ///   [`Competitor::prepare_wait`] and parks until the first of: a local release, a
 ///   [`notify_released`](Synchronizer::notify_released), the retry timer
-///   `min(spin_wait, retry_after)` (at least [`MIN_RETRY_DELAY`]), its deadline, or its
+///   `min(spin_wait, retry_after)` (at least [`MIN_RETRY_DELAY`]; `min(cap, retry_after)`
+///   while notifications are live and the competitor trusts them with a
+///   [`live_park_cap`](Competitor::live_park_cap)), its deadline, or its
 ///   cancellation. A release notification that arrives while the head's attempt is in
 ///   flight makes it retry at once instead of parking (the *epoch* below).
 /// - **Timed waits** queue like everyone else (Bedrock's timed `tryLock` gave up at once

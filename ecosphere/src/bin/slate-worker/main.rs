@@ -1,7 +1,8 @@
 //! `slate-worker`: one OS process of a multi-process scenario of one of Slate's locks: the
 //! single lock (one `--redis-url`, or `--cluster`, or `--sentinel-master`), the combination lock
-//! (`--redis-url` given more than once), the ZooKeeper lock (`--zookeeper`), or the shared
-//! mode's read-write lock and semaphore (`--shared`). Every exclusive lock is driven by one
+//! (`--redis-url` given more than once), the ZooKeeper lock (`--zookeeper`), the shared
+//! mode's read-write lock and semaphore (`--shared`), or a multi-lock over several names
+//! (`--multi`, `multi.rs`). Every exclusive lock is driven by one
 //! driver over the `DistributedLock` contract (`driver.rs`; what a lock does differently is a
 //! method of its `Driven` impl); the shared mode, whose holds carry permits, has its own
 //! (`shared.rs`). The command line is `ecosphere::worker::WorkerArgs`, which the scenarios
@@ -113,6 +114,7 @@ use slate_redis::{ClientOptions, LossReason, RedisClient, SingleLock};
 use slate_zookeeper::{ZkClient, ZkLock};
 
 mod driver;
+mod multi;
 mod shared;
 
 /// What a step of the worker answers: a failure is a message for stderr.
@@ -400,6 +402,9 @@ async fn run(args: Args) -> Res<()> {
     .map_err(|e| format!("opening the lock client: {e}"))?;
     if args.shared.is_some() {
         return shared::run(args, deadline, rec, client).await;
+    }
+    if args.multi.is_some() {
+        return multi::run(args, deadline, rec, client).await;
     }
     let mut builder = SingleLock::builder(&client, &args.lock).lease(args.lease);
     if let Some(d) = args.renewal {

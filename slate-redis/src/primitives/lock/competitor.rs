@@ -654,8 +654,24 @@ impl RedisCompetitor {
     }
 }
 
+/// How long a waiting head parks at most while its release notifications are live (see
+/// [`Competitor::live_park_cap`]): it is woken by the release message, and otherwise attempts
+/// again when the busy answer said the holder's lease or a turn's reservation ends by itself.
+///
+/// Trusting the messages is safe here: `Live` means the channel was confirmed subscribed
+/// before the busy attempt was sent; that attempt left the hold marked as waited for (`w`,
+/// and a queued process makes every later grant marked too), so its release publishes; a
+/// broken pub/sub connection reports `Off` (spin wait) and wakes every waiter when it is back.
+/// The cap bounds what a message lost any other way costs: one attempt a second instead of one
+/// per spin wait (20 a second by default) for every waiting process.
+pub(crate) const LIVE_PARK_CAP: Duration = Duration::from_secs(1);
+
 impl Competitor for RedisCompetitor {
     type Grant = Grant;
+
+    fn live_park_cap(&self) -> Option<Duration> {
+        Some(LIVE_PARK_CAP)
+    }
 
     fn grant_deadline(&self, grant: &Grant) -> Option<Instant> {
         Some(grant.deadline)

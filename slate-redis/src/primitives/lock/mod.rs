@@ -72,8 +72,10 @@ pub(crate) use competitor::*;
 ///   allowance of 1% of the lease + 2 ms; the server's TTL ends no earlier than that.
 /// - **Notification**: the release script publishes on `<prefix>{<name>}:released`; while the
 ///   lock has local waiters the client's pub/sub connection is subscribed and wakes the queue
-///   head at once. Without it (pub/sub down or not configured) the head retries after
-///   min(spin wait, holder's remaining lease).
+///   head at once. While the subscription is live the head does not poll: it attempts again
+///   only when woken, or when the busy answer said the holder's lease (or another process's
+///   reserved turn) ends by itself, and at least once a second. Without it (pub/sub down or
+///   not configured) the head retries after min(spin wait, holder's remaining lease).
 /// - **Drop**: a guard dropped without `unlock()` is released by a task spawned on the
 ///   client's runtime; nothing blocks. If the release cannot reach Redis the entry ends with
 ///   its lease (renewal stops at once).

@@ -1,0 +1,238 @@
+//! M1-M4 (issue 31): the multi-lock across processes, judged name by name by the history
+//! checker.
+//!
+//! Three processes take overlapping sets given in the orders that make a cycle ({a,b},
+//! {b,c}, {c,a}), three tasks each: no name is ever held twice at once, tokens increase per
+//! name, every hold is done (no deadlock) - also with a holder of {a,b,c} SIGKILLed while it
+//! holds (the others go on after its leases end) and with the lock server paused for longer
+//! than the command timeout. The negative control takes the same sets by hand, as single
+//! locks in the caller's order with a moment between two names: the run must deadlock, and
+//! the test sees it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod scenario;
+
+use std::path::Path;
+use std::time::Duration;
+
+use ecosphere::clock::now_ns;
+use ecosphere::history::{CheckConfig, CheckId, EventKind, History, Recorder};
+use ecosphere::server::RedisServer;
+use ecosphere::workers::WorkerSet;
+use scenario::*;
+
+const LEASE: Duration = Duration::from_secs(2);
+const SETS: [&str; 3] = ["a,b", "b,c", "c,a"];
+const TASKS: u64 = 3;
+const ITERATIONS: u64 = 25;
+/// The harness's own process number in the history.
+const HARNESS: u32 = 99;
+
+/// A `contend` worker on the multi-lock of `set` as process `proc`.
+fn multi_worker(
+    server: &RedisServer,
+    set: &str,
+    proc: u32,
+    history: &Path,
+    go_file: &Path,
+) -> Worker {
+    let mut w = Worker::new("contend", server, &format!("multi-{set}"), history);
+    w.multi = Some(set.to_owned());
+    w.tasks = TASKS;
+    w.iterations = ITERATIONS;
+    w.hold = Duration::from_millis(2);
+    w.lease = LEASE;
+    w.renewal = Some(Duration::from_millis(600));
+    w.spin_wait = Some(Duration::from_millis(100));
+    w.max_duration = Duration::from_secs(50);
+    w.go_file = Some(go_file.to_path_buf());
+    w.proc_base = proc;
+    w
+}
+
+fn spawn_all(workers: &[Worker]) -> Vec<WorkerSet> {
+    let mut sets: Vec<WorkerSet> = workers.iter().map(|w| w.spawn(1)).collect();
+    for s in &mut sets {
+        wait_line_all(s, "READY", Duration::from_secs(20));
+    }
+    sets
+}
+
+fn acq_oks(h: &History, proc: u32) -> usize {
+    h.events()
+        .iter()
+        .filter(|e| e.proc == proc && e.kind.name() == "acq_ok")
+        .count()
+}
+
+fn assert_done(sets: &mut [WorkerSet]) {
+    for s in sets {
+        let out = finish_ok(s, Duration::from_secs(55)).remove(0);
+        assert!(
+            out.stdout_lines()
+                .any(|l| l == format!("DONE acquisitions={}", TASKS * ITERATIONS)),
+            "{}",
+            out.stdout
+        );
+    }
+}
+
+fn assert_names_checked(history: &Path, server: &RedisServer, killed: bool) {
+    let cfg = CheckConfig {
+        final_keys: Some(lock_keys(server)),
+        ..CheckConfig::new(LEASE)
+    };
+    let (_, report) = if killed {
+        check_killed(history, &cfg)
+    } else {
+        check(history, &cfg)
+    };
+    report.assert_ok();
+    assert_eq!(
+        report.stats.locks, 3,
+        "every name judged as a lock of its own"
+    );
+    report.assert_pass(&[
+        CheckId::Exclusion,
+        CheckId::Tokens,
+        CheckId::Ownership,
+        CheckId::Validity,
+    ]);
+}
+
+#[test]
+fn m1_overlapping_sets_in_cycle_orders_neither_overlap_nor_deadlock() {
+    let server = server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go_file = dir.path().join("go");
+    let history = dir.path().join("history");
+    std::fs::create_dir(&history).expect("history dir");
+    let workers: Vec<Worker> = SETS
+        .iter()
+        .enumerate()
+        .map(|(i, set)| multi_worker(&server, set, i as u32, &history, &go_file))
+        .collect();
+    let mut sets = spawn_all(&workers);
+    go(&go_file);
+    assert_done(&mut sets);
+    assert_names_checked(&history, &server, false);
+}
+
+#[test]
+fn m2_a_holder_killed_while_it_holds_every_name_is_outlived() {
+    let server = server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go_file = dir.path().join("go");
+    let history = dir.path().join("history");
+    std::fs::create_dir(&history).expect("history dir");
+    let mut workers: Vec<Worker> = SETS
+        .iter()
+        .enumerate()
+        .map(|(i, set)| multi_worker(&server, set, i as u32, &history, &go_file))
+        .collect();
+    // Process 3 holds {a,b,c} for 30 s at a time: it is killed during its first hold.
+    let mut big = multi_worker(&server, "c,b,a", 3, &history, &go_file);
+    big.tasks = 1;
+    big.hold = Duration::from_secs(30);
+    workers.push(big);
+    let mut sets = spawn_all(&workers);
+    go(&go_file);
+    wait_history(
+        &history,
+        Duration::from_secs(30),
+        "process 3 holding",
+        |h| acq_oks(h, 3) == 3,
+    );
+    let rec = Recorder::create(&history, HARNESS).expect("harness recorder");
+    let t_kill = now_ns();
+    sets[3].kill(0).expect("SIGKILL process 3");
+    rec.record_at(t_kill, 0, "a", EventKind::kill_worker(3))
+        .expect("record the kill");
+    let mut survivors: Vec<WorkerSet> = sets.drain(..3).collect();
+    assert_done(&mut survivors);
+    assert_names_checked(&history, &server, true);
+}
+
+#[test]
+fn m3_a_paused_lock_server_and_the_history_still_holds() {
+    let server = server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go_file = dir.path().join("go");
+    let history = dir.path().join("history");
+    std::fs::create_dir(&history).expect("history dir");
+    let workers: Vec<Worker> = SETS
+        .iter()
+        .enumerate()
+        .map(|(i, set)| {
+            let mut w = multi_worker(&server, set, i as u32, &history, &go_file);
+            w.command_timeout = Some(Duration::from_millis(300));
+            w.tolerate_errors = true;
+            w
+        })
+        .collect();
+    let mut sets = spawn_all(&workers);
+    go(&go_file);
+    wait_history(&history, Duration::from_secs(20), "some holds", |h| {
+        (0..3).map(|p| acq_oks(h, p)).sum::<usize>() > 30
+    });
+    let mut paused = server;
+    let rec = Recorder::create(&history, HARNESS).expect("harness recorder");
+    nemesis(&rec, now_ns(), "a", "sigstop_server", "lock");
+    paused.pause().expect("SIGSTOP");
+    std::thread::sleep(Duration::from_millis(900));
+    paused.resume().expect("SIGCONT");
+    nemesis(&rec, now_ns(), "a", "heal", "lock");
+    assert_done(&mut sets);
+    let h = History::load(&history).expect("history");
+    let cut = h
+        .events()
+        .iter()
+        .filter(|e| matches!(e.kind.name(), "acq_info" | "rel_info"))
+        .count();
+    println!("calls without a reply during the pause: {cut}");
+    assert!(cut > 0, "the pause cut some calls short");
+    assert_names_checked(&history, &paused, false);
+}
+
+/// The negative control: each process takes its two names by hand in the order given, with
+/// 200 ms between them. All three take their first name, then wait for the next one's first
+/// name for ever: the run makes no progress until each worker's max duration ends it.
+#[test]
+fn m4_the_caller_order_deadlocks_and_the_run_sees_it() {
+    let server = server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go_file = dir.path().join("go");
+    let history = dir.path().join("history");
+    std::fs::create_dir(&history).expect("history dir");
+    let workers: Vec<Worker> = SETS
+        .iter()
+        .enumerate()
+        .map(|(i, set)| {
+            let mut w = multi_worker(&server, set, i as u32, &history, &go_file);
+            w.caller_order = true;
+            w.gap = Duration::from_millis(200);
+            w.tasks = 1;
+            w.iterations = 3;
+            w.max_duration = Duration::from_secs(6);
+            w
+        })
+        .collect();
+    let mut sets = spawn_all(&workers);
+    go(&go_file);
+    for (i, s) in sets.iter_mut().enumerate() {
+        let out = s
+            .wait_all(Duration::from_secs(20))
+            .expect("workers end")
+            .remove(0);
+        assert!(
+            !out.status.success() && out.stderr.contains("max duration"),
+            "process {i} was expected to be stuck in the cycle:\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+    // Nobody finished: the holds recorded are far fewer than three rounds of every set.
+    let h = History::load(&history).expect("history");
+    let held: usize = (0..3).map(|p| acq_oks(&h, p)).sum();
+    assert!(held < 3 * 3 * 2, "{held} names taken: the run went on");
+}

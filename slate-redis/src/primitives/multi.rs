@@ -1,0 +1,815 @@
+//! The multi-lock: several named single locks held as one, all or nothing, without deadlock.
+//!
+//! ## How it takes the names
+//!
+//! The names are kept in one **canonical order**, the same in every process whatever order the
+//! caller gave them in: by the cluster hash slot of the lock's key, then by the key's bytes.
+//! The invariant everything rests on: **a caller waits for a name only while it holds no name
+//! after it in that order.** Two callers can then never wait for each other in a cycle (the
+//! one holding the later of the contested names is never waiting for an earlier one), so
+//! there is no deadlock, and a caller waiting on a busy name waits in that name's own queue,
+//! with its fair turn and its release notification, exactly as a single-lock waiter does.
+//!
+//! 1. **Uncontended: every name at once.** One attempt per name, never waiting, all sent
+//!    together (the client's connection carries them as one pipeline per server). If every
+//!    name is granted, the guard is made: one round trip for the whole set.
+//! 2. **A busy name k**: the names after k that were granted are released (the invariant),
+//!    the ones before it are kept, and the caller waits for k in its queue; then takes the
+//!    names after it one by one in order, waiting on each as needed.
+//! 3. **Contended** (a busy answer less than a second ago, or local waiters on one of the
+//!    names): step 1 is skipped and the names are taken one by one in order from the start,
+//!    so that a contended set costs no grants given back.
+//!
+//! Whatever happens in between, the caller sees nothing until every name is held: the guard
+//! exists only then. A failure, a timeout or a cancelled future releases every name taken.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::{join_all, select_all};
+use slate_core::{
+    Error, FencingToken, HolderId, LockName, LockOptions, LockOptionsBuilder, LossReason, Result,
+    Wait,
+};
+
+use crate::client::lock;
+use crate::primitives::lock::guard::SingleLockGuard;
+use crate::primitives::lock::{ClientSource, SingleLock};
+
+/// How long a busy answer makes a multi-lock take its names one by one in order.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// Several named locks held as one: all of them or none, by one holder, without deadlock
+/// whatever sets other callers take (see the module's canonical order).
+///
+/// Each name is a [`SingleLock`] of the same client and options: a multi-lock holder excludes
+/// the single-lock holders of each of its names and the other way round, each name keeps its
+/// own fencing token (strictly increasing per name), lease (renewed by the client's renewal
+/// service, every lock of the client in one pipeline per server and tick), re-entry per
+/// holder, queue and fair turn; a waiter for `{a, b}` waits in `b`'s queue like any waiter
+/// for `b`, so a stream of `b`'s single-lock holders cannot starve it.
+///
+/// ## Behaviour
+///
+/// - **All or nothing**: the guard exists only when every name is held; a busy answer under
+///   [`try_lock`](Self::try_lock), a timeout, an error or a dropped future releases every name
+///   taken so far.
+/// - **Deadlock-free by construction**: names are taken in one canonical order (hash slot,
+///   then key), and a caller never waits for a name while holding a later one. Two multi-locks
+///   of overlapping sets, given in any order, never wait for each other in a cycle. (A holder
+///   that already holds a name through a single lock and then asks a multi-lock for an earlier
+///   one steps outside that order, as nested locks always can.)
+/// - **Waiting without polling**: on a busy name the caller waits in its queue and is woken by
+///   its release message, as [`SingleLock::lock`] is.
+/// - **One round trip when uncontended**: every name is asked at once; see the module doc for
+///   what happens on a busy name.
+/// - **Loss**: [`MultiLockGuard::lost`] fires when any name's lease is lost.
+/// - At most [`MAX_NAMES`](Self::MAX_NAMES) names; duplicates are refused.
+///
+/// # Examples
+///
+/// ```no_run
+/// use slate_redis::{MultiLock, RedisClient};
+///
+/// # #[tokio::main] async fn main() -> slate_redis::Result<()> {
+/// let client = RedisClient::open("redis://127.0.0.1:6379")?;
+/// // Move money from account 7 to account 9: both or neither, in any order.
+/// let accounts = MultiLock::builder(&client, ["account:9", "account:7"]).build()?;
+/// let guard = accounts.lock().await?;
+/// let from = guard.fencing_token("account:7").expect("a name of the set");
+/// let to = guard.fencing_token("account:9").expect("a name of the set");
+/// # let _ = (from, to);
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MultiLock {
+    inner: Arc<MultiInner>,
+}
+
+struct MultiInner {
+    /// The names' locks, in canonical order.
+    locks: Vec<SingleLock>,
+    /// When a name last answered busy (the set is contended for a while after it).
+    busy_at: Mutex<Option<Instant>>,
+    label: Arc<str>,
+}
+
+/// Builds a [`MultiLock`] (see [`MultiLock::builder`]).
+///
+/// # Examples
+///
+/// ```no_run
+/// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = slate_redis::MultiLock::builder(&client, ["a", "b"])
+///     .lease(std::time::Duration::from_secs(10))
+///     .build()?;
+/// # Ok::<(), slate_redis::Error>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct MultiLockBuilder {
+    source: ClientSource,
+    names: Result<Vec<LockName>>,
+    options: LockOptionsBuilder,
+}
+
+slate_core::lock_options_setters!(
+    MultiLockBuilder,
+    slate_redis,
+    setup = "# let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;",
+    start = "slate_redis::MultiLock::builder(&client, [\"a\", \"b\"])",
+    [
+        lease,
+        renewal_period,
+        spin_wait,
+        max_hold,
+        key_prefix,
+        options
+    ],
+);
+
+impl MultiLockBuilder {
+    /// Builds the multi-lock (nothing is sent to Redis).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name or option, no names, a name given twice, more
+    /// than [`MultiLock::MAX_NAMES`] names, or a name this client already uses with other
+    /// options or for another kind of lock.
+    pub fn build(self) -> Result<MultiLock> {
+        let names = self.names?;
+        let options: LockOptions = self.options.build()?;
+        if names.is_empty() {
+            return Err(Error::invalid_input(
+                "multi-lock names",
+                "no names",
+                "name at least one lock (a multi-lock of one name is a single lock)",
+            ));
+        }
+        if names.len() > MultiLock::MAX_NAMES {
+            return Err(Error::invalid_input(
+                "multi-lock names",
+                format!("{} names", names.len()),
+                format!(
+                    "lock at most {} names at once (split the set, or lock a coarser name)",
+                    MultiLock::MAX_NAMES
+                ),
+            ));
+        }
+        let client = self.source.0;
+        let mut locks = Vec::with_capacity(names.len());
+        for name in &names {
+            locks.push(
+                SingleLock::builder(&client, name.as_bytes())
+                    .options(options.clone())
+                    .build()?,
+            );
+        }
+        locks.sort_by_cached_key(|l| canonical_key(l.key()));
+        if let Some(w) = locks.windows(2).find(|w| w[0].key() == w[1].key()) {
+            return Err(Error::invalid_input(
+                "multi-lock names",
+                format!("{} is given twice", w[0].name()),
+                "name each lock once",
+            ));
+        }
+        let label = locks
+            .iter()
+            .map(|l| l.name().to_string())
+            .collect::<Vec<_>>()
+            .join("+");
+        Ok(MultiLock {
+            inner: Arc::new(MultiInner {
+                locks,
+                busy_at: Mutex::new(None),
+                label: Arc::from(label),
+            }),
+        })
+    }
+}
+
+/// A lock key's place in the canonical order: its cluster hash slot, then its bytes.
+fn canonical_key(key: &[u8]) -> (u16, Vec<u8>) {
+    (crate::client::conn::slot_of(key), key.to_vec())
+}
+
+impl MultiLock {
+    /// The most names one multi-lock takes.
+    pub const MAX_NAMES: usize = 64;
+
+    /// Starts building a multi-lock over `names` (in any order) on `client`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::MultiLock::builder(&client, ["account:7", "account:9"]).build()?;
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    pub fn builder<N: AsRef<[u8]>>(
+        client: impl Into<ClientSource>,
+        names: impl IntoIterator<Item = N>,
+    ) -> MultiLockBuilder {
+        MultiLockBuilder {
+            source: client.into(),
+            names: names.into_iter().map(LockName::new).collect(),
+            options: LockOptionsBuilder::default(),
+        }
+    }
+
+    /// The names' locks, in the canonical order they are taken in.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::MultiLock::builder(&client, ["b", "a"]).build()?;
+    /// for single in lock.locks() {
+    ///     println!("{}", single.name());
+    /// }
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    #[must_use]
+    pub fn locks(&self) -> &[SingleLock] {
+        &self.inner.locks
+    }
+
+    /// The client the names' locks use.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let _stats = lock.client().stats();
+    /// # Ok::<(), slate_redis::Error>(())
+    /// ```
+    #[must_use]
+    pub fn client(&self) -> &crate::RedisClient {
+        self.inner.locks[0].client()
+    }
+
+    /// Acquires every name for `holder`, waiting as `wait` allows (the one call the others are
+    /// made of).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// use slate_redis::{HolderId, Wait};
+    /// let guard = lock.acquire(HolderId::new(), Wait::Immediate).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] naming a busy name under [`Wait::Immediate`]; [`Error::Timeout`] when
+    /// the deadline of [`Wait::Until`] passes; backend errors. No name is held after an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future releases the names it took (in the background) and
+    /// leaves the queue of the name it waited for.
+    pub fn acquire(
+        &self,
+        holder: HolderId,
+        wait: Wait,
+    ) -> impl Future<Output = Result<MultiLockGuard>> + Send + '_ {
+        self.acquire_for(Some(holder), wait)
+    }
+
+    /// Acquires for `holder`, or for the current holder (read now) when it is `None`.
+    fn acquire_for(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+    ) -> impl Future<Output = Result<MultiLockGuard>> + Send + '_ {
+        let holder = holder.unwrap_or_else(HolderId::current);
+        let span = tracing::debug_span!("acquire", lock = %self.inner.label, %holder);
+        tracing::Instrument::instrument(self.take_all(holder, wait), span)
+    }
+
+    async fn take_all(&self, holder: HolderId, wait: Wait) -> Result<MultiLockGuard> {
+        let locks = &self.inner.locks;
+        let mut held: Vec<SingleLockGuard> = Vec::with_capacity(locks.len());
+        if !self.contended() {
+            // Every name at once, none waiting.
+            let tries = join_all(locks.iter().map(|l| l.acquire(holder, Wait::Immediate))).await;
+            let mut later = Vec::new();
+            let mut failed = None;
+            for t in tries {
+                match (t, &failed) {
+                    (Ok(g), None) => held.push(g),
+                    // Granted after a name that was not: given back before any wait.
+                    (Ok(g), Some(_)) => later.push(g),
+                    (Err(e), None) => failed = Some(e),
+                    (Err(_), Some(_)) => {}
+                }
+            }
+            let Some(e) = failed else {
+                return Ok(self.guard(holder, held));
+            };
+            release_all(later).await;
+            if !e.is_busy() || matches!(wait, Wait::Immediate) {
+                if e.is_busy() {
+                    self.note_busy();
+                }
+                release_all(held).await;
+                return Err(e);
+            }
+            self.note_busy();
+        }
+        // In order from the first name not held, waiting on each as `wait` allows.
+        for l in &locks[held.len()..] {
+            match l.acquire(holder, wait).await {
+                Ok(g) => held.push(g),
+                Err(e) => {
+                    if e.is_busy() || e.is_timeout() {
+                        self.note_busy();
+                    }
+                    release_all(held).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self.guard(holder, held))
+    }
+
+    /// Whether to take the names one by one: a busy answer came less than
+    /// [`CONTENDED_FOR`] ago, or tasks of this process wait for one of them.
+    fn contended(&self) -> bool {
+        let recent = lock(&self.inner.busy_at).is_some_and(|at| at.elapsed() < CONTENDED_FOR);
+        recent || self.inner.locks.iter().any(|l| l.local_waiters() > 0)
+    }
+
+    fn note_busy(&self) {
+        *lock(&self.inner.busy_at) = Some(Instant::now());
+    }
+
+    fn guard(&self, holder: HolderId, guards: Vec<SingleLockGuard>) -> MultiLockGuard {
+        MultiLockGuard {
+            lock: self.clone(),
+            holder,
+            guards,
+        }
+    }
+
+    /// The blocking twin of `acquire_for`, for threads.
+    fn blocking_acquire(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+        what: &str,
+    ) -> Result<MultiLockGuard> {
+        slate_core::blocking::assert_outside_runtime(what);
+        let holder = holder.unwrap_or_else(HolderId::current);
+        let me = self.clone();
+        slate_core::blocking::wait_on(self.client().runtime(), async move {
+            me.take_all(holder, wait).await
+        })
+    }
+
+    slate_core::waiting_methods!(
+        MultiLockGuard,
+        setup = "# #[tokio::main(flavor = \"current_thread\")] async fn main() -> slate_redis::Result<()> {\n\
+                 # let client = slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\")?;\n\
+                 # let lock = slate_redis::MultiLock::builder(&client, [\"a\", \"b\"]).build()?;",
+        errors = "backend failures",
+    );
+
+    /// Blocks this thread until every name is acquired for the current holder (the thread
+    /// twin of `lock()`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rt = tokio::runtime::Runtime::new()?;
+    /// let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
+    /// let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.blocking_lock()?;
+    /// guard.blocking_unlock()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime (use `lock().await` there).
+    pub fn blocking_lock(&self) -> Result<MultiLockGuard> {
+        self.blocking_acquire(None, Wait::Forever, "MultiLock::blocking_lock")
+    }
+
+    /// One attempt from this thread, without waiting: `None` when a name is busy (the thread
+    /// twin of `try_lock()`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// if let Some(guard) = lock.blocking_try_lock()? {
+    ///     guard.blocking_unlock()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_try_lock(&self) -> Result<Option<MultiLockGuard>> {
+        match self.blocking_acquire(None, Wait::Immediate, "MultiLock::blocking_try_lock") {
+            Ok(guard) => Ok(Some(guard)),
+            Err(e) if e.is_busy() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Blocks this thread at most `d` waiting for every name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.blocking_try_lock_for(std::time::Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `d` passes first; backend failures.
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime.
+    pub fn blocking_try_lock_for(&self, d: Duration) -> Result<MultiLockGuard> {
+        self.blocking_acquire(
+            None,
+            Wait::for_duration(d),
+            "MultiLock::blocking_try_lock_for",
+        )
+    }
+}
+
+/// Releases each guard, all at once; the outcomes are the guards' own business (a release
+/// that fails leaves the entry to end with its lease).
+async fn release_all(guards: Vec<SingleLockGuard>) {
+    let releases: Vec<_> = guards.into_iter().map(SingleLockGuard::unlock).collect();
+    for r in join_all(releases).await {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "a multi-lock name could not be released; it ends with its lease");
+        }
+    }
+}
+
+impl fmt::Debug for MultiLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLock")
+            .field("names", &self.inner.label)
+            .field("options", self.inner.locks[0].options())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every name of a [`MultiLock`] held by one holder: one level of each name's hold.
+///
+/// Release it with [`unlock`](Self::unlock) (every name at once). Dropping it releases
+/// every name in the background, as dropping a [`SingleLockGuard`] does.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+/// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+/// let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+/// let guard = lock.lock().await?;
+/// for (name, token) in guard.fencing_tokens() {
+///     println!("{name}: {token}");
+/// }
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping the guard releases every name in the background; call unlock().await to see the outcome"]
+pub struct MultiLockGuard {
+    lock: MultiLock,
+    holder: HolderId,
+    /// One per name, in canonical order.
+    guards: Vec<SingleLockGuard>,
+}
+
+impl MultiLockGuard {
+    /// The holder every name is held by.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.lock().await?;
+    /// println!("held by {}", guard.holder());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn holder(&self) -> HolderId {
+        self.holder
+    }
+
+    /// The fencing token of `name` (as given to the builder), or `None` for a name not in the
+    /// set.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.lock().await?;
+    /// let token = guard.fencing_token("a").expect("a is in the set");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn fencing_token(&self, name: impl AsRef<[u8]>) -> Option<FencingToken> {
+        let name = name.as_ref();
+        self.guards
+            .iter()
+            .find(|g| g.lock().name().as_bytes() == name)
+            .map(|g| g.fencing_token())
+    }
+
+    /// Every name with its fencing token, in canonical order.
+    ///
+    /// # Examples
+    ///
+    /// See the [type's](MultiLockGuard).
+    pub fn fencing_tokens(&self) -> impl Iterator<Item = (&LockName, FencingToken)> + '_ {
+        self.guards
+            .iter()
+            .map(|g| (g.lock().name(), g.fencing_token()))
+    }
+
+    /// Each name's own guard, in canonical order (its token, depth and lease).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(guard.guards().iter().all(|g| g.depth() == 1));
+    /// # Ok(()) }
+    /// ```
+    pub fn guards(&self) -> &[SingleLockGuard] {
+        &self.guards
+    }
+
+    /// The names' own guards, to release them one by one (each then behaves as a
+    /// [`SingleLockGuard`]: dropping one releases that name in the background).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.lock().await?;
+    /// for single in guard.into_guards() {
+    ///     single.unlock().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[must_use = "dropping the guards releases every name in the background"]
+    pub fn into_guards(self) -> Vec<SingleLockGuard> {
+        self.guards
+    }
+
+    /// The earliest lease deadline of the names: until then every name is held.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(guard.lease_deadline() > std::time::Instant::now());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn lease_deadline(&self) -> Instant {
+        self.guards
+            .iter()
+            .map(|g| g.lease_deadline())
+            .min()
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// Whether any name's lease is lost.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.lock().await?;
+    /// assert!(!guard.is_lost());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.guards.iter().any(|g| g.is_lost())
+    }
+
+    /// Resolves when the lease of any name is lost, with that name and the reason: stop
+    /// acting as the holder of the set.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.lock().await?;
+    /// tokio::select! {
+    ///     () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+    ///     (name, reason) = guard.lost() => eprintln!("{name} lost: {reason}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe (a watch).
+    pub async fn lost(&self) -> (LockName, LossReason) {
+        let losses = self.guards.iter().map(|g| {
+            Box::pin(async move {
+                let reason = g.lost().await;
+                (g.lock().name().clone(), reason)
+            })
+        });
+        select_all(losses).await.0
+    }
+
+    /// Takes every name once more for this guard's holder (a re-entry of each: it does not
+    /// wait for other holders and keeps each name's token).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let outer = lock.lock().await?;
+    /// let inner = outer.reenter().await?;
+    /// assert_eq!(inner.fencing_token("a"), outer.fencing_token("a"));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend failures; if a lease was lost meanwhile, that name's re-entry is a fresh
+    /// acquisition, which may find it busy ([`Error::Busy`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`MultiLock::acquire`].
+    pub fn reenter(&self) -> impl Future<Output = Result<MultiLockGuard>> + Send + '_ {
+        self.lock.acquire(self.holder, Wait::Immediate)
+    }
+
+    /// Releases one level of every name, all at once, and returns the holder's remaining hold
+    /// count (0: the holder holds none of the names any more; re-entered sets count alike on
+    /// every name).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> slate_redis::Result<()> {
+    /// # let client = slate_redis::RedisClient::open("redis://127.0.0.1:6379")?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.lock().await?;
+    /// assert_eq!(guard.unlock().await?, 0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first name's error when some release failed ([`Error::NotHeld`] for a name whose
+    /// lease was lost; backend failures, after which the name ends with its lease). Every
+    /// name's release is attempted whatever the others do.
+    ///
+    /// # Cancel safety
+    ///
+    /// The releases start when this is called: a dropped future still completes them in the
+    /// background.
+    pub fn unlock(self) -> impl Future<Output = Result<u32>> + Send + 'static {
+        let releases: Vec<_> = self
+            .guards
+            .into_iter()
+            .map(SingleLockGuard::unlock)
+            .collect();
+        async move {
+            let mut left = 0;
+            let mut first_error = None;
+            for r in join_all(releases).await {
+                match r {
+                    Ok(n) => left = left.max(n),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            first_error.map_or(Ok(left), Err)
+        }
+    }
+
+    /// The thread twin of [`unlock`](Self::unlock).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let rt = tokio::runtime::Runtime::new()?;
+    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
+    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
+    /// let guard = lock.blocking_lock()?;
+    /// guard.blocking_unlock()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`unlock`](Self::unlock).
+    ///
+    /// # Panics
+    ///
+    /// Inside a tokio runtime (use `unlock().await` there).
+    pub fn blocking_unlock(self) -> Result<u32> {
+        slate_core::blocking::assert_outside_runtime("MultiLockGuard::blocking_unlock");
+        let runtime = self.lock.client().runtime().clone();
+        slate_core::blocking::wait_on(&runtime, self.unlock())
+    }
+}
+
+impl fmt::Debug for MultiLockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLockGuard")
+            .field("names", &self.lock.inner.label)
+            .field("holder", &self.holder)
+            .field(
+                "tokens",
+                &self
+                    .guards
+                    .iter()
+                    .map(|g| g.fencing_token().get())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_canonical_order_is_slot_then_key() {
+        let a = canonical_key(b"slate:{a}");
+        let b = canonical_key(b"slate:{b}");
+        assert_eq!(a.0, crate::client::conn::slot_of(b"slate:{a}"));
+        assert_ne!(a, b);
+        // The same two keys compare the same way whatever order they come in.
+        let mut one = vec![b.clone(), a.clone()];
+        let mut two = vec![a, b];
+        one.sort();
+        two.sort();
+        assert_eq!(one, two);
+    }
+}

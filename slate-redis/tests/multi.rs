@@ -1,0 +1,376 @@
+//! The multi-lock: all or nothing, each name's token and lease, exclusion against single-lock
+//! holders, waiting in the busy name's queue without polling and without starving, and no
+//! deadlock between overlapping sets given in cycle-making orders, with a negative control
+//! (the same sets taken in the caller's order) that the same check must catch deadlocking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use slate_redis::{MultiLock, MultiLockGuard, RedisClient, SingleLock, SingleLockGuard};
+
+fn multi(client: &RedisClient, names: &[&str]) -> MultiLock {
+    MultiLock::builder(client, names.iter().copied())
+        .lease(Duration::from_secs(3))
+        .build()
+        .expect("multi-lock")
+}
+
+fn single(client: &RedisClient, name: &str) -> SingleLock {
+    lock(client, name, Duration::from_secs(3))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_sets_are_refused_with_the_fix() {
+    let server = server();
+    let c = client(&server);
+    let refused = |names: Vec<String>, what: &str| {
+        let e = MultiLock::builder(&c, names).build().expect_err(what);
+        assert!(e.is_invalid_input(), "{what}: {e}");
+        e.to_string()
+    };
+    assert!(refused(vec![], "empty").contains("at least one"));
+    assert!(refused(vec!["a".into(), "b".into(), "a".into()], "duplicate").contains("twice"));
+    let many: Vec<String> = (0..=MultiLock::MAX_NAMES)
+        .map(|i| format!("n{i}"))
+        .collect();
+    assert!(refused(many, "too many").contains("at most 64"));
+    refused(vec!["a".into(), String::new()], "an empty name");
+    // A name this client uses with other options.
+    let _b = SingleLock::builder(&c, "b")
+        .lease(Duration::from_secs(7))
+        .build()
+        .unwrap();
+    refused(vec!["a".into(), "b".into()], "other options");
+}
+
+/// Held by a multi-lock, every name excludes single-lock holders (another client); a single
+/// holder of one name makes `try_lock` fail and `try_lock_for` time out with nothing left
+/// held; the waiter waits without polling and gets the set at the release; re-entry keeps the
+/// tokens; a lost name fires the guard's loss signal.
+async fn all_or_nothing(deployment: &Deployment) {
+    let c1 = deployment.client();
+    let c2 = deployment.client();
+    let set = multi(&c1, &["b", "a", "c"]);
+    let order: Vec<String> = set.locks().iter().map(|l| l.name().to_string()).collect();
+    assert_eq!(order.len(), 3);
+    let g = set.lock().await.unwrap();
+    let tokens: HashMap<String, u64> = g
+        .fencing_tokens()
+        .map(|(n, t)| (n.to_string(), t.get()))
+        .collect();
+    assert_eq!(tokens.len(), 3);
+    assert_eq!(g.fencing_token("a").unwrap().get(), tokens["a"]);
+    assert!(g.fencing_token("zzz").is_none());
+    for name in ["a", "b", "c"] {
+        assert!(
+            single(&c2, name).try_lock().await.unwrap().is_none(),
+            "{name} is held by the multi-lock"
+        );
+    }
+    let inner = g.reenter().await.unwrap();
+    assert_eq!(inner.fencing_token("b"), g.fencing_token("b"));
+    assert!(inner.guards().iter().all(|x| x.depth() == 2));
+    assert_eq!(inner.unlock().await.unwrap(), 1);
+    assert_eq!(g.unlock().await.unwrap(), 0);
+
+    // The last name in canonical order is held by a single holder elsewhere.
+    let last = order.last().unwrap().clone();
+    let held = single(&c2, &last).lock().await.unwrap();
+    assert!(set.try_lock().await.unwrap().is_none());
+    let e = set
+        .try_lock_for(Duration::from_millis(300))
+        .await
+        .expect_err("busy");
+    assert!(e.is_timeout(), "{e}");
+    for name in &order[..2] {
+        assert!(
+            !single(&c2, name).is_locked().await.unwrap(),
+            "{name} is left held after a failed attempt"
+        );
+    }
+
+    // A waiter takes the set at the release, having waited in the last name's queue: the
+    // server sees a handful of script calls in a second, not a poll every spin wait.
+    let waiter = tokio::spawn({
+        let set = set.clone();
+        async move { set.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let key = String::from_utf8(held.lock().key().to_vec()).unwrap();
+    let owner = deployment.owner(&key);
+    let before = owner.command_calls(&["evalsha"]).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = owner.command_calls(&["evalsha"]).unwrap() - before;
+    assert!(
+        during <= 4,
+        "{during} script calls on the busy name's server in a second of waiting: polling"
+    );
+    assert!(!waiter.is_finished());
+    held.unlock().await.unwrap();
+    let g = within(Duration::from_secs(5), "the multi-lock waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    for (name, token) in g.fencing_tokens() {
+        assert!(
+            token.get() > tokens[&name.to_string()],
+            "{name}'s token did not increase"
+        );
+    }
+
+    // A name lost (deleted by an operator) fires the set's loss signal with its name.
+    single(&c2, "b").force_unlock().await.unwrap();
+    let (name, reason) = within(Duration::from_secs(10), "the loss signal", g.lost()).await;
+    assert_eq!(name.to_string(), "b");
+    assert_eq!(reason, slate_redis::LossReason::EntryGone);
+    assert!(g.is_lost());
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_multi_lock_is_all_or_nothing() {
+    all_or_nothing(&Deployment::standalone()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_multi_lock_is_all_or_nothing() {
+    all_or_nothing(&Deployment::cluster()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_multi_lock_is_all_or_nothing() {
+    all_or_nothing(&Deployment::sentinel()).await;
+}
+
+/// Another client takes `b` again as soon as it releases it, for up to 8 s; a multi-lock of
+/// `{a, b}` waits in `b`'s queue and gets its fair turn well within that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_waiter_is_not_starved_by_single_holders_of_one_name() {
+    let server = server();
+    let streamer = client(&server);
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let stream = tokio::spawn({
+        let (stop, rounds) = (stop.clone(), rounds.clone());
+        async move {
+            let b = single(&streamer, "b");
+            let end = Instant::now() + Duration::from_secs(8);
+            while !stop.load(Ordering::SeqCst) && Instant::now() < end {
+                let g = b.lock().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                g.unlock().await.unwrap();
+                rounds.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    eventually(Duration::from_secs(5), "the stream started", || {
+        rounds.load(Ordering::SeqCst) >= 3
+    })
+    .await;
+    let c = client(&server);
+    let started = Instant::now();
+    let g = multi(&c, &["a", "b"])
+        .try_lock_for(Duration::from_secs(6))
+        .await
+        .expect("the multi-lock waiter got its turn");
+    let waited = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    g.unlock().await.unwrap();
+    stream.await.unwrap();
+    assert!(
+        waited < Duration::from_secs(2),
+        "the multi-lock waited {waited:?} behind a stream of b's holders"
+    );
+}
+
+/// How one worker takes its set.
+#[derive(Clone)]
+enum Taker {
+    /// A multi-lock.
+    Multi(MultiLock),
+    /// The caller's order, by hand: each single lock in turn, with `gap` between two.
+    CallerOrder(Vec<SingleLock>, Duration),
+}
+
+enum Held {
+    Multi(MultiLockGuard),
+    Singles(Vec<SingleLockGuard>),
+}
+
+impl Taker {
+    fn names(&self) -> Vec<String> {
+        match self {
+            Taker::Multi(m) => m.locks().iter().map(|l| l.name().to_string()).collect(),
+            Taker::CallerOrder(l, _) => l.iter().map(|l| l.name().to_string()).collect(),
+        }
+    }
+
+    async fn take(&self) -> Held {
+        match self {
+            Taker::Multi(m) => Held::Multi(m.lock().await.unwrap()),
+            Taker::CallerOrder(locks, gap) => {
+                let mut held = Vec::new();
+                for (i, l) in locks.iter().enumerate() {
+                    if i > 0 {
+                        tokio::time::sleep(*gap).await;
+                    }
+                    held.push(l.lock().await.unwrap());
+                }
+                Held::Singles(held)
+            }
+        }
+    }
+
+    fn tokens(held: &Held) -> Vec<(String, u64)> {
+        match held {
+            Held::Multi(g) => g
+                .fencing_tokens()
+                .map(|(n, t)| (n.to_string(), t.get()))
+                .collect(),
+            Held::Singles(gs) => gs
+                .iter()
+                .map(|g| (g.lock().name().to_string(), g.fencing_token().get()))
+                .collect(),
+        }
+    }
+
+    async fn release(held: Held) {
+        match held {
+            Held::Multi(g) => {
+                g.unlock().await.unwrap();
+            }
+            Held::Singles(gs) => {
+                for g in gs {
+                    g.unlock().await.unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// Each taker runs `rounds` holds; inside each hold it marks its names busy (an overlap is a
+/// violation) and checks each name's token is above every earlier holder's. Err when a
+/// violation is seen, or when the whole run is not done within `limit` (a deadlock).
+async fn run_rounds(takers: Vec<Taker>, rounds: usize, limit: Duration) -> Result<usize, String> {
+    let busy: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
+    let last_token: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let violations: Arc<Mutex<Vec<String>>> = Arc::default();
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(takers.len()));
+    let mut tasks = Vec::new();
+    for (w, taker) in takers.into_iter().enumerate() {
+        let (busy, last_token, violations, done, start) = (
+            busy.clone(),
+            last_token.clone(),
+            violations.clone(),
+            done.clone(),
+            start.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            for r in 0..rounds {
+                let held = taker.take().await;
+                {
+                    let mut b = busy.lock().unwrap();
+                    let mut t = last_token.lock().unwrap();
+                    for (name, token) in Taker::tokens(&held) {
+                        if std::mem::replace(b.entry(name.clone()).or_default(), true) {
+                            violations
+                                .lock()
+                                .unwrap()
+                                .push(format!("worker {w} round {r}: {name} held twice"));
+                        }
+                        let before = t.insert(name.clone(), token).unwrap_or(0);
+                        if token <= before {
+                            violations.lock().unwrap().push(format!(
+                                "worker {w} round {r}: {name} token {token} after {before}"
+                            ));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2 + (w as u64 + r as u64) % 4)).await;
+                {
+                    let mut b = busy.lock().unwrap();
+                    for name in taker.names() {
+                        b.insert(name, false);
+                    }
+                }
+                Taker::release(held).await;
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    let all = futures::future::join_all(tasks);
+    let finished = tokio::time::timeout(limit, all).await;
+    let v = violations.lock().unwrap().clone();
+    if !v.is_empty() {
+        return Err(format!("violations: {v:?}"));
+    }
+    match finished {
+        Ok(results) => {
+            for r in results {
+                r.map_err(|e| format!("a worker failed: {e}"))?;
+            }
+            Ok(done.load(Ordering::SeqCst) as usize)
+        }
+        Err(_) => Err(format!(
+            "deadlock: {} holds done, nothing moved for the rest of {limit:?}",
+            done.load(Ordering::SeqCst)
+        )),
+    }
+}
+
+/// The three overlapping sets in the orders that make a cycle ({a,b}, {b,c}, {c,a}), each on a
+/// client of its own (a process of its own: its own queues), two workers per set: every hold
+/// done, no name held twice, tokens increasing per name.
+async fn overlapping_sets(deployment: &Deployment) {
+    let sets = [["a", "b"], ["b", "c"], ["c", "a"]];
+    let mut takers = Vec::new();
+    let mut clients = Vec::new();
+    for set in sets {
+        let c = deployment.client();
+        for _ in 0..2 {
+            takers.push(Taker::Multi(multi(&c, &set)));
+        }
+        clients.push(c);
+    }
+    let done = run_rounds(takers, 15, Duration::from_secs(60))
+        .await
+        .expect("overlapping multi-locks");
+    assert_eq!(done, 6 * 15);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_overlapping_sets_never_deadlock_nor_overlap() {
+    overlapping_sets(&Deployment::standalone()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_overlapping_sets_never_deadlock_nor_overlap() {
+    overlapping_sets(&Deployment::cluster()).await;
+}
+
+/// The negative control: the same three sets, taken by hand in the caller's order with a
+/// moment between two names. The check must see the cycle: nobody moves any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_caller_order_deadlocks_and_the_check_sees_it() {
+    let server = server();
+    let mut takers = Vec::new();
+    let mut clients = Vec::new();
+    for set in [["a", "b"], ["b", "c"], ["c", "a"]] {
+        let c = client(&server);
+        let locks = set.iter().map(|n| single(&c, n)).collect();
+        takers.push(Taker::CallerOrder(locks, Duration::from_millis(100)));
+        clients.push(c);
+    }
+    let e = run_rounds(takers, 5, Duration::from_secs(4))
+        .await
+        .expect_err("the caller's order must deadlock");
+    assert!(e.starts_with("deadlock"), "{e}");
+}
