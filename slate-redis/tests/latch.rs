@@ -301,3 +301,84 @@ async fn wait_for_times_out_on_a_closed_latch() {
     })
     .await;
 }
+
+/// A count-down that did not open the latch loses its reply; meanwhile another one opens the
+/// latch and a new round is set. The resend must not count in the new round (review finding:
+/// the first design kept only the opener's id across rounds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_count_down_does_not_count_in_the_next_round() {
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).expect("proxy");
+    let options = ClientOptions::builder()
+        .command_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let c = RedisClient::open_with(proxy.url(), options).expect("client");
+    let direct = client(&server);
+    let l = latch(&c, "rounds");
+    assert_eq!(latch(&c, "warm").count_down().await.unwrap(), 0);
+    assert!(l.try_set_count(2).await.unwrap());
+    proxy.set_mode(Mode::DropReplies).unwrap();
+    let down = tokio::spawn({
+        let l = l.clone();
+        async move { l.count_down().await }
+    });
+    let count = || async { latch(&direct, "rounds").count().await.unwrap() };
+    eventually_async(Duration::from_secs(5), "the count-down ran", || async {
+        count().await == 1
+    })
+    .await;
+    let other = latch(&direct, "rounds");
+    assert_eq!(
+        other.count_down().await.unwrap(),
+        0,
+        "another count-down opens it"
+    );
+    assert!(other.try_set_count(2).await.unwrap(), "the next round");
+    proxy.set_mode(Mode::Pass).unwrap();
+    proxy.reset_all().unwrap();
+    let left = within(Duration::from_secs(10), "the count-down", down)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(left, 1, "the resend answers what the first send did");
+    assert_eq!(count().await, 2, "the resend counted in the next round");
+}
+
+/// The latch opens and is set again before a waiter reads it (its link is slow): the waiter
+/// still returns, since the round it waited for opened (review finding: it waited on for the
+/// next round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_sees_its_round_open_even_if_the_next_one_is_set_at_once() {
+    let server = server();
+    let proxy = FaultProxy::start(server.addr()).expect("proxy");
+    let slow = RedisClient::open(proxy.url()).expect("client");
+    let direct = client(&server);
+    let l = latch(&direct, "again");
+    assert!(l.try_set_count(1).await.unwrap());
+    let waiter = tokio::spawn({
+        let w = latch(&slow, "again");
+        async move { w.wait().await }
+    });
+    eventually(Duration::from_secs(5), "the waiter subscribed", || {
+        server.subscribers("slate:{again}:latch:open").unwrap() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy
+        .set_mode(Mode::Delay {
+            to_server: Duration::from_millis(300),
+            to_client: Duration::from_millis(300),
+        })
+        .unwrap();
+    assert_eq!(l.count_down().await.unwrap(), 0);
+    assert!(l.try_set_count(1).await.unwrap(), "the next round, at once");
+    within(
+        Duration::from_secs(3),
+        "the waiter of the opened round",
+        waiter,
+    )
+    .await
+    .unwrap()
+    .expect("the waiter returns");
+}

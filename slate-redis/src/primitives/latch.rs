@@ -4,8 +4,8 @@
 //!
 //! | key | type | content |
 //! | --- | --- | --- |
-//! | `<prefix>{<name>}:latch` | hash | `n` the count, `s` the request that set it, `d:<request>` each count-down that counted; deleted when the count reaches zero; TTL = the latch's TTL, renewed by every count-down |
-//! | `<prefix>{<name>}:latch:done` | hash | the request that set the round the latch last opened from, and the count-down that opened it; TTL = the retry window (2 × command timeout) |
+//! | `<prefix>{<name>}:latch` | hash | `n` the count, `g` the round (the id of the request that set it); deleted when the count reaches zero; TTL = the latch's TTL, renewed by every count-down |
+//! | `<prefix>{<name>}:latch:r:<request>` | string | a set's or count-down's answer, so that the same request sent again answers it again and changes nothing; TTL = the retry window (2 × command timeout) |
 //! | `<prefix>{<name>}:latch:open` | channel | one message each time the latch opens |
 //!
 //! See `scripts/latch_set.lua` and `scripts/latch_down.lua`.
@@ -43,9 +43,11 @@ const LIVE_RECHECK: Duration = Duration::from_secs(1);
 ///   is zero (no latch), and answers `false` without touching it otherwise (as Redisson's
 ///   `trySetCount`). A latch can be used again once it opened.
 /// - **Counted once**: a count-down sent again after its reply was lost (a broken connection,
-///   a server that did not answer in time) is recognized by its request id and never counts
-///   twice, also when the latch opened and was set again in between (within the retry window,
-///   twice the client's command timeout).
+///   a server that did not answer in time) is recognized by its request's record and never
+///   counts twice, also when the latch opened and was set again in between (within the retry
+///   window, twice the client's command timeout); a set sent again answers what it first did.
+/// - **No opening missed**: a waiter returns once the round it waited for has opened, even
+///   when the latch was set again before it looked (each round has an id).
 /// - **Waiting without polling**: [`wait`](Self::wait) subscribes to the latch's channel and
 ///   is woken by the message the count-down that opens the latch publishes; a message lost
 ///   with a broken pub/sub connection is caught by a check of the count every second (every
@@ -200,7 +202,6 @@ impl CountDownLatchBuilder {
 #[derive(Debug)]
 struct LatchKeys {
     latch: Arc<[u8]>,
-    done: Arc<[u8]>,
     channel: Arc<[u8]>,
 }
 
@@ -215,9 +216,17 @@ impl LatchKeys {
         };
         LatchKeys {
             latch: with(b":latch"),
-            done: with(b":latch:done"),
             channel: with(b":latch:open"),
         }
+    }
+
+    /// The record of request `request`: `<prefix>{<name>}:latch:r:<request>`.
+    fn record(&self, request: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.latch.len() + 3 + request.len());
+        k.extend_from_slice(&self.latch);
+        k.extend_from_slice(b":r:");
+        k.extend_from_slice(request.as_bytes());
+        k
     }
 }
 
@@ -376,12 +385,14 @@ impl CountDownLatch {
         check_count(count)?;
         let request = HolderId::new().to_string();
         let st = &self.state;
+        let record = st.keys.record(&request);
         let call = call::LatchSet {
             latch: &st.keys.latch,
-            done: &st.keys.done,
+            record: &record,
             count: u64::from(count),
             ttl_ms: lease_ms(self.ttl),
             request: &request,
+            window_ms: request::record_ttl_ms(st.client.command_timeout()),
         };
         let set: i64 = self
             .resending("latch set script", |mut c| async move {
@@ -417,11 +428,11 @@ impl CountDownLatch {
     pub async fn count_down(&self) -> Result<u32> {
         let request = HolderId::new().to_string();
         let st = &self.state;
+        let record = st.keys.record(&request);
         let call = call::LatchDown {
             latch: &st.keys.latch,
-            done: &st.keys.done,
+            record: &record,
             channel: &st.keys.channel,
-            request: &request,
             ttl_ms: lease_ms(self.ttl),
             window_ms: request::record_ttl_ms(st.client.command_timeout()),
             publish: st.client.publish_arg(),
@@ -454,19 +465,25 @@ impl CountDownLatch {
     ///
     /// Cancel safe (a read).
     pub async fn count(&self) -> Result<u32> {
+        Ok(self.read().await?.0)
+    }
+
+    /// The count and the round (none: open).
+    async fn read(&self) -> Result<(u32, Option<String>)> {
         let key = &self.state.keys.latch;
-        let n: Option<u32> = self
+        let (n, round): (Option<u32>, Option<String>) = self
             .state
             .client
             .exec("latch count", |mut c| async move {
-                redis::cmd("HGET")
+                redis::cmd("HMGET")
                     .arg(&**key)
                     .arg("n")
+                    .arg("g")
                     .query_async(&mut c)
                     .await
             })
             .await?;
-        Ok(n.unwrap_or(0))
+        Ok((n.unwrap_or(0), round))
     }
 
     /// Waits until the latch is open (count zero).
@@ -527,50 +544,64 @@ impl CountDownLatch {
         let st = &*self.state;
         let _waiting = Waiting::new(st);
         let target: std::sync::Weak<dyn ReleaseTarget> = Arc::downgrade(&self.state) as _;
+        let timed_out = || {
+            Error::timeout(
+                Arc::clone(&st.label),
+                TimeoutKind::Wait,
+                deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(start)),
+                start.elapsed(),
+            )
+        };
         let mut notifications = Notifications::Off;
+        // The round this waiter waits for: a later read that finds another round (or none)
+        // means that one opened, even if it was set again before this waiter looked.
+        let mut waiting_for: Option<String> = None;
         loop {
             // Armed before the read, so that a message after it is not missed.
             let opened = st.opened.notified();
             tokio::pin!(opened);
             opened.as_mut().enable();
             let sent = Instant::now();
-            let open = match self.count().await {
-                Ok(n) => Some(n == 0),
+            let closed = match self.read().await {
+                Ok((0, _)) => return Ok(()),
+                Ok((_, round)) => {
+                    if waiting_for.is_some() && round != waiting_for {
+                        return Ok(());
+                    }
+                    waiting_for = waiting_for.or(round);
+                    true
+                }
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(latch = %st.label, error = %e, "latch count unavailable; waiting on");
-                    None
+                    false
                 }
                 Err(e) => return Err(e),
             };
-            if open == Some(true) {
-                return Ok(());
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(timed_out());
             }
             if notifications != Notifications::Live {
-                notifications = st
-                    .client
-                    .subscribe_releases(st.keys.channel.clone(), target.clone(), Some(sent))
-                    .await;
-                if notifications == Notifications::Started && open.is_some() {
+                let subscribe = st.client.subscribe_releases(
+                    st.keys.channel.clone(),
+                    target.clone(),
+                    Some(sent),
+                );
+                notifications = match deadline {
+                    None => subscribe.await,
+                    Some(d) => tokio::time::timeout_at(d.into(), subscribe)
+                        .await
+                        .map_err(|_| timed_out())?,
+                };
+                if notifications == Notifications::Started && closed {
                     // Confirmed after the read: a message may have come before it. Read again.
                     continue;
                 }
             }
-            let pause = match (notifications, open) {
-                (Notifications::Live, Some(_)) => LIVE_RECHECK,
+            let pause = match (notifications, closed) {
+                (Notifications::Live, true) => LIVE_RECHECK,
                 _ => self.spin_wait,
             };
-            let mut wake = Instant::now() + pause;
-            if let Some(d) = deadline {
-                if Instant::now() >= d {
-                    return Err(Error::timeout(
-                        Arc::clone(&st.label),
-                        TimeoutKind::Wait,
-                        d.saturating_duration_since(start),
-                        start.elapsed(),
-                    ));
-                }
-                wake = wake.min(d);
-            }
+            let wake = deadline.map_or(Instant::now() + pause, |d| d.min(Instant::now() + pause));
             tokio::select! {
                 () = opened => {}
                 () = tokio::time::sleep_until(wake.into()) => {
@@ -623,7 +654,7 @@ mod tests {
     fn keys_share_the_name_slot() {
         let k = LatchKeys::new("p:", &LockName::new("a").unwrap());
         assert_eq!(&*k.latch, b"p:{a}:latch");
-        assert_eq!(&*k.done, b"p:{a}:latch:done");
+        assert_eq!(k.record("7"), b"p:{a}:latch:r:7");
         assert_eq!(&*k.channel, b"p:{a}:latch:open");
     }
 

@@ -185,9 +185,9 @@ script_call! {
 script_call! {
     /// `latch_set.lua`: set a countdown latch's count, only when it is open.
     LatchSet => LATCH_SET {
-        keys: [latch, done],
+        keys: [latch, record],
         optional_keys: [],
-        args: [count: u64, ttl_ms: u64, request: &'a str],
+        args: [count: u64, ttl_ms: u64, request: &'a str, window_ms: u64],
         optional_args: [],
     }
 }
@@ -195,9 +195,9 @@ script_call! {
 script_call! {
     /// `latch_down.lua`: count a countdown latch down by one, once per request.
     LatchDown => LATCH_DOWN {
-        keys: [latch, done, channel],
+        keys: [latch, record, channel],
         optional_keys: [],
-        args: [request: &'a str, ttl_ms: u64, window_ms: u64, publish: &'static str],
+        args: [ttl_ms: u64, window_ms: u64, publish: &'static str],
         optional_args: [],
     }
 }

@@ -118,7 +118,7 @@ pub(crate) static LATCH_DOWN: LazyLock<SlateScript> = LazyLock::new(|| {
     SlateScript::mutated(
         include_str!("latch_down.lua"),
         Mutant::LatchCountsResends,
-        "if redis.call('HEXISTS', KEYS[1], mark) == 1 then",
+        "if seen then",
         "if false then",
     )
 });
