@@ -374,3 +374,51 @@ async fn the_caller_order_deadlocks_and_the_check_sees_it() {
         .expect_err("the caller's order must deadlock");
     assert!(e.starts_with("deadlock"), "{e}");
 }
+
+/// A name taken early is lost while the set waits for a later one (an operator deletes it and
+/// another client takes it): the set is not handed over with that name gone, it is taken
+/// again once the other client lets go (review finding: the guard came back with a lost
+/// name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_lost_while_waiting_for_a_later_one_is_taken_again() {
+    let server = server();
+    let c1 = client(&server);
+    let c2 = client(&server);
+    let c3 = client(&server);
+    let set = MultiLock::builder(&c1, ["a", "b"])
+        .lease(Duration::from_secs(3))
+        .renewal_period(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let names: Vec<String> = set.locks().iter().map(|l| l.name().to_string()).collect();
+    let (first, last) = (names[0].clone(), names[1].clone());
+    let last_held = single(&c2, &last).lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let set = set.clone();
+        async move { set.lock().await }
+    });
+    eventually_async(
+        Duration::from_secs(5),
+        "the set holds its first name",
+        || async { single(&c2, &first).is_locked().await.unwrap() },
+    )
+    .await;
+    // An operator deletes the first name; another client takes it.
+    single(&c2, &first).force_unlock().await.unwrap();
+    let other = single(&c3, &first).lock().await.unwrap();
+    // The set's renewal finds its first name gone.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    last_held.unlock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the set was handed over while {first} belongs to another client"
+    );
+    other.unlock().await.unwrap();
+    let g = within(Duration::from_secs(5), "the set", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!g.is_lost(), "every name of the guard is held");
+    g.unlock().await.unwrap();
+}

@@ -65,7 +65,10 @@ const CONTENDED_FOR: Duration = Duration::from_secs(1);
 ///   its release message, as [`SingleLock::lock`] is.
 /// - **One round trip when uncontended**: every name is asked at once; see the module doc for
 ///   what happens on a busy name.
-/// - **Loss**: [`MultiLockGuard::lost`] fires when any name's lease is lost.
+/// - **Loss**: [`MultiLockGuard::lost`] fires when any name's lease is lost. A name taken
+///   early and lost while the caller waited for a later one (its max hold runs from its own
+///   grant, a renewal failed, an operator deleted it) is not handed over: the set is given
+///   back and taken again in order, as the wait allows.
 /// - At most [`MAX_NAMES`](Self::MAX_NAMES) names; duplicates are refused.
 ///
 /// # Examples
@@ -320,19 +323,35 @@ impl MultiLock {
                 }
             }
             let Some(e) = failed else {
-                return Ok(self.guard(holder, held));
+                return self.complete(holder, held, wait).await;
             };
-            release_all(later).await;
+            if e.is_busy() {
+                self.note_busy();
+            }
+            let given_back = release_all(later).await;
             if !e.is_busy() || matches!(wait, Wait::Immediate) {
-                if e.is_busy() {
-                    self.note_busy();
-                }
-                release_all(held).await;
+                drop(release_all(held).await);
                 return Err(e);
             }
-            self.note_busy();
+            // A later name whose release failed may stay held in Redis until its lease ends:
+            // waiting now could wait for a caller that waits for it. Give up instead.
+            if let Err(release_error) = given_back {
+                drop(release_all(held).await);
+                return Err(release_error);
+            }
         }
-        // In order from the first name not held, waiting on each as `wait` allows.
+        self.in_order(holder, held, wait).await
+    }
+
+    /// Takes the names from the first one not in `held`, in order, waiting on each as `wait`
+    /// allows, then checks the whole set ([`complete`](Self::complete)).
+    async fn in_order(
+        &self,
+        holder: HolderId,
+        mut held: Vec<SingleLockGuard>,
+        wait: Wait,
+    ) -> Result<MultiLockGuard> {
+        let locks = &self.inner.locks;
         for l in &locks[held.len()..] {
             match l.acquire(holder, wait).await {
                 Ok(g) => held.push(g),
@@ -340,12 +359,38 @@ impl MultiLock {
                     if e.is_busy() || e.is_timeout() {
                         self.note_busy();
                     }
-                    release_all(held).await;
+                    drop(release_all(held).await);
                     return Err(e);
                 }
             }
         }
-        Ok(self.guard(holder, held))
+        self.complete(holder, held, wait).await
+    }
+
+    /// The guard for `held` (every name), unless a name taken early was lost while the caller
+    /// waited for a later one (its max hold, a failed renewal, an operator's force-unlock):
+    /// then everything is given back and the names are taken again in order, as `wait` still
+    /// allows; a caller that may not wait gets the loss.
+    async fn complete(
+        &self,
+        holder: HolderId,
+        held: Vec<SingleLockGuard>,
+        wait: Wait,
+    ) -> Result<MultiLockGuard> {
+        let lost = held.iter().find_map(|g| {
+            g.lease()
+                .loss_reason()
+                .map(|r| (g.lock().name().clone(), r))
+        });
+        let Some((name, reason)) = lost else {
+            return Ok(self.guard(holder, held));
+        };
+        tracing::debug!(lock = %self.inner.label, %name, %reason, "a name was lost while the set was taken; taking it again");
+        drop(release_all(held).await);
+        if matches!(wait, Wait::Immediate) || wait.deadline().is_some_and(|d| Instant::now() >= d) {
+            return Err(Error::lease_lost(name.to_string(), holder, reason));
+        }
+        Box::pin(self.in_order(holder, Vec::new(), wait)).await
     }
 
     /// Whether to take the names one by one: a busy answer came less than
@@ -476,15 +521,22 @@ impl MultiLock {
     }
 }
 
-/// Releases each guard, all at once; the outcomes are the guards' own business (a release
-/// that fails leaves the entry to end with its lease).
-async fn release_all(guards: Vec<SingleLockGuard>) {
+/// Releases each guard, all at once. A name found not held is given back; the first other
+/// failure is answered (that name's entry then ends with its lease).
+async fn release_all(guards: Vec<SingleLockGuard>) -> Result<()> {
     let releases: Vec<_> = guards.into_iter().map(SingleLockGuard::unlock).collect();
+    let mut first = None;
     for r in join_all(releases).await {
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "a multi-lock name could not be released; it ends with its lease");
+        match r {
+            Ok(_) => {}
+            Err(e) if e.is_not_held() => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "a multi-lock name could not be released; it ends with its lease");
+                first.get_or_insert(e);
+            }
         }
     }
+    first.map_or(Ok(()), Err)
 }
 
 impl fmt::Debug for MultiLock {
@@ -694,8 +746,8 @@ impl MultiLockGuard {
     ///
     /// # Errors
     ///
-    /// Backend failures; if a lease was lost meanwhile, that name's re-entry is a fresh
-    /// acquisition, which may find it busy ([`Error::Busy`]).
+    /// [`Error::LeaseLost`] when a name's hold ended meanwhile (the re-entry finds it gone;
+    /// every name re-entered is given back); backend failures.
     ///
     /// # Cancel safety
     ///
