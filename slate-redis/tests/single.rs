@@ -625,3 +625,36 @@ async fn a_waiter_with_live_notifications_does_not_poll(server: Deployment) {
     g.unlock().await.unwrap();
 }
 crate::per_topology!(a_waiter_with_live_notifications_does_not_poll);
+
+/// A process that tried the lock once (`try_lock`, busy) and left must not keep a place in the
+/// line: at the release the turn would be reserved for it and nobody else told, and a waiter
+/// whose notifications are live would sleep through the free lock (review finding on the
+/// live park). It gives its place back when its local queue drains, so the release goes to
+/// the waiter at once.
+async fn a_process_that_gave_up_does_not_hold_up_the_next_waiter(server: Deployment) {
+    let h = server.client();
+    let held = lock(&h, "gave-up", LEASE).lock().await.unwrap();
+    let t = server.client();
+    assert!(
+        lock(&t, "gave-up", LEASE)
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let w = server.client();
+    let waiter = tokio::spawn({
+        let l = lock(&w, "gave-up", LEASE);
+        async move { l.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let g = woken_by_the_release(
+        held,
+        waiter,
+        Duration::from_secs(5),
+        Duration::from_millis(400),
+    )
+    .await;
+    g.unlock().await.unwrap();
+}
+crate::per_topology!(a_process_that_gave_up_does_not_hold_up_the_next_waiter);

@@ -183,6 +183,16 @@ script_call! {
 }
 
 script_call! {
+    /// `leave.lua`: a drained process gives up its place in line and hands on its turn.
+    Leave => LEAVE {
+        keys: [queue, turn, channel],
+        optional_keys: [],
+        args: [queue_id: &'a str, reserve_ms: u64, publish: &'static str],
+        optional_args: [],
+    }
+}
+
+script_call! {
     /// `latch_set.lua`: set a countdown latch's count, only when it is open.
     LatchSet => LATCH_SET {
         keys: [latch, record],
@@ -381,8 +391,9 @@ mod tests {
             SharedAdmin,
             LatchSet,
             LatchDown,
+            Leave,
         );
-        assert_eq!(checked, 14);
+        assert_eq!(checked, 15);
     }
 
     #[test]

@@ -109,6 +109,9 @@ pub(crate) static RAISE_FENCE: LazyLock<SlateScript> =
 pub(crate) static MARK: LazyLock<SlateScript> =
     LazyLock::new(|| SlateScript::new(include_str!("mark.lua")));
 
+/// `leave.lua`: a drained process gives up its place in line and hands on its turn.
+pub(crate) static LEAVE: LazyLock<SlateScript> =
+    LazyLock::new(|| SlateScript::new(include_str!("leave.lua")));
 /// `latch_set.lua`: set a countdown latch's count.
 pub(crate) static LATCH_SET: LazyLock<SlateScript> =
     LazyLock::new(|| SlateScript::new(include_str!("latch_set.lua")));
@@ -161,7 +164,7 @@ pub(crate) static ALL: [&LazyLock<SlateScript>; 9] = [
 ];
 
 /// Every script by its file name (without `.lua`).
-static NAMED: [(&str, &LazyLock<SlateScript>); 14] = [
+static NAMED: [(&str, &LazyLock<SlateScript>); 15] = [
     ("acquire", &ACQUIRE),
     ("release", &RELEASE),
     ("renew", &RENEW),
@@ -174,6 +177,7 @@ static NAMED: [(&str, &LazyLock<SlateScript>); 14] = [
     ("shared_renew", &SHARED_RENEW),
     ("shared_leave", &SHARED_LEAVE),
     ("shared_admin", &SHARED_ADMIN),
+    ("leave", &LEAVE),
     ("latch_set", &LATCH_SET),
     ("latch_down", &LATCH_DOWN),
 ];

@@ -41,6 +41,45 @@ pub(crate) struct RedisCompetitor {
     pub(crate) turn: Turn,
     /// The hold being passed between local holders, if the current one allows passes.
     pub(crate) cohort: Mutex<Option<Cohort>>,
+    /// This process's place in the lock's line of waiting processes.
+    pub(crate) line: Arc<InLine>,
+}
+
+/// Whether this process may have a place in the lock's line of waiting processes (`queue`):
+/// a busy answer put it there and no grant has taken it out since; and the attempts in flight,
+/// one of which may be a waiter's on its way into the line. A process whose local waiters all
+/// left gives its place back (`leave.lua`), so that no release reserves the lock for a process
+/// that will not claim it.
+#[derive(Debug, Default)]
+pub(crate) struct InLine {
+    queued: std::sync::atomic::AtomicBool,
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+/// An attempt in flight, counted in [`InLine`] while it lives.
+struct Flying(Arc<InLine>);
+
+impl Flying {
+    fn start(line: &Arc<InLine>) -> Self {
+        line.in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Flying(Arc::clone(line))
+    }
+
+    /// Records what the attempt's answer did to the process's place in line.
+    fn answered(&self, queued: bool) {
+        self.0
+            .queued
+            .store(queued, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Flying {
+    fn drop(&mut self) {
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl RedisCompetitor {
@@ -534,6 +573,7 @@ impl RedisCompetitor {
         let keys = self.keys.clone();
         let me = self.me.clone();
         let inner = client.clone();
+        let flying = Flying::start(&self.line);
         inner.on_runtime(async move {
             let sent = Instant::now();
             *lock(&last) = Some(sent);
@@ -616,6 +656,13 @@ impl RedisCompetitor {
                 }))
             };
             match reply.as_slice() {
+                // A grant takes the process out of the line (acquire.lua).
+                [1, ..] => flying.answered(false),
+                // A busy answer puts it in (when it has a queue id).
+                [0, _] => flying.answered(!turn.queue_id.is_empty()),
+                _ => {}
+            }
+            match reply.as_slice() {
                 // A block's size is absent from a replayed answer (a request record): no passes.
                 [1, token] => {
                     tracing::debug!(lock = %label, %holder, token, "acquired");
@@ -669,8 +716,11 @@ pub(crate) const LIVE_PARK_CAP: Duration = Duration::from_secs(1);
 impl Competitor for RedisCompetitor {
     type Grant = Grant;
 
+    /// [`LIVE_PARK_CAP`], or half the lease if shorter: the line of waiting processes
+    /// expires with the lease of the last busy answer, and a waiter asks again before its
+    /// place in it lapses.
     fn live_park_cap(&self) -> Option<Duration> {
-        Some(LIVE_PARK_CAP)
+        Some(LIVE_PARK_CAP.min(self.options.lease() / 2))
     }
 
     fn grant_deadline(&self, grant: &Grant) -> Option<Instant> {
@@ -806,15 +856,57 @@ impl Competitor for RedisCompetitor {
             .subscribe_releases(self.keys.channel.clone(), target, last)
     }
 
+    /// Unsubscribes, and gives the process's place in line back if a busy answer put it
+    /// there (see [`InLine`]).
     fn queue_drained(&self) {
         // Also called when an attempt whose caller was dropped ends in the background, with
         // tasks possibly queued by then: their notifications must stay (issue 28, item 12).
-        if self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0) {
+        let Some(shared) = self.me.upgrade() else {
+            return;
+        };
+        if shared.sync.waiters() > 0 {
             return;
         }
         self.client
             .inner
             .notifier
             .unsubscribe(&self.client, &self.keys.channel);
+        if shared.sync.waiters() > 0 {
+            // A waiter queued between the check and the unsubscription may have been told its
+            // notifications are live: wake it, so that it subscribes again now rather than at
+            // its retry timer.
+            shared.sync.notify_released();
+            return;
+        }
+        // An attempt in flight may be a waiter's on its way into the line (its busy answer
+        // renews the place it then waits in): the place stays; a later drain ends it.
+        if self
+            .line
+            .in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 0
+            && self
+                .line
+                .queued
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            let (client, keys, turn) = (self.client.clone(), self.keys.clone(), self.turn.clone());
+            self.client.spawn(async move {
+                let call = scripts::call::Leave {
+                    queue: &keys.queue,
+                    turn: &keys.turn,
+                    channel: &keys.channel,
+                    queue_id: &turn.queue_id,
+                    reserve_ms: scripts::lease_ms(turn.reserve),
+                    publish: client.publish_arg(),
+                };
+                let left: Result<i64> = client
+                    .exec("leave script", |mut c| async move { call.eval(&mut c).await })
+                    .await;
+                if let Err(e) = left {
+                    tracing::debug!(error = %e, "leaving the line failed; a turn reserved for this process lapses by itself");
+                }
+            });
+        }
     }
 }

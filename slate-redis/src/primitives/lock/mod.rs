@@ -251,6 +251,7 @@ impl SingleLockBuilder {
                                 last_attempt: Arc::new(Mutex::new(None)),
                                 cohort: Mutex::new(None),
                                 turn,
+                                line: Arc::default(),
                             },
                             spin_wait,
                         ),
