@@ -891,7 +891,17 @@ impl Competitor for RedisCompetitor {
                 .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
             let (client, keys, turn) = (self.client.clone(), self.keys.clone(), self.turn.clone());
+            let (line, me) = (Arc::clone(&self.line), self.me.clone());
             self.client.spawn(async move {
+                // Checked again as the task runs: a waiter that came meanwhile keeps the place.
+                // One that comes between this check and the script's run may have its fresh
+                // place taken out: it is then not told of the next release that addresses
+                // another process, and asks again at its retry timer (at most a second).
+                let waiting = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+                if waiting || line.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                    line.queued.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
                 let call = scripts::call::Leave {
                     queue: &keys.queue,
                     turn: &keys.turn,
