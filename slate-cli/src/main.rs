@@ -2,9 +2,9 @@
 //! inspect and clear locks, and a live demo that needs nothing but `redis-server`.
 //!
 //! ```text
-//! slate run --lock NAME [--redis URL]... [--lease 30s] [--wait 10s] [--on-lost kill|term|ignore]
+//! slate run --lock NAME [--lock NAME]... [--redis URL]... [--lease 30s] [--wait 10s] [--on-lost kill|term|ignore]
 //!           [--read | --write | --permits K --of N] -- CMD [ARGS]...
-//! slate status NAME [--redis URL]... [--json]
+//! slate status NAME [NAME]... [--redis URL]... [--json]
 //! slate unlock --force NAME [--redis URL]...
 //!   (instead of --redis: --cluster URL... for a Redis Cluster, --sentinel URL...
 //!    --master-name NAME for a Sentinel-managed master, or --zookeeper HOST:PORT[,...] for the
@@ -27,6 +27,7 @@ mod demo;
 mod duration;
 mod exit;
 mod latch;
+mod multi;
 mod nodes;
 mod run;
 mod status;
@@ -74,6 +75,10 @@ it (slate stopped, hung or starved: it holds the lease deadline itself), and whe
 before the lock is released: nothing of CMD runs once another holder can get the lock.\n\n\
 CMD gets SLATE_LOCK, SLATE_FENCING_TOKEN (strictly increasing across holders: pass it to the \
 storage you write to) and SLATE_HOLDER in its environment.\n\n\
+With --lock given more than once, CMD runs while every name is held (all or nothing; names are \
+taken in one canonical order, so jobs naming overlapping sets in any order never deadlock); it \
+gets SLATE_LOCK=a,b and SLATE_FENCING_TOKENS=a=12,b=40 (each name's own token) instead of \
+SLATE_FENCING_TOKEN.\n\n\
 By default (or with --write) CMD runs alone. With --read it runs beside the other --read jobs \
 of the name, never beside a writer; a writer waits for the readers inside to leave and keeps new \
 ones out meanwhile. With --permits K --of N it takes K of the N permits of a semaphore named \
@@ -204,9 +209,12 @@ struct Common {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// Lock name (any text; the same name on the same Redis is the same lock).
-    #[arg(long, value_name = "NAME")]
-    lock: String,
+    /// Lock name (any text; the same name on the same Redis is the same lock). Repeat it to
+    /// hold several names as one (all or nothing, no deadlock whatever order other jobs name
+    /// them in; one Redis deployment): CMD then gets SLATE_FENCING_TOKENS=a=12,b=40 instead of
+    /// SLATE_FENCING_TOKEN.
+    #[arg(long, value_name = "NAME", required = true)]
+    lock: Vec<String>,
     #[command(flatten)]
     common: Common,
     /// Lease: how long the lock outlives slate if it dies (renewed every lease/2 while CMD runs).
@@ -254,9 +262,10 @@ struct RunArgs {
 
 #[derive(Debug, Args)]
 struct StatusArgs {
-    /// Lock name.
-    #[arg(value_name = "NAME")]
-    name: String,
+    /// Lock name; several names (the names of a multi-lock) are shown one after the other
+    /// (with --json, as an array).
+    #[arg(value_name = "NAME", required = true)]
+    names: Vec<String>,
     #[command(flatten)]
     common: Common,
     /// Print JSON (stable field names: lock, prefix, kind, quorum, held, holder, nodes[index,
@@ -400,7 +409,8 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
         Cmd::Run(args) => {
             let spec = RunSpec {
                 servers: servers(&args.common)?,
-                name: args.lock,
+                name: args.lock.join("+"),
+                names: args.lock,
                 prefix: args.common.prefix,
                 lease: args.lease,
                 wait: args.wait,
@@ -447,13 +457,17 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
         Cmd::Status(args) => {
             let servers = servers(&args.common)?;
             let rt = runtime()?;
-            let code = match &servers {
-                target::Servers::ZooKeeper(zk) => {
-                    rt.block_on(zk::status(zk, &args.name, &args.common.prefix, args.json))
+            let code = match (&servers, args.names.as_slice()) {
+                (target::Servers::ZooKeeper(zk), [name]) => {
+                    rt.block_on(zk::status(zk, name, &args.common.prefix, args.json))
+                }
+                (target::Servers::ZooKeeper(_), _) => {
+                    eprintln!("slate: status shows one ZooKeeper lock at a time");
+                    exit::USAGE
                 }
                 _ => rt.block_on(status::status(
                     &servers,
-                    &args.name,
+                    &args.names,
                     &args.common.prefix,
                     args.json,
                 )),
@@ -569,6 +583,7 @@ mod tests {
             panic!("not run");
         };
         assert_eq!(args.command, ["sh", "-c", "exit 7"]);
+        assert_eq!(args.lock, ["l"]);
         assert_eq!(args.lease, Duration::from_secs(30));
         assert_eq!(args.wait, WaitFor::Upto(Duration::from_secs(10)));
         assert_eq!(args.on_lost, OnLost::Kill);

@@ -62,8 +62,10 @@ pub struct RunSpec {
     /// The deployment: masters (one: single lock; several: combination lock), a cluster, or
     /// a Sentinel group.
     pub servers: crate::target::Servers,
-    /// Lock name.
+    /// Lock name (several names: `names`, and this is them joined for messages).
     pub name: String,
+    /// Every `--lock` name: more than one makes a multi-lock.
+    pub names: Vec<String>,
     /// Key prefix.
     pub prefix: String,
     /// Lease.
@@ -82,6 +84,9 @@ pub struct RunSpec {
 
 /// Runs `slate run` and returns the exit code.
 pub async fn run(spec: RunSpec) -> u8 {
+    if spec.names.len() > 1 {
+        return crate::multi::run(spec).await;
+    }
     let target = match Target::build(&spec.servers, &spec.name, &spec.prefix, spec.lease).await {
         Ok(t) => t,
         Err(e) => {
@@ -111,7 +116,13 @@ pub async fn run(spec: RunSpec) -> u8 {
     match (target, spec.mode) {
         (Target::Combination(lock), Mode::Write) => {
             let busy = async || format!("held by another holder{}", lease_note(&lock).await);
-            run_locked(async |h, w| lock.acquire(h, w).await, busy, &spec).await
+            run_locked(
+                async |h, w| lock.acquire(h, w).await,
+                busy,
+                &spec,
+                one_token(&spec),
+            )
+            .await
         }
         (Target::ZooKeeper(lock), Mode::Write) => {
             let busy = async || match lock.status().await {
@@ -129,7 +140,13 @@ pub async fn run(spec: RunSpec) -> u8 {
                 },
                 Err(_) => "held by another holder".to_owned(),
             };
-            run_locked(async |h, w| lock.acquire(h, w).await, busy, &spec).await
+            run_locked(
+                async |h, w| lock.acquire(h, w).await,
+                busy,
+                &spec,
+                one_token(&spec),
+            )
+            .await
         }
         (Target::ZooKeeper(_), _) => usage(&Error::invalid_input(
             "--read/--permits",
@@ -163,6 +180,7 @@ pub async fn run(spec: RunSpec) -> u8 {
                 async |_, w| sem.acquire_waiting(permits, w).await,
                 busy,
                 &spec,
+                one_token(&spec),
             )
             .await
         }
@@ -180,8 +198,13 @@ pub async fn run(spec: RunSpec) -> u8 {
             };
             if mode == Mode::Read {
                 let busy = async || format!("a writer holds it{}", lease_note(&lock).await);
-                return run_locked(async |h, w| readers.acquire_read(h, w).await, busy, &spec)
-                    .await;
+                return run_locked(
+                    async |h, w| readers.acquire_read(h, w).await,
+                    busy,
+                    &spec,
+                    one_token(&spec),
+                )
+                .await;
             }
             let take = async |h, w| {
                 let guard = lock.acquire(h, w).await?;
@@ -197,13 +220,27 @@ pub async fn run(spec: RunSpec) -> u8 {
                 Ok(s) if s.readers() > 0 => format!("{} readers hold it", s.readers()),
                 _ => format!("held by another holder{}", lease_note(&lock).await),
             };
-            run_locked(take, busy, &spec).await
+            run_locked(take, busy, &spec, one_token(&spec)).await
         }
     }
 }
 
+/// The command's environment for a lock of one name: `SLATE_LOCK`, `SLATE_FENCING_TOKEN`
+/// (`SLATE_HOLDER` is added by `run_locked`).
+fn one_token<G: LockGuard>(spec: &RunSpec) -> impl Fn(&G) -> Vec<(&'static str, String)> + '_ {
+    |guard: &G| {
+        vec![
+            ("SLATE_LOCK", spec.name.clone()),
+            (
+                "SLATE_FENCING_TOKEN",
+                guard.fencing_token().get().to_string(),
+            ),
+        ]
+    }
+}
+
 /// Reports a usage error.
-fn usage(e: &Error) -> u8 {
+pub(crate) fn usage(e: &Error) -> u8 {
     eprintln!("slate: {e}");
     exit::USAGE
 }
@@ -217,11 +254,11 @@ async fn lease_note<L: DistributedLock>(lock: &L) -> String {
 }
 
 /// How often a writer that holds the lock checks whether the readers left.
-const DRAIN_POLL: Duration = Duration::from_millis(50);
+pub(crate) const DRAIN_POLL: Duration = Duration::from_millis(50);
 
 /// After a writer took the lock of the name (which keeps new readers out), waits within
 /// `wait` until the readers already in have left.
-async fn drain(readers: &RwLock, wait: Wait, name: &str) -> Result<(), Error> {
+pub(crate) async fn drain(readers: &RwLock, wait: Wait, name: &str) -> Result<(), Error> {
     let start = Instant::now();
     loop {
         let status = readers.status().await?;
@@ -372,11 +409,12 @@ fn acquire_error_code(e: &Error) -> u8 {
 
 /// Takes the lock with `take` (retrying transient failures within `--wait`), runs CMD and
 /// releases; `busy` says who holds the lock when the wait runs out.
-async fn run_locked<G, T, B>(take: T, busy: B, spec: &RunSpec) -> u8
+pub(crate) async fn run_locked<G, T, B, E>(take: T, busy: B, spec: &RunSpec, env: E) -> u8
 where
     G: LockGuard,
     T: AsyncFn(HolderId, Wait) -> Result<G, Error>,
     B: AsyncFn() -> String,
+    E: Fn(&G) -> Vec<(&'static str, String)>,
 {
     let mut signals = match Signals::install() {
         Ok(s) => s,
@@ -463,9 +501,17 @@ where
         }
         return code;
     };
-    let token = guard.fencing_token().get();
+    let mut env = env(&guard);
     if spec.verbose {
-        eprintln!("slate: acquired lock {name:?} (fencing token {token}, holder {holder})");
+        let tokens: Vec<String> = env
+            .iter()
+            .filter(|(k, _)| k.starts_with("SLATE_FENCING_TOKEN"))
+            .map(|(_, v)| v.clone())
+            .collect();
+        eprintln!(
+            "slate: acquired lock {name:?} (fencing token {}, holder {holder})",
+            tokens.join(" ")
+        );
     }
     if tree.deadlines(deadlines(&guard, spec)).await.is_err() {
         eprintln!("slate: the guardian of the command died; not running the command");
@@ -473,11 +519,7 @@ where
         release(guard, name, spec.verbose, false).await;
         return exit::INTERNAL;
     }
-    let env = [
-        ("SLATE_LOCK", spec.name.clone()),
-        ("SLATE_FENCING_TOKEN", token.to_string()),
-        ("SLATE_HOLDER", holder.to_string()),
-    ];
+    env.push(("SLATE_HOLDER", holder.to_string()));
     let modes = TtyModes::save();
     if let Err((code, msg)) = tree.run(&env).await {
         eprintln!("slate: {msg}");

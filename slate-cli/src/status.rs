@@ -548,19 +548,27 @@ pub fn table<const N: usize>(header: &[String; N], rows: &[[String; N]]) -> Stri
 }
 
 /// `slate status`: prints the report; exit 0 when every node answered, 69 otherwise.
-pub async fn status(servers: &Servers, name: &str, prefix: &str, json: bool) -> u8 {
+pub async fn status(servers: &Servers, names: &[String], prefix: &str, json: bool) -> u8 {
     if let Some(code) = wrong_topology(servers).await {
         return code;
     }
-    let report = match collect(servers, name, prefix).await {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("slate: {e}");
-            return exit::USAGE;
+    let mut reports = Vec::with_capacity(names.len());
+    for name in names {
+        match collect(servers, name, prefix).await {
+            Ok(r) => reports.push(r),
+            Err(e) => {
+                eprintln!("slate: {e}");
+                return exit::USAGE;
+            }
         }
-    };
+    }
     if json {
-        match serde_json::to_string_pretty(&report) {
+        // One name: its object; several (`slate status a b`): an array of them.
+        let encoded = match reports.as_slice() {
+            [one] => serde_json::to_string_pretty(one),
+            all => serde_json::to_string_pretty(all),
+        };
+        match encoded {
             Ok(s) => println!("{s}"),
             Err(e) => {
                 eprintln!("slate: cannot encode the status: {e}");
@@ -568,9 +576,14 @@ pub async fn status(servers: &Servers, name: &str, prefix: &str, json: bool) -> 
             }
         }
     } else {
-        print!("{}", render(&report));
+        for (i, report) in reports.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            print!("{}", render(report));
+        }
     }
-    if report.nodes.iter().all(|n| n.ok) {
+    if reports.iter().all(|r| r.nodes.iter().all(|n| n.ok)) {
         exit::OK
     } else {
         exit::REDIS

@@ -1748,3 +1748,122 @@ fn latch_processes_count_down_while_others_wait() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("one Redis deployment"));
 }
+
+/// `slate run --lock a --lock b`: jobs naming overlapping sets in opposite orders never run
+/// together and never deadlock; a plain job of one of the names is excluded too; the command
+/// gets each name's token; a set with --read, or a name with ',' is a usage error.
+#[test]
+fn runs_over_several_names_exclude_each_other_in_any_order() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo \"start $$ $(date +%s%N) $SLATE_LOCK $SLATE_FENCING_TOKENS ${{SLATE_FENCING_TOKEN:-none}}\" >> {log}; sleep 0.05; echo \"end $$ $(date +%s%N)\" >> {log}",
+        log = log.display()
+    );
+    let sets: [&[&str]; 3] = [&["a", "b"], &["b", "a"], &["b"]];
+    for _ in 0..3 {
+        let runs: Vec<Running> = sets
+            .iter()
+            .map(|set| {
+                let mut args = vec!["run", "--wait", "forever", "--redis", url.as_str()];
+                for name in *set {
+                    args.extend(["--lock", name]);
+                }
+                args.extend(["--", "sh", "-c", &script]);
+                Running::start(&args)
+            })
+            .collect();
+        for r in runs {
+            let (code, err) = r.finish();
+            assert_eq!(code, Some(0), "{err}");
+        }
+    }
+    let content = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<Vec<&str>> = content.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len(), 3 * 3 * 2, "{content}");
+    let mut last_end = 0u128;
+    let mut sets_seen = 0;
+    for pair in lines.chunks(2) {
+        let (s, e) = (&pair[0], &pair[1]);
+        assert_eq!(
+            (s[0], e[0], s[1]),
+            ("start", "end", e[1]),
+            "interleaved:\n{content}"
+        );
+        let (ts, te): (u128, u128) = (s[2].parse().expect("ns"), e[2].parse().expect("ns"));
+        assert!(ts >= last_end && te >= ts, "overlapping runs:\n{content}");
+        last_end = te;
+        if s[3].contains(',') {
+            sets_seen += 1;
+            let tokens = s[4];
+            assert!(
+                tokens.starts_with("a=") || tokens.starts_with("b="),
+                "SLATE_FENCING_TOKENS: {tokens}"
+            );
+            assert_eq!(tokens.split(',').count(), 2, "{tokens}");
+            assert_eq!(s[5], "none", "no single token for a set");
+        }
+    }
+    assert_eq!(sets_seen, 6);
+
+    let out = output(&[
+        "run", "--lock", "a", "--lock", "b", "--read", "--redis", &url, "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = output(&[
+        "run", "--lock", "a,x", "--lock", "b", "--redis", &url, "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("','"), "{}", text(&out.stderr));
+    let out = output(&[
+        "run", "--lock", "a", "--lock", "a", "--redis", &url, "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("twice"), "{}", text(&out.stderr));
+}
+
+/// `slate status a b`: each name's report, in the order given (with --json, an array).
+#[test]
+fn status_of_several_names() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let rt = runtime();
+    let guard = rt.block_on(async {
+        let client = RedisClient::open(&url).expect("client");
+        let set = slate_redis::MultiLock::builder(&client, ["a", "b"])
+            .build()
+            .expect("set");
+        set.lock().await.expect("held")
+    });
+    let out = output(&["status", "b", "a", "c", "--redis", &url, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let all = v.as_array().expect("an array for several names");
+    let held: Vec<(String, bool)> = all
+        .iter()
+        .map(|r| {
+            (
+                r["lock"].as_str().unwrap().to_owned(),
+                r["held"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        held,
+        [
+            ("b".to_owned(), true),
+            ("a".to_owned(), true),
+            ("c".to_owned(), false)
+        ]
+    );
+    let out = output(&["status", "a", "b", "--redis", &url]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stdout).matches("lock ").count() >= 2,
+        "{}",
+        text(&out.stdout)
+    );
+    rt.block_on(guard.unlock()).expect("unlock");
+}
