@@ -59,6 +59,11 @@ fn combined(guards: &[SingleLockGuard]) -> LeaseWatch {
     let earliest = |w: &[LeaseWatch]| w.iter().map(LeaseWatch::deadline).min();
     let (keeper, watch) =
         lease::channel(earliest(&watches).unwrap_or_else(std::time::Instant::now));
+    // A name already lost is lost in the combined lease at once, before anyone reads it.
+    if let Some(reason) = watches.iter().find_map(LeaseWatch::loss_reason) {
+        keeper.lose(reason);
+        return watch;
+    }
     tokio::spawn(async move {
         loop {
             if let Some(reason) = watches.iter().find_map(LeaseWatch::loss_reason) {
@@ -73,10 +78,14 @@ fn combined(guards: &[SingleLockGuard]) -> LeaseWatch {
                 // deadline passes).
                 return;
             }
-            let changes = watches
+            let changes: Vec<_> = watches
                 .iter_mut()
                 .filter(|w| !w.is_closed())
-                .map(|w| Box::pin(w.changed()));
+                .map(|w| Box::pin(w.changed()))
+                .collect();
+            if changes.is_empty() {
+                return;
+            }
             select_all(changes).await;
         }
     });

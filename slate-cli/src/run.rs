@@ -520,6 +520,17 @@ where
         return exit::INTERNAL;
     }
     env.push(("SLATE_HOLDER", holder.to_string()));
+    // A lease lost while the lock was being taken (a set's early name, a drain of readers
+    // that took long): the command must not start.
+    if let Some(reason) = guard.lease().loss_reason() {
+        eprintln!(
+            "slate: lease on lock {name:?} lost ({reason}) before the command started; not \
+             running it"
+        );
+        tree.end().await;
+        release(guard, name, spec.verbose, true).await;
+        return exit::LEASE_LOST;
+    }
     let modes = TtyModes::save();
     if let Err((code, msg)) = tree.run(&env).await {
         eprintln!("slate: {msg}");

@@ -28,7 +28,7 @@
 //! - [`Semaphore`]: `n` permits across processes, each acquisition's permits leased and
 //!   renewed (a crashed holder's come back); [`SemaphorePermit`].
 //! - [`MultiLock`]: several named locks held as one, all or nothing, deadlock-free whatever
-//!   sets other callers take (one canonical order); [`MultiLockGuard`] has each name's token.
+//!   sets other callers take (one canonical order: sorted keys); [`MultiLockGuard`] has each name's token.
 //! - [`CountDownLatch`]: wait until `n` count-downs have happened, in any processes (woken by a
 //!   message, each count-down counted once even when sent again).
 //!

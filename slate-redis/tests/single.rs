@@ -658,3 +658,46 @@ async fn a_process_that_gave_up_does_not_hold_up_the_next_waiter(server: Deploym
     g.unlock().await.unwrap();
 }
 crate::per_topology!(a_process_that_gave_up_does_not_hold_up_the_next_waiter);
+
+/// A release that keeps the turn for its process's local waiter, who leaves (times out) while
+/// the release is on its way: the turn is handed on to the waiting process at once, not when
+/// its reservation lapses and the other process's retry timer fires (second review of the
+/// live park).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_kept_for_a_local_waiter_that_left_is_handed_on() {
+    let server = server();
+    let proxy = slate_harness::proxy::FaultProxy::start(server.addr()).expect("proxy");
+    let p = RedisClient::open(proxy.url()).expect("client");
+    let q = client(&server);
+    let held = lock(&p, "kept", LEASE).lock().await.unwrap();
+    let other = tokio::spawn({
+        let l = lock(&q, "kept", LEASE);
+        async move { l.lock().await.map(|g| (g, Instant::now())) }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // P's local waiter queues behind the holder (no remote attempt) and gives up in 50 ms.
+    let local = tokio::spawn({
+        let l = lock(&p, "kept", LEASE);
+        async move { l.try_lock_for(Duration::from_millis(50)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    proxy
+        .set_mode(slate_harness::proxy::Mode::Delay {
+            to_server: Duration::from_millis(100),
+            to_client: Duration::ZERO,
+        })
+        .unwrap();
+    let released = Instant::now();
+    held.unlock().await.unwrap();
+    assert!(local.await.unwrap().is_err_and(|e| e.is_timeout()));
+    let (g, at) = within(Duration::from_secs(5), "the other process", other)
+        .await
+        .unwrap()
+        .unwrap();
+    let after = at.duration_since(released);
+    assert!(
+        after < Duration::from_millis(450),
+        "the other process got the lock {after:?} after the release began"
+    );
+    g.unlock().await.unwrap();
+}

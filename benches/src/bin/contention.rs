@@ -52,6 +52,10 @@ struct Cli {
     /// `slate-rw` shares the reads; every other implementation takes its lock for both.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
     read_percent: u8,
+    /// Names each acquisition takes together (lock i and the ones after it: overlapping sets,
+    /// with --locks above it), for slate-multi, slate-ordered, redis-lock and redisson.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
+    set_size: u64,
 }
 
 fn parse_server(s: &str) -> Result<ServerKind, String> {
@@ -79,6 +83,8 @@ enum Command {
         locks: usize,
         #[arg(long, default_value_t = 0)]
         read_percent: u8,
+        #[arg(long, default_value_t = 1)]
+        set_size: usize,
     },
 }
 
@@ -94,6 +100,7 @@ fn main() -> ExitCode {
             start_at_ns,
             locks,
             read_percent,
+            set_size,
         }) => {
             let args = WorkerArgs {
                 implementation,
@@ -104,6 +111,7 @@ fn main() -> ExitCode {
                 start_at_ns,
                 locks,
                 read_percent,
+                set_size,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -154,6 +162,7 @@ fn main() -> ExitCode {
                 locks: usize::try_from(cli.locks).unwrap_or(1),
                 servers: cli.servers,
                 read_percent: cli.read_percent,
+                set_size: usize::try_from(cli.set_size).unwrap_or(1),
             };
             let results = match runner::run_plan(&plan) {
                 Ok(r) => r,

@@ -6,7 +6,8 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use slate_combination::{CombinationLock, CombinationLockGuard, NodeSet, NodeSetOptions, Order};
 use slate_redis::{
-    RedisClient, RwLock, RwLockReadGuard, RwLockWriteGuard, SingleLock, SingleLockGuard,
+    HolderId, MultiLock, MultiLockGuard, RedisClient, RwLock, RwLockReadGuard, RwLockWriteGuard,
+    SingleLock, SingleLockGuard, Wait,
 };
 
 use slate_zookeeper::{ZkClient, ZkLock, ZkLockGuard};
@@ -36,6 +37,17 @@ pub enum Locker {
     ZkCurator(zookeeper_client::Client),
     /// The `rslock` crate (Redlock), with its default retry settings.
     Rslock(rslock::LockManager),
+    /// Slate's multi-lock, one per set (indexed by the set's first lock).
+    SlateMulti(Vec<MultiLock>),
+    /// Slate's single locks, one handle per lock name, a set taken in sorted order by hand.
+    SlateOrdered(Vec<SingleLock>),
+    /// `redis-lock`: the client its `MultiResourceLock` is made from (it opens a connection
+    /// per call).
+    #[cfg(feature = "multi-peers")]
+    RedisLock(redis027::Client),
+    /// The `redisson` crate's client (boxed: it is large).
+    #[cfg(feature = "multi-peers")]
+    Redisson(Box<redisson::AsyncRedissonClient>),
     /// `SET NX PX`, sleeping 1 ms between failed attempts; compare-and-delete release.
     Spin {
         /// One multiplexed connection per process.
@@ -63,6 +75,16 @@ pub enum Held {
     Rslock(rslock::Lock),
     /// The spin lock's random value.
     Spin(String),
+    /// Slate's multi-lock guard.
+    SlateMulti(MultiLockGuard),
+    /// Slate's single-lock guards of a set.
+    SlateOrdered(Vec<SingleLockGuard>),
+    /// `redis-lock`'s lock id.
+    #[cfg(feature = "multi-peers")]
+    RedisLock(String),
+    /// The `redisson` crate's held multi-lock.
+    #[cfg(feature = "multi-peers")]
+    Redisson(redisson::AsyncRMultiLock),
 }
 
 impl Locker {
@@ -75,6 +97,7 @@ impl Locker {
         which: Impl,
         nodes: &[String],
         names: &[String],
+        set_size: usize,
     ) -> Result<Locker, String> {
         let singles = |client: RedisClient| -> Result<Locker, String> {
             let locks = names
@@ -160,6 +183,48 @@ impl Locker {
             Impl::Rslock1 | Impl::Rslock3 => {
                 Ok(Locker::Rslock(rslock::LockManager::new(nodes.to_vec())))
             }
+            Impl::SlateMulti => {
+                let client = RedisClient::open(&nodes[0]).map_err(|e| e.to_string())?;
+                let sets = (0..names.len())
+                    .map(|i| {
+                        let set = (0..set_size).map(|k| names[(i + k) % names.len()].as_str());
+                        MultiLock::builder(&client, set)
+                            .lease(LEASE)
+                            .build()
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Locker::SlateMulti(sets))
+            }
+            Impl::SlateOrdered => {
+                match singles(RedisClient::open(&nodes[0]).map_err(|e| e.to_string())?)? {
+                    Locker::Slate(locks) => Ok(Locker::SlateOrdered(locks)),
+                    _ => unreachable!("singles makes single locks"),
+                }
+            }
+            #[cfg(feature = "multi-peers")]
+            Impl::RedisLock => {
+                let client =
+                    redis027::Client::open(nodes[0].as_str()).map_err(|e| e.to_string())?;
+                redis_lock::setup(&client)
+                    .await
+                    .map_err(|e| format!("redis-lock setup: {e}"))?;
+                Ok(Locker::RedisLock(client))
+            }
+            #[cfg(feature = "multi-peers")]
+            Impl::Redisson => {
+                let config =
+                    redisson::RedissonConfig::single_server(&nodes[0]).with_lock_expire_time(LEASE);
+                let client = redisson::AsyncRedissonClient::new(config)
+                    .await
+                    .map_err(|e| format!("redisson: {e}"))?;
+                Ok(Locker::Redisson(Box::new(client)))
+            }
+            #[cfg(not(feature = "multi-peers"))]
+            Impl::RedisLock | Impl::Redisson => Err(format!(
+                "{which} is built with the runner's multi-peers feature: cargo build --release \
+                 -p benches --bin contention --features multi-peers"
+            )),
             Impl::Spin => {
                 let client = redis::Client::open(nodes[0].as_str()).map_err(|e| e.to_string())?;
                 let conn = client
@@ -220,6 +285,22 @@ impl Locker {
                 Err(e) if e.is_timeout() => Ok(None),
                 Err(e) => Err(e.to_string()),
             },
+            // Sets of one name (`--set-size 1`).
+            Locker::SlateMulti(sets) => match sets[index].try_lock_until(give_up).await {
+                Ok(g) => Ok(Some(Held::SlateMulti(g))),
+                Err(e) if e.is_timeout() => Ok(None),
+                Err(e) => Err(e.to_string()),
+            },
+            Locker::SlateOrdered(locks) => match locks[index].try_lock_until(give_up).await {
+                Ok(g) => Ok(Some(Held::SlateOrdered(vec![g]))),
+                Err(e) if e.is_timeout() => Ok(None),
+                Err(e) => Err(e.to_string()),
+            },
+            #[cfg(feature = "multi-peers")]
+            Locker::RedisLock(_) | Locker::Redisson(_) => {
+                let names = [(name.to_owned(), String::new())];
+                self.acquire_set(0, &[0], &names, give_up).await
+            }
             Locker::ZkCurator(client) => {
                 use zookeeper_client::{Acls, CreateMode, LockOptions, LockPrefix};
                 let dir = format!("/curator/{name}");
@@ -276,6 +357,94 @@ impl Locker {
         }
     }
 
+    /// Acquires the names `set` (indices into `names`, lock name first) together, giving up
+    /// at `give_up` (`Ok(None)`); `index` is the set's first lock.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures, as text.
+    pub async fn acquire_set(
+        &self,
+        index: usize,
+        set: &[usize],
+        names: &[(String, String)],
+        give_up: Instant,
+    ) -> Result<Option<Held>, String> {
+        match self {
+            Locker::SlateMulti(sets) => match sets[index].try_lock_until(give_up).await {
+                Ok(g) => Ok(Some(Held::SlateMulti(g))),
+                Err(e) if e.is_timeout() => Ok(None),
+                Err(e) => Err(e.to_string()),
+            },
+            // What a careful application writes by hand: sort the names, take them in that
+            // order as one holder, give everything back on a timeout.
+            Locker::SlateOrdered(locks) => {
+                let mut order = set.to_vec();
+                order.sort_by(|a, b| names[*a].0.cmp(&names[*b].0));
+                let holder = HolderId::new();
+                let mut held = Vec::with_capacity(order.len());
+                for i in order {
+                    match locks[i].acquire(holder, Wait::Until(give_up)).await {
+                        Ok(g) => held.push(g),
+                        Err(e) => {
+                            for g in held {
+                                let _ = g.unlock().await;
+                            }
+                            return if e.is_timeout() {
+                                Ok(None)
+                            } else {
+                                Err(e.to_string())
+                            };
+                        }
+                    }
+                }
+                Ok(Some(Held::SlateOrdered(held)))
+            }
+            #[cfg(feature = "multi-peers")]
+            Locker::RedisLock(client) => {
+                // `acquire_default`'s loop (its default sleep, 1 s), bounded by the deadline.
+                let resources: Vec<String> = set.iter().map(|&i| names[i].0.clone()).collect();
+                let mut lock = redis_lock::MultiResourceLock::new(client.clone())
+                    .map_err(|e| e.to_string())?;
+                let timeout = give_up.saturating_duration_since(Instant::now());
+                match lock
+                    .acquire(&resources, LEASE, timeout, redis_lock::DEFAULT_SLEEP)
+                    .await
+                {
+                    Ok(Some(id)) => Ok(Some(Held::RedisLock(id))),
+                    Ok(None) => Ok(None),
+                    Err(e) => Err(format!("redis-lock: {e}")),
+                }
+            }
+            #[cfg(feature = "multi-peers")]
+            Locker::Redisson(client) => {
+                let set_names: Vec<String> = set.iter().map(|&i| names[i].0.clone()).collect();
+                let multi = client.get_multi_lock(set_names);
+                loop {
+                    match multi.lock().await {
+                        Ok(()) => return Ok(Some(Held::Redisson(multi))),
+                        Err(redisson::RedissonError::LockAcquisitionError) => {}
+                        Err(e) => return Err(format!("redisson: {e}")),
+                    }
+                    if Instant::now() >= give_up {
+                        return Ok(None);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            _ => Err(format!(
+                "sets of names (--set-size) are for slate-multi, slate-ordered, redis-lock and \
+                 redisson, not {}",
+                match self {
+                    Locker::Slate(_) => "slate",
+                    Locker::SlateCombination(_) => "the combination lock",
+                    Locker::SlateRw(_) => "slate-rw",
+                    _ => "this implementation",
+                }
+            )),
+        }
+    }
+
     /// Releases `held`.
     ///
     /// # Errors
@@ -316,6 +485,29 @@ impl Locker {
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(())
+            }
+            (Locker::SlateMulti(_), Held::SlateMulti(g)) => {
+                g.unlock().await.map(drop).map_err(|e| e.to_string())
+            }
+            (Locker::SlateOrdered(_), Held::SlateOrdered(gs)) => {
+                let releases: Vec<_> = gs.into_iter().map(SingleLockGuard::unlock).collect();
+                for r in futures::future::join_all(releases).await {
+                    r.map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            }
+            #[cfg(feature = "multi-peers")]
+            (Locker::RedisLock(client), Held::RedisLock(id)) => {
+                let mut lock = redis_lock::MultiResourceLock::new(client.clone())
+                    .map_err(|e| e.to_string())?;
+                lock.release(&id)
+                    .await
+                    .map(drop)
+                    .map_err(|e| format!("redis-lock: {e}"))
+            }
+            #[cfg(feature = "multi-peers")]
+            (Locker::Redisson(_), Held::Redisson(multi)) => {
+                multi.unlock().await.map_err(|e| format!("redisson: {e}"))
             }
             _ => Err("held lock of another implementation".to_owned()),
         }

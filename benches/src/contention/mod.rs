@@ -56,6 +56,16 @@ pub enum Impl {
     /// The peer on ZooKeeper: `zookeeper-client`'s own lock recipe (Apache Curator's
     /// `InterProcessMutex` layout), one contender znode per task, released by dropping it.
     ZkCurator,
+    /// Slate's multi-lock over each set (`--set-size`).
+    SlateMulti,
+    /// Slate's single locks of a set taken by hand in canonical order (sorted), one holder.
+    SlateOrdered,
+    /// The `redis-lock` crate's `MultiResourceLock` (one server function call per attempt, its
+    /// default 1 s sleep between attempts); needs `--features multi-peers`.
+    RedisLock,
+    /// The `redisson` crate's `AsyncRMultiLock` (each name's `try_lock` in the caller's order,
+    /// all given back on a busy one), retried after 1 ms; needs `--features multi-peers`.
+    Redisson,
 }
 
 impl Impl {
@@ -71,6 +81,10 @@ impl Impl {
         Impl::SlateRw,
         Impl::SlateZk,
         Impl::ZkCurator,
+        Impl::SlateMulti,
+        Impl::SlateOrdered,
+        Impl::RedisLock,
+        Impl::Redisson,
     ];
 
     /// How many lock nodes it uses.
@@ -83,7 +97,11 @@ impl Impl {
             | Impl::Spin
             | Impl::SlateRw
             | Impl::SlateZk
-            | Impl::ZkCurator => 1,
+            | Impl::ZkCurator
+            | Impl::SlateMulti
+            | Impl::SlateOrdered
+            | Impl::RedisLock
+            | Impl::Redisson => 1,
         }
     }
 
@@ -107,6 +125,10 @@ impl Impl {
             Impl::SlateRw => "slate-rw",
             Impl::SlateZk => "slate-zk",
             Impl::ZkCurator => "zk-curator",
+            Impl::SlateMulti => "slate-multi",
+            Impl::SlateOrdered => "slate-ordered",
+            Impl::RedisLock => "redis-lock",
+            Impl::Redisson => "redisson",
         }
     }
 }
@@ -257,8 +279,12 @@ pub fn client_commands(implementation: Impl, stats: &BTreeMap<String, u64>) -> u
         | Impl::SlateComb3
         | Impl::SlateComb3Pipelined
         | Impl::SlateCluster
-        | Impl::SlateRw => ecosphere::commandstats::slate_lock_commands(stats),
-        Impl::Rslock1 | Impl::Rslock3 | Impl::Spin => ecosphere::commandstats::lock_commands(stats),
+        | Impl::SlateRw
+        | Impl::SlateMulti
+        | Impl::SlateOrdered => ecosphere::commandstats::slate_lock_commands(stats),
+        Impl::Rslock1 | Impl::Rslock3 | Impl::Spin | Impl::RedisLock | Impl::Redisson => {
+            ecosphere::commandstats::lock_commands(stats)
+        }
         // The ZooKeeper server's requests (`mntr`'s `zk_packets_received`, pings included).
         Impl::SlateZk | Impl::ZkCurator => stats.values().sum(),
     }
@@ -362,6 +388,9 @@ pub struct WorkerArgs {
     /// Percent of the critical sections that only read (`GET`); the others write (`GET`,
     /// `SET`). Readers share `slate-rw`; every other implementation takes its lock for both.
     pub read_percent: u8,
+    /// Names taken together by each acquisition: lock `i` and the `set_size - 1` after it
+    /// (overlapping sets), each counter incremented in the critical section.
+    pub set_size: usize,
 }
 
 /// The name of lock `i` of `n`, and the counter it protects.
@@ -386,8 +415,9 @@ pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
     let locks = args.locks.max(1);
     let names: Vec<(String, String)> = (0..locks).map(|i| lock_and_counter(i, locks)).collect();
     let lock_names: Vec<String> = names.iter().map(|n| n.0.clone()).collect();
+    let set_size = args.set_size.clamp(1, locks);
     let locker = std::sync::Arc::new(
-        impls::Locker::connect(args.implementation, &args.nodes, &lock_names).await?,
+        impls::Locker::connect(args.implementation, &args.nodes, &lock_names, set_size).await?,
     );
     let names = std::sync::Arc::new(names);
     let resource_client = redis::Client::open(args.resource.as_str()).map_err(|e| e.to_string())?;
@@ -419,12 +449,20 @@ pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
                 next = next.wrapping_add(1);
                 let index = next % names.len();
                 let (lock, counter) = (&names[index].0, &names[index].1);
+                let set: Vec<usize> = (0..set_size).map(|k| (index + k) % names.len()).collect();
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
                 let read = rng % 100 < read_percent;
                 let t0 = Instant::now();
-                let held = match locker.acquire(index, lock, deadline + GRACE, read).await {
+                let acquired = if set_size > 1 {
+                    locker
+                        .acquire_set(index, &set, &names, deadline + GRACE)
+                        .await
+                } else {
+                    locker.acquire(index, lock, deadline + GRACE, read).await
+                };
+                let held = match acquired {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
                     Err(e) => {
@@ -447,11 +485,14 @@ pub async fn run_worker(args: WorkerArgs) -> Result<WorkerReport, String> {
                     r.late += 1;
                 }
                 if !read {
-                    r.writes += 1;
+                    r.writes += set.len() as u64;
                 }
-                if let Err(e) = impls::critical_section(&mut resource, counter, read).await {
-                    r.errors += 1;
-                    r.first_error.get_or_insert(e);
+                for &i in &set {
+                    let counter = if set_size > 1 { &names[i].1 } else { counter };
+                    if let Err(e) = impls::critical_section(&mut resource, counter, read).await {
+                        r.errors += 1;
+                        r.first_error.get_or_insert(e);
+                    }
                 }
                 if let Err(e) = locker.release(lock, held).await {
                     r.errors += 1;

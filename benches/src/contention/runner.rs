@@ -36,6 +36,8 @@ pub struct Plan {
     pub servers: Vec<ServerKind>,
     /// Percent of the critical sections that only read (see `WorkerArgs::read_percent`).
     pub read_percent: u8,
+    /// Names each acquisition takes together (see `WorkerArgs::set_size`).
+    pub set_size: usize,
 }
 
 /// The servers of a session: three lock nodes, one resource server, and a 3-master Redis
@@ -235,6 +237,7 @@ pub fn run_once(
     };
     let locks = plan.locks;
     let read_percent = plan.read_percent;
+    let set_size = plan.set_size;
     let resource = servers.resource.url();
     // Everyone starts together, after every worker had time to connect.
     let start_at = ecosphere::clock::now_ns() + 1_500_000_000;
@@ -261,6 +264,8 @@ pub fn run_once(
                 locks.to_string(),
                 "--read-percent".into(),
                 read_percent.to_string(),
+                "--set-size".into(),
+                set_size.to_string(),
             ]
         })
         .spawn()

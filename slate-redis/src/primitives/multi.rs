@@ -3,7 +3,10 @@
 //! ## How it takes the names
 //!
 //! The names are kept in one **canonical order**, the same in every process whatever order the
-//! caller gave them in: by the cluster hash slot of the lock's key, then by the key's bytes.
+//! caller gave them in: by the lock's key (its bytes: the names sorted, as a careful caller
+//! sorts them by hand); on a Redis Cluster by the key's hash slot first, so that the names of
+//! one slot come together. Every process of a deployment uses the same topology, so the same
+//! order.
 //! The invariant everything rests on: **a caller waits for a name only while it holds no name
 //! after it in that order.** Two callers can then never wait for each other in a cycle (the
 //! one holding the later of the contested names is never waiting for an earlier one), so
@@ -56,8 +59,9 @@ const CONTENDED_FOR: Duration = Duration::from_secs(1);
 /// - **All or nothing**: the guard exists only when every name is held; a busy answer under
 ///   [`try_lock`](Self::try_lock), a timeout, an error or a dropped future releases every name
 ///   taken so far.
-/// - **Deadlock-free by construction**: names are taken in one canonical order (hash slot,
-///   then key), and a caller never waits for a name while holding a later one. Two multi-locks
+/// - **Deadlock-free by construction**: names are taken in one canonical order (sorted keys;
+///   on a cluster, hash slot then key), and a caller never waits for a name while holding a
+///   later one. Two multi-locks
 ///   of overlapping sets, given in any order, never wait for each other in a cycle. (A holder
 ///   that already holds a name through a single lock and then asks a multi-lock for an earlier
 ///   one steps outside that order, as nested locks always can.)
@@ -66,9 +70,10 @@ const CONTENDED_FOR: Duration = Duration::from_secs(1);
 /// - **One round trip when uncontended**: every name is asked at once; see the module doc for
 ///   what happens on a busy name.
 /// - **Loss**: [`MultiLockGuard::lost`] fires when any name's lease is lost. A name taken
-///   early and lost while the caller waited for a later one (its max hold runs from its own
-///   grant, a renewal failed, an operator deleted it) is not handed over: the set is given
-///   back and taken again in order, as the wait allows.
+///   early and lost while the caller waited for a later one (a renewal failed, an operator
+///   deleted it) is not handed over: the set is given back and taken again in order, as the
+///   wait allows; a name lost to its max hold (which runs from its own grant, so a retry would
+///   lose it again) ends the call with [`Error::LeaseLost`].
 /// - At most [`MAX_NAMES`](Self::MAX_NAMES) names; duplicates are refused.
 ///
 /// # Examples
@@ -179,7 +184,8 @@ impl MultiLockBuilder {
                     .build()?,
             );
         }
-        locks.sort_by_cached_key(|l| canonical_key(l.key()));
+        let cluster = client.topology() == crate::Topology::Cluster;
+        locks.sort_by_cached_key(|l| canonical_key(l.key(), cluster));
         if let Some(w) = locks.windows(2).find(|w| w[0].key() == w[1].key()) {
             return Err(Error::invalid_input(
                 "multi-lock names",
@@ -202,9 +208,14 @@ impl MultiLockBuilder {
     }
 }
 
-/// A lock key's place in the canonical order: its cluster hash slot, then its bytes.
-fn canonical_key(key: &[u8]) -> (u16, Vec<u8>) {
-    (crate::client::conn::slot_of(key), key.to_vec())
+/// A lock key's place in the canonical order: its bytes; on a cluster, its hash slot first.
+fn canonical_key(key: &[u8], cluster: bool) -> (u16, Vec<u8>) {
+    let slot = if cluster {
+        crate::client::conn::slot_of(key)
+    } else {
+        0
+    };
+    (slot, key.to_vec())
 }
 
 impl MultiLock {
@@ -323,7 +334,7 @@ impl MultiLock {
                 }
             }
             let Some(e) = failed else {
-                return self.complete(holder, held, wait).await;
+                return self.in_order(holder, held, wait).await;
             };
             if e.is_busy() {
                 self.note_busy();
@@ -344,7 +355,11 @@ impl MultiLock {
     }
 
     /// Takes the names from the first one not in `held`, in order, waiting on each as `wait`
-    /// allows, then checks the whole set ([`complete`](Self::complete)).
+    /// allows. A name taken early and lost while the caller waits for a later one (a failed
+    /// renewal, an operator's force-unlock) is not handed over: everything is given back and
+    /// the names are taken again from the first, as `wait` still allows; a name lost to its
+    /// max hold (which a retry would lose again), or any loss under [`Wait::Immediate`] or
+    /// past the deadline, is answered with [`Error::LeaseLost`].
     async fn in_order(
         &self,
         holder: HolderId,
@@ -352,45 +367,38 @@ impl MultiLock {
         wait: Wait,
     ) -> Result<MultiLockGuard> {
         let locks = &self.inner.locks;
-        for l in &locks[held.len()..] {
-            match l.acquire(holder, wait).await {
-                Ok(g) => held.push(g),
-                Err(e) => {
-                    if e.is_busy() || e.is_timeout() {
-                        self.note_busy();
+        loop {
+            let mut lost = None;
+            while held.len() < locks.len() {
+                lost = lost_name(&held);
+                if lost.is_some() {
+                    break;
+                }
+                match locks[held.len()].acquire(holder, wait).await {
+                    Ok(g) => held.push(g),
+                    Err(e) => {
+                        if e.is_busy() || e.is_timeout() {
+                            self.note_busy();
+                        }
+                        drop(release_all(held).await);
+                        return Err(e);
                     }
-                    drop(release_all(held).await);
-                    return Err(e);
                 }
             }
+            let Some((name, reason)) = lost.or_else(|| lost_name(&held)) else {
+                return Ok(self.guard(holder, held));
+            };
+            tracing::debug!(lock = %self.inner.label, %name, %reason, "a name was lost while the set was taken");
+            let given_back = release_all(std::mem::take(&mut held)).await;
+            let out_of_time = matches!(wait, Wait::Immediate)
+                || wait.deadline().is_some_and(|d| Instant::now() >= d);
+            if out_of_time || reason == LossReason::MaxHoldReached {
+                return Err(Error::lease_lost(name.to_string(), holder, reason));
+            }
+            // A name whose release failed may stay held in Redis until its lease ends: taking
+            // the set again could wait for a caller that waits for it.
+            given_back?;
         }
-        self.complete(holder, held, wait).await
-    }
-
-    /// The guard for `held` (every name), unless a name taken early was lost while the caller
-    /// waited for a later one (its max hold, a failed renewal, an operator's force-unlock):
-    /// then everything is given back and the names are taken again in order, as `wait` still
-    /// allows; a caller that may not wait gets the loss.
-    async fn complete(
-        &self,
-        holder: HolderId,
-        held: Vec<SingleLockGuard>,
-        wait: Wait,
-    ) -> Result<MultiLockGuard> {
-        let lost = held.iter().find_map(|g| {
-            g.lease()
-                .loss_reason()
-                .map(|r| (g.lock().name().clone(), r))
-        });
-        let Some((name, reason)) = lost else {
-            return Ok(self.guard(holder, held));
-        };
-        tracing::debug!(lock = %self.inner.label, %name, %reason, "a name was lost while the set was taken; taking it again");
-        drop(release_all(held).await);
-        if matches!(wait, Wait::Immediate) || wait.deadline().is_some_and(|d| Instant::now() >= d) {
-            return Err(Error::lease_lost(name.to_string(), holder, reason));
-        }
-        Box::pin(self.in_order(holder, Vec::new(), wait)).await
     }
 
     /// Whether to take the names one by one: a busy answer came less than
@@ -519,6 +527,15 @@ impl MultiLock {
             "MultiLock::blocking_try_lock_for",
         )
     }
+}
+
+/// The first of `held` whose lease is lost, with the reason.
+fn lost_name(held: &[SingleLockGuard]) -> Option<(LockName, LossReason)> {
+    held.iter().find_map(|g| {
+        g.lease()
+            .loss_reason()
+            .map(|r| (g.lock().name().clone(), r))
+    })
 }
 
 /// Releases each guard, all at once. A name found not held is given back; the first other
@@ -852,11 +869,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_canonical_order_is_slot_then_key() {
-        let a = canonical_key(b"slate:{a}");
-        let b = canonical_key(b"slate:{b}");
+    fn the_canonical_order_is_the_key_or_on_a_cluster_slot_then_key() {
+        assert!(canonical_key(b"slate:{a}", false) < canonical_key(b"slate:{b}", false));
+        // On a cluster the slot comes first: {b} (slot 3300) before {a} (slot 15495).
+        assert!(canonical_key(b"slate:{b}", true) < canonical_key(b"slate:{a}", true));
+        let a = canonical_key(b"slate:{a}", true);
+        let b = canonical_key(b"slate:{b}", true);
         assert_eq!(a.0, crate::client::conn::slot_of(b"slate:{a}"));
-        assert_ne!(a, b);
         // The same two keys compare the same way whatever order they come in.
         let mut one = vec![b.clone(), a.clone()];
         let mut two = vec![a, b];

@@ -187,7 +187,7 @@ script_call! {
     Leave => LEAVE {
         keys: [queue, turn, channel],
         optional_keys: [],
-        args: [queue_id: &'a str, reserve_ms: u64, publish: &'static str],
+        args: [queue_id: &'a str, reserve_ms: u64, lease_ms: u64, publish: &'static str],
         optional_args: [],
     }
 }

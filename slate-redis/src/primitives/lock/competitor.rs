@@ -83,6 +83,57 @@ impl Drop for Flying {
 }
 
 impl RedisCompetitor {
+    /// A release that kept the turn for this process's local waiters has ended: if they all
+    /// left meanwhile, nobody here will claim it, so it is handed on as a drain would.
+    pub(crate) fn turn_kept(&self) {
+        self.line
+            .queued
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.queue_drained();
+    }
+
+    /// Sends `leave.lua` in the background: gives the process's place in line back and hands
+    /// on a turn reserved for it.
+    fn leave_line(&self) {
+        let (client, keys, turn) = (self.client.clone(), self.keys.clone(), self.turn.clone());
+        let (line, me) = (Arc::clone(&self.line), self.me.clone());
+        let lease_ms = scripts::lease_ms(self.options.lease());
+        self.client.spawn(async move {
+            let busy = |line: &InLine| {
+                me.upgrade().is_some_and(|s| s.sync.waiters() > 0)
+                    || line.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0
+            };
+            // Checked again as the task runs: a waiter that came meanwhile keeps the place.
+            if busy(&line) {
+                line.queued.store(true, std::sync::atomic::Ordering::SeqCst);
+                return;
+            }
+            let call = scripts::call::Leave {
+                queue: &keys.queue,
+                turn: &keys.turn,
+                channel: &keys.channel,
+                queue_id: &turn.queue_id,
+                reserve_ms: scripts::lease_ms(turn.reserve),
+                lease_ms,
+                publish: client.publish_arg(),
+            };
+            let left: Result<i64> = client
+                .exec("leave script", |mut c| async move { call.eval(&mut c).await })
+                .await;
+            if let Err(e) = left {
+                tracing::debug!(error = %e, "leaving the line failed; a turn reserved for this process lapses by itself");
+                line.queued.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            // A waiter that came between the check above and the script's run may have had
+            // its fresh place taken out: its head asks again at once.
+            if busy(&line)
+                && let Some(s) = me.upgrade()
+            {
+                s.sync.notify_released();
+            }
+        });
+    }
+
     /// Runs the release script for `holder`: `-1` not held, `0` released, `n` still held.
     /// Idempotent: a retry after a broken connection does not release twice.
     pub(crate) async fn release_remote(
@@ -235,10 +286,14 @@ pub(super) fn release_in_background(
         let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
         let mut release = Release::plain(holder, lease, &turn, waiters);
         release.holds = holds;
-        if let Err(e) = release_remote(&client2, &keys2, release).await {
+        let released = release_remote(&client2, &keys2, release).await;
+        if let Err(e) = &released {
             tracing::warn!(lock = %label, %holder, error = %e, "release of {why} failed; the entry ends with its lease");
         }
         if let Some(shared) = me.upgrade() {
+            if waiters && matches!(released, Ok(0)) {
+                shared.competitor().turn_kept();
+            }
             shared.sync.notify_released();
         }
     });
@@ -594,6 +649,9 @@ impl RedisCompetitor {
             let reply = match reply {
                 Ok(r) => r,
                 Err(e) => {
+                    // The script may have run and answered busy, which puts the process in
+                    // line: a later drain gives the place back (a leave of nothing is harmless).
+                    flying.answered(!turn.queue_id.is_empty());
                     // The script may have run (or may still run): no reply, or a reply to it
                     // followed by an error of what came after it (a `WAIT` the server refuses),
                     // or an error raised half-way through it. Undo it by id; an undo of an
@@ -861,21 +919,23 @@ impl Competitor for RedisCompetitor {
     fn queue_drained(&self) {
         // Also called when an attempt whose caller was dropped ends in the background, with
         // tasks possibly queued by then: their notifications must stay (issue 28, item 12).
-        let Some(shared) = self.me.upgrade() else {
-            return;
-        };
-        if shared.sync.waiters() > 0 {
+        // With the lock's handles all gone, nobody can wait any more.
+        let shared = self.me.upgrade();
+        let waiting = || shared.as_ref().is_some_and(|s| s.sync.waiters() > 0);
+        if waiting() {
             return;
         }
         self.client
             .inner
             .notifier
             .unsubscribe(&self.client, &self.keys.channel);
-        if shared.sync.waiters() > 0 {
+        if waiting() {
             // A waiter queued between the check and the unsubscription may have been told its
             // notifications are live: wake it, so that it subscribes again now rather than at
             // its retry timer.
-            shared.sync.notify_released();
+            if let Some(s) = &shared {
+                s.sync.notify_released();
+            }
             return;
         }
         // An attempt in flight may be a waiter's on its way into the line (its busy answer
@@ -890,33 +950,7 @@ impl Competitor for RedisCompetitor {
                 .queued
                 .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
-            let (client, keys, turn) = (self.client.clone(), self.keys.clone(), self.turn.clone());
-            let (line, me) = (Arc::clone(&self.line), self.me.clone());
-            self.client.spawn(async move {
-                // Checked again as the task runs: a waiter that came meanwhile keeps the place.
-                // One that comes between this check and the script's run may have its fresh
-                // place taken out: it is then not told of the next release that addresses
-                // another process, and asks again at its retry timer (at most a second).
-                let waiting = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
-                if waiting || line.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-                    line.queued.store(true, std::sync::atomic::Ordering::SeqCst);
-                    return;
-                }
-                let call = scripts::call::Leave {
-                    queue: &keys.queue,
-                    turn: &keys.turn,
-                    channel: &keys.channel,
-                    queue_id: &turn.queue_id,
-                    reserve_ms: scripts::lease_ms(turn.reserve),
-                    publish: client.publish_arg(),
-                };
-                let left: Result<i64> = client
-                    .exec("leave script", |mut c| async move { call.eval(&mut c).await })
-                    .await;
-                if let Err(e) = left {
-                    tracing::debug!(error = %e, "leaving the line failed; a turn reserved for this process lapses by itself");
-                }
-            });
+            self.leave_line();
         }
     }
 }

@@ -128,9 +128,14 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
         let remote = sync.remote_holder(holder);
         let renewal = &c.client.inner.renewal;
         let generation = renewal.begin_release(&c.keys.lock, remote);
-        let result = c.release_remote(remote, sync.waiters() > 0).await;
+        let local_waiters = sync.waiters() > 0;
+        let result = c.release_remote(remote, local_waiters).await;
         renewal.end_release(&c.keys.lock, remote, generation, matches!(result, Ok(0)));
         let remaining = lock.shared.sync.release(holder);
+        if local_waiters && matches!(result, Ok(0)) {
+            // The release kept the turn for local waiters, who may have left meanwhile.
+            c.turn_kept();
+        }
         match result {
             Ok(-1) => {
                 tracing::debug!("not held");
