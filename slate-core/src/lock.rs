@@ -487,7 +487,7 @@ macro_rules! waiting_methods {
         #[doc = $setup]
         /// let outer = lock.lock().await?;
         /// let inner = lock.lock_as(outer.holder()).await?;
-        /// assert_eq!(inner.fencing_token(), outer.fencing_token());
+        /// assert_eq!(inner.holder(), outer.holder());
         /// # Ok(()) }
         /// ```
         ///
