@@ -12,7 +12,7 @@
 
 mod scenario;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ecosphere::clock::now_ns;
@@ -48,6 +48,41 @@ fn multi_worker(
     w.go_file = Some(go_file.to_path_buf());
     w.proc_base = proc;
     w
+}
+
+/// A lock server and a run's directory: its go file and its history directory.
+struct Run {
+    server: RedisServer,
+    _dir: tempfile::TempDir,
+    go_file: PathBuf,
+    history: PathBuf,
+}
+
+impl Run {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let go_file = dir.path().join("go");
+        let history = dir.path().join("history");
+        std::fs::create_dir(&history).expect("history dir");
+        Run {
+            server: server(),
+            _dir: dir,
+            go_file,
+            history,
+        }
+    }
+
+    /// A worker for each of the three cycle-order sets, as `configure` makes it.
+    fn workers(&self, configure: impl Fn(&mut Worker)) -> Vec<Worker> {
+        SETS.iter()
+            .enumerate()
+            .map(|(i, set)| {
+                let mut w = multi_worker(&self.server, set, i as u32, &self.history, &self.go_file);
+                configure(&mut w);
+                w
+            })
+            .collect()
+    }
 }
 
 fn spawn_all(workers: &[Worker]) -> Vec<WorkerSet> {
@@ -102,88 +137,59 @@ fn assert_names_checked(history: &Path, server: &RedisServer, killed: bool) {
 
 #[test]
 fn m1_overlapping_sets_in_cycle_orders_neither_overlap_nor_deadlock() {
-    let server = server();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let go_file = dir.path().join("go");
-    let history = dir.path().join("history");
-    std::fs::create_dir(&history).expect("history dir");
-    let workers: Vec<Worker> = SETS
-        .iter()
-        .enumerate()
-        .map(|(i, set)| multi_worker(&server, set, i as u32, &history, &go_file))
-        .collect();
-    let mut sets = spawn_all(&workers);
-    go(&go_file);
+    let run = Run::new();
+    let mut sets = spawn_all(&run.workers(|_| {}));
+    go(&run.go_file);
     assert_done(&mut sets);
-    assert_names_checked(&history, &server, false);
+    assert_names_checked(&run.history, &run.server, false);
 }
 
 #[test]
 fn m2_a_holder_killed_while_it_holds_every_name_is_outlived() {
-    let server = server();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let go_file = dir.path().join("go");
-    let history = dir.path().join("history");
-    std::fs::create_dir(&history).expect("history dir");
-    let mut workers: Vec<Worker> = SETS
-        .iter()
-        .enumerate()
-        .map(|(i, set)| multi_worker(&server, set, i as u32, &history, &go_file))
-        .collect();
+    let run = Run::new();
+    let mut workers = run.workers(|_| {});
     // Process 3 holds {a,b,c} for 30 s at a time: it is killed during its first hold.
-    let mut big = multi_worker(&server, "c,b,a", 3, &history, &go_file);
+    let mut big = multi_worker(&run.server, "c,b,a", 3, &run.history, &run.go_file);
     big.tasks = 1;
     big.hold = Duration::from_secs(30);
     workers.push(big);
     let mut sets = spawn_all(&workers);
-    go(&go_file);
+    go(&run.go_file);
     wait_history(
-        &history,
+        &run.history,
         Duration::from_secs(30),
         "process 3 holding",
         |h| acq_oks(h, 3) == 3,
     );
-    let rec = Recorder::create(&history, HARNESS).expect("harness recorder");
+    let rec = Recorder::create(&run.history, HARNESS).expect("harness recorder");
     let t_kill = now_ns();
     sets[3].kill(0).expect("SIGKILL process 3");
     rec.record_at(t_kill, 0, "a", EventKind::kill_worker(3))
         .expect("record the kill");
     let mut survivors: Vec<WorkerSet> = sets.drain(..3).collect();
     assert_done(&mut survivors);
-    assert_names_checked(&history, &server, true);
+    assert_names_checked(&run.history, &run.server, true);
 }
 
 #[test]
 fn m3_a_paused_lock_server_and_the_history_still_holds() {
-    let server = server();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let go_file = dir.path().join("go");
-    let history = dir.path().join("history");
-    std::fs::create_dir(&history).expect("history dir");
-    let workers: Vec<Worker> = SETS
-        .iter()
-        .enumerate()
-        .map(|(i, set)| {
-            let mut w = multi_worker(&server, set, i as u32, &history, &go_file);
-            w.command_timeout = Some(Duration::from_millis(300));
-            w.tolerate_errors = true;
-            w
-        })
-        .collect();
-    let mut sets = spawn_all(&workers);
-    go(&go_file);
-    wait_history(&history, Duration::from_secs(20), "some holds", |h| {
+    let mut run = Run::new();
+    let mut sets = spawn_all(&run.workers(|w| {
+        w.command_timeout = Some(Duration::from_millis(300));
+        w.tolerate_errors = true;
+    }));
+    go(&run.go_file);
+    wait_history(&run.history, Duration::from_secs(20), "some holds", |h| {
         (0..3).map(|p| acq_oks(h, p)).sum::<usize>() > 30
     });
-    let mut paused = server;
-    let rec = Recorder::create(&history, HARNESS).expect("harness recorder");
+    let rec = Recorder::create(&run.history, HARNESS).expect("harness recorder");
     nemesis(&rec, now_ns(), "a", "sigstop_server", "lock");
-    paused.pause().expect("SIGSTOP");
+    run.server.pause().expect("SIGSTOP");
     std::thread::sleep(Duration::from_millis(900));
-    paused.resume().expect("SIGCONT");
+    run.server.resume().expect("SIGCONT");
     nemesis(&rec, now_ns(), "a", "heal", "lock");
     assert_done(&mut sets);
-    let h = History::load(&history).expect("history");
+    let h = History::load(&run.history).expect("history");
     let cut = h
         .events()
         .iter()
@@ -191,7 +197,7 @@ fn m3_a_paused_lock_server_and_the_history_still_holds() {
         .count();
     println!("calls without a reply during the pause: {cut}");
     assert!(cut > 0, "the pause cut some calls short");
-    assert_names_checked(&history, &paused, false);
+    assert_names_checked(&run.history, &run.server, false);
 }
 
 /// The negative control: each process takes its two names by hand in the order given, with
@@ -199,26 +205,15 @@ fn m3_a_paused_lock_server_and_the_history_still_holds() {
 /// name for ever: the run makes no progress until each worker's max duration ends it.
 #[test]
 fn m4_the_caller_order_deadlocks_and_the_run_sees_it() {
-    let server = server();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let go_file = dir.path().join("go");
-    let history = dir.path().join("history");
-    std::fs::create_dir(&history).expect("history dir");
-    let workers: Vec<Worker> = SETS
-        .iter()
-        .enumerate()
-        .map(|(i, set)| {
-            let mut w = multi_worker(&server, set, i as u32, &history, &go_file);
-            w.caller_order = true;
-            w.gap = Duration::from_millis(200);
-            w.tasks = 1;
-            w.iterations = 3;
-            w.max_duration = Duration::from_secs(6);
-            w
-        })
-        .collect();
-    let mut sets = spawn_all(&workers);
-    go(&go_file);
+    let run = Run::new();
+    let mut sets = spawn_all(&run.workers(|w| {
+        w.caller_order = true;
+        w.gap = Duration::from_millis(200);
+        w.tasks = 1;
+        w.iterations = 3;
+        w.max_duration = Duration::from_secs(6);
+    }));
+    go(&run.go_file);
     for (i, s) in sets.iter_mut().enumerate() {
         let out = s
             .wait_all(Duration::from_secs(20))
@@ -232,7 +227,7 @@ fn m4_the_caller_order_deadlocks_and_the_run_sees_it() {
         );
     }
     // Nobody finished: the holds recorded are far fewer than three rounds of every set.
-    let h = History::load(&history).expect("history");
+    let h = History::load(&run.history).expect("history");
     let held: usize = (0..3).map(|p| acq_oks(&h, p)).sum();
     assert!(held < 3 * 3 * 2, "{held} names taken: the run went on");
 }

@@ -1,6 +1,8 @@
 //! The README's combination-lock quickstart, verbatim between the markers, run against three
 //! real `redis-server`s; the test fails if the README's copy differs.
 
+mod readme;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 // README:BEGIN
@@ -28,19 +30,12 @@ async fn move_shards(token: u64) {
     MOVED.store(token, Ordering::SeqCst);
 }
 
-fn snippet(source: &str) -> &str {
-    let begin = source.find("// README:BEGIN\n").expect("begin marker") + 16;
-    let end = source.find("// README:END").expect("end marker");
-    &source[begin..end]
-}
-
 #[test]
 fn the_readme_shows_this_code() {
-    let readme = include_str!("../../README.md");
-    let code = snippet(include_str!("readme_combination.rs"));
-    assert!(
-        readme.contains(&format!("```rust\n{code}```")),
-        "README.md's combination quickstart differs from slate-cli/tests/readme_combination.rs:\n{code}"
+    readme::assert_shown(
+        include_str!("readme_combination.rs"),
+        "readme_combination.rs",
+        "combination quickstart",
     );
 }
 

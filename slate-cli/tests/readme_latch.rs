@@ -1,6 +1,8 @@
 //! The README's countdown latch quickstart, verbatim between the markers, run against a real
 //! `redis-server`; the test fails if the README's copy differs.
 
+mod readme;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 // README:BEGIN
@@ -38,20 +40,12 @@ async fn render_report() {
     );
 }
 
-/// The snippet between the markers of `source`.
-fn snippet(source: &str) -> &str {
-    let begin = source.find("// README:BEGIN\n").expect("begin marker") + 16;
-    let end = source.find("// README:END").expect("end marker");
-    &source[begin..end]
-}
-
 #[test]
 fn the_readme_shows_this_code() {
-    let readme = include_str!("../../README.md");
-    let code = snippet(include_str!("readme_latch.rs"));
-    assert!(
-        readme.contains(&format!("```rust\n{code}```")),
-        "README.md's latch quickstart differs from slate-cli/tests/readme_latch.rs:\n{code}"
+    readme::assert_shown(
+        include_str!("readme_latch.rs"),
+        "readme_latch.rs",
+        "latch quickstart",
     );
 }
 

@@ -1,6 +1,8 @@
 //! The README's multi-lock quickstart, verbatim between the markers, run against a real
 //! `redis-server`; the test fails if the README's copy differs.
 
+mod readme;
+
 // README:BEGIN
 use slate_redis::{MultiLock, RedisClient};
 
@@ -22,20 +24,12 @@ async fn move_money(debit: u64, credit: u64) {
     assert!(debit > 0 && credit > 0);
 }
 
-/// The snippet between the markers of `source`.
-fn snippet(source: &str) -> &str {
-    let begin = source.find("// README:BEGIN\n").expect("begin marker") + 16;
-    let end = source.find("// README:END").expect("end marker");
-    &source[begin..end]
-}
-
 #[test]
 fn the_readme_shows_this_code() {
-    let readme = include_str!("../../README.md");
-    let code = snippet(include_str!("readme_multi.rs"));
-    assert!(
-        readme.contains(&format!("```rust\n{code}```")),
-        "README.md's multi-lock quickstart differs from slate-cli/tests/readme_multi.rs:\n{code}"
+    readme::assert_shown(
+        include_str!("readme_multi.rs"),
+        "readme_multi.rs",
+        "multi-lock quickstart",
     );
 }
 

@@ -1,6 +1,8 @@
 //! The README's single-lock quickstart, verbatim between the markers, run against a real
 //! `redis-server`; the test fails if the README's copy differs.
 
+mod readme;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 // README:BEGIN
@@ -27,20 +29,12 @@ async fn write_report(token: u64) {
     WRITTEN.store(token, Ordering::SeqCst);
 }
 
-/// The snippet between the markers of `source`.
-fn snippet(source: &str) -> &str {
-    let begin = source.find("// README:BEGIN\n").expect("begin marker") + 16;
-    let end = source.find("// README:END").expect("end marker");
-    &source[begin..end]
-}
-
 #[test]
 fn the_readme_shows_this_code() {
-    let readme = include_str!("../../README.md");
-    let code = snippet(include_str!("readme_single.rs"));
-    assert!(
-        readme.contains(&format!("```rust\n{code}```")),
-        "README.md's single-lock quickstart differs from slate-cli/tests/readme_single.rs:\n{code}"
+    readme::assert_shown(
+        include_str!("readme_single.rs"),
+        "readme_single.rs",
+        "single-lock quickstart",
     );
 }
 

@@ -485,130 +485,18 @@ impl CombinationLock {
         Ok(answers)
     }
 
-    /// Blocks this thread until the lock is acquired for the current holder (the thread twin
-    /// of `lock()`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let rt = tokio::runtime::Runtime::new()?;
-    /// let lock = rt.block_on(async {
-    ///     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"], NodeSetOptions::default())?;
-    ///     CombinationLock::builder(&nodes, "orders").build()
-    /// })?;
-    /// let guard = lock.blocking_lock()?;
-    /// guard.blocking_unlock()?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As `lock()`: too few nodes, backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime (use `lock().await` there).
-    pub fn blocking_lock(&self) -> Result<CombinationLockGuard> {
-        self.blocking_acquire(None, Wait::Forever, "CombinationLock::blocking_lock")
-    }
-
-    /// Blocks this thread until the lock is acquired for `holder` (re-enters if it holds it).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let lock = rt.block_on(async {
-    /// #     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], NodeSetOptions::default())?;
-    /// #     CombinationLock::builder(&nodes, "orders").build()
-    /// # })?;
-    /// let outer = lock.blocking_lock()?;
-    /// let inner = lock.blocking_lock_as(outer.holder())?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`blocking_lock`](Self::blocking_lock).
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_lock_as(&self, holder: HolderId) -> Result<CombinationLockGuard> {
-        self.blocking_acquire(
-            Some(holder),
-            Wait::Forever,
-            "CombinationLock::blocking_lock_as",
-        )
-    }
-
-    /// One attempt from this thread, without waiting: `None` when another holder has it.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let lock = rt.block_on(async {
-    /// #     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], NodeSetOptions::default())?;
-    /// #     CombinationLock::builder(&nodes, "orders").build()
-    /// # })?;
-    /// if let Some(guard) = lock.blocking_try_lock()? {
-    ///     guard.blocking_unlock()?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Too few nodes, backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_lock(&self) -> Result<Option<CombinationLockGuard>> {
-        match self.blocking_acquire(None, Wait::Immediate, "CombinationLock::blocking_try_lock") {
-            Ok(guard) => Ok(Some(guard)),
-            Err(e) if e.is_busy() => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Blocks this thread at most `d` waiting for the lock.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let lock = rt.block_on(async {
-    /// #     let nodes = NodeSet::connect(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], NodeSetOptions::default())?;
-    /// #     CombinationLock::builder(&nodes, "orders").build()
-    /// # })?;
-    /// let guard = lock.blocking_try_lock_for(std::time::Duration::from_secs(1))?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Timeout`] when `d` passes first; too few nodes, backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_lock_for(&self, d: Duration) -> Result<CombinationLockGuard> {
-        self.blocking_acquire(
-            None,
-            Wait::for_duration(d),
-            "CombinationLock::blocking_try_lock_for",
-        )
-    }
+    slate_core::blocking_waiting_methods!(
+        "CombinationLock",
+        CombinationLockGuard,
+        setup = "# use slate_combination::{CombinationLock, NodeSet, NodeSetOptions};\n\
+                 # fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+                 # let rt = tokio::runtime::Runtime::new()?;\n\
+                 # let lock = rt.block_on(async {\n\
+                 #     let nodes = NodeSet::connect([\"redis://10.0.0.1:6379\", \"redis://10.0.0.2:6379\", \"redis://10.0.0.3:6379\"], NodeSetOptions::default())?;\n\
+                 #     CombinationLock::builder(&nodes, \"orders\").build()\n\
+                 # })?;",
+        errors = "too few nodes, backend failures",
+    );
 
     fn guard(&self, holder: HolderId, grant: &Grant) -> CombinationLockGuard {
         let watch = grant

@@ -582,3 +582,128 @@ macro_rules! waiting_methods {
         }
     };
 }
+
+/// Writes a lock's blocking twins, the same on every lock: `blocking_lock`,
+/// `blocking_lock_as`, `blocking_try_lock` and `blocking_try_lock_for`, over its
+/// `blocking_acquire(Option<HolderId>, Wait, what)` (which panics inside a runtime). `lock` is
+/// the type's name in the panic messages; `setup` the hidden first lines of every example,
+/// ending with a `lock` in scope inside a `fn main() -> Result<(), Box<dyn Error>>` on a plain
+/// thread; `errors` what the calls may fail with besides a busy lock or a timeout.
+///
+/// # Examples
+///
+/// ```text
+/// impl SingleLock {
+///     slate_core::blocking_waiting_methods!("SingleLock", SingleLockGuard, setup = "# ...", errors = "backend failures");
+/// }
+/// ```
+#[macro_export]
+macro_rules! blocking_waiting_methods {
+    ($lock:literal, $guard:ty, setup = $setup:literal, errors = $errors:literal $(,)?) => {
+        /// Blocks this thread until the lock is acquired for the current holder (the thread
+        /// twin of `lock()`).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $setup]
+        /// let guard = lock.blocking_lock()?;
+        /// guard.blocking_unlock()?;
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("As `lock()`: ", $errors, ".")]
+        ///
+        /// # Panics
+        ///
+        /// Inside a tokio runtime (use `lock().await` there).
+        pub fn blocking_lock(&self) -> $crate::Result<$guard> {
+            self.blocking_acquire(None, $crate::Wait::Forever, concat!($lock, "::blocking_lock"))
+        }
+
+        /// Blocks this thread until the lock is acquired for `holder` (re-enters if it holds
+        /// it).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $setup]
+        /// let outer = lock.blocking_lock()?;
+        /// let inner = lock.blocking_lock_as(outer.holder())?;
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        /// As [`blocking_lock`](Self::blocking_lock).
+        ///
+        /// # Panics
+        ///
+        /// Inside a tokio runtime.
+        pub fn blocking_lock_as(&self, holder: $crate::HolderId) -> $crate::Result<$guard> {
+            self.blocking_acquire(
+                Some(holder),
+                $crate::Wait::Forever,
+                concat!($lock, "::blocking_lock_as"),
+            )
+        }
+
+        /// One attempt from this thread, without waiting: `None` when another holder has the
+        /// lock (the thread twin of `try_lock()`).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $setup]
+        /// if let Some(guard) = lock.blocking_try_lock()? {
+        ///     guard.blocking_unlock()?;
+        /// }
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("Anything but a busy lock: ", $errors, ".")]
+        ///
+        /// # Panics
+        ///
+        /// Inside a tokio runtime.
+        pub fn blocking_try_lock(&self) -> $crate::Result<::std::option::Option<$guard>> {
+            $crate::lock::busy_to_none(self.blocking_acquire(
+                None,
+                $crate::Wait::Immediate,
+                concat!($lock, "::blocking_try_lock"),
+            ))
+        }
+
+        /// Blocks this thread at most `d` waiting for the lock.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $setup]
+        /// let guard = lock.blocking_try_lock_for(std::time::Duration::from_secs(1))?;
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("[`Error::Timeout`](slate_core::Error::Timeout) when `d` passes first; ", $errors, ".")]
+        ///
+        /// # Panics
+        ///
+        /// Inside a tokio runtime.
+        pub fn blocking_try_lock_for(
+            &self,
+            d: ::std::time::Duration,
+        ) -> $crate::Result<$guard> {
+            self.blocking_acquire(
+                None,
+                $crate::Wait::for_duration(d),
+                concat!($lock, "::blocking_try_lock_for"),
+            )
+        }
+    };
+}

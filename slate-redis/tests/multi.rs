@@ -422,3 +422,41 @@ async fn a_name_lost_while_waiting_for_a_later_one_is_taken_again() {
     assert!(!g.is_lost(), "every name of the guard is held");
     g.unlock().await.unwrap();
 }
+
+/// The blocking twins, from plain threads: lock, re-enter, a timed try and a try that finds
+/// the set busy, unlock.
+#[test]
+fn blocking_twins_work_on_threads() {
+    let server = server();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(async { client(&server) });
+    let set = MultiLock::builder(&client, ["x", "y"]).build().unwrap();
+    let g = set.blocking_lock().unwrap();
+    let inner = set.blocking_lock_as(g.holder()).unwrap();
+    assert!(inner.guards().iter().all(|s| s.depth() == 2));
+    let timed_out = std::thread::spawn({
+        let set = set.clone();
+        move || {
+            set.blocking_try_lock_for(Duration::from_millis(200))
+                .unwrap_err()
+        }
+    })
+    .join()
+    .unwrap();
+    assert!(timed_out.is_timeout(), "{timed_out}");
+    let busy = std::thread::spawn({
+        let set = set.clone();
+        move || set.blocking_try_lock().unwrap().is_none()
+    })
+    .join()
+    .unwrap();
+    assert!(busy, "blocking_try_lock of a held set is None");
+    assert_eq!(inner.blocking_unlock().unwrap(), 1);
+    assert_eq!(g.blocking_unlock().unwrap(), 0);
+    let g = set.blocking_try_lock().unwrap().expect("free now");
+    assert_eq!(g.blocking_unlock().unwrap(), 0);
+}

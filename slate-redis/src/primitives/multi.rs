@@ -443,90 +443,15 @@ impl MultiLock {
         errors = "backend failures",
     );
 
-    /// Blocks this thread until every name is acquired for the current holder (the thread
-    /// twin of `lock()`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let rt = tokio::runtime::Runtime::new()?;
-    /// let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
-    /// let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
-    /// let guard = lock.blocking_lock()?;
-    /// guard.blocking_unlock()?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime (use `lock().await` there).
-    pub fn blocking_lock(&self) -> Result<MultiLockGuard> {
-        self.blocking_acquire(None, Wait::Forever, "MultiLock::blocking_lock")
-    }
-
-    /// One attempt from this thread, without waiting: `None` when a name is busy (the thread
-    /// twin of `try_lock()`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
-    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
-    /// if let Some(guard) = lock.blocking_try_lock()? {
-    ///     guard.blocking_unlock()?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_lock(&self) -> Result<Option<MultiLockGuard>> {
-        match self.blocking_acquire(None, Wait::Immediate, "MultiLock::blocking_try_lock") {
-            Ok(guard) => Ok(Some(guard)),
-            Err(e) if e.is_busy() => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Blocks this thread at most `d` waiting for every name.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
-    /// # let lock = slate_redis::MultiLock::builder(&client, ["a", "b"]).build()?;
-    /// let guard = lock.blocking_try_lock_for(std::time::Duration::from_secs(1))?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Timeout`] when `d` passes first; backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_lock_for(&self, d: Duration) -> Result<MultiLockGuard> {
-        self.blocking_acquire(
-            None,
-            Wait::for_duration(d),
-            "MultiLock::blocking_try_lock_for",
-        )
-    }
+    slate_core::blocking_waiting_methods!(
+        "MultiLock",
+        MultiLockGuard,
+        setup = "# fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+                 # let rt = tokio::runtime::Runtime::new()?;\n\
+                 # let client = rt.block_on(async { slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\") })?;\n\
+                 # let lock = slate_redis::MultiLock::builder(&client, [\"a\", \"b\"]).build()?;",
+        errors = "backend failures",
+    );
 }
 
 /// The first of `held` whose lease is lost, with the reason.

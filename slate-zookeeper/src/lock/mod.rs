@@ -446,113 +446,25 @@ impl ZkLock {
         Ok(self.guard(holder, &grant))
     }
 
-    /// Blocks this thread until the lock is acquired (the thread twin of `lock()`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let rt = tokio::runtime::Runtime::new()?;
-    /// let client = rt.block_on(slate_zookeeper::ZkClient::connect("127.0.0.1:2181"))?;
-    /// let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
-    /// let guard = lock.blocking_lock()?;
-    /// guard.blocking_unlock()?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime (use `lock().await` there).
-    pub fn blocking_lock(&self) -> Result<ZkLockGuard> {
-        self.blocking(HolderId::current(), Wait::Forever, "ZkLock::blocking_lock")
+    /// The blocking twins' acquisition for `holder`, or the current holder.
+    fn blocking_acquire(
+        &self,
+        holder: Option<HolderId>,
+        wait: Wait,
+        what: &str,
+    ) -> Result<ZkLockGuard> {
+        self.blocking(holder.unwrap_or_else(HolderId::current), wait, what)
     }
 
-    /// Blocks this thread until the lock is acquired for `holder`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let client = rt.block_on(slate_zookeeper::ZkClient::connect("127.0.0.1:2181"))?;
-    /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
-    /// let outer = lock.blocking_lock()?;
-    /// let inner = lock.blocking_lock_as(outer.holder())?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures; [`Error::LeaseLost`] for a re-entry of a hold that ended.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_lock_as(&self, holder: HolderId) -> Result<ZkLockGuard> {
-        self.blocking(holder, Wait::Forever, "ZkLock::blocking_lock_as")
-    }
-
-    /// One attempt from a thread: `Ok(None)` when busy.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let client = rt.block_on(slate_zookeeper::ZkClient::connect("127.0.0.1:2181"))?;
-    /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
-    /// if let Some(guard) = lock.blocking_try_lock()? {
-    ///     guard.blocking_unlock()?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_lock(&self) -> Result<Option<ZkLockGuard>> {
-        slate_core::lock::busy_to_none(self.blocking(
-            HolderId::current(),
-            Wait::Immediate,
-            "ZkLock::blocking_try_lock",
-        ))
-    }
-
-    /// Blocks this thread at most `d` for the lock.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let client = rt.block_on(slate_zookeeper::ZkClient::connect("127.0.0.1:2181"))?;
-    /// # let lock = slate_zookeeper::ZkLock::builder(&client, "a").build()?;
-    /// let guard = lock.blocking_try_lock_for(std::time::Duration::from_secs(1))?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Timeout`] when `d` passes first; backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_lock_for(&self, d: Duration) -> Result<ZkLockGuard> {
-        self.blocking(
-            HolderId::current(),
-            Wait::for_duration(d),
-            "ZkLock::blocking_try_lock_for",
-        )
-    }
+    slate_core::blocking_waiting_methods!(
+        "ZkLock",
+        ZkLockGuard,
+        setup = "# fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+                 # let rt = tokio::runtime::Runtime::new()?;\n\
+                 # let client = rt.block_on(slate_zookeeper::ZkClient::connect(\"127.0.0.1:2181\"))?;\n\
+                 # let lock = slate_zookeeper::ZkLock::builder(&client, \"a\").build()?;",
+        errors = "backend failures",
+    );
 
     /// Who holds the lock and who waits, read from ZooKeeper (one listing and one read per
     /// contender).

@@ -369,115 +369,15 @@ impl SingleLock {
         )
     }
 
-    /// Blocks this thread until the lock is acquired for the current holder (the thread twin
-    /// of `lock()`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let rt = tokio::runtime::Runtime::new()?;
-    /// let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
-    /// let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
-    /// let guard = lock.blocking_lock()?;
-    /// guard.blocking_unlock()?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime (use `lock().await` there).
-    pub fn blocking_lock(&self) -> Result<SingleLockGuard> {
-        self.blocking_acquire(None, Wait::Forever, "SingleLock::blocking_lock")
-    }
-
-    /// Blocks this thread until the lock is acquired for `holder` (re-enters if it holds it).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
-    /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
-    /// let outer = lock.blocking_lock()?;
-    /// let inner = lock.blocking_lock_as(outer.holder())?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_lock_as(&self, holder: HolderId) -> Result<SingleLockGuard> {
-        self.blocking_acquire(Some(holder), Wait::Forever, "SingleLock::blocking_lock_as")
-    }
-
-    /// One attempt from this thread, without waiting: `None` when another holder has it (the
-    /// thread twin of `try_lock()`).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
-    /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
-    /// if let Some(guard) = lock.blocking_try_lock()? {
-    ///     guard.blocking_unlock()?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_lock(&self) -> Result<Option<SingleLockGuard>> {
-        match self.blocking_acquire(None, Wait::Immediate, "SingleLock::blocking_try_lock") {
-            Ok(guard) => Ok(Some(guard)),
-            Err(e) if e.is_busy() => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Blocks this thread at most `d` waiting for the lock.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let rt = tokio::runtime::Runtime::new()?;
-    /// # let client = rt.block_on(async { slate_redis::RedisClient::open("redis://127.0.0.1:6379") })?;
-    /// # let lock = slate_redis::SingleLock::builder(&client, "a").build()?;
-    /// let guard = lock.blocking_try_lock_for(std::time::Duration::from_secs(1))?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Timeout`] when `d` passes first; backend failures.
-    ///
-    /// # Panics
-    ///
-    /// Inside a tokio runtime.
-    pub fn blocking_try_lock_for(&self, d: Duration) -> Result<SingleLockGuard> {
-        self.blocking_acquire(
-            None,
-            Wait::for_duration(d),
-            "SingleLock::blocking_try_lock_for",
-        )
-    }
+    slate_core::blocking_waiting_methods!(
+        "SingleLock",
+        SingleLockGuard,
+        setup = "# fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+                 # let rt = tokio::runtime::Runtime::new()?;\n\
+                 # let client = rt.block_on(async { slate_redis::RedisClient::open(\"redis://127.0.0.1:6379\") })?;\n\
+                 # let lock = slate_redis::SingleLock::builder(&client, \"a\").build()?;",
+        errors = "backend failures",
+    );
 }
 
 impl fmt::Debug for SingleLock {
