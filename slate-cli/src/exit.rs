@@ -15,7 +15,8 @@ pub const INTERNAL: u8 = 70;
 /// The lock could not be had within `--wait` (sysexits `EX_TEMPFAIL`, as `flock -w` users
 /// usually ask `-E` for).
 pub const BUSY: u8 = 75;
-/// The lease was lost while CMD ran, and CMD was signalled as `--on-lost` says.
+/// The lease was lost while CMD ran, and CMD was signalled as `--on-lost` says; or it was
+/// lost while the lock was being taken, and CMD never started.
 pub const LEASE_LOST: u8 = 76;
 /// CMD was found but could not be executed (as in POSIX shells).
 pub const CANNOT_EXECUTE: u8 = 126;
@@ -35,6 +36,7 @@ Exit codes:
   70          internal error
   75          slate run: the lock was not acquired within --wait (held by another holder);
               slate latch wait: the latch was still closed after --timeout
-  76          slate run: the lease was lost while CMD ran and CMD was killed/terminated (--on-lost)
+  76          slate run: the lease was lost while CMD ran and CMD was killed/terminated (--on-lost),
+              or was lost while the lock was being taken (CMD never started)
   126, 127    slate run: CMD could not be executed / was not found
   129,130,143 slate run: SIGHUP / SIGINT / SIGTERM while waiting for the lock (CMD not started)";

@@ -398,6 +398,10 @@ fn quarantined(e: &Error) -> bool {
 fn acquire_error_code(e: &Error) -> u8 {
     if e.is_timeout() || e.is_busy() {
         exit::BUSY
+    } else if e.is_lease_lost() {
+        // A set's early name lost while a later one was taken, with no time left to take
+        // the set again: the command never ran.
+        exit::LEASE_LOST
     } else if e.is_invalid_input() {
         exit::USAGE
     } else if e.is_closed() {

@@ -129,12 +129,27 @@ async fn a_latch_has_a_ttl_renewed_by_its_count_downs() {
         .unwrap();
     l.count_down().await.unwrap();
     assert!(pttl() > 1_000, "a count-down renews the TTL: {}", pttl());
-    assert!(
-        CountDownLatch::builder(&c, "x")
-            .ttl(Duration::from_millis(10))
-            .build()
-            .is_err_and(|e| e.is_invalid_input())
-    );
+    for ttl in [Duration::from_millis(10), Duration::MAX] {
+        assert!(
+            CountDownLatch::builder(&c, "x")
+                .ttl(ttl)
+                .build()
+                .is_err_and(|e| e.is_invalid_input()),
+            "TTL {ttl:?}"
+        );
+    }
+    // A count-down's record outlives a stall of the server far beyond the retry window.
+    let records: Vec<String> =
+        redis::from_redis_value(server.command(&["KEYS", "slate:{ttl}:latch:r:*"]).unwrap())
+            .unwrap();
+    assert_eq!(records.len(), 2, "{records:?}");
+    for r in &records {
+        let pttl = int(&server, &["PTTL", r]);
+        assert!(
+            pttl > 4_000,
+            "{r}: PTTL {pttl}, the latch TTL (5 s) caps it"
+        );
+    }
     assert!(
         l.try_set_count(0)
             .await

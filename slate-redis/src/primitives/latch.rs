@@ -28,6 +28,18 @@ use crate::services::notify::ReleaseTarget;
 
 const MAX_COUNT: u32 = CountDownLatch::MAX_COUNT;
 
+/// The longest TTL a latch takes (as the locks' durations): a larger one would overflow the
+/// server's expiry and leave a script half done.
+const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// How long a set's or count-down's answer is kept for its resends: twice the command
+/// timeout (the window in which the client sends it again), and at least an hour (or the
+/// latch's TTL if shorter), so that a copy that reaches a stalled server long after it was
+/// sent still finds its record and counts nothing.
+fn record_window_ms(command_timeout: Duration, ttl: Duration) -> u64 {
+    request::record_ttl_ms(command_timeout).max(lease_ms(ttl.min(Duration::from_secs(3600))))
+}
+
 /// How long a waiter whose notifications are live goes without looking at the count: the
 /// spin wait that catches a message lost with a broken pub/sub connection (the connection's
 /// own reconnection wakes every waiter as well).
@@ -47,7 +59,9 @@ const LIVE_RECHECK: Duration = Duration::from_secs(1);
 ///   counts twice, also when the latch opened and was set again in between (within the retry
 ///   window, twice the client's command timeout); a set sent again answers what it first did.
 /// - **No opening missed**: a waiter returns once the round it waited for has opened, even
-///   when the latch was set again before it looked (each round has an id).
+///   when the latch was set again before it looked (each round has an id). A waiter whose
+///   first reads fail (a server that does not answer) learns its round only from its first
+///   answer: a round that opened and was set again before then is not seen.
 /// - **Waiting without polling**: [`wait`](Self::wait) subscribes to the latch's channel and
 ///   is woken by the message the count-down that opens the latch publishes; a message lost
 ///   with a broken pub/sub connection is caught by a check of the count every second (every
@@ -101,7 +115,7 @@ pub struct CountDownLatchBuilder {
 }
 
 impl CountDownLatchBuilder {
-    /// How long the latch outlives its last set or count-down (default
+    /// How long the latch outlives its last set or count-down, a second to 365 days (default
     /// [`CountDownLatch::DEFAULT_TTL`], a day): an abandoned latch goes away after it, and then reads as open.
     ///
     /// # Examples
@@ -168,11 +182,12 @@ impl CountDownLatchBuilder {
     pub fn build(self) -> Result<CountDownLatch> {
         let name = self.name?;
         let options = self.options.build()?;
-        if self.ttl < Duration::from_secs(1) {
+        if self.ttl < Duration::from_secs(1) || self.ttl > MAX_TTL {
             return Err(Error::invalid_input(
                 "latch TTL",
                 format!("{:?}", self.ttl),
-                "use a TTL of at least a second, longer than anyone waits for the latch",
+                "use a TTL between a second and 365 days, longer than anyone waits for the \
+                 latch",
             ));
         }
         let client = self.source.0;
@@ -392,7 +407,7 @@ impl CountDownLatch {
             count: u64::from(count),
             ttl_ms: lease_ms(self.ttl),
             request: &request,
-            window_ms: request::record_ttl_ms(st.client.command_timeout()),
+            window_ms: record_window_ms(st.client.command_timeout(), self.ttl),
         };
         let set: i64 = self
             .resending("latch set script", |mut c| async move {
@@ -434,7 +449,7 @@ impl CountDownLatch {
             record: &record,
             channel: &st.keys.channel,
             ttl_ms: lease_ms(self.ttl),
-            window_ms: request::record_ttl_ms(st.client.command_timeout()),
+            window_ms: record_window_ms(st.client.command_timeout(), self.ttl),
             publish: st.client.publish_arg(),
         };
         let left: i64 = self
@@ -562,7 +577,13 @@ impl CountDownLatch {
             tokio::pin!(opened);
             opened.as_mut().enable();
             let sent = Instant::now();
-            let closed = match self.read().await {
+            let read = match deadline {
+                None => self.read().await,
+                Some(d) => tokio::time::timeout_at(d.into(), self.read())
+                    .await
+                    .map_err(|_| timed_out())?,
+            };
+            let closed = match read {
                 Ok((0, _)) => return Ok(()),
                 Ok((_, round)) => {
                     if waiting_for.is_some() && round != waiting_for {

@@ -291,7 +291,9 @@ impl MultiLock {
     /// # Errors
     ///
     /// [`Error::Busy`] naming a busy name under [`Wait::Immediate`]; [`Error::Timeout`] when
-    /// the deadline of [`Wait::Until`] passes; backend errors. No name is held after an error.
+    /// the deadline of [`Wait::Until`] passes; [`Error::LeaseLost`] when a name taken early
+    /// was lost and the set could not be taken again (its max hold, or no time left);
+    /// backend errors. No name is held after an error.
     ///
     /// # Cancel safety
     ///
