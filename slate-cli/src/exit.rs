@@ -25,6 +25,13 @@ pub const NOT_FOUND: u8 = 127;
 /// Added to a signal number when CMD (or slate, while waiting) ended by that signal.
 pub const SIGNAL_BASE: u8 = 128;
 
+/// Reports `e` on stderr and answers its exit code: [`USAGE`] for bad input (the message names
+/// the fix), [`REDIS`] for anything the server or the network did.
+pub fn of_error(e: &slate_core::Error) -> u8 {
+    eprintln!("slate: {e}");
+    if e.is_invalid_input() { USAGE } else { REDIS }
+}
+
 /// The exit-code table shown by `slate --help` and `slate run --help`.
 pub const TABLE: &str = "\
 Exit codes:

@@ -72,12 +72,7 @@ pub async fn latch(spec: LatchSpec) -> u8 {
     let latch = match build(&spec) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("slate: {e}");
-            return if e.is_invalid_input() {
-                exit::USAGE
-            } else {
-                exit::REDIS
-            };
+            return exit::of_error(&e);
         }
     };
     let done = match spec.action {
@@ -120,14 +115,7 @@ pub async fn latch(spec: LatchSpec) -> u8 {
             }
         }
     };
-    done.unwrap_or_else(|e| {
-        eprintln!("slate: {e}");
-        if e.is_invalid_input() {
-            exit::USAGE
-        } else {
-            exit::REDIS
-        }
-    })
+    done.unwrap_or_else(|e| exit::of_error(&e))
 }
 
 fn build(spec: &LatchSpec) -> Result<CountDownLatch, Error> {

@@ -90,12 +90,7 @@ pub async fn run(spec: RunSpec) -> u8 {
     let target = match Target::build(&spec.servers, &spec.name, &spec.prefix, spec.lease).await {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("slate: {e}");
-            return if e.is_invalid_input() {
-                exit::USAGE
-            } else {
-                exit::REDIS
-            };
+            return exit::of_error(&e);
         }
     };
     if let Target::Combination(lock) = &target

@@ -636,12 +636,7 @@ pub async fn unlock(servers: &Servers, name: &str, prefix: &str) -> u8 {
     {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("slate: {e}");
-            return if e.is_invalid_input() {
-                exit::USAGE
-            } else {
-                exit::REDIS
-            };
+            return exit::of_error(&e);
         }
     };
     let result = match &lock {

@@ -174,10 +174,5 @@ pub async fn unlock(servers: &str, name: &str, prefix: &str) -> u8 {
 }
 
 fn fail(e: &Error) -> u8 {
-    eprintln!("slate: {e}");
-    if e.is_invalid_input() {
-        exit::USAGE
-    } else {
-        exit::REDIS
-    }
+    exit::of_error(e)
 }

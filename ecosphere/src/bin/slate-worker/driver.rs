@@ -442,11 +442,7 @@ pub(crate) async fn drive<L: Driven>(
         say(&f.line())?;
     }
     let s = ctx.driven.stats();
-    say(&format!(
-        "STATS renewals={} subscriptions={} local_waiters={}",
-        s.renewals, s.subscriptions, s.local_waiters
-    ))?;
-    ctx.rec.flush().map_err(|e| format!("flushing: {e}"))?;
+    crate::finish(s.renewals, s.subscriptions, s.local_waiters, &ctx.rec)?;
     result
 }
 
@@ -457,24 +453,13 @@ async fn contend<L: Driven>(ctx: &Arc<Ctx<L>>) -> Res<()> {
         let ctx = Arc::clone(ctx);
         tasks.spawn(async move { contend_task(&ctx, task).await });
     }
-    let mut total = 0u64;
-    let mut errors = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok(Ok(n)) => total += n,
-            Ok(Err(e)) => errors.push(e),
-            Err(e) => errors.push(format!("task panicked: {e}")),
-        }
-    }
+    let (total, outcome) = crate::joined(tasks).await;
     say(&format!(
         "DONE acquisitions={total} failed_attempts={} incomplete_releases={}",
         ctx.failed.load(Ordering::Relaxed),
         ctx.incomplete.load(Ordering::Relaxed)
     ))?;
-    match errors.first() {
-        None => Ok(()),
-        Some(first) => Err(format!("{} task(s) failed; first: {first}", errors.len())),
-    }
+    outcome
 }
 
 async fn contend_task<L: Driven>(ctx: &Ctx<L>, task: u64) -> Res<u64> {

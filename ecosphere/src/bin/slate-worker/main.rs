@@ -360,6 +360,34 @@ fn say(line: &str) -> Res<()> {
         .map_err(|e| format!("writing stdout: {e}"))
 }
 
+/// Runs `tasks` to their end: the sum of their counts, and the mode's outcome (the first
+/// failure and how many tasks failed).
+async fn joined(mut tasks: tokio::task::JoinSet<Res<u64>>) -> (u64, Res<()>) {
+    let mut total = 0u64;
+    let mut errors = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(n)) => total += n,
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(format!("task panicked: {e}")),
+        }
+    }
+    let outcome = match errors.first() {
+        None => Ok(()),
+        Some(first) => Err(format!("{} task(s) failed; first: {first}", errors.len())),
+    };
+    (total, outcome)
+}
+
+/// How every mode ends: the `STATS` line (renewals and subscriptions still registered, tasks
+/// still waiting), then the history flushed.
+fn finish(renewals: usize, subscriptions: usize, local_waiters: usize, rec: &Recorder) -> Res<()> {
+    say(&format!(
+        "STATS renewals={renewals} subscriptions={subscriptions} local_waiters={local_waiters}"
+    ))?;
+    rec.flush().map_err(|e| format!("flushing: {e}"))
+}
+
 /// Short code of a loss reason (one word, for the `LOST` line).
 fn reason_code(r: LossReason) -> String {
     match r {

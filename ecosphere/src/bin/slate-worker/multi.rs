@@ -126,11 +126,7 @@ pub(super) async fn run(
     wait_go(mx.args.go_file.as_ref(), deadline).await?;
     let result = contend(&mx).await;
     let s = client.stats();
-    say(&format!(
-        "STATS renewals={} subscriptions={} local_waiters={}",
-        s.renewals, s.subscriptions, s.local_waiters
-    ))?;
-    mx.rec.flush().map_err(|e| format!("flushing: {e}"))?;
+    finish(s.renewals, s.subscriptions, s.local_waiters, &mx.rec)?;
     result
 }
 
@@ -140,20 +136,9 @@ async fn contend(mx: &Arc<Mx>) -> Res<()> {
         let mx = Arc::clone(mx);
         tasks.spawn(async move { contend_task(&mx, task).await });
     }
-    let mut total = 0u64;
-    let mut errors = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok(Ok(n)) => total += n,
-            Ok(Err(e)) => errors.push(e),
-            Err(e) => errors.push(format!("task panicked: {e}")),
-        }
-    }
+    let (total, outcome) = joined(tasks).await;
     say(&format!("DONE acquisitions={total}"))?;
-    match errors.first() {
-        None => Ok(()),
-        Some(first) => Err(format!("{} task(s) failed; first: {first}", errors.len())),
-    }
+    outcome
 }
 
 async fn contend_task(mx: &Mx, task: u64) -> Res<u64> {

@@ -268,11 +268,7 @@ pub(super) async fn run(
         )),
     };
     let s = client.stats();
-    say(&format!(
-        "STATS renewals={} subscriptions={} local_waiters={}",
-        s.renewals, s.subscriptions, s.local_waiters
-    ))?;
-    sh.rec.flush().map_err(|e| format!("flushing: {e}"))?;
+    super::finish(s.renewals, s.subscriptions, s.local_waiters, &sh.rec)?;
     result
 }
 

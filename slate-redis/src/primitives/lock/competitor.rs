@@ -1,6 +1,8 @@
 //! The Redis side of the single lock, driven by the synchronizer: the acquire and release
 //! scripts, the fair turn between processes, and the hold passed between local holders.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
 use super::*;
 
 /// What a successful attempt yields.
@@ -52,8 +54,8 @@ pub(crate) struct RedisCompetitor {
 /// that will not claim it.
 #[derive(Debug, Default)]
 pub(crate) struct InLine {
-    queued: std::sync::atomic::AtomicBool,
-    in_flight: std::sync::atomic::AtomicUsize,
+    queued: AtomicBool,
+    in_flight: AtomicUsize,
 }
 
 /// An attempt in flight, counted in [`InLine`] while it lives.
@@ -61,24 +63,19 @@ struct Flying(Arc<InLine>);
 
 impl Flying {
     fn start(line: &Arc<InLine>) -> Self {
-        line.in_flight
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        line.in_flight.fetch_add(1, Ordering::SeqCst);
         Flying(Arc::clone(line))
     }
 
     /// Records what the attempt's answer did to the process's place in line.
     fn answered(&self, queued: bool) {
-        self.0
-            .queued
-            .store(queued, std::sync::atomic::Ordering::SeqCst);
+        self.0.queued.store(queued, Ordering::SeqCst);
     }
 }
 
 impl Drop for Flying {
     fn drop(&mut self) {
-        self.0
-            .in_flight
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -86,9 +83,7 @@ impl RedisCompetitor {
     /// A release that kept the turn for this process's local waiters has ended: if they all
     /// left meanwhile, nobody here will claim it, so it is handed on as a drain would.
     pub(crate) fn turn_kept(&self) {
-        self.line
-            .queued
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.line.queued.store(true, Ordering::SeqCst);
         self.queue_drained();
     }
 
@@ -101,11 +96,11 @@ impl RedisCompetitor {
         self.client.spawn(async move {
             let busy = |line: &InLine| {
                 me.upgrade().is_some_and(|s| s.sync.waiters() > 0)
-                    || line.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0
+                    || line.in_flight.load(Ordering::SeqCst) > 0
             };
             // Checked again as the task runs: a waiter that came meanwhile keeps the place.
             if busy(&line) {
-                line.queued.store(true, std::sync::atomic::Ordering::SeqCst);
+                line.queued.store(true, Ordering::SeqCst);
                 return;
             }
             let call = scripts::call::Leave {
@@ -122,7 +117,7 @@ impl RedisCompetitor {
                 .await;
             if let Err(e) = left {
                 tracing::debug!(error = %e, "leaving the line failed; a turn reserved for this process lapses by itself");
-                line.queued.store(true, std::sync::atomic::Ordering::SeqCst);
+                line.queued.store(true, Ordering::SeqCst);
             }
             // A waiter that came between the check above and the script's run may have had
             // its fresh place taken out: its head asks again at once.
@@ -940,15 +935,8 @@ impl Competitor for RedisCompetitor {
         }
         // An attempt in flight may be a waiter's on its way into the line (its busy answer
         // renews the place it then waits in): the place stays; a later drain ends it.
-        if self
-            .line
-            .in_flight
-            .load(std::sync::atomic::Ordering::SeqCst)
-            == 0
-            && self
-                .line
-                .queued
-                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        if self.line.in_flight.load(Ordering::SeqCst) == 0
+            && self.line.queued.swap(false, Ordering::SeqCst)
         {
             self.leave_line();
         }
