@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use slate_aqs::{Attempt, Competitor, Notifications};
 use slate_core::lease::{self, LeaseWatch};
+use slate_core::metrics::Meter;
 use slate_core::{
     BackendKind, Error, FencingToken, HolderId, LockOptions, NodeReport, NodeState, Result,
     TimeoutKind,
@@ -60,6 +61,8 @@ pub(crate) struct Inner {
     pub(crate) nodes: NodeSet,
     pub(crate) keys: NodeKeys,
     pub(crate) label: Arc<str>,
+    /// Where its acquisitions, holds, renewals and losses are counted.
+    pub(crate) meter: Meter,
     pub(crate) options: LockOptions,
     pub(crate) required: usize,
     pub(crate) budget: Duration,
@@ -121,6 +124,7 @@ impl CombinationCompetitor {
         order: Order,
         runtime: Handle,
         waiters: Weak<crate::lock::Shared>,
+        meter: Meter,
     ) -> Self {
         CombinationCompetitor {
             inner: Arc::new(Inner {
@@ -132,6 +136,7 @@ impl CombinationCompetitor {
                 nodes,
                 keys,
                 label,
+                meter,
                 options,
                 required,
                 budget,
@@ -809,11 +814,12 @@ impl Inner {
                     i,
                     client
                         .node()
-                        .renew(&self.keys, holder, hold(d), &self.label),
+                        .renew(&self.keys, holder, hold(d), &self.label, &self.meter),
                 )
             })
             .collect();
         let (keeper, watch) = lease::channel(grant.deadline);
+        let keeper = keeper.with_meter(self.meter.clone());
         let aggregator = self
             .runtime
             .spawn(self.aggregate_then_stop(watches, keeper, holder, grant.nodes.clone()))
@@ -860,6 +866,7 @@ impl Inner {
         let node_deadlines: Vec<Instant> = watches.iter().map(|(_, w)| w.deadline()).collect();
         let deadline = combined_deadline(&node_deadlines, self.required)?;
         let (keeper, watch) = lease::channel(deadline);
+        let keeper = keeper.with_meter(self.meter.clone());
         hold.aggregator.abort();
         hold.aggregator = self
             .runtime

@@ -9,6 +9,7 @@ use futures::future::join_all;
 use slate_aqs::Synchronizer;
 use slate_core::hold::{Held, Release};
 use slate_core::lease;
+use slate_core::metrics::Meter;
 use slate_core::registry::Registered;
 use slate_core::{Error, Hold, HolderId, LockName, LockOptions, LockOptionsBuilder, Result, Wait};
 use slate_redis::LockStatus;
@@ -269,6 +270,7 @@ impl CombinationLockBuilder {
             |(options, required, budget, order): (LockOptions, usize, Duration, Order)| {
                 let label: Arc<str> = Arc::from(name.to_string());
                 let spin = options.spin_wait();
+                let meter = Meter::for_lock("combination", "combination", &name);
                 Arc::new_cyclic(|me: &Weak<Shared>| {
                     let competitor = CombinationCompetitor::new(
                         nodes,
@@ -280,9 +282,11 @@ impl CombinationLockBuilder {
                         order,
                         runtime,
                         me.clone(),
+                        meter.clone(),
                     );
                     Shared {
-                        sync: Synchronizer::new(Arc::clone(&label), competitor, spin),
+                        sync: Synchronizer::new(Arc::clone(&label), competitor, spin)
+                            .with_meter(meter),
                         name: name.clone(),
                     }
                 })
@@ -803,6 +807,10 @@ impl Release for Releasing {
 
     fn label(&self) -> &str {
         &self.lock.inner().label
+    }
+
+    fn meter(&self) -> Option<&Meter> {
+        Some(&self.lock.inner().meter)
     }
 }
 

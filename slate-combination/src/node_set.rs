@@ -34,6 +34,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use slate_core::metrics::ClientMeter;
 use slate_core::mutant::{self, Mutant};
 use slate_core::registry::Registry;
 use slate_core::{Error, NodeReport, NodeState, Result};
@@ -904,6 +905,9 @@ impl NodeSet {
                         quarantine = ?marked.left,
                         "node quarantined after a restart, a failover or a data loss"
                     );
+                }
+                if marker != Marker::Pending {
+                    ClientMeter::new("combination").quarantined();
                 }
                 let mut h = node.health();
                 h.health = Health::Quarantined {

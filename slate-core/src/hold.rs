@@ -237,6 +237,12 @@ pub trait Release: Send + Sync + 'static {
 
     /// The lock's name as the logs show it.
     fn label(&self) -> &str;
+
+    /// Where [`Held`] counts its guard (`slate_held`, `slate_hold_seconds`); `None` (the
+    /// default) for nowhere.
+    fn meter(&self) -> Option<&crate::metrics::Meter> {
+        None
+    }
 }
 
 /// A hold and the release that ends it, exactly once: the engine of every guard.
@@ -279,6 +285,8 @@ pub struct Held<R: Release> {
     hold: Hold,
     release: R,
     released: bool,
+    /// When the guard was made, if its release counts it (see [`Release::meter`]).
+    since: Option<Instant>,
 }
 
 impl<R: Release> Held<R> {
@@ -288,10 +296,15 @@ impl<R: Release> Held<R> {
     ///
     /// See the [type's](Held).
     pub fn new(hold: Hold, release: R) -> Self {
+        let since = release.meter().map(|m| {
+            m.hold_started();
+            Instant::now()
+        });
         Held {
             hold,
             release,
             released: false,
+            since,
         }
     }
 
@@ -361,6 +374,9 @@ impl<R: Release> Held<R> {
 
     fn start(&mut self) -> impl Future<Output = Result<u32>> + Send + 'static + use<R> {
         self.released = true;
+        if let (Some(m), Some(since)) = (self.release.meter(), self.since) {
+            m.hold_ended(since.elapsed());
+        }
         self.release.release(&self.hold)
     }
 }

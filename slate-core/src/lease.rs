@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
+use crate::metrics::Meter;
 use crate::mutant::{self, Mutant};
 
 /// Why a lease was lost.
@@ -92,7 +93,7 @@ pub fn channel(deadline: Instant) -> (LeaseKeeper, LeaseWatch) {
         deadline,
         lost: None,
     });
-    (LeaseKeeper { tx }, LeaseWatch { rx })
+    (LeaseKeeper { tx, meter: None }, LeaseWatch { rx })
 }
 
 /// The writing end of a lease: moves the deadline on renewal and signals loss.
@@ -101,9 +102,28 @@ pub fn channel(deadline: Instant) -> (LeaseKeeper, LeaseWatch) {
 #[derive(Debug)]
 pub struct LeaseKeeper {
     tx: watch::Sender<State>,
+    /// Where a loss is counted (`slate_lease_lost_total`), if anywhere.
+    meter: Option<Meter>,
 }
 
 impl LeaseKeeper {
+    /// Counts this lease's loss, once, on `meter` (`slate_lease_lost_total`): for the keeper
+    /// of a lock's own lease (not of one node's entry within a lock, whose loss the lock may
+    /// survive).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_core::{lease, metrics::Meter};
+    /// let (keeper, _watch) = lease::channel(std::time::Instant::now());
+    /// let keeper = keeper.with_meter(Meter::custom());
+    /// ```
+    #[must_use]
+    pub fn with_meter(mut self, meter: Meter) -> Self {
+        self.meter = Some(meter);
+        self
+    }
+
     /// Moves the deadline after a successful renewal. Ignored once the lease is lost, and never
     /// moves the deadline backwards.
     ///
@@ -134,6 +154,8 @@ impl LeaseKeeper {
                 false
             } else if passed(s.deadline) {
                 s.lost = Some(LossReason::DeadlineExpired);
+                // Counted before the watchers can see it.
+                self.count_loss(&LossReason::DeadlineExpired);
                 true
             } else if deadline > s.deadline {
                 s.deadline = deadline;
@@ -165,6 +187,8 @@ impl LeaseKeeper {
             } else if passed(s.deadline) {
                 // As in `extend`: a deadline that has passed is a loss, and loss is final.
                 s.lost = Some(LossReason::DeadlineExpired);
+                // Counted before the watchers can see it.
+                self.count_loss(&LossReason::DeadlineExpired);
                 true
             } else if deadline != s.deadline {
                 s.deadline = deadline;
@@ -173,6 +197,12 @@ impl LeaseKeeper {
                 false
             }
         });
+    }
+
+    fn count_loss(&self, reason: &LossReason) {
+        if let Some(m) = &self.meter {
+            m.lease_lost(reason);
+        }
     }
 
     /// Signals that the lease is lost. The first reason wins.
@@ -190,6 +220,8 @@ impl LeaseKeeper {
         self.tx.send_if_modified(|s| {
             if s.lost.is_none() {
                 s.lost = Some(reason);
+                // Counted before the watchers can see it.
+                self.count_loss(&reason);
                 true
             } else {
                 false

@@ -6,6 +6,7 @@
 //! - [`lease`]: deadline and loss signal shared by renewal and guard.
 //! - [`LockOptions`], [`LockName`]: validated configuration.
 //! - [`Error`]: the one error type, with `is_*` helpers.
+//! - [`metrics`]: what the locks record through the `metrics` facade.
 //! - [`AnyLock`], [`AnyGuard`] ([`DynLock`], [`DynGuard`]): the object-safe layer, for locks of
 //!   several backends kept side by side.
 //!
@@ -30,6 +31,7 @@ pub mod hold;
 pub mod holder;
 pub mod lease;
 pub mod lock;
+pub mod metrics;
 pub mod mutant;
 pub mod name;
 pub mod options;

@@ -19,6 +19,7 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use slate_core::metrics::Meter;
 use slate_core::{Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions, Result};
 
 use crate::client::{RedisClient, unexpected_reply};
@@ -854,6 +855,7 @@ impl<'c> Node<'c> {
         holder: HolderId,
         hold: NodeHold,
         label: &str,
+        meter: &Meter,
     ) -> LeaseWatch {
         self.0.inner.renewal.register(
             self.0,
@@ -872,6 +874,9 @@ impl<'c> Node<'c> {
                 max_hold: hold.max_hold,
                 deadline: hold.deadline,
                 label: Arc::from(label),
+                meter: meter.clone(),
+                // One node's entry: the lock may outlive its loss.
+                counts_loss: false,
             },
         )
     }

@@ -13,6 +13,7 @@ use tokio::runtime::Handle;
 use zookeeper_client as zk;
 
 use crate::error::{from_zk, lost_connection, op_timeout};
+use slate_core::metrics::ClientMeter;
 use slate_core::registry::Registry;
 
 /// The session timeout asked for when the builder names none.
@@ -604,6 +605,7 @@ impl ZkClient {
         .await?;
         watch_session(&self.inner, &fresh);
         *lock(&self.inner.session) = Arc::clone(&fresh);
+        client_meter().reconnected();
         Ok(fresh)
     }
 
@@ -621,9 +623,10 @@ impl ZkClient {
         request: impl Future<Output = std::result::Result<T, zk::Error>>,
     ) -> Result<std::result::Result<T, zk::Error>> {
         let limit = self.op_timeout(session);
-        tokio::time::timeout(limit, request)
-            .await
-            .map_err(|_| op_timeout(&self.inner.servers, what, limit))
+        tokio::time::timeout(limit, request).await.map_err(|_| {
+            client_meter().server_error(BackendKind::Timeout);
+            op_timeout(&self.inner.servers, what, limit)
+        })
     }
 
     /// Runs a **read** (or a watch registration, which is idempotent) under the operation
@@ -659,7 +662,11 @@ impl ZkClient {
 
     /// A ZooKeeper error as a Slate error.
     pub(crate) fn error(&self, e: zk::Error, what: &str) -> Error {
-        from_zk(e, &self.inner.servers, what)
+        let e = from_zk(e, &self.inner.servers, what);
+        if let Some(kind) = e.backend_kind() {
+            client_meter().server_error(kind);
+        }
+        e
     }
 
     pub(crate) fn runtime(&self) -> &Handle {
@@ -785,6 +792,11 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// The ZooKeeper clients' meter (reconnects, server errors).
+fn client_meter() -> ClientMeter {
+    ClientMeter::new("zookeeper")
 }
 
 /// One heartbeat round (see [`heartbeat`]).

@@ -60,6 +60,10 @@ impl Release for Releasing {
     fn label(&self) -> &str {
         &self.lock.shared.competitor().ctx.label
     }
+
+    fn meter(&self) -> Option<&slate_core::metrics::Meter> {
+        Some(&self.lock.shared.competitor().ctx.meter)
+    }
 }
 
 impl ZkLockGuard {

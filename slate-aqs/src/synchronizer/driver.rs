@@ -25,6 +25,8 @@ impl<C: Competitor> Synchronizer<C> {
             // The clock is read only when a deadline or a retry timer needs it: an untimed
             // uncontended acquire reads it never.
             let start = deadline.map(|_| timer.now());
+            // For the wait histogram (`slate_acquire_wait_seconds`).
+            let began = Instant::now();
             let mut slot = QueueSlot {
                 sync: self,
                 key: None,
@@ -46,16 +48,26 @@ impl<C: Competitor> Synchronizer<C> {
                     shared_timer: T::SHARED,
                 };
                 match self.decide(&mut slot, entry, now, retry) {
-                    Step::LocallyBusy => return Err(self.busy(None)),
-                    Step::Upgrade => return Err(self.upgrade(holder)),
+                    Step::LocallyBusy => {
+                        self.meter.busy();
+                        return Err(self.busy(None));
+                    }
+                    Step::Upgrade => {
+                        self.meter.failed();
+                        return Err(self.upgrade(holder));
+                    }
                     Step::Timeout => {
                         slot.leave();
                         tracing::debug!(lock = %self.label, %holder, "wait timed out");
+                        self.meter.timed_out();
                         return Err(self.timed_out(start, deadline, now));
                     }
                     Step::TakePass { remote } => match self.competitor.take_pass(remote, holder) {
                         Some(grant) => match self.take_pass(holder, remote, &mut slot, grant) {
-                            Some(grant) => return Ok(grant),
+                            Some(grant) => {
+                                self.meter.acquired(How::Pass, began.elapsed());
+                                return Ok(grant);
+                            }
                             // Taken back meanwhile: wait on as the head.
                             None => retry = Retry::Now,
                         },
@@ -70,11 +82,16 @@ impl<C: Competitor> Synchronizer<C> {
                         remote,
                         passable,
                     } => {
-                        let retry_after = match InFlight::start(
-                            self, remote, reentrant, passable, shared,
-                        )
-                        .await
-                        {
+                        let sent = Instant::now();
+                        let answer =
+                            InFlight::start(self, remote, reentrant, passable, shared).await;
+                        let outcome = match &answer.1 {
+                            Ok(Attempt::Acquired(_)) => Outcome::Acquired,
+                            Ok(Attempt::Busy { .. }) => Outcome::Busy,
+                            Err(_) => Outcome::Error,
+                        };
+                        self.meter.attempt(outcome, sent.elapsed());
+                        let retry_after = match answer {
                             // The remote holder comes back with the answer: the future keeps
                             // one copy of it (in the attempt), not two.
                             (remote, Ok(Attempt::Acquired(grant))) => {
@@ -84,17 +101,26 @@ impl<C: Competitor> Synchronizer<C> {
                                 } else {
                                     self.grant(holder, remote, passable, &mut slot, grant, &now)
                                 };
-                                match recorded? {
-                                    Some(grant) => return Ok(grant),
+                                match recorded {
+                                    Ok(Some(grant)) => {
+                                        let how = if reentrant { How::Reentry } else { How::Remote };
+                                        self.meter.acquired(how, began.elapsed());
+                                        return Ok(grant);
+                                    }
                                     // Its lease ran out before it was processed: given back,
                                     // and as good as a busy answer.
-                                    None => None,
+                                    Ok(None) => None,
+                                    Err(e) => {
+                                        self.meter.failed();
+                                        return Err(e);
+                                    }
                                 }
                             }
                             (_, Ok(Attempt::Busy { retry_after })) => retry_after,
                             (_, Err(e)) => {
                                 slot.leave_after_attempt();
                                 tracing::debug!(lock = %self.label, %holder, error = %e, "attempt failed");
+                                self.meter.failed();
                                 return Err(e);
                             }
                         };
@@ -104,14 +130,17 @@ impl<C: Competitor> Synchronizer<C> {
                             if self.waiters() == 0 {
                                 self.competitor.queue_drained();
                             }
+                            self.meter.busy();
                             return Err(self.busy(retry_after));
                         }
                         if reentrant {
+                            self.meter.failed();
                             return Err(self.lease_lost(holder));
                         }
                         let now = deadline.map(|_| timer.now());
                         if deadline.zip(now).is_some_and(|(d, now)| now >= d) {
                             slot.leave_after_attempt();
+                            self.meter.timed_out();
                             return Err(self.timed_out(start, deadline, now));
                         }
                         tracing::trace!(lock = %self.label, %holder, ?retry_after, "busy");
@@ -261,6 +290,7 @@ impl<C: Competitor> Synchronizer<C> {
                     _ => None,
                 };
                 let key = st.queue.push_back(passable, timer);
+                self.meter.queued(true);
                 slot.key = Some(key);
                 tracing::trace!(lock = %self.label, %holder, waiters = st.queue.len(), "queued");
                 key
@@ -402,7 +432,7 @@ impl<C: Competitor> Synchronizer<C> {
         let (waker, drained, dropped, timer) = {
             let mut st = self.lock();
             let passed = st.queue.node_mut(key).passed;
-            let (was_head, timer) = st.unlink(key);
+            let (was_head, timer) = self.unlink(&mut st, key);
             let mut dropped = None;
             if passed {
                 debug_assert!(was_head, "only the head is passed the hold");

@@ -65,7 +65,7 @@ impl<C: Competitor> Synchronizer<C> {
             // locally, and the successor is woken by the release.
             let (drained, timer) = match slot.key.take() {
                 Some(key) => {
-                    let (was_head, timer) = st.unlink(key);
+                    let (was_head, timer) = self.unlink(&mut st, key);
                     debug_assert!(was_head, "only the head attempts from the queue");
                     (st.queue.is_empty(), timer)
                 }
@@ -171,7 +171,7 @@ impl<C: Competitor> Synchronizer<C> {
             let mut wakers = Vec::new();
             let drained = match slot.key.take() {
                 Some(key) => {
-                    let (was_head, timer) = st.unlink(key);
+                    let (was_head, timer) = self.unlink(&mut st, key);
                     debug_assert!(was_head, "only the head attempts from the queue");
                     wakers.extend(timer);
                     // The next head may be shared too: it attempts now rather than at the
@@ -244,7 +244,7 @@ impl<C: Competitor> Synchronizer<C> {
             owner.holder = Some(holder);
             let remote = owner.remote;
             slot.key = None;
-            let (was_head, timer) = st.unlink(key);
+            let (was_head, timer) = self.unlink(&mut st, key);
             debug_assert!(was_head, "only the head is passed the hold");
             st.debug_check();
             (st.queue.is_empty(), remote, timer)

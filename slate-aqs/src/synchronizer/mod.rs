@@ -7,6 +7,7 @@ use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use slate_core::metrics::{How, Meter, Outcome};
 use slate_core::mutant::{self, Mutant};
 use slate_core::{Error, HolderId, LossReason, Result, TimeoutKind, Wait};
 
@@ -145,6 +146,8 @@ pub struct Synchronizer<C: Competitor> {
     handle: Option<tokio::runtime::Handle>,
     /// Shared with the deadline timer's task (see `deadlines`).
     state: Arc<Mutex<State>>,
+    /// Where acquisitions, attempts and the queue are counted (`slate_core::metrics`).
+    meter: Meter,
 }
 
 #[derive(Debug, Default)]
@@ -399,7 +402,50 @@ impl<C: Competitor> Synchronizer<C> {
             spin_wait,
             handle: current_handle(),
             state: Arc::new(Mutex::new(State::default())),
+            meter: Meter::custom(),
         }
+    }
+
+    /// Counts this lock's acquisitions, attempts, waits and queue on `meter` (by default
+    /// [`Meter::custom`]); see `slate_core::metrics`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_aqs::Synchronizer;
+    /// use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
+    /// use slate_core::metrics::Meter;
+    /// use std::time::Duration;
+    ///
+    /// let name = slate_core::LockName::new("orders").unwrap();
+    /// let sync = Synchronizer::new("orders", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50))
+    ///     .with_meter(Meter::for_lock("lock", "memory", &name));
+    /// ```
+    #[must_use]
+    pub fn with_meter(mut self, meter: Meter) -> Self {
+        self.meter = meter;
+        self
+    }
+
+    /// The meter this lock counts on (see [`with_meter`](Synchronizer::with_meter)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_aqs::{Synchronizer, testing::{MemoryCompetitor, MemoryRemote}};
+    /// # use std::time::Duration;
+    /// let sync = Synchronizer::new("a", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50));
+    /// sync.meter().busy();
+    /// ```
+    #[must_use]
+    pub fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
+    /// [`State::unlink`], counted off the waiters gauge.
+    fn unlink(&self, st: &mut State, key: usize) -> (bool, Drained) {
+        self.meter.queued(false);
+        st.unlink(key)
     }
 
     /// The competitor this synchronizer drives.

@@ -82,6 +82,7 @@ impl RedisClient {
                     let before = lock(&self.inner.master).replace(now.clone());
                     if before.as_ref().is_some_and(|b| *b != now) {
                         self.inner.failovers.fetch_add(1, Ordering::Relaxed);
+                        self.inner.meter.failover();
                         // Counted once: the new master's run id is not another change.
                         lock(&self.inner.run_id).take();
                         tracing::warn!(sentinel = %address, master = %now,
@@ -134,6 +135,10 @@ impl RedisClient {
         let mut slot = lock(&self.inner.conn);
         slot.conn = Some(held);
         slot.silent_since = None;
+        if slot.generation > 0 {
+            // Each replaced connection bumped the generation: this one follows a broken one.
+            self.inner.meter.reconnected();
+        }
         Ok((slot.generation, conn))
     }
 
@@ -161,6 +166,7 @@ impl RedisClient {
                 let before = lock(&self.inner.run_id).replace(now.clone());
                 if before.is_some_and(|b| b != now) {
                     self.inner.failovers.fetch_add(1, Ordering::Relaxed);
+                    self.inner.meter.failover();
                     tracing::warn!(node = %address, run_id = %now,
                         "a new connection reached another server than the last one (a restart or a failover)");
                 }
@@ -326,7 +332,7 @@ impl RedisClient {
                 }
             }
         };
-        match tokio::time::timeout(budget, run).await {
+        let r = match tokio::time::timeout(budget, run).await {
             Ok(r) => r,
             Err(_) => {
                 let g = generation.load(std::sync::atomic::Ordering::Relaxed);
@@ -335,7 +341,13 @@ impl RedisClient {
                 }
                 Err(error::command_timeout(what, &self.inner.address, budget))
             }
+        };
+        if let Err(e) = &r
+            && let Some(kind) = e.backend_kind()
+        {
+            self.inner.meter.server_error(kind);
         }
+        r
     }
 
     /// Runs `fut` in the current runtime context when there is one, otherwise on the client's

@@ -11,7 +11,8 @@ use deadpool_redis::{Manager, Pool, Runtime};
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, IntoConnectionInfo, RedisResult};
-use slate_core::{BackendKind, Error, Result};
+use slate_core::metrics::{ClientMeter, Meter};
+use slate_core::{BackendKind, Error, LockName, Result};
 use tokio::runtime::Handle;
 
 use crate::scripts;
@@ -104,9 +105,20 @@ pub(crate) struct Inner {
     /// The run id of the server the last new connection (standalone or Sentinel) reached.
     run_id: Mutex<Option<String>>,
     failovers: AtomicU64,
+    /// Reconnects, failovers, server errors and registered renewals (`slate_core::metrics`).
+    pub(crate) meter: ClientMeter,
     pub(crate) renewal: Renewal,
     pub(crate) notifier: Notifier,
     pub(crate) locks: Registry<Arc<[u8]>>,
+}
+
+/// The `backend` label of a topology's metrics.
+pub(crate) fn backend_label(topology: Topology) -> &'static str {
+    match topology {
+        Topology::Standalone => "redis-standalone",
+        Topology::Cluster => "redis-cluster",
+        Topology::Sentinel => "redis-sentinel",
+    }
 }
 
 /// A small tokio runtime (one worker thread, `slate-client`) owned by a client built outside
@@ -481,6 +493,16 @@ impl RedisClient {
 
     pub(crate) fn runtime(&self) -> &Handle {
         &self.inner.runtime
+    }
+
+    /// The `backend` label of this client's metrics.
+    pub(crate) fn backend_label(&self) -> &'static str {
+        backend_label(self.topology())
+    }
+
+    /// The meter of the lock `name` of kind `primitive` on this client.
+    pub(crate) fn lock_meter(&self, primitive: &'static str, name: &LockName) -> Meter {
+        Meter::for_lock(primitive, self.backend_label(), name)
     }
 
     /// (Cluster) the slot map: read with `CLUSTER SLOTS` on first use and after

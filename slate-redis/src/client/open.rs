@@ -361,8 +361,13 @@ impl RedisClient {
             },
         };
         let no_sharded_pubsub = Arc::new(AtomicBool::new(false));
+        let meter = ClientMeter::new(super::backend_label(match &backend {
+            Backend::Standalone(_) => Topology::Standalone,
+            Backend::Cluster(_) => Topology::Cluster,
+            Backend::Sentinel { .. } => Topology::Sentinel,
+        }));
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
-            renewal: Renewal::new(weak.clone()),
+            renewal: Renewal::new(weak.clone(), meter.clone()),
             notifier: Notifier::new(
                 pubsub,
                 options.command_timeout,
@@ -374,6 +379,7 @@ impl RedisClient {
             master: Mutex::new(None),
             run_id: Mutex::new(None),
             failovers: AtomicU64::new(0),
+            meter,
             backend,
             address,
             runtime,

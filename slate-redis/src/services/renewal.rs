@@ -13,12 +13,13 @@
 //! one registration and one lease.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{ErrorKind, RedisResult, ServerErrorKind};
 use slate_core::lease::{self, LeaseKeeper, LeaseWatch, LossReason};
+use slate_core::metrics::{ClientMeter, Meter};
 use slate_core::mutant::{self, Mutant};
 use slate_core::{HolderId, Result};
 use tokio::sync::Notify;
@@ -80,6 +81,11 @@ pub(crate) struct Renewable {
     pub(crate) deadline: Instant,
     /// The lock's printable name, for logs.
     pub(crate) label: Arc<str>,
+    /// Where renewals are counted, and the lease's loss when `counts_loss`.
+    pub(crate) meter: Meter,
+    /// Whether this lease is the lock's own (`slate_lease_lost_total` counts its loss); not
+    /// for one node's entry of a combination lock, which may be lost while the lock holds.
+    pub(crate) counts_loss: bool,
 }
 
 enum Phase {
@@ -110,6 +116,8 @@ struct Registration {
 #[derive(Default)]
 struct State {
     regs: HashMap<RegKey, Registration>,
+    /// The client's meter, for the registered-renewals gauge (`None` in unit tests).
+    meter: Option<ClientMeter>,
     generation: u64,
     /// When the service task will next wake on its own (None: it sleeps until notified).
     wake_at: Option<Instant>,
@@ -118,6 +126,11 @@ struct State {
 }
 
 impl State {
+    fn counted(&self, delta: isize) {
+        if let Some(m) = &self.meter {
+            m.renewals_registered(delta);
+        }
+    }
     /// [`RenewalService::end_release`] under the state's lock.
     fn end_release(&mut self, key: &RegKey, generation: Option<u64>, freed: bool) {
         let Some(reg) = self.regs.get_mut(key) else {
@@ -128,6 +141,7 @@ impl State {
         }
         if freed {
             self.regs.remove(key);
+            self.counted(-1);
             tracing::debug!(holder = %key.1, "renewal deregistered with its release");
         } else {
             reg.releasing = reg.releasing.saturating_sub(1);
@@ -140,6 +154,14 @@ struct Shared {
     notify: Notify,
 }
 
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The client is gone, and its registrations with it.
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        st.counted(-isize::try_from(st.regs.len()).unwrap_or(isize::MAX));
+    }
+}
+
 /// The renewal service of one client.
 pub(crate) struct Renewal {
     shared: Arc<Shared>,
@@ -147,10 +169,13 @@ pub(crate) struct Renewal {
 }
 
 impl Renewal {
-    pub(crate) fn new(client: Weak<Inner>) -> Self {
+    pub(crate) fn new(client: Weak<Inner>, meter: ClientMeter) -> Self {
         Renewal {
             shared: Arc::new(Shared {
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    meter: Some(meter),
+                    ..State::default()
+                }),
                 notify: Notify::new(),
             }),
             client,
@@ -186,6 +211,11 @@ impl Renewal {
         st.generation += 1;
         let generation = st.generation;
         let (keeper, watch) = lease::channel(hold.deadline);
+        let keeper = if hold.counts_loss {
+            keeper.with_meter(hold.meter.clone())
+        } else {
+            keeper
+        };
         // Normally one period from now; sooner when the acquisition left less than two
         // periods of validity (a slow link or a slow multi-node attempt), so that the first
         // renewal still lands before the deadline.
@@ -194,7 +224,7 @@ impl Renewal {
         // Options bound the max hold, but a cap beyond the clock's range is simply no cap.
         let cap = hold.max_hold.and_then(|m| now.checked_add(m));
         tracing::debug!(lock = %hold.label, holder = %hold.holder, "renewal registered");
-        st.regs.insert(
+        let replaced = st.regs.insert(
             key,
             Registration {
                 hold,
@@ -209,6 +239,9 @@ impl Renewal {
                 current: None,
             },
         );
+        if replaced.is_none() {
+            st.counted(1);
+        }
         let wake = cap.map_or(next_due, |c| c.min(next_due));
         let start = !st.running && !st.closed;
         st.running |= start;
@@ -251,6 +284,11 @@ impl Renewal {
         } else {
             reg.keeper.deadline()
         });
+        let keeper = if reg.hold.counts_loss {
+            keeper.with_meter(reg.hold.meter.clone())
+        } else {
+            keeper
+        };
         reg.keeper = keeper;
         reg.current = Some(to);
         Some(watch)
@@ -271,11 +309,10 @@ impl Renewal {
 
     /// Removes the registration of `holder` on `key` (its local hold count reached zero).
     pub(crate) fn deregister(&self, key: &Arc<[u8]>, holder: HolderId) {
-        let removed = lock(&self.shared.state)
-            .regs
-            .remove(&(key.clone(), holder))
-            .is_some();
+        let mut st = lock(&self.shared.state);
+        let removed = st.regs.remove(&(key.clone(), holder)).is_some();
         if removed {
+            st.counted(-1);
             tracing::debug!(holder = %holder, "renewal deregistered");
         }
     }
@@ -537,6 +574,7 @@ fn apply(
     reg.in_flight = false;
     match reply {
         Ok(1) => {
+            reg.hold.meter.renewed(true);
             reg.keeper.extend(deadline(sent, lease));
             reg.next_due = sent + reg.hold.period;
             reg.retrying = false;
@@ -550,6 +588,7 @@ fn apply(
         }
         Ok(0) => lose(reg, LossReason::EntryGone),
         other => {
+            reg.hold.meter.renewed(false);
             reg.next_due = now + retry_delay(reg.hold.period);
             reg.retrying = true;
             tracing::debug!(lock = %reg.hold.label, reply = ?other,
@@ -871,6 +910,8 @@ mod tests {
                 max_hold: None,
                 deadline: now + lease,
                 label: Arc::from("k"),
+                meter: Meter::custom(),
+                counts_loss: true,
             },
             generation: 1,
             keeper,

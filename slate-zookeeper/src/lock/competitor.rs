@@ -100,6 +100,8 @@ pub(crate) struct Ctx {
     pub(crate) client: ZkClient,
     pub(crate) dir: String,
     pub(crate) label: Arc<str>,
+    /// Where its acquisitions, holds and losses are counted.
+    pub(crate) meter: Meter,
     pub(super) me: Weak<LockShared>,
     pub(super) places: tokio::sync::Mutex<Places>,
     /// The predecessor this process's place watches (one watch at a time).
@@ -589,7 +591,7 @@ impl Competitor for ZkCompetitor {
             return;
         }
         let (keeper, watch) = lease::channel(lease_deadline(grant.touched, grant.timeout));
-        let keeper = Arc::new(keeper);
+        let keeper = Arc::new(keeper.with_meter(self.ctx.meter.clone()));
         let current = self.ctx.client.current();
         if current.id != grant.session || current.zk.state().is_terminated() {
             // The session ended between the grant and here.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::lease::{self, LeaseKeeper, LeaseWatch};
+use slate_core::metrics::Meter;
 use slate_core::mutant::{self, Mutant};
 use slate_core::registry::Registered;
 use slate_core::{Error, FencingToken, HolderId, LockName, LossReason, Result, Wait};
@@ -201,6 +202,7 @@ impl ZkLockBuilder {
             self.spin_wait,
             |spin_wait: Duration| {
                 let label: Arc<str> = Arc::from(name.to_string());
+                let meter = Meter::for_lock("lock", "zookeeper", &name);
                 Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
                     sync: Synchronizer::new(
                         Arc::clone(&label),
@@ -209,6 +211,7 @@ impl ZkLockBuilder {
                                 client,
                                 dir,
                                 label,
+                                meter: meter.clone(),
                                 me: me.clone(),
                                 places: tokio::sync::Mutex::default(),
                                 watched: Mutex::default(),
@@ -218,7 +221,8 @@ impl ZkLockBuilder {
                             holds: Mutex::default(),
                         },
                         spin_wait,
-                    ),
+                    )
+                    .with_meter(meter),
                 })
             },
         )?;

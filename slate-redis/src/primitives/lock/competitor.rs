@@ -36,6 +36,8 @@ pub(crate) struct RedisCompetitor {
     pub(crate) name: LockName,
     pub(crate) label: Arc<str>,
     pub(crate) options: LockOptions,
+    /// Where its acquisitions, holds and renewals are counted.
+    pub(crate) meter: Meter,
     pub(super) me: Weak<LockShared>,
     /// When the last attempt was sent (for [`Notifications::Live`]).
     pub(super) last_attempt: Arc<Mutex<Option<Instant>>>,
@@ -172,6 +174,8 @@ impl RedisCompetitor {
             max_hold: self.options.max_hold(),
             deadline: grant.deadline,
             label: self.label.clone(),
+            meter: self.meter.clone(),
+            counts_loss: true,
         }
     }
 

@@ -59,6 +59,10 @@ impl Release for Releasing {
     fn label(&self) -> &str {
         &self.0.shared.competitor().label
     }
+
+    fn meter(&self) -> Option<&slate_core::metrics::Meter> {
+        Some(&self.0.shared.competitor().meter)
+    }
 }
 
 impl SingleLockGuard {

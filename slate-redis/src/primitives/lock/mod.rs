@@ -6,6 +6,7 @@ use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
+use slate_core::metrics::Meter;
 use slate_core::{
     BackendKind, Error, FencingToken, HolderId, LeaseWatch, LockName, LockOptions,
     LockOptionsBuilder, LossReason, Result, Wait,
@@ -238,6 +239,7 @@ impl SingleLockBuilder {
                     let label: Arc<str> = Arc::from(name.to_string());
                     let spin_wait = options.spin_wait();
                     let turn = Turn::for_queue(&options);
+                    let meter = client.lock_meter("lock", &name);
                     Arc::new_cyclic(|me: &Weak<LockShared>| LockShared {
                         sync: Synchronizer::new(
                             Arc::clone(&label),
@@ -247,6 +249,7 @@ impl SingleLockBuilder {
                                 name: name.clone(),
                                 label,
                                 options,
+                                meter: meter.clone(),
                                 me: me.clone(),
                                 last_attempt: Arc::new(Mutex::new(None)),
                                 cohort: Mutex::new(None),
@@ -254,7 +257,8 @@ impl SingleLockBuilder {
                                 line: Arc::default(),
                             },
                             spin_wait,
-                        ),
+                        )
+                        .with_meter(meter),
                     })
                 })?;
         Ok(SingleLock { shared })

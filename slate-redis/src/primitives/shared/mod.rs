@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use slate_aqs::{Attempt, Competitor, Notifications, Synchronizer};
 use slate_core::hold::{Held, Release};
+use slate_core::metrics::Meter;
 use slate_core::{
     BackendKind, Error, FencingToken, Hold, HolderId, LeaseWatch, LockName, LockOptions,
     LossReason, Result,
@@ -53,6 +54,14 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
+    /// The `primitive` label of its metrics.
+    fn primitive(self) -> &'static str {
+        match self {
+            Kind::RwLock => "rwlock",
+            Kind::Semaphore { .. } => "semaphore",
+        }
+    }
+
     /// The capacity argument of the scripts.
     fn capacity(self) -> u32 {
         match self {
@@ -173,6 +182,8 @@ pub(crate) struct SharedCompetitor {
     pub(crate) label: Arc<str>,
     pub(crate) options: LockOptions,
     pub(crate) kind: Kind,
+    /// Where its acquisitions, holds and renewals are counted.
+    pub(crate) meter: Meter,
     me: Weak<SharedState>,
     last_attempt: Arc<Mutex<Option<Instant>>>,
     /// This process's entry in the waiting processes.
@@ -312,6 +323,7 @@ impl SharedCompetitor {
             |(options, kind, _): (LockOptions, Kind, _)| {
                 let label: Arc<str> = Arc::from(name.to_string());
                 let spin_wait = options.spin_wait();
+                let meter = client.lock_meter(kind.primitive(), &name);
                 Arc::new_cyclic(|me: &Weak<SharedState>| SharedState {
                     sync: Synchronizer::new(
                         Arc::clone(&label),
@@ -323,6 +335,7 @@ impl SharedCompetitor {
                             claim: claim_window(&options),
                             options,
                             kind,
+                            meter: meter.clone(),
                             me: me.clone(),
                             last_attempt: Arc::new(Mutex::new(None)),
                             queue_id: Arc::from(HolderId::new().to_string()),
@@ -333,7 +346,8 @@ impl SharedCompetitor {
                             reads: Mutex::new(Reads::default()),
                         },
                         spin_wait,
-                    ),
+                    )
+                    .with_meter(meter),
                 })
             },
         )?;
@@ -366,6 +380,8 @@ impl SharedCompetitor {
             max_hold: self.options.max_hold(),
             deadline: grant.deadline,
             label: self.label.clone(),
+            meter: self.meter.clone(),
+            counts_loss: true,
         }
     }
 

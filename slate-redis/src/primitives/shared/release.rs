@@ -41,6 +41,10 @@ impl Release for SharedRelease {
     fn label(&self) -> &str {
         &self.state.competitor().label
     }
+
+    fn meter(&self) -> Option<&Meter> {
+        Some(&self.state.competitor().meter)
+    }
 }
 
 /// Releases one level of `holder` (`write` or shared): remotely, then locally whatever the
