@@ -232,6 +232,10 @@ struct RunArgs {
     /// Print acquisition (with the fencing token) and release on stderr.
     #[arg(short, long)]
     verbose: bool,
+    /// Serve this process's lock metrics for Prometheus at http://ADDR/metrics while the
+    /// command runs (e.g. 127.0.0.1:9464; docs/OPERATIONS.md lists them).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Take the lock to read: jobs run with --read on the same name run together, never
     /// beside a writer (a job without --read, or with --write). Needs one Redis deployment
     /// (one --redis, --cluster or --sentinel).
@@ -424,6 +428,22 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
                 command: args.command,
             };
             let rt = runtime()?;
+            if let Some(addr) = args.metrics_addr {
+                // Installed before any lock exists (the locks resolve their handles at their
+                // first event), on this runtime.
+                let installed = rt.block_on(async {
+                    metrics_exporter_prometheus::PrometheusBuilder::new()
+                        .with_http_listener(addr)
+                        .install()
+                });
+                if let Err(e) = installed {
+                    eprintln!(
+                        "slate: cannot serve metrics on {addr}: {e}; give --metrics-addr a free \
+                         local address and port (e.g. 127.0.0.1:9464)"
+                    );
+                    return Err(exit::USAGE);
+                }
+            }
             let code = rt.block_on(run::run(spec));
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)

@@ -1867,3 +1867,104 @@ fn status_of_several_names() {
     );
     rt.block_on(guard.unlock()).expect("unlock");
 }
+
+/// Issue 32: `slate run --metrics-addr` serves the process's lock metrics for Prometheus while
+/// the command runs (the hold it is in shows in them); an address it cannot listen on is a
+/// usage error that names the flag, and the command never runs.
+#[test]
+fn run_serves_its_metrics_while_the_command_runs() {
+    use std::io::{Read, Write};
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let stop = dir.path().join("stop");
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = slate(&[
+        "run",
+        "--lock",
+        "metered",
+        "--redis",
+        &url,
+        "--metrics-addr",
+        &addr,
+        "--",
+        "sh",
+        "-c",
+        "while [ ! -e \"$STOP\" ]; do sleep 0.05; done",
+    ])
+    .env("STOP", &stop)
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    let page = loop {
+        let fetched = std::net::TcpStream::connect(&addr).ok().and_then(|mut s| {
+            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                .ok()?;
+            let mut body = String::new();
+            s.read_to_string(&mut body).ok()?;
+            Some(body)
+        });
+        if let Some(body) = fetched.as_ref().filter(|b| b.contains("slate_held{")) {
+            break body.clone();
+        }
+        if Instant::now() > deadline {
+            std::fs::write(&stop, "").unwrap();
+            let _ = child.wait();
+            panic!("no metrics page with the hold at {addr}: {fetched:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::fs::write(&stop, "").unwrap();
+    assert!(child.wait().unwrap().success());
+    let line = |prefix: &str| {
+        page.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {page}"))
+            .to_owned()
+    };
+    let held = line("slate_held{");
+    assert!(held.contains("backend=\"redis-standalone\""), "{held}");
+    assert!(
+        held.ends_with(" 1"),
+        "the command runs inside one hold: {held}"
+    );
+    let acquired = page
+        .lines()
+        .find(|l| l.starts_with("slate_acquisitions_total{") && l.contains("how=\"remote\""))
+        .unwrap_or_else(|| panic!("no remote acquisitions in {page}"));
+    assert!(acquired.ends_with(" 1"), "{acquired}");
+    assert!(
+        page.contains("# HELP slate_acquisitions_total"),
+        "described: {page}"
+    );
+
+    // An address in use: exit 2, the flag named, the command not run.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
+    let marker = dir.path().join("ran");
+    let out = slate(&[
+        "run",
+        "--lock",
+        "metered",
+        "--redis",
+        &url,
+        "--metrics-addr",
+        &busy,
+        "--",
+        "touch",
+        marker.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--metrics-addr"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!marker.exists(), "the command must not run");
+}

@@ -200,10 +200,7 @@ impl Meter {
     /// See the [type's](Meter).
     #[must_use]
     pub fn for_lock(primitive: &'static str, backend: &'static str, name: &LockName) -> Meter {
-        let namer = NAMER
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let namer = NAMER.read().unwrap_or_else(PoisonError::into_inner).clone();
         if let Some(value) = namer.and_then(|f| f(name)) {
             return Meter::with_labels(vec![
                 Label::from_static_parts("primitive", primitive),

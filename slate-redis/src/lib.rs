@@ -79,6 +79,7 @@ pub use primitives::shared::{SharedHolder, SharedMode, SharedStatus};
 pub use scripts::{LuaScript, lua_script, lua_scripts};
 // Everything the examples and a typical caller need, so that depending on `slate-redis` alone
 // is enough (the traits are only needed for generic code).
+pub use slate_core::metrics;
 pub use slate_core::{
     AnyGuard, AnyLock, BackendKind, DistributedLock, Error, FencingToken, Hold, HolderId,
     LeaseWatch, LockGuard, LockName, LockOptions, LockOptionsBuilder, LossReason, Result,

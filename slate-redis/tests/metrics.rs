@@ -23,7 +23,9 @@ fn recorder() -> &'static (Snapshotter, tokio::sync::Mutex<()>) {
     REC.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
-        recorder.install().expect("the only recorder of this process");
+        recorder
+            .install()
+            .expect("the only recorder of this process");
         slate_core::metrics::label_lock_names(|name| {
             String::from_utf8(name.as_bytes().to_vec()).ok()
         });
@@ -269,7 +271,11 @@ async fn renewals_and_a_lost_lease_are_counted() {
     );
     assert_eq!(t.get("slate_lease_lost_total", &me), 1.0, "counted once");
     drop(g.unlock().await);
-    assert_eq!(t.get("slate_lease_lost_total", &me), 1.0, "the release adds none");
+    assert_eq!(
+        t.get("slate_lease_lost_total", &me),
+        1.0,
+        "the release adds none"
+    );
 }
 
 /// A server that goes away: the failed calls are counted by kind, the failed acquisition as
@@ -300,7 +306,10 @@ async fn server_errors_and_reconnects_are_counted() {
         ) >= 1.0
     );
     assert_eq!(t.get("slate_acquire_errors_total", &me), 1.0);
-    assert_eq!(t.get("slate_attempts_total", &[me[0], ("outcome", "error")]), 1.0);
+    assert_eq!(
+        t.get("slate_attempts_total", &[me[0], ("outcome", "error")]),
+        1.0
+    );
     server.restart(Data::Keep).unwrap();
     eventually_async(Duration::from_secs(10), "the lock again", || {
         let l = l.clone();

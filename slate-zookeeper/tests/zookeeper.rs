@@ -723,3 +723,55 @@ async fn d6_a_failed_recovery_of_a_lost_create_keeps_looking_for_it() -> TestRes
     gb.unlock().await?;
     Ok(())
 }
+
+/// Issue 32: the ZooKeeper lock's metrics, read with the `metrics-util` debugging recorder:
+/// an acquisition and a hold under `backend = "zookeeper"`, and a forced unlock as one lost
+/// lease (`entry_gone`), counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_a_hold_and_its_loss() -> TestResult {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshots = recorder.snapshotter();
+    recorder.install()?;
+    let mut totals = std::collections::HashMap::<String, f64>::new();
+    let mut read = move |name: &str, label: &str| -> f64 {
+        for (key, _, _, value) in snapshots.snapshot().into_vec() {
+            let k = key.key();
+            let labels: Vec<String> = k
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            #[allow(clippy::cast_precision_loss)]
+            let v = match value {
+                DebugValue::Counter(n) => n as f64,
+                DebugValue::Gauge(g) => g.into_inner(),
+                DebugValue::Histogram(xs) => xs.len() as f64,
+            };
+            *totals
+                .entry(format!("{}{{{}}}", k.name(), labels.join(",")))
+                .or_default() += v;
+        }
+        totals
+            .iter()
+            .filter(|(k, _)| k.starts_with(&format!("{name}{{")) && k.contains(label))
+            .map(|(_, v)| *v)
+            .sum()
+    };
+    let zk = ZkServer::start()?;
+    let (a, b) = (client(&zk).await, client(&zk).await);
+    let la = ZkLock::builder(&a, "m-zk").build()?;
+    let lb = ZkLock::builder(&b, "m-zk").build()?;
+    let g = la.lock().await?;
+    assert_eq!(read("slate_acquisitions_total", "backend=zookeeper"), 1.0);
+    assert_eq!(read("slate_held", "backend=zookeeper"), 1.0);
+    assert_eq!(read("slate_lease_lost_total", ""), 0.0);
+    assert_eq!(lb.force_unlock().await?, 1);
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost()).await?;
+    assert_eq!(reason, LossReason::EntryGone);
+    assert_eq!(read("slate_lease_lost_total", "reason=entry_gone"), 1.0);
+    assert!(g.unlock().await.is_err());
+    assert_eq!(read("slate_lease_lost_total", ""), 1.0, "counted once");
+    assert_eq!(read("slate_held", "backend=zookeeper"), 0.0);
+    assert_eq!(read("slate_hold_seconds", "backend=zookeeper"), 1.0);
+    Ok(())
+}

@@ -103,7 +103,8 @@ impl<C: Competitor> Synchronizer<C> {
                                 };
                                 match recorded {
                                     Ok(Some(grant)) => {
-                                        let how = if reentrant { How::Reentry } else { How::Remote };
+                                        let how =
+                                            if reentrant { How::Reentry } else { How::Remote };
                                         self.meter.acquired(how, began.elapsed());
                                         return Ok(grant);
                                     }
