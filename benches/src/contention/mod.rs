@@ -37,6 +37,9 @@ pub const RUNNER_ONLY: &[&str] = ecosphere::commandstats::NOT_LOCK;
 pub enum Impl {
     /// Slate's single lock.
     Slate,
+    /// Slate's single lock with a Prometheus recorder installed in each worker (the metrics'
+    /// cost, `docs/OPERATIONS.md`).
+    SlateMetered,
     /// Slate's combination lock on three nodes, sequential order.
     SlateComb3,
     /// Slate's combination lock on three nodes, pipelined order.
@@ -72,6 +75,7 @@ impl Impl {
     /// Every implementation, in the default interleaving order.
     pub const ALL: &'static [Impl] = &[
         Impl::Slate,
+        Impl::SlateMetered,
         Impl::SlateComb3,
         Impl::SlateComb3Pipelined,
         Impl::Rslock1,
@@ -93,6 +97,7 @@ impl Impl {
         match self {
             Impl::Rslock3 | Impl::SlateComb3 | Impl::SlateComb3Pipelined | Impl::SlateCluster => 3,
             Impl::Slate
+            | Impl::SlateMetered
             | Impl::Rslock1
             | Impl::Spin
             | Impl::SlateRw
@@ -116,6 +121,7 @@ impl Impl {
     pub fn name(self) -> &'static str {
         match self {
             Impl::Slate => "slate",
+            Impl::SlateMetered => "slate-metered",
             Impl::SlateComb3 => "slate-comb-3",
             Impl::SlateComb3Pipelined => "slate-comb-3p",
             Impl::Rslock1 => "rslock-1",
@@ -276,6 +282,7 @@ pub fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
 pub fn client_commands(implementation: Impl, stats: &BTreeMap<String, u64>) -> u64 {
     match implementation {
         Impl::Slate
+        | Impl::SlateMetered
         | Impl::SlateComb3
         | Impl::SlateComb3Pipelined
         | Impl::SlateCluster
