@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod demo;
+mod doctor;
 mod duration;
 mod exit;
 mod latch;
@@ -116,6 +117,20 @@ slate latch loaders wait --timeout 1h && run-report",
 69 Redis unavailable, 2 usage error."
     )]
     Latch(LatchArgs),
+    /// Check a deployment for what breaks or weakens a lock's guarantees.
+    #[command(
+        long_about = "Checks the servers a lock would use for what breaks or weakens its \
+guarantees: the server and its version, maxmemory-policy (an eviction policy drops held locks), \
+persistence (what a restart loses), replicas and their lag (what a failover loses), the cluster's \
+state, the ACL user's permissions for every command Slate sends, the round trip and the server \
+clock against the lease, and, for several --redis (a combination lock), servers listed twice or \
+in one replica group. With --zookeeper: the session and the ensemble's size.\n\n\
+Each finding is ok, advisory (a guarantee holds, with a cost or a window worth knowing) or \
+UNSAFE (something can break a guarantee), with its consequence and its fix.",
+        after_help = "Exit codes: 0 nothing can break a guarantee (advisories may remain), \
+1 something can (an UNSAFE finding, including a server that cannot be reached), 2 usage error."
+    )]
+    Doctor(DoctorArgs),
     /// Manage the servers of a combination lock.
     #[command(subcommand)]
     Nodes(NodesCmd),
@@ -274,6 +289,18 @@ struct StatusArgs {
     common: Common,
     /// Print JSON (stable field names: lock, prefix, kind, quorum, held, holder, nodes[index,
     /// address, ok, error, holders[holder, count], ttl_ms, fence]).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct DoctorArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The lease the locks use: round trips and the session timeout are judged against it.
+    #[arg(long, default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
+    lease: Duration,
+    /// Print the findings as a JSON array (check, server, severity, finding, consequence, fix).
     #[arg(long)]
     json: bool,
 }
@@ -464,6 +491,18 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
             };
             let rt = runtime()?;
             let code = rt.block_on(latch::latch(spec));
+            rt.shutdown_timeout(Duration::from_millis(200));
+            Ok(code)
+        }
+        Cmd::Doctor(args) => {
+            let spec = doctor::DoctorSpec {
+                servers: servers(&args.common)?,
+                prefix: args.common.prefix,
+                lease: args.lease,
+                json: args.json,
+            };
+            let rt = runtime()?;
+            let code = rt.block_on(doctor::doctor(spec));
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)
         }

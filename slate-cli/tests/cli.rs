@@ -1968,3 +1968,125 @@ fn run_serves_its_metrics_while_the_command_runs() {
     );
     assert!(!marker.exists(), "the command must not run");
 }
+
+/// The findings of `slate doctor --json` against `url`, with its exit code.
+fn doctor(args: &[&str]) -> (Option<i32>, Vec<serde_json::Value>) {
+    let mut all = vec!["doctor", "--json"];
+    all.extend_from_slice(args);
+    let out = output(&all);
+    let findings: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {} {}", text(&out.stdout), text(&out.stderr)));
+    (out.status.code(), findings)
+}
+
+fn severity_of(findings: &[serde_json::Value], check: &str) -> Vec<String> {
+    findings
+        .iter()
+        .filter(|f| f["check"] == check)
+        .map(|f| f["severity"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Issue 32: `slate doctor` against servers with each unsafe setting, and a safe one: each
+/// unsafe setting is an `unsafe` finding of its check (exit 1), the safe server has none
+/// (exit 0), and a usage error exits 2.
+#[test]
+fn doctor_finds_what_breaks_a_lock() {
+    let mut master = LocalServer::start().expect("redis-server");
+    let url = master.url();
+    let set = |s: &LocalServer, args: &[&str]| {
+        s.command(args).unwrap();
+    };
+    // As started: no persistence, no replica.
+    let (code, f) = doctor(&["--redis", &url]);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert_eq!(severity_of(&f, "persistence"), ["unsafe"], "{f:#?}");
+    assert_eq!(severity_of(&f, "eviction"), ["ok"]);
+    assert_eq!(severity_of(&f, "acl"), ["ok"]);
+    assert_eq!(severity_of(&f, "replication"), ["advisory"]);
+    assert_eq!(severity_of(&f, "server"), ["ok"]);
+
+    // Made safe: AOF on, every command allowed, noeviction.
+    set(&master, &["CONFIG", "SET", "appendonly", "yes"]);
+    let (code, f) = doctor(&["--redis", &url]);
+    assert_eq!(code, Some(0), "{f:#?}");
+    assert!(f.iter().all(|x| x["severity"] != "unsafe"), "{f:#?}");
+
+    // Evicting policies, with a limit.
+    set(&master, &["CONFIG", "SET", "maxmemory", "100mb"]);
+    for policy in ["allkeys-lru", "volatile-lru"] {
+        set(&master, &["CONFIG", "SET", "maxmemory-policy", policy]);
+        let (code, f) = doctor(&["--redis", &url]);
+        assert_eq!(code, Some(1), "{policy}: {f:#?}");
+        assert_eq!(severity_of(&f, "eviction"), ["unsafe"], "{policy}");
+    }
+    set(&master, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+
+    // An ACL user without ZADD (the fair turn's queue).
+    set(
+        &master,
+        &["ACL", "SETUSER", "locks", "on", ">pw", "~slate:*", "&slate:*", "+@all", "-zadd"],
+    );
+    let limited = url.replace("redis://", "redis://locks:pw@");
+    let (code, f) = doctor(&["--redis", &limited]);
+    assert_eq!(code, Some(1), "{f:#?}");
+    let acl = f.iter().find(|x| x["check"] == "acl").unwrap();
+    assert_eq!(acl["severity"], "unsafe");
+    assert!(acl["finding"].as_str().unwrap().contains("ZADD"), "{acl}");
+    assert!(acl["fix"].as_str().unwrap().contains("+zadd"), "{acl}");
+    assert!(!acl["server"].as_str().unwrap().contains("pw"), "the password is never printed");
+
+    // A replica that stops (paused): behind the master, unsafe for a failover.
+    let mut replica = LocalServer::start().expect("redis-server");
+    set(&replica, &["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (_, f) = doctor(&["--redis", &url]);
+        if severity_of(&f, "replication") == ["ok"] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replica never got in sync: {f:#?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    replica.pause().unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    let f = loop {
+        let (code, f) = doctor(&["--redis", &url]);
+        if code == Some(1) {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "the paused replica was never reported: {f:#?}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    replica.resume().unwrap();
+    assert_eq!(severity_of(&f, "replication"), ["unsafe"], "{f:#?}");
+
+    // Several --redis: one server under two names, or a master and its replica, is one
+    // failure counted twice.
+    let other = LocalServer::start().expect("redis-server");
+    let (code, f) = doctor(&["--redis", &url, "--redis", &other.url()]);
+    assert_eq!(severity_of(&f, "nodes"), ["ok"], "{f:#?}");
+    assert!(
+        severity_of(&f, "persistence").iter().all(|s| s == "ok"),
+        "a combination lock's node needs no persistence: {f:#?}"
+    );
+    assert_eq!(code, Some(0), "{f:#?}");
+    let alias = url.replace("127.0.0.1", "localhost");
+    let (code, f) = doctor(&["--redis", &url, "--redis", &alias]);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert_eq!(severity_of(&f, "nodes"), ["unsafe"], "{f:#?}");
+    let (code, f) = doctor(&["--redis", &url, "--redis", &replica.url()]);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert_eq!(severity_of(&f, "nodes"), ["unsafe"], "{f:#?}");
+
+    // Unreachable: unsafe; no server given: usage.
+    master.kill().unwrap();
+    let (code, f) = doctor(&["--redis", &url]);
+    assert_eq!(code, Some(1));
+    assert_eq!(severity_of(&f, "server"), ["unsafe"]);
+    let out = output(&["doctor"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    // The table names the consequence and the fix.
+    let table = output(&["doctor", "--redis", &url]);
+    assert!(text(&table.stdout).contains("UNSAFE"), "{}", text(&table.stdout));
+}
