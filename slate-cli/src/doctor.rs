@@ -125,7 +125,13 @@ pub async fn doctor(spec: DoctorSpec) -> u8 {
 
 fn print_table(findings: &[Finding]) {
     for f in findings {
-        println!("{:<8} {:<11} {}  {}", f.severity.word(), f.check, f.server, f.finding);
+        println!(
+            "{:<8} {:<11} {}  {}",
+            f.severity.word(),
+            f.check,
+            f.server,
+            f.finding
+        );
         if f.severity != Severity::Ok {
             println!("{:20} consequence: {}", "", f.consequence);
             if !f.fix.is_empty() {
@@ -177,7 +183,10 @@ async fn connect(url: &str) -> Result<MultiplexedConnection, String> {
         .map_err(|e| e.to_string())
 }
 
-async fn info(conn: &mut MultiplexedConnection, section: &str) -> Result<HashMap<String, String>, String> {
+async fn info(
+    conn: &mut MultiplexedConnection,
+    section: &str,
+) -> Result<HashMap<String, String>, String> {
     let text: String = redis::cmd("INFO")
         .arg(section)
         .query_async(conn)
@@ -200,7 +209,12 @@ struct Identity {
 
 /// Checks one Redis server (connection, version, eviction, persistence, replication, ACL,
 /// latency, clock); answers its identity.
-async fn check_server(url: &str, role: Role, spec: &DoctorSpec, out: &mut Vec<Finding>) -> Identity {
+async fn check_server(
+    url: &str,
+    role: Role,
+    spec: &DoctorSpec,
+    out: &mut Vec<Finding>,
+) -> Identity {
     let name = redact(url);
     let mut conn = match connect(url).await {
         Ok(c) => c,
@@ -284,9 +298,19 @@ fn check_eviction(info: &HashMap<String, String>, name: &str, out: &mut Vec<Find
     let Some(policy) = info.get("maxmemory_policy") else {
         return;
     };
-    let limit: u64 = info.get("maxmemory").and_then(|m| m.parse().ok()).unwrap_or(0);
+    let limit: u64 = info
+        .get("maxmemory")
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
     if policy.eq_ignore_ascii_case("noeviction") {
-        out.push(finding("eviction", name, Severity::Ok, "maxmemory-policy noeviction", "", ""));
+        out.push(finding(
+            "eviction",
+            name,
+            Severity::Ok,
+            "maxmemory-policy noeviction",
+            "",
+            "",
+        ));
         return;
     }
     let which = if policy.starts_with("volatile") {
@@ -323,7 +347,12 @@ fn check_eviction(info: &HashMap<String, String>, name: &str, out: &mut Vec<Find
     }
 }
 
-fn check_persistence(info: &HashMap<String, String>, role: Role, name: &str, out: &mut Vec<Finding>) {
+fn check_persistence(
+    info: &HashMap<String, String>,
+    role: Role,
+    name: &str,
+    out: &mut Vec<Finding>,
+) {
     if info.get("role").is_some_and(|r| r == "slave") {
         return;
     }
@@ -334,7 +363,10 @@ fn check_persistence(info: &HashMap<String, String>, role: Role, name: &str, out
             "persistence",
             name,
             Severity::Ok,
-            format!("{}; a restart that loses data is quarantined by the combination lock", if aof { "AOF on" } else { "no AOF" }),
+            format!(
+                "{}; a restart that loses data is quarantined by the combination lock",
+                if aof { "AOF on" } else { "no AOF" }
+            ),
             "",
             "",
         ));
@@ -368,7 +400,12 @@ fn check_persistence(info: &HashMap<String, String>, role: Role, name: &str, out
     }
 }
 
-fn check_replication(info: &HashMap<String, String>, role: Role, name: &str, out: &mut Vec<Finding>) {
+fn check_replication(
+    info: &HashMap<String, String>,
+    role: Role,
+    name: &str,
+    out: &mut Vec<Finding>,
+) {
     if info.get("role").is_some_and(|r| r == "slave") {
         out.push(finding(
             "replication",
@@ -381,21 +418,35 @@ fn check_replication(info: &HashMap<String, String>, role: Role, name: &str, out
         ));
         return;
     }
-    let replicas: usize = info.get("connected_slaves").and_then(|n| n.parse().ok()).unwrap_or(0);
+    let replicas: usize = info
+        .get("connected_slaves")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     let failover = role != Role::Node;
     let mut worst: Option<(String, u64)> = None;
     for i in 0..replicas {
         let Some(line) = info.get(&format!("slave{i}")) else {
             continue;
         };
-        let fields: HashMap<&str, &str> = line.split(',').filter_map(|kv| kv.split_once('=')).collect();
+        let fields: HashMap<&str, &str> = line
+            .split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
         let lag: u64 = fields.get("lag").and_then(|l| l.parse().ok()).unwrap_or(0);
         let state = fields.get("state").copied().unwrap_or("?");
-        let at = format!("{}:{}", fields.get("ip").unwrap_or(&"?"), fields.get("port").unwrap_or(&"?"));
+        let at = format!(
+            "{}:{}",
+            fields.get("ip").unwrap_or(&"?"),
+            fields.get("port").unwrap_or(&"?")
+        );
         if state != "online" || lag >= 2 {
             let lag = if state == "online" { lag } else { u64::MAX };
             if worst.as_ref().is_none_or(|(_, l)| lag > *l) {
-                worst = Some((format!("{at} ({state}, lag {lag} s)").replace(&format!("lag {} s", u64::MAX), "not in sync"), lag));
+                worst = Some((
+                    format!("{at} ({state}, lag {lag} s)")
+                        .replace(&format!("lag {} s", u64::MAX), "not in sync"),
+                    lag,
+                ));
             }
         }
     }
@@ -439,16 +490,37 @@ fn check_replication(info: &HashMap<String, String>, role: Role, name: &str, out
 
 /// The commands Slate sends (outside and inside its scripts, where ACLs apply as well),
 /// probed one by one on keys and a channel under the prefix.
-async fn check_acl(conn: &mut MultiplexedConnection, spec: &DoctorSpec, role: Role, name: &str, out: &mut Vec<Finding>) {
+async fn check_acl(
+    conn: &mut MultiplexedConnection,
+    spec: &DoctorSpec,
+    role: Role,
+    name: &str,
+    out: &mut Vec<Finding>,
+) {
     let key = format!("{}doctor:{}", spec.prefix, std::process::id());
     let z = format!("{key}:z");
     let channel = format!("{}doctor", spec.prefix);
     let mut probes: Vec<(&str, Vec<String>)> = vec![
         ("PING", vec![]),
-        ("EVALSHA", vec!["0000000000000000000000000000000000000000".into(), "0".into()]),
-        ("SCRIPT", vec!["EXISTS".into(), "0000000000000000000000000000000000000000".into()]),
+        (
+            "EVALSHA",
+            vec![
+                "0000000000000000000000000000000000000000".into(),
+                "0".into(),
+            ],
+        ),
+        (
+            "SCRIPT",
+            vec![
+                "EXISTS".into(),
+                "0000000000000000000000000000000000000000".into(),
+            ],
+        ),
         ("TIME", vec![]),
-        ("SET", vec![key.clone(), "1".into(), "PX".into(), "10000".into()]),
+        (
+            "SET",
+            vec![key.clone(), "1".into(), "PX".into(), "10000".into()],
+        ),
         ("GET", vec![key.clone()]),
         ("PEXPIRE", vec![key.clone(), "10000".into()]),
         ("PTTL", vec![key.clone()]),
@@ -475,7 +547,12 @@ async fn check_acl(conn: &mut MultiplexedConnection, spec: &DoctorSpec, role: Ro
     }
     probes.push((
         "DEL",
-        vec![key.clone(), format!("{key}:n"), format!("{key}:h"), z.clone()],
+        vec![
+            key.clone(),
+            format!("{key}:n"),
+            format!("{key}:h"),
+            z.clone(),
+        ],
     ));
     let mut missing = Vec::new();
     for (cmd, args) in &probes {
@@ -495,7 +572,10 @@ async fn check_acl(conn: &mut MultiplexedConnection, spec: &DoctorSpec, role: Ro
             "acl",
             name,
             Severity::Ok,
-            format!("the user may run every command Slate sends, on {}*", spec.prefix),
+            format!(
+                "the user may run every command Slate sends, on {}*",
+                spec.prefix
+            ),
             "",
             "",
         ));
@@ -516,7 +596,12 @@ async fn check_acl(conn: &mut MultiplexedConnection, spec: &DoctorSpec, role: Ro
     }
 }
 
-async fn check_latency(conn: &mut MultiplexedConnection, spec: &DoctorSpec, name: &str, out: &mut Vec<Finding>) {
+async fn check_latency(
+    conn: &mut MultiplexedConnection,
+    spec: &DoctorSpec,
+    name: &str,
+    out: &mut Vec<Finding>,
+) {
     let mut rtts = Vec::new();
     let mut offset = None;
     for i in 0..10 {
@@ -533,7 +618,8 @@ async fn check_latency(conn: &mut MultiplexedConnection, spec: &DoctorSpec, name
         let rtt = sent.elapsed();
         match r {
             Ok((secs, micros)) if i == 0 => {
-                let server = secs.parse::<u64>().unwrap_or(0) * 1_000_000 + micros.parse::<u64>().unwrap_or(0);
+                let server = secs.parse::<u64>().unwrap_or(0) * 1_000_000
+                    + micros.parse::<u64>().unwrap_or(0);
                 let mid = wall
                     .checked_add(rtt / 2)
                     .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -553,8 +639,17 @@ async fn check_latency(conn: &mut MultiplexedConnection, spec: &DoctorSpec, name
         out.push(finding(
             "latency",
             name,
-            if share > 0.1 { Severity::Advisory } else { Severity::Ok },
-            format!("round trip median {}, worst {} of 9 (lease {})", human(median), human(*worst), human(spec.lease)),
+            if share > 0.1 {
+                Severity::Advisory
+            } else {
+                Severity::Ok
+            },
+            format!(
+                "round trip median {}, worst {} of 9 (lease {})",
+                human(median),
+                human(*worst),
+                human(spec.lease)
+            ),
             "a round trip above a tenth of the lease eats the holder's safety margin: the \
              lease is counted from the send",
             "a longer lease (--lease), or a server closer to the clients",
@@ -565,8 +660,16 @@ async fn check_latency(conn: &mut MultiplexedConnection, spec: &DoctorSpec, name
         out.push(finding(
             "clock",
             name,
-            if abs > Duration::from_secs(1) { Severity::Advisory } else { Severity::Ok },
-            format!("server clock {} {} this machine's", human(abs), if off >= 0 { "ahead of" } else { "behind" }),
+            if abs > Duration::from_secs(1) {
+                Severity::Advisory
+            } else {
+                Severity::Ok
+            },
+            format!(
+                "server clock {} {} this machine's",
+                human(abs),
+                if off >= 0 { "ahead of" } else { "behind" }
+            ),
             "leases run on the server's monotonic expiry and Slate's own clock, not on the wall \
              clock; a fencing counter lost in a restart restarts from the server's clock, so a \
              server clock stepped back by more than the time since the last token can repeat \
@@ -584,15 +687,34 @@ fn check_distinct(urls: &[String], ids: &[Identity], out: &mut Vec<Finding>) {
         for j in i + 1..ids.len() {
             let eq = |a: &Option<String>, b: &Option<String>| a.is_some() && a == b;
             if eq(&ids[i].run_id, &ids[j].run_id) {
-                same.push(format!("{} and {} are one server", redact(&urls[i]), redact(&urls[j])));
+                same.push(format!(
+                    "{} and {} are one server",
+                    redact(&urls[i]),
+                    redact(&urls[j])
+                ));
             } else if eq(&ids[i].replid, &ids[j].replid) {
-                same.push(format!("{} and {} are one replica group", redact(&urls[i]), redact(&urls[j])));
+                same.push(format!(
+                    "{} and {} are one replica group",
+                    redact(&urls[i]),
+                    redact(&urls[j])
+                ));
             }
         }
     }
-    let all = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(", ");
+    let all = urls
+        .iter()
+        .map(|u| redact(u))
+        .collect::<Vec<_>>()
+        .join(", ");
     if same.is_empty() {
-        out.push(finding("nodes", &all, Severity::Ok, format!("{} independent servers", urls.len()), "", ""));
+        out.push(finding(
+            "nodes",
+            &all,
+            Severity::Ok,
+            format!("{} independent servers", urls.len()),
+            "",
+            "",
+        ));
     } else {
         out.push(finding(
             "nodes",
@@ -606,7 +728,12 @@ fn check_distinct(urls: &[String], ids: &[Identity], out: &mut Vec<Finding>) {
     }
 }
 
-async fn check_sentinel(sentinels: &[String], master: &str, spec: &DoctorSpec, out: &mut Vec<Finding>) {
+async fn check_sentinel(
+    sentinels: &[String],
+    master: &str,
+    spec: &DoctorSpec,
+    out: &mut Vec<Finding>,
+) {
     let mut addr = None;
     let mut known = 0usize;
     for url in sentinels {
@@ -663,7 +790,11 @@ async fn check_sentinel(sentinels: &[String], master: &str, spec: &DoctorSpec, o
     out.push(finding(
         "sentinel",
         &format!("{master} via {} Sentinel(s)", sentinels.len()),
-        if known >= 3 { Severity::Ok } else { Severity::Advisory },
+        if known >= 3 {
+            Severity::Ok
+        } else {
+            Severity::Advisory
+        },
         format!("master at {host}:{port}; {known} Sentinel(s) monitor it"),
         "fewer than three Sentinels cannot outvote a partitioned one: a failover may not \
          happen, or may happen on a minority's word",
@@ -692,7 +823,10 @@ async fn check_cluster(seeds: &[String], spec: &DoctorSpec, out: &mut Vec<Findin
         ));
         return;
     };
-    let state: redis::RedisResult<String> = redis::cmd("CLUSTER").arg("INFO").query_async(&mut conn).await;
+    let state: redis::RedisResult<String> = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query_async(&mut conn)
+        .await;
     let state: HashMap<String, String> = state
         .unwrap_or_default()
         .lines()
@@ -713,7 +847,10 @@ async fn check_cluster(seeds: &[String], spec: &DoctorSpec, out: &mut Vec<Findin
         "locks whose slot is not served cannot be taken or renewed",
         "fix the cluster (redis-cli --cluster check / fix)",
     ));
-    let nodes: redis::RedisResult<String> = redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn).await;
+    let nodes: redis::RedisResult<String> = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut conn)
+        .await;
     for line in nodes.unwrap_or_default().lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() < 3 || !f[2].contains("master") || f[2].contains("fail") {
@@ -723,20 +860,38 @@ async fn check_cluster(seeds: &[String], spec: &DoctorSpec, out: &mut Vec<Findin
         let Some((host, port)) = addr.rsplit_once(':') else {
             continue;
         };
-        check_server(&with_host(&seed, host, port), Role::ClusterMaster, spec, out).await;
+        check_server(
+            &with_host(&seed, host, port),
+            Role::ClusterMaster,
+            spec,
+            out,
+        )
+        .await;
     }
 }
 
 async fn check_zookeeper(servers: &str, spec: &DoctorSpec, out: &mut Vec<Finding>) {
-    let count = servers.split('/').next().unwrap_or(servers).split(',').count();
+    let count = servers
+        .split('/')
+        .next()
+        .unwrap_or(servers)
+        .split(',')
+        .count();
     match slate_zookeeper::ZkClient::builder(servers).connect().await {
         Ok(client) => {
             let timeout = client.session_timeout();
             out.push(finding(
                 "zookeeper",
                 servers,
-                if timeout > spec.lease { Severity::Advisory } else { Severity::Ok },
-                format!("session established; negotiated session timeout {}", human(timeout)),
+                if timeout > spec.lease {
+                    Severity::Advisory
+                } else {
+                    Severity::Ok
+                },
+                format!(
+                    "session established; negotiated session timeout {}",
+                    human(timeout)
+                ),
                 "the session is the ZooKeeper lock's lease: a holder cut off learns of its loss \
                  only when the session times out",
                 "a shorter session timeout (ZkClientBuilder::session_timeout, within the \
@@ -755,7 +910,11 @@ async fn check_zookeeper(servers: &str, spec: &DoctorSpec, out: &mut Vec<Finding
     out.push(finding(
         "zookeeper",
         servers,
-        if count >= 3 { Severity::Ok } else { Severity::Advisory },
+        if count >= 3 {
+            Severity::Ok
+        } else {
+            Severity::Advisory
+        },
         format!("{count} server(s) in the connection string"),
         "fewer than three servers cannot survive one failure: the locks stop while it is down",
         "an ensemble of three or five servers",

@@ -1983,7 +1983,7 @@ fn severity_of(findings: &[serde_json::Value], check: &str) -> Vec<String> {
     findings
         .iter()
         .filter(|f| f["check"] == check)
-        .map(|f| f["severity"].as_str().unwrap().to_owned())
+        .map(|f| f["severity"].as_str().expect("a severity").to_owned())
         .collect()
 }
 
@@ -2020,12 +2020,17 @@ fn doctor_finds_what_breaks_a_lock() {
         assert_eq!(code, Some(1), "{policy}: {f:#?}");
         assert_eq!(severity_of(&f, "eviction"), ["unsafe"], "{policy}");
     }
-    set(&master, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    set(
+        &master,
+        &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+    );
 
     // An ACL user without ZADD (the fair turn's queue).
     set(
         &master,
-        &["ACL", "SETUSER", "locks", "on", ">pw", "~slate:*", "&slate:*", "+@all", "-zadd"],
+        &[
+            "ACL", "SETUSER", "locks", "on", ">pw", "~slate:*", "&slate:*", "+@all", "-zadd",
+        ],
     );
     let limited = url.replace("redis://", "redis://locks:pw@");
     let (code, f) = doctor(&["--redis", &limited]);
@@ -2034,18 +2039,27 @@ fn doctor_finds_what_breaks_a_lock() {
     assert_eq!(acl["severity"], "unsafe");
     assert!(acl["finding"].as_str().unwrap().contains("ZADD"), "{acl}");
     assert!(acl["fix"].as_str().unwrap().contains("+zadd"), "{acl}");
-    assert!(!acl["server"].as_str().unwrap().contains("pw"), "the password is never printed");
+    assert!(
+        !acl["server"].as_str().unwrap().contains("pw"),
+        "the password is never printed"
+    );
 
     // A replica that stops (paused): behind the master, unsafe for a failover.
     let mut replica = LocalServer::start().expect("redis-server");
-    set(&replica, &["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
+    set(
+        &replica,
+        &["REPLICAOF", "127.0.0.1", &master.port().to_string()],
+    );
     let deadline = Instant::now() + PATIENCE;
     loop {
         let (_, f) = doctor(&["--redis", &url]);
         if severity_of(&f, "replication") == ["ok"] {
             break;
         }
-        assert!(Instant::now() < deadline, "the replica never got in sync: {f:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "the replica never got in sync: {f:#?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     replica.pause().unwrap();
@@ -2055,7 +2069,10 @@ fn doctor_finds_what_breaks_a_lock() {
         if code == Some(1) {
             break f;
         }
-        assert!(Instant::now() < deadline, "the paused replica was never reported: {f:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "the paused replica was never reported: {f:#?}"
+        );
         std::thread::sleep(Duration::from_millis(300));
     };
     replica.resume().unwrap();
@@ -2088,5 +2105,9 @@ fn doctor_finds_what_breaks_a_lock() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     // The table names the consequence and the fix.
     let table = output(&["doctor", "--redis", &url]);
-    assert!(text(&table.stdout).contains("UNSAFE"), "{}", text(&table.stdout));
+    assert!(
+        text(&table.stdout).contains("UNSAFE"),
+        "{}",
+        text(&table.stdout)
+    );
 }

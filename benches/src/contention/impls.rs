@@ -116,7 +116,8 @@ impl Locker {
             Impl::SlateMetered => {
                 // The recorder first (locks resolve their handles at their first event); no
                 // listener: what is measured is the recording.
-                let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+                let recorder =
+                    metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
                 metrics::set_global_recorder(recorder).map_err(|e| e.to_string())?;
                 singles(RedisClient::open(&nodes[0]).map_err(|e| e.to_string())?)
             }
