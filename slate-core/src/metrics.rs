@@ -35,6 +35,7 @@
 //! # Ok::<(), slate_core::Error>(())
 //! ```
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -136,9 +137,12 @@ pub enum Outcome {
 type Namer = Arc<dyn Fn(&LockName) -> Option<String> + Send + Sync>;
 
 static NAMER: RwLock<Option<Namer>> = RwLock::new(None);
+/// Whether [`label_lock_names`] was ever called (no read of `NAMER` otherwise).
+static NAMED: AtomicBool = AtomicBool::new(false);
 
 /// Gives the locks created from now on a `lock` label: `f` maps a lock's name to the label's
-/// value, or to `None` for no label. Off by default: an application that locks per entity
+/// value, or to `None` for no label. `f` runs when a lock's shared state is created, under
+/// its client's table of locks: it must not build locks itself. Off by default: an application that locks per entity
 /// (`order:1234`) would otherwise make one series per entity. Calling it again replaces `f`;
 /// locks already created keep the labels they have.
 ///
@@ -149,6 +153,7 @@ static NAMER: RwLock<Option<Namer>> = RwLock::new(None);
 /// ```
 pub fn label_lock_names(f: impl Fn(&LockName) -> Option<String> + Send + Sync + 'static) {
     *NAMER.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(f));
+    NAMED.store(true, Ordering::Release);
 }
 
 /// A lock's metric handles: one per lock kind and backend, or one per lock with a `lock`
@@ -189,8 +194,8 @@ struct LockHandles {
 }
 
 /// The meters without a `lock` label, one per (primitive, backend): a lock built per
-/// acquisition costs a short scan here, not a registration.
-static SHARED: Mutex<Vec<(&'static str, &'static str, Meter)>> = Mutex::new(Vec::new());
+/// acquisition costs a short scan under a read lock here, not a registration.
+static SHARED: RwLock<Vec<(&'static str, &'static str, Meter)>> = RwLock::new(Vec::new());
 
 impl Meter {
     /// The meter of the lock `name` of kind `primitive` on `backend` (see the module's labels).
@@ -200,7 +205,11 @@ impl Meter {
     /// See the [type's](Meter).
     #[must_use]
     pub fn for_lock(primitive: &'static str, backend: &'static str, name: &LockName) -> Meter {
-        let namer = NAMER.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let namer = if NAMED.load(Ordering::Acquire) {
+            NAMER.read().unwrap_or_else(PoisonError::into_inner).clone()
+        } else {
+            None
+        };
         if let Some(value) = namer.and_then(|f| f(name)) {
             return Meter::with_labels(vec![
                 Label::from_static_parts("primitive", primitive),
@@ -208,12 +217,18 @@ impl Meter {
                 Label::new("lock", value),
             ]);
         }
-        let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, _, m)) = shared
-            .iter()
-            .find(|(p, b, _)| *p == primitive && *b == backend)
-        {
-            return m.clone();
+        let find = |shared: &[(&'static str, &'static str, Meter)]| {
+            shared
+                .iter()
+                .find(|(p, b, _)| *p == primitive && *b == backend)
+                .map(|(_, _, m)| m.clone())
+        };
+        if let Some(m) = find(&SHARED.read().unwrap_or_else(PoisonError::into_inner)) {
+            return m;
+        }
+        let mut shared = SHARED.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(m) = find(&shared) {
+            return m;
         }
         let meter = Meter::with_labels(vec![
             Label::from_static_parts("primitive", primitive),

@@ -650,7 +650,10 @@ impl ZkClient {
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, request()).await {
-                Err(_) => return Err(op_timeout(&self.inner.servers, what, limit)),
+                Err(_) => {
+                    client_meter().server_error(BackendKind::Timeout);
+                    return Err(op_timeout(&self.inner.servers, what, limit));
+                }
                 Ok(Err(e)) if lost_connection(&e) && Instant::now() + PAUSE < until => {
                     tracing::debug!(what, "connection lost before the answer; asking again");
                     tokio::time::sleep(PAUSE).await;
@@ -704,6 +707,16 @@ impl ZkClient {
     pub(crate) fn drop_lease(&self, path: &str) {
         lock(&self.inner.leases).map.remove(path);
     }
+
+    /// Whether `keeper` is still the lease kept for `path`: a release stops keeping its lease
+    /// before it deletes the znode, so a znode found gone while its lease is still kept was
+    /// not deleted by its release.
+    fn keeps(&self, path: &str, keeper: &Arc<LeaseKeeper>) -> bool {
+        lock(&self.inner.leases)
+            .map
+            .get(path)
+            .is_some_and(|(_, k)| Arc::ptr_eq(k, keeper))
+    }
 }
 
 /// Watches a held znode, so that its deletion (a `force_unlock`, or its session ended) is a
@@ -737,11 +750,7 @@ async fn watch_hold(inner: Weak<Inner>, path: String, sid: i64, keeper: Arc<Leas
         return;
     };
     let client = ZkClient { inner };
-    let ours = lock(&client.inner.leases)
-        .map
-        .get(&path)
-        .is_some_and(|(_, k)| Arc::ptr_eq(k, &keeper));
-    if ours {
+    if client.keeps(&path, &keeper) {
         tracing::warn!(%path, "the hold's znode was deleted; the lock is lost");
         keeper.lose(LossReason::EntryGone);
         client.drop_lease(&path);
@@ -854,6 +863,11 @@ async fn round(inner: Weak<Inner>) {
     });
     let answers = futures::future::join_all(checks).await;
     for ((path, _, keeper), answer) in holds.iter().zip(answers) {
+        // Released while the round ran (its release may have deleted the znode by now): a
+        // loss for nobody, and nothing to extend.
+        if !client.keeps(path, keeper) {
+            continue;
+        }
         match answer {
             // Confirmed too late: the deadline passed first, and a loss is final.
             Some(true) if Instant::now() >= keeper.deadline() => {

@@ -22,10 +22,11 @@ impl<C: Competitor> Synchronizer<C> {
         let (deadline, immediate) = (wait.deadline(), wait == Wait::Immediate);
         let (passable, shared) = (mode == Mode::Passable, mode == Mode::Shared);
         async move {
-            // The clock is read only when a deadline or a retry timer needs it: an untimed
-            // uncontended acquire reads it never.
+            // The waiter's clock (tokio's, which honours paused time, or the thread's) is read
+            // only when a deadline or a retry timer needs it.
             let start = deadline.map(|_| timer.now());
-            // For the wait histogram (`slate_acquire_wait_seconds`).
+            // For the wait histogram (`slate_acquire_wait_seconds`): one read of the monotonic
+            // clock per call, and one per attempt for `slate_attempt_seconds`.
             let began = Instant::now();
             let mut slot = QueueSlot {
                 sync: self,

@@ -292,12 +292,21 @@ impl RedisClient {
             match self.exec_within(what, left, |c| f(c, resent)).await {
                 Err(e) if e.backend_kind() == Some(BackendKind::Io) && sends < IO_SENDS => {
                     if budget.saturating_sub(start.elapsed()).is_zero() {
+                        self.inner.meter.server_error(BackendKind::Io);
                         return Err(e);
                     }
                     sends += 1;
                     tracing::debug!(node = %self.inner.address, error = %e, "{what}: the connection broke before the reply; sending the same request again");
                 }
-                r => return r.map(|reply| (reply, resent)),
+                r => {
+                    // Counted once per command, whatever it took to send it.
+                    if let Err(e) = &r
+                        && let Some(kind) = e.backend_kind()
+                    {
+                        self.inner.meter.server_error(kind);
+                    }
+                    return r.map(|reply| (reply, resent));
+                }
             }
         }
     }
@@ -332,7 +341,7 @@ impl RedisClient {
                 }
             }
         };
-        let r = match tokio::time::timeout(budget, run).await {
+        match tokio::time::timeout(budget, run).await {
             Ok(r) => r,
             Err(_) => {
                 let g = generation.load(std::sync::atomic::Ordering::Relaxed);
@@ -341,13 +350,7 @@ impl RedisClient {
                 }
                 Err(error::command_timeout(what, &self.inner.address, budget))
             }
-        };
-        if let Err(e) = &r
-            && let Some(kind) = e.backend_kind()
-        {
-            self.inner.meter.server_error(kind);
         }
-        r
     }
 
     /// Runs `fut` in the current runtime context when there is one, otherwise on the client's

@@ -319,10 +319,15 @@ impl Renewal {
 
     /// Reports `holder`'s lease on `key` lost now (a re-entry found its entry gone), unless it
     /// already was.
+    ///
+    /// Not while a release of this holder is on its way: the entry the re-entry found gone is
+    /// the release's doing (as a renewal answering 0 then is, see `apply`), and the release
+    /// ends the registration.
     pub(crate) fn lose(&self, key: &Arc<[u8]>, holder: HolderId, reason: LossReason) {
         if let Some(reg) = lock(&self.shared.state)
             .regs
             .get_mut(&(key.clone(), holder))
+            && reg.releasing == 0
         {
             lose(reg, reason);
         }
@@ -923,6 +928,34 @@ mod tests {
             releasing: 0,
             current: None,
         }
+    }
+
+    /// Review of issue 32: a re-entry that found the entry gone while the holder's own release
+    /// was on its way reported the lease lost (and counted the loss): the release deleted it.
+    #[test]
+    fn a_reentry_racing_its_own_release_is_not_a_loss() {
+        let now = Instant::now();
+        let renewal = Renewal::new(Weak::new(), ClientMeter::new("test"));
+        let mut reg = registration(now, Duration::from_secs(1));
+        let watch = reg.keeper.watch();
+        let (key, holder) = (reg.hold.key.clone(), reg.hold.holder);
+        reg.releasing = 1;
+        lock(&renewal.shared.state)
+            .regs
+            .insert((key.clone(), holder), reg);
+        renewal.lose(&key, holder, LossReason::EntryGone);
+        assert_eq!(watch.loss_reason(), None, "the release's doing, not a loss");
+        lock(&renewal.shared.state)
+            .regs
+            .get_mut(&(key.clone(), holder))
+            .unwrap()
+            .releasing = 0;
+        renewal.lose(&key, holder, LossReason::EntryGone);
+        assert_eq!(
+            watch.loss_reason(),
+            Some(LossReason::EntryGone),
+            "without a release, a loss"
+        );
     }
 
     /// a renewal that answered 0 while a release of the same holder was
