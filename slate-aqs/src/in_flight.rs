@@ -5,21 +5,30 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
+use std::time::{Duration, Instant};
+
+use slate_core::metrics::Outcome;
 use slate_core::{HolderId, Result};
 
 use crate::Synchronizer;
 use crate::competitor::{Attempt, Competitor};
 
-/// An attempt, boxed with the remote holder it is for (which it answers with): the holder
-/// lives in the box the attempt needs anyway, not in every acquire future.
-type BoxAttempt<G> = Pin<Box<dyn Future<Output = (HolderId, Result<Attempt<G>>)> + Send + 'static>>;
+/// An attempt, boxed with the remote holder it is for (which it answers with) and timed: the
+/// holder and the send's time live in the box the attempt needs anyway, not in every acquire
+/// future.
+type BoxAttempt<G> =
+    Pin<Box<dyn Future<Output = (HolderId, Result<Attempt<G>>, Duration)> + Send + 'static>>;
 
-/// Boxes `attempt` with the remote holder it is for.
+/// Boxes `attempt` with the remote holder it is for, and times it (`slate_attempt_seconds`).
 fn tagged<G, F>(holder: HolderId, attempt: F) -> BoxAttempt<G>
 where
     F: Future<Output = Result<Attempt<G>>> + Send + 'static,
 {
-    Box::pin(async move { (holder, attempt.await) })
+    Box::pin(async move {
+        let sent = Instant::now();
+        let answer = attempt.await;
+        (holder, answer, sent.elapsed())
+    })
 }
 
 /// Owns one boxed attempt until it completes.
@@ -78,9 +87,15 @@ impl<C: Competitor> Future for InFlight<'_, C> {
         let Some(attempt) = slot.as_mut() else {
             unreachable!("InFlight polled after completion")
         };
-        let out = std::task::ready!(attempt.as_mut().poll(cx));
+        let (holder, answer, took) = std::task::ready!(attempt.as_mut().poll(cx));
         *slot = None;
-        Poll::Ready(out)
+        let outcome = match &answer {
+            Ok(Attempt::Acquired(_)) => Outcome::Acquired,
+            Ok(Attempt::Busy { .. }) => Outcome::Busy,
+            Err(_) => Outcome::Error,
+        };
+        this.sync.meter().attempt(outcome, took);
+        Poll::Ready((holder, answer))
     }
 }
 
@@ -96,7 +111,7 @@ impl<C: Competitor> Drop for InFlight<'_, C> {
             "acquire dropped with an attempt in flight; finishing it in the background"
         );
         let finish = async move {
-            let (holder, out) = attempt.await;
+            let (holder, out, _) = attempt.await;
             match out {
                 Ok(Attempt::Acquired(grant)) => {
                     tracing::debug!(%holder, "abandoning a grant nobody will receive");

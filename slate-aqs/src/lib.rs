@@ -83,4 +83,7 @@ pub use competitor::{Attempt, Competitor, Notifications};
 pub use synchronizer::{MIN_RETRY_DELAY, Synchronizer};
 // The contract types every competitor and caller of the synchronizer uses, so that depending on
 // `slate-aqs` alone is enough for its examples.
-pub use slate_core::{BackendKind, Error, HolderId, LossReason, Result, TimeoutKind, Wait};
+pub use slate_core::metrics;
+pub use slate_core::{
+    BackendKind, Error, HolderId, LockName, LossReason, Result, TimeoutKind, Wait,
+};

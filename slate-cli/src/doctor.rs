@@ -922,7 +922,7 @@ async fn check_zookeeper(servers: &str, spec: &DoctorSpec, out: &mut Vec<Finding
 }
 
 /// `url` with its host and port replaced (keeping scheme, credentials and database).
-fn with_host(url: &str, host: &str, port: &str) -> String {
+pub(crate) fn with_host(url: &str, host: &str, port: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
     let (creds, after) = match rest.rsplit_once('@') {
         Some((c, a)) => (format!("{c}@"), a),
@@ -933,7 +933,7 @@ fn with_host(url: &str, host: &str, port: &str) -> String {
 }
 
 /// `url` without its password.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, rest)) => match rest.rsplit_once('@') {
             Some((creds, after)) => {

@@ -33,6 +33,7 @@ mod nodes;
 mod run;
 mod status;
 mod target;
+mod top;
 mod tree;
 mod zk;
 
@@ -131,6 +132,19 @@ UNSAFE (something can break a guarantee), with its consequence and its fix.",
 1 something can (an UNSAFE finding, including a server that cannot be reached), 2 usage error."
     )]
     Doctor(DoctorArgs),
+    /// Watch the locks under a prefix: holder, token, lease left, waiting processes.
+    #[command(
+        long_about = "A live view of the locks held or waited for under the prefix, refreshed \
+every --interval (q, Esc or Ctrl-C quits): each lock's holder, fencing token, lease left and \
+the processes waiting in its line. --once prints one snapshot as a table, --json as JSON.\n\n\
+Names given are read directly; without names the locks are found with SCAN, at most \
+--scan-limit keys examined per master and refresh, so a server with millions of keys is never \
+walked whole. With --metrics URL (a process's Prometheus endpoint, e.g. slate run \
+--metrics-addr), its acquisitions, busy answers, timeouts and wait times are shown too.",
+        after_help = "Exit codes: 0, 69 no master could be read, 2 usage error (a ZooKeeper \
+ensemble, no terminal without --once/--json)."
+    )]
+    Top(TopArgs),
     /// Manage the servers of a combination lock.
     #[command(subcommand)]
     Nodes(NodesCmd),
@@ -291,6 +305,34 @@ struct StatusArgs {
     /// address, ok, error, holders[holder, count], ttl_ms, fence]).
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Args)]
+struct TopArgs {
+    /// Only these lock names (no SCAN).
+    #[arg(value_name = "NAME")]
+    names: Vec<String>,
+    #[command(flatten)]
+    common: Common,
+    /// Print one snapshot as a table and exit.
+    #[arg(long)]
+    once: bool,
+    /// Print one snapshot as JSON and exit.
+    #[arg(long)]
+    json: bool,
+    /// Keys SCAN examines per master and refresh, at most.
+    #[arg(long, default_value_t = 10_000, value_name = "KEYS",
+          value_parser = clap::value_parser!(u64).range(1000..=10_000_000))]
+    scan_limit: u64,
+    /// Locks shown, at most (most waited-for first).
+    #[arg(long, default_value_t = 30, value_name = "N")]
+    limit: usize,
+    /// A process's Prometheus endpoint (http://HOST:PORT/metrics): show its wait times.
+    #[arg(long, value_name = "URL")]
+    metrics: Option<String>,
+    /// Refresh period of the live view.
+    #[arg(long, default_value = "1s", value_parser = duration::parse, value_name = "DURATION")]
+    interval: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -491,6 +533,23 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
             };
             let rt = runtime()?;
             let code = rt.block_on(latch::latch(spec));
+            rt.shutdown_timeout(Duration::from_millis(200));
+            Ok(code)
+        }
+        Cmd::Top(args) => {
+            let spec = top::TopSpec {
+                servers: servers(&args.common)?,
+                prefix: args.common.prefix,
+                names: args.names,
+                scan_limit: args.scan_limit,
+                limit: args.limit,
+                once: args.once,
+                json: args.json,
+                metrics: args.metrics,
+                interval: args.interval.max(Duration::from_millis(100)),
+            };
+            let rt = runtime()?;
+            let code = rt.block_on(top::top(spec));
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(code)
         }

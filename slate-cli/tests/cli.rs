@@ -2111,3 +2111,163 @@ fn doctor_finds_what_breaks_a_lock() {
         text(&table.stdout)
     );
 }
+
+/// Issue 32: `slate top --once` and `--json`: a held lock with its holder, token, lease left
+/// and a waiting process; names given are read directly (a free one shown free); the wait
+/// figures of a process's metrics endpoint (`--metrics`); bounded SCAN (the cap reported).
+#[test]
+fn top_snapshots_list_held_and_waited_for_locks() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let stop = dir.path().join("stop");
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let metrics = format!("127.0.0.1:{port}");
+    let job = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
+    let mut holder = slate(&[
+        "run",
+        "--lock",
+        "top-held",
+        "--redis",
+        &url,
+        "--metrics-addr",
+        &metrics,
+        "--",
+        "sh",
+        "-c",
+        &job,
+    ])
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let top_json = |extra: &[&str]| {
+        let mut args = vec!["top", "--json", "--redis", &url];
+        args.extend_from_slice(extra);
+        let out = output(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // The metered job holds first; the second waits behind it.
+    let deadline = Instant::now() + PATIENCE;
+    while top_json(&[])["locks"][0]["holder"].is_null() {
+        assert!(
+            Instant::now() < deadline,
+            "the first job never held the lock"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut waiter = slate(&[
+        "run", "--lock", "top-held", "--redis", &url, "--wait", "1m", "--", "sh", "-c", &job,
+    ])
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    let snap = loop {
+        let snap = top_json(&[]);
+        if snap["locks"][0]["waiting"] == 1 {
+            break snap;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no held lock with a waiter: {snap:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let lock = &snap["locks"][0];
+    assert_eq!(lock["name"], "top-held", "{snap:#}");
+    assert!(
+        lock["holder"].as_str().is_some_and(|h| h.contains(':')),
+        "{lock}"
+    );
+    assert!(lock["token"].as_u64().is_some_and(|t| t > 0), "{lock}");
+    assert!(
+        lock["ttl_ms"]
+            .as_u64()
+            .is_some_and(|t| t > 0 && t <= 30_000),
+        "{lock}"
+    );
+    assert_eq!(
+        snap["locks"].as_array().unwrap().len(),
+        1,
+        "only held or waited-for locks"
+    );
+    assert_eq!(snap["truncated"], false);
+
+    // Names: read directly, a free one listed free.
+    let named = top_json(&["top-held", "top-free"]);
+    let names: Vec<&str> = named["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(names, ["top-held", "top-free"], "{named:#}");
+    assert!(named["locks"][1]["holder"].is_null());
+    assert_eq!(named["scanned"], 0, "no SCAN when names are given");
+
+    // The holder's metrics endpoint: its acquisition and its wait.
+    // (The exporter's summaries may come a render after the counters: read until both.)
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let with_metrics = top_json(&["--metrics", &format!("http://{metrics}/metrics")]);
+        let Some(waits) = with_metrics["waits"].as_array() else {
+            let _ = holder.kill();
+            let out = holder.wait_with_output().unwrap();
+            panic!("{with_metrics:#}\nholder: {out:?}");
+        };
+        if waits
+            .iter()
+            .any(|w| w["acquisitions"] == 1.0 && w["wait_p99_ms"].is_number())
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = holder.kill();
+            let out = holder.wait_with_output().unwrap();
+            panic!("{with_metrics:#}\nholder: {out:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The table.
+    let out = output(&["top", "--once", "--redis", &url]);
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("LEASE LEFT") && table.contains("top-held"),
+        "{table}"
+    );
+
+    // A keyspace bigger than the cap: the walk stops and says so.
+    for chunk in 0..3 {
+        let mut args = vec!["MSET".to_owned()];
+        for i in 0..1000 {
+            args.push(format!("slate:{{filler-{chunk}-{i}}}:x"));
+            args.push("1".to_owned());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        server.command(&args).unwrap();
+    }
+    let capped = top_json(&["--scan-limit", "1000"]);
+    assert_eq!(capped["truncated"], true, "{capped:#}");
+
+    std::fs::write(&stop, "").unwrap();
+    assert!(holder.wait().unwrap().success());
+    assert!(waiter.wait().unwrap().success());
+    let after = top_json(&[]);
+    assert_eq!(
+        after["locks"].as_array().map(Vec::len),
+        Some(0),
+        "{after:#}"
+    );
+    // ZooKeeper is refused with the way to look at it.
+    let out = output(&["top", "--once", "--zookeeper", "127.0.0.1:1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("slate status"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -259,3 +259,56 @@ fn ctrl_c_reaches_a_command_that_left_the_jobs_group() {
     assert!(screen.lines().any(|l| l.ends_with("caught")), "{screen}");
     assert_eq!(number_after(&screen, "exit="), Some(5), "{screen}");
 }
+
+/// Issue 32: `slate top`'s live view in a terminal: it shows the held lock with its waiting
+/// process, follows it as it is released and taken again (refreshed each interval), and `q`
+/// gives the terminal back with exit 0.
+#[test]
+fn top_shows_the_locks_live_and_q_quits() {
+    let server = LocalServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let stop = dir.path().join("stop");
+    let url = server.url();
+    let hold = |name: &str| {
+        std::process::Command::new(slate())
+            .args([
+                "run", "--lock", name, "--redis", &url, "--wait", "1m", "--", "sh", "-c",
+            ])
+            .arg(format!(
+                "while [ ! -e {} ]; do sleep 0.05; done",
+                stop.display()
+            ))
+            .spawn()
+            .unwrap()
+    };
+    let mut holder = hold("tty-top");
+    let tmux = Tmux::start();
+    tmux.type_line(&format!(
+        "{} top --redis {url} --interval 200ms; echo \"exit=$?\"",
+        slate()
+    ));
+    let screen = tmux.wait_for("the held lock in the view", |s| {
+        s.contains("slate top")
+            && s.lines()
+                .any(|l| l.contains("tty-top") && !l.contains("(free)"))
+    });
+    assert!(screen.contains("LEASE LEFT"), "{screen}");
+    // A second job waits in the line: the view counts it.
+    let mut waiter = hold("tty-top");
+    tmux.wait_for("the waiting process", |s| {
+        s.lines().find(|l| l.contains("tty-top")).is_some_and(|l| {
+            // ... WAITING NODES │ (the table's right border last)
+            let cells: Vec<&str> = l.split_whitespace().filter(|c| *c != "│").collect();
+            cells.iter().rev().nth(1) == Some(&"1")
+        })
+    });
+    std::fs::write(&stop, "").unwrap();
+    assert!(holder.wait().unwrap().success());
+    assert!(waiter.wait().unwrap().success());
+    tmux.wait_for("the released lock gone from the view", |s| {
+        !s.contains("tty-top")
+    });
+    tmux.key("q");
+    let screen = tmux.wait_for("slate top's exit", |s| number_after(s, "exit=").is_some());
+    assert_eq!(number_after(&screen, "exit="), Some(0), "{screen}");
+}

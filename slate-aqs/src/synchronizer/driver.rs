@@ -22,12 +22,11 @@ impl<C: Competitor> Synchronizer<C> {
         let (deadline, immediate) = (wait.deadline(), wait == Wait::Immediate);
         let (passable, shared) = (mode == Mode::Passable, mode == Mode::Shared);
         async move {
-            // The waiter's clock (tokio's, which honours paused time, or the thread's) is read
-            // only when a deadline or a retry timer needs it.
-            let start = deadline.map(|_| timer.now());
-            // For the wait histogram (`slate_acquire_wait_seconds`): one read of the monotonic
-            // clock per call, and one per attempt for `slate_attempt_seconds`.
-            let began = Instant::now();
+            // The waiter's clock (tokio's, which honours paused time, or the thread's), read
+            // once per call: the wait's start, for its deadline's error and for the wait
+            // histogram (`slate_acquire_wait_seconds`). Each attempt times itself in its
+            // boxed future (`InFlight`), so that a parked waiter's future does not grow.
+            let start = timer.now();
             let mut slot = QueueSlot {
                 sync: self,
                 key: None,
@@ -66,7 +65,8 @@ impl<C: Competitor> Synchronizer<C> {
                     Step::TakePass { remote } => match self.competitor.take_pass(remote, holder) {
                         Some(grant) => match self.take_pass(holder, remote, &mut slot, grant) {
                             Some(grant) => {
-                                self.meter.acquired(How::Pass, began.elapsed());
+                                let waited = timer.now().saturating_duration_since(start);
+                                self.meter.acquired(How::Pass, waited);
                                 return Ok(grant);
                             }
                             // Taken back meanwhile: wait on as the head.
@@ -83,16 +83,11 @@ impl<C: Competitor> Synchronizer<C> {
                         remote,
                         passable,
                     } => {
-                        let sent = Instant::now();
-                        let answer =
-                            InFlight::start(self, remote, reentrant, passable, shared).await;
-                        let outcome = match &answer.1 {
-                            Ok(Attempt::Acquired(_)) => Outcome::Acquired,
-                            Ok(Attempt::Busy { .. }) => Outcome::Busy,
-                            Err(_) => Outcome::Error,
-                        };
-                        self.meter.attempt(outcome, sent.elapsed());
-                        let retry_after = match answer {
+                        let retry_after = match InFlight::start(
+                            self, remote, reentrant, passable, shared,
+                        )
+                        .await
+                        {
                             // The remote holder comes back with the answer: the future keeps
                             // one copy of it (in the attempt), not two.
                             (remote, Ok(Attempt::Acquired(grant))) => {
@@ -106,7 +101,8 @@ impl<C: Competitor> Synchronizer<C> {
                                     Ok(Some(grant)) => {
                                         let how =
                                             if reentrant { How::Reentry } else { How::Remote };
-                                        self.meter.acquired(how, began.elapsed());
+                                        let waited = timer.now().saturating_duration_since(start);
+                                        self.meter.acquired(how, waited);
                                         return Ok(grant);
                                     }
                                     // Its lease ran out before it was processed: given back,
@@ -395,14 +391,12 @@ impl<C: Competitor> Synchronizer<C> {
     /// The timeout error; `start` and `now` are read whenever a deadline is set.
     pub(super) fn timed_out(
         &self,
-        start: Option<Instant>,
+        start: Instant,
         deadline: Option<Instant>,
         now: Option<Instant>,
     ) -> Error {
-        let since = |t: Option<Instant>| match (t, start) {
-            (Some(t), Some(start)) => t.saturating_duration_since(start),
-            _ => Duration::ZERO,
-        };
+        let since =
+            |t: Option<Instant>| t.map_or(Duration::ZERO, |t| t.saturating_duration_since(start));
         Error::timeout(
             self.label.clone(),
             TimeoutKind::Wait,

@@ -7,7 +7,7 @@ use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use slate_core::metrics::{How, Meter, Outcome};
+use slate_core::metrics::{How, Meter};
 use slate_core::mutant::{self, Mutant};
 use slate_core::{Error, HolderId, LossReason, Result, TimeoutKind, Wait};
 
@@ -414,10 +414,10 @@ impl<C: Competitor> Synchronizer<C> {
     /// ```
     /// use slate_aqs::Synchronizer;
     /// use slate_aqs::testing::{MemoryCompetitor, MemoryRemote};
-    /// use slate_core::metrics::Meter;
+    /// use slate_aqs::metrics::Meter;
     /// use std::time::Duration;
     ///
-    /// let name = slate_core::LockName::new("orders").unwrap();
+    /// let name = slate_aqs::LockName::new("orders").unwrap();
     /// let sync = Synchronizer::new("orders", MemoryCompetitor::new(MemoryRemote::new()), Duration::from_millis(50))
     ///     .with_meter(Meter::for_lock("lock", "memory", &name));
     /// ```
