@@ -330,3 +330,108 @@ fn holding(args: &[&str]) -> (std::process::Child, String) {
         .unwrap();
     (child, line)
 }
+
+/// The findings of `slate doctor --json ARGS` and its exit code.
+fn doctor(args: &[&str]) -> (Option<i32>, Vec<serde_json::Value>) {
+    let mut all = vec!["doctor", "--json"];
+    all.extend_from_slice(args);
+    let out = slate(&all);
+    let findings = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {} {}", text(&out.stdout), text(&out.stderr)));
+    (out.status.code(), findings)
+}
+
+fn checks<'a>(findings: &'a [serde_json::Value], check: &str) -> Vec<&'a serde_json::Value> {
+    findings.iter().filter(|f| f["check"] == check).collect()
+}
+
+/// Issue 32: `slate doctor` and `slate top` on a cluster and a Sentinel group: every master
+/// checked (the cluster's state, each master's settings), the Sentinels counted, the master
+/// found through them; `top` finds a held lock on whichever master serves its slot.
+#[test]
+fn doctor_and_top_on_a_cluster_and_a_sentinel_group() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let seeds = cluster.urls().join(",");
+    let (_, f) = doctor(&["--cluster", &seeds]);
+    let state = checks(&f, "cluster");
+    assert_eq!(state.len(), 1, "{f:#?}");
+    assert_eq!(state[0]["severity"], "ok", "{f:#?}");
+    assert!(
+        state[0]["finding"]
+            .as_str()
+            .unwrap()
+            .contains("16384 of 16384"),
+        "{f:#?}"
+    );
+    assert_eq!(checks(&f, "eviction").len(), 3, "each master: {f:#?}");
+    assert_eq!(checks(&f, "acl").len(), 3, "{f:#?}");
+    // A cluster master's ACL probe includes SPUBLISH; all allowed here.
+    assert!(
+        checks(&f, "acl").iter().all(|a| a["severity"] == "ok"),
+        "{f:#?}"
+    );
+
+    let (mut holder, _) = holding(&[
+        "run",
+        "--lock",
+        "top-cluster",
+        "--cluster",
+        &seeds,
+        "--",
+        "sh",
+        "-c",
+        "echo held; sleep 60",
+    ]);
+    let out = slate(&["top", "--json", "--cluster", &seeds]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(snap["locks"][0]["name"], "top-cluster", "{snap:#}");
+    assert!(snap["locks"][0]["token"].as_u64().is_some(), "{snap:#}");
+    holder.kill().unwrap();
+    let _ = holder.wait();
+
+    let group = SentinelGroup::start(1, 1).expect("sentinel group");
+    let sentinels = group.sentinel_urls().join(",");
+    let (_, f) = doctor(&[
+        "--sentinel",
+        &sentinels,
+        "--master-name",
+        group.master_name(),
+    ]);
+    let sentinel = checks(&f, "sentinel");
+    assert_eq!(sentinel.len(), 1, "{f:#?}");
+    assert_eq!(sentinel[0]["severity"], "advisory", "one Sentinel: {f:#?}");
+    assert_eq!(
+        checks(&f, "eviction").len(),
+        1,
+        "the master, found through them: {f:#?}"
+    );
+    let (code, f) = doctor(&["--sentinel", &sentinels, "--master-name", "nobody"]);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert!(
+        checks(&f, "sentinel")
+            .iter()
+            .any(|s| s["severity"] == "unsafe"),
+        "{f:#?}"
+    );
+}
+
+/// Issue 32: `slate doctor --zookeeper`: the session and the ensemble's size.
+#[test]
+fn doctor_on_a_zookeeper_ensemble() {
+    let zk = ecosphere::zookeeper::ZkServer::start().expect("zookeeper");
+    let (code, f) = doctor(&["--zookeeper", &zk.connect_string(), "--lease", "1m"]);
+    assert_eq!(code, Some(0), "{f:#?}");
+    let z = checks(&f, "zookeeper");
+    assert_eq!(z.len(), 2, "{f:#?}");
+    assert!(
+        z.iter()
+            .any(|x| x["finding"].as_str().unwrap().contains("session timeout"))
+    );
+    assert!(
+        z.iter()
+            .any(|x| x["severity"] == "advisory"
+                && x["finding"].as_str().unwrap().contains("1 server")),
+        "one server is an advisory: {f:#?}"
+    );
+}
