@@ -1559,17 +1559,22 @@ fn i34_the_tree_lives_in_a_cgroup_of_its_own_where_one_can_be_made() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mnt = dir.path().display().to_string();
     let exe = env!("CARGO_BIN_EXE_slate");
-    // The shell stays in the namespace: after `slate` dies it reports whether any
-    // slate-run-* cgroup is left (the guardian removes its own as it goes).
+    // The shell stays in the namespace: after `slate` dies it reports whether the tree's
+    // cgroup (its path written to `leaf` by the test: other tests' `slate run`s have cgroups
+    // of their own in the same hierarchy) is left (the guardian removes its own as it goes).
+    // (Not in `dir`: the cgroup2 hierarchy is mounted over it.)
+    let leaf_dir = tempfile::tempdir().expect("temp dir");
+    let leaf = leaf_dir.path().join("leaf");
     let script = format!(
         "mount -t cgroup2 none {mnt} || exit 9; \
          {exe} run --lock cg --lease 2s --redis {url} -- sh -c 'echo tree $$; sleep 60 & echo tree $!; wait' & \
          echo slate $!; wait; \
          for i in $(seq 1 1000); do \
-           if ! find {mnt} -name 'slate-run-*' | grep -q .; then echo cgroup-gone; exit 0; fi; \
+           if [ -s {leaf} ] && [ ! -e \"{mnt}$(cat {leaf})\" ]; then echo cgroup-gone; exit 0; fi; \
            sleep 0.01; \
-         done; echo cgroup-left; find {mnt} -name 'slate-run-*'",
-        url = server.url()
+         done; echo cgroup-left; cat {leaf}",
+        url = server.url(),
+        leaf = leaf.display()
     );
     let mut shell = KillOnDrop(
         Command::new("unshare")
@@ -1604,6 +1609,12 @@ fn i34_the_tree_lives_in_a_cgroup_of_its_own_where_one_can_be_made() {
             "process {pid} of the tree is in cgroup {v2:?}, not one of its own"
         );
     }
+    let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", tree[0])).expect("cgroup");
+    let v2 = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a v2 cgroup");
+    std::fs::write(&leaf, v2).expect("write leaf");
     signal::kill(Pid::from_raw(slate_pid), Signal::SIGKILL).expect("SIGKILL slate");
     let verdict = wait_line_or(&out, |l| l.starts_with("cgroup-"), &err);
     assert_eq!(
