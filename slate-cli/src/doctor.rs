@@ -13,10 +13,8 @@ use serde::Serialize;
 
 use crate::duration::human;
 use crate::exit;
+use crate::probe::{cluster_masters, connect, redact, sentinel_master};
 use crate::target::Servers;
-
-/// Budget of one server's connection and of each of its commands.
-const BUDGET: Duration = Duration::from_secs(3);
 
 /// How bad a finding is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -170,17 +168,6 @@ fn finding(
         consequence: consequence.into(),
         fix: fix.into(),
     }
-}
-
-async fn connect(url: &str) -> Result<MultiplexedConnection, String> {
-    let client = redis::Client::open(url).map_err(|e| format!("bad URL: {e}"))?;
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(BUDGET))
-        .set_response_timeout(Some(BUDGET));
-    client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 async fn info(
@@ -751,14 +738,9 @@ async fn check_sentinel(
                 continue;
             }
         };
-        let r: redis::RedisResult<Option<(String, String)>> = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(master)
-            .query_async(&mut conn)
-            .await;
-        match r {
-            Ok(Some((host, port))) => {
-                addr.get_or_insert((url.clone(), host, port));
+        match sentinel_master(&mut conn, url, master).await {
+            Ok(Some(at)) => {
+                addr.get_or_insert(at);
                 let peers: redis::RedisResult<Vec<redis::Value>> = redis::cmd("SENTINEL")
                     .arg("sentinels")
                     .arg(master)
@@ -776,7 +758,7 @@ async fn check_sentinel(
             )),
         }
     }
-    let Some((sentinel_url, host, port)) = addr else {
+    let Some(url) = addr else {
         out.push(finding(
             "sentinel",
             &sentinels.join(","),
@@ -795,12 +777,11 @@ async fn check_sentinel(
         } else {
             Severity::Advisory
         },
-        format!("master at {host}:{port}; {known} Sentinel(s) monitor it"),
+        format!("master at {}; {known} Sentinel(s) monitor it", redact(&url)),
         "fewer than three Sentinels cannot outvote a partitioned one: a failover may not \
          happen, or may happen on a minority's word",
         "run three or more Sentinels on separate hosts",
     ));
-    let url = with_host(&sentinel_url, &host, &port);
     check_server(&url, Role::Single, spec, out).await;
 }
 
@@ -847,26 +828,8 @@ async fn check_cluster(seeds: &[String], spec: &DoctorSpec, out: &mut Vec<Findin
         "locks whose slot is not served cannot be taken or renewed",
         "fix the cluster (redis-cli --cluster check / fix)",
     ));
-    let nodes: redis::RedisResult<String> = redis::cmd("CLUSTER")
-        .arg("NODES")
-        .query_async(&mut conn)
-        .await;
-    for line in nodes.unwrap_or_default().lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 3 || !f[2].contains("master") || f[2].contains("fail") {
-            continue;
-        }
-        let addr = f[1].split('@').next().unwrap_or(f[1]);
-        let Some((host, port)) = addr.rsplit_once(':') else {
-            continue;
-        };
-        check_server(
-            &with_host(&seed, host, port),
-            Role::ClusterMaster,
-            spec,
-            out,
-        )
-        .await;
+    for master in cluster_masters(&mut conn, &seed).await.unwrap_or_default() {
+        check_server(&master, Role::ClusterMaster, spec, out).await;
     }
 }
 
@@ -919,45 +882,4 @@ async fn check_zookeeper(servers: &str, spec: &DoctorSpec, out: &mut Vec<Finding
         "fewer than three servers cannot survive one failure: the locks stop while it is down",
         "an ensemble of three or five servers",
     ));
-}
-
-/// `url` with its host and port replaced (keeping scheme, credentials and database).
-pub(crate) fn with_host(url: &str, host: &str, port: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
-    let (creds, after) = match rest.rsplit_once('@') {
-        Some((c, a)) => (format!("{c}@"), a),
-        None => (String::new(), rest),
-    };
-    let path = after.find('/').map_or("", |i| &after[i..]);
-    format!("{scheme}://{creds}{host}:{port}{path}")
-}
-
-/// `url` without its password.
-pub(crate) fn redact(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((creds, after)) => {
-                let user = creds.split(':').next().unwrap_or("");
-                format!("{scheme}://{user}@{after}")
-            }
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_keep_their_scheme_credentials_and_database() {
-        assert_eq!(
-            with_host("rediss://u:p@s:26379/2", "10.0.0.1", "6380"),
-            "rediss://u:p@10.0.0.1:6380/2"
-        );
-        assert_eq!(with_host("redis://s:1", "h", "2"), "redis://h:2");
-        assert_eq!(redact("redis://u:secret@h:1"), "redis://u@h:1");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
-    }
 }

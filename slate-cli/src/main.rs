@@ -30,6 +30,7 @@ mod exit;
 mod latch;
 mod multi;
 mod nodes;
+mod probe;
 mod run;
 mod status;
 mod target;

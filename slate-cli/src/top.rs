@@ -15,10 +15,8 @@ use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 
 use crate::exit;
+use crate::probe::{BUDGET, cluster_masters, connect, redact, sentinel_master};
 use crate::target::Servers;
-
-/// Budget of one server's connection and of each of its commands.
-const BUDGET: Duration = Duration::from_secs(3);
 
 /// What `slate top` was asked.
 pub struct TopSpec {
@@ -141,38 +139,20 @@ async fn masters(servers: &Servers) -> Result<Vec<String>, (u8, String)> {
         Servers::Masters(urls) => Ok(urls.clone()),
         Servers::Cluster(seeds) => {
             for seed in seeds {
-                let Ok(mut c) = connect(seed).await else {
-                    continue;
-                };
-                let nodes: redis::RedisResult<String> =
-                    redis::cmd("CLUSTER").arg("NODES").query_async(&mut c).await;
-                let Ok(nodes) = nodes else { continue };
-                let mut out = Vec::new();
-                for line in nodes.lines() {
-                    let f: Vec<&str> = line.split_whitespace().collect();
-                    if f.len() > 2 && f[2].contains("master") && !f[2].contains("fail") {
-                        let addr = f[1].split('@').next().unwrap_or(f[1]);
-                        if let Some((host, port)) = addr.rsplit_once(':') {
-                            out.push(crate::doctor::with_host(seed, host, port));
-                        }
-                    }
+                if let Ok(mut c) = connect(seed).await
+                    && let Ok(masters) = cluster_masters(&mut c, seed).await
+                {
+                    return Ok(masters);
                 }
-                return Ok(out);
             }
             Err((exit::REDIS, "no cluster seed node answers".to_owned()))
         }
         Servers::Sentinel { sentinels, master } => {
             for url in sentinels {
-                let Ok(mut c) = connect(url).await else {
-                    continue;
-                };
-                let r: redis::RedisResult<Option<(String, String)>> = redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(master)
-                    .query_async(&mut c)
-                    .await;
-                if let Ok(Some((host, port))) = r {
-                    return Ok(vec![crate::doctor::with_host(url, &host, &port)]);
+                if let Ok(mut c) = connect(url).await
+                    && let Ok(Some(at)) = sentinel_master(&mut c, url, master).await
+                {
+                    return Ok(vec![at]);
                 }
             }
             Err((
@@ -186,17 +166,6 @@ async fn masters(servers: &Servers) -> Result<Vec<String>, (u8, String)> {
                 .to_owned(),
         )),
     }
-}
-
-async fn connect(url: &str) -> Result<MultiplexedConnection, String> {
-    let client = redis::Client::open(url).map_err(|e| format!("bad URL: {e}"))?;
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(BUDGET))
-        .set_response_timeout(Some(BUDGET));
-    client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 /// The names under `prefix` on one master: at most `limit` keys examined.
@@ -300,7 +269,7 @@ async fn snapshot(masters: &[String], spec: &TopSpec) -> Snapshot {
     for url in masters {
         match connect(url).await {
             Ok(c) => conns.push(c),
-            Err(e) => errors.push(format!("{}: {e}", crate::doctor::redact(url))),
+            Err(e) => errors.push(format!("{}: {e}", redact(url))),
         }
     }
     let (mut scanned, mut truncated) = (0, false);

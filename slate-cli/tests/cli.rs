@@ -1879,6 +1879,18 @@ fn status_of_several_names() {
     rt.block_on(guard.unlock()).expect("unlock");
 }
 
+/// For a job that runs until a file appears: a temporary directory, the file's path in it,
+/// and a free local address for `--metrics-addr`.
+fn stoppable_job_setup() -> (tempfile::TempDir, std::path::PathBuf, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let stop = dir.path().join("stop");
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().expect("its address").port()
+    };
+    (dir, stop, format!("127.0.0.1:{port}"))
+}
+
 /// Issue 32: `slate run --metrics-addr` serves the process's lock metrics for Prometheus while
 /// the command runs (the hold it is in shows in them); an address it cannot listen on is a
 /// usage error that names the flag, and the command never runs.
@@ -1887,13 +1899,7 @@ fn run_serves_its_metrics_while_the_command_runs() {
     use std::io::{Read, Write};
     let server = LocalServer::start().expect("redis-server");
     let url = server.url();
-    let dir = tempfile::tempdir().unwrap();
-    let stop = dir.path().join("stop");
-    let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().port()
-    };
-    let addr = format!("127.0.0.1:{port}");
+    let (dir, stop, addr) = stoppable_job_setup();
     let mut child = slate(&[
         "run",
         "--lock",
@@ -2130,13 +2136,7 @@ fn doctor_finds_what_breaks_a_lock() {
 fn top_snapshots_list_held_and_waited_for_locks() {
     let server = LocalServer::start().expect("redis-server");
     let url = server.url();
-    let dir = tempfile::tempdir().unwrap();
-    let stop = dir.path().join("stop");
-    let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().port()
-    };
-    let metrics = format!("127.0.0.1:{port}");
+    let (_dir, stop, metrics) = stoppable_job_setup();
     let job = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
     let mut holder = slate(&[
         "run",
