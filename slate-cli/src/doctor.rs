@@ -233,7 +233,15 @@ async fn check_server(
     };
     check_version(&all, role, &name, out);
     check_eviction(&all, &name, out);
-    check_persistence(&all, role, &name, out);
+    // The fsync policy is not in INFO: read where the user may (CONFIG is admin-only).
+    let fsync: Option<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async::<Vec<String>>(&mut conn)
+        .await
+        .ok()
+        .and_then(|v| v.into_iter().nth(1));
+    check_persistence(&all, fsync.as_deref(), role, &name, out);
     check_replication(&all, role, &name, out);
     check_acl(&mut conn, spec, role, &name, out).await;
     check_latency(&mut conn, spec, &name, out).await;
@@ -336,6 +344,7 @@ fn check_eviction(info: &HashMap<String, String>, name: &str, out: &mut Vec<Find
 
 fn check_persistence(
     info: &HashMap<String, String>,
+    fsync: Option<&str>,
     role: Role,
     name: &str,
     out: &mut Vec<Finding>,
@@ -359,16 +368,29 @@ fn check_persistence(
         ));
         return;
     }
-    if aof {
+    if aof && fsync == Some("always") {
+        out.push(finding(
+            "persistence",
+            name,
+            Severity::Ok,
+            "AOF on, appendfsync always: a restart loses no lock",
+            "",
+            "",
+        ));
+    } else if aof {
         out.push(finding(
             "persistence",
             name,
             Severity::Advisory,
-            "AOF on (fsync policy not readable through INFO)",
-            "with appendfsync everysec a crash (not a clean shutdown) loses up to a second of \
-             writes: a lock granted in that second can be granted again after the restart; \
-             with always, nothing is lost",
-            "CONFIG GET appendfsync; set appendfsync always where a crash must not reopen a lock",
+            match fsync {
+                Some(policy) => format!("AOF on, appendfsync {policy}"),
+                None => "AOF on (the fsync policy needs CONFIG GET, which this user may not run)"
+                    .to_owned(),
+            },
+            "with appendfsync everysec (or no) a crash, not a clean shutdown, loses the last \
+             second (or more) of writes: a lock granted then can be granted again after the \
+             restart; with always, nothing is lost",
+            "CONFIG SET appendfsync always where a crash must not reopen a lock",
         ));
     } else {
         out.push(finding(

@@ -2023,11 +2023,17 @@ fn doctor_finds_what_breaks_a_lock() {
     assert_eq!(severity_of(&f, "replication"), ["advisory"]);
     assert_eq!(severity_of(&f, "server"), ["ok"]);
 
-    // Made safe: AOF on, every command allowed, noeviction.
+    // AOF on with the default fsync policy: an advisory (a crash loses up to a second).
     set(&master, &["CONFIG", "SET", "appendonly", "yes"]);
     let (code, f) = doctor(&["--redis", &url]);
     assert_eq!(code, Some(0), "{f:#?}");
     assert!(f.iter().all(|x| x["severity"] != "unsafe"), "{f:#?}");
+    assert_eq!(severity_of(&f, "persistence"), ["advisory"], "{f:#?}");
+    // Made safe: appendfsync always, every command allowed, noeviction.
+    set(&master, &["CONFIG", "SET", "appendfsync", "always"]);
+    let (code, f) = doctor(&["--redis", &url]);
+    assert_eq!(code, Some(0), "{f:#?}");
+    assert_eq!(severity_of(&f, "persistence"), ["ok"], "{f:#?}");
 
     // Evicting policies, with a limit.
     set(&master, &["CONFIG", "SET", "maxmemory", "100mb"]);
