@@ -416,10 +416,41 @@ fn doctor_and_top_on_a_cluster_and_a_sentinel_group() {
     );
 }
 
-/// Issue 32: `slate doctor --zookeeper`: the session and the ensemble's size.
+/// Issue 32: `slate doctor --zookeeper`: the session and the ensemble's size; `slate top`
+/// of named ZooKeeper locks: the holder with its token (a zxid), a free one free.
 #[test]
-fn doctor_on_a_zookeeper_ensemble() {
+fn doctor_and_top_on_zookeeper() {
     let zk = ecosphere::zookeeper::ZkServer::start().expect("zookeeper");
+    let (mut holder, _) = holding(&[
+        "run",
+        "--lock",
+        "top-zk",
+        "--zookeeper",
+        &zk.connect_string(),
+        "--",
+        "sh",
+        "-c",
+        "echo held; sleep 60",
+    ]);
+    let out = slate(&[
+        "top",
+        "top-zk",
+        "top-zk-free",
+        "--json",
+        "--zookeeper",
+        &zk.connect_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(snap["locks"][0]["name"], "top-zk", "{snap:#}");
+    assert!(snap["locks"][0]["holder"].is_string(), "{snap:#}");
+    assert!(
+        snap["locks"][0]["token"].as_u64().is_some_and(|t| t > 0),
+        "{snap:#}"
+    );
+    assert!(snap["locks"][1]["holder"].is_null(), "{snap:#}");
+    holder.kill().unwrap();
+    let _ = holder.wait();
     let (code, f) = doctor(&["--zookeeper", &zk.connect_string(), "--lease", "1m"]);
     assert_eq!(code, Some(0), "{f:#?}");
     let z = checks(&f, "zookeeper");

@@ -142,8 +142,8 @@ Names given are read directly; without names the locks are found with SCAN, at m
 --scan-limit keys examined per master and refresh, so a server with millions of keys is never \
 walked whole. With --metrics URL (a process's Prometheus endpoint, e.g. slate run \
 --metrics-addr), its acquisitions, busy answers, timeouts and wait times are shown too.",
-        after_help = "Exit codes: 0, 69 no master could be read, 2 usage error (a ZooKeeper \
-ensemble, no terminal without --once/--json)."
+        after_help = "Exit codes: 0, 69 no server could be read, 2 usage error (--zookeeper \
+without names, no terminal without --once/--json)."
     )]
     Top(TopArgs),
     /// Manage the servers of a combination lock.

@@ -5,7 +5,8 @@
 //! MATCH <prefix>{*} COUNT 1000`, at most `--scan-limit` keys examined (10,000 by default: ten
 //! `SCAN` calls), or from the names given (no `SCAN` at all); then one pipeline of `HGETALL`,
 //! `PTTL` and `ZCARD` per lock shown (`--limit`, 30 by default). A server with millions of lock
-//! keys is therefore never walked whole; the view says when the cap cut the walk short.
+//! keys is therefore never walked whole; the view says when the cap cut the walk short. On
+//! ZooKeeper only the names given are read (one listing and one read per contender each).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
@@ -100,15 +101,15 @@ pub struct Snapshot {
 
 /// Runs `slate top`; answers the exit code.
 pub async fn top(spec: TopSpec) -> u8 {
-    let masters = match masters(&spec.servers).await {
-        Ok(m) => m,
+    let source = match source(&spec).await {
+        Ok(s) => s,
         Err((code, msg)) => {
             eprintln!("slate: {msg}");
             return code;
         }
     };
     if spec.once || spec.json {
-        let snap = snapshot(&masters, &spec).await;
+        let snap = snapshot(&source, &spec).await;
         if spec.json {
             match serde_json::to_string_pretty(&snap) {
                 Ok(s) => println!("{s}"),
@@ -120,7 +121,7 @@ pub async fn top(spec: TopSpec) -> u8 {
         } else {
             print!("{}", render(&snap));
         }
-        return if snap.errors.len() == masters.len() {
+        return if snap.locks.is_empty() && !snap.errors.is_empty() && source.all_failed(&snap) {
             exit::REDIS
         } else {
             exit::OK
@@ -130,7 +131,83 @@ pub async fn top(spec: TopSpec) -> u8 {
         eprintln!("slate: slate top needs a terminal; use --once (a table) or --json");
         return exit::USAGE;
     }
-    interactive(&masters, &spec).await
+    interactive(&source, &spec).await
+}
+
+/// Where the locks are read.
+enum Source {
+    /// Redis masters (each `--redis`, a cluster's masters, a Sentinel group's master).
+    Redis(Vec<String>),
+    /// A ZooKeeper ensemble: only the names given.
+    Zk(slate_zookeeper::ZkClient),
+}
+
+impl Source {
+    /// Whether no server at all could be read.
+    fn all_failed(&self, snap: &Snapshot) -> bool {
+        match self {
+            Source::Redis(masters) => snap.errors.len() >= masters.len(),
+            Source::Zk(_) => snap.errors.len() >= snap.locks.len().max(1),
+        }
+    }
+}
+
+async fn source(spec: &TopSpec) -> Result<Source, (u8, String)> {
+    match &spec.servers {
+        Servers::ZooKeeper(servers) => {
+            if spec.names.is_empty() {
+                return Err((
+                    exit::USAGE,
+                    "on ZooKeeper slate top reads the locks it is given: name them \
+                     (slate top NAME... --zookeeper SERVERS)"
+                        .to_owned(),
+                ));
+            }
+            crate::target::zk_client(servers, Duration::from_secs(10))
+                .await
+                .map(Source::Zk)
+                .map_err(|e| (crate::exit::of_error(&e), e.to_string()))
+        }
+        servers => masters(servers).await.map(Source::Redis),
+    }
+}
+
+/// The named ZooKeeper locks' rows: holder, token and waiting contenders.
+async fn zk_rows(
+    client: &slate_zookeeper::ZkClient,
+    spec: &TopSpec,
+) -> (Vec<LockRow>, Vec<String>) {
+    let root = crate::target::zk_root(&spec.prefix);
+    let (mut rows, mut errors) = (Vec::new(), Vec::new());
+    for name in &spec.names {
+        let status = match slate_zookeeper::ZkLock::builder(client, name.as_str())
+            .root(root)
+            .build()
+        {
+            Ok(lock) => tokio::time::timeout(BUDGET, lock.status()).await,
+            Err(e) => {
+                errors.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        match status {
+            Ok(Ok(s)) => rows.push(LockRow {
+                name: name.clone(),
+                depth: u32::from(s.holder.is_some()),
+                token: s.holder.as_ref().map(|h| h.token.get()),
+                ttl_ms: None,
+                waiting: s.waiters.len() as u64,
+                nodes_held: usize::from(s.holder.is_some()),
+                holder: s.holder.map(|h| {
+                    h.holder
+                        .map_or_else(|| h.znode.clone(), |id| id.to_string())
+                }),
+            }),
+            Ok(Err(e)) => errors.push(format!("{name}: {e}")),
+            Err(_) => errors.push(format!("{name}: no answer within {BUDGET:?}")),
+        }
+    }
+    (rows, errors)
 }
 
 /// The masters to read: each `--redis`, a cluster's masters, or a Sentinel group's master.
@@ -160,11 +237,7 @@ async fn masters(servers: &Servers) -> Result<Vec<String>, (u8, String)> {
                 format!("no Sentinel names a master {master:?}"),
             ))
         }
-        Servers::ZooKeeper(_) => Err((
-            exit::USAGE,
-            "slate top reads Redis locks; for a ZooKeeper lock use slate status NAME --zookeeper"
-                .to_owned(),
-        )),
+        Servers::ZooKeeper(_) => Err((exit::USAGE, "not a Redis deployment".to_owned())),
     }
 }
 
@@ -262,8 +335,25 @@ async fn read_locks(
     Ok(out)
 }
 
-/// Reads every master once.
-async fn snapshot(masters: &[String], spec: &TopSpec) -> Snapshot {
+/// Reads every server once.
+async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
+    let masters = match source {
+        Source::Redis(masters) => masters,
+        Source::Zk(client) => {
+            let (locks, errors) = zk_rows(client, spec).await;
+            let (waits, metrics_error) = read_waits(spec).await;
+            return Snapshot {
+                prefix: crate::target::zk_root(&spec.prefix).to_owned(),
+                locks,
+                scanned: 0,
+                truncated: false,
+                hidden: 0,
+                errors,
+                waits,
+                metrics_error,
+            };
+        }
+    };
     let mut conns = Vec::new();
     let mut errors = Vec::new();
     for url in masters {
@@ -317,13 +407,7 @@ async fn snapshot(masters: &[String], spec: &TopSpec) -> Snapshot {
     });
     let hidden = locks.len().saturating_sub(spec.limit);
     locks.truncate(spec.limit);
-    let (waits, metrics_error) = match &spec.metrics {
-        None => (None, None),
-        Some(url) => match scrape(url).await {
-            Ok(w) => (Some(w), None),
-            Err(e) => (None, Some(e)),
-        },
-    };
+    let (waits, metrics_error) = read_waits(spec).await;
     Snapshot {
         prefix: spec.prefix.clone(),
         locks,
@@ -333,6 +417,17 @@ async fn snapshot(masters: &[String], spec: &TopSpec) -> Snapshot {
         errors,
         waits,
         metrics_error,
+    }
+}
+
+/// The wait figures of `--metrics`, or why they could not be read.
+async fn read_waits(spec: &TopSpec) -> (Option<Vec<WaitRow>>, Option<String>) {
+    match &spec.metrics {
+        None => (None, None),
+        Some(url) => match scrape(url).await {
+            Ok(w) => (Some(w), None),
+            Err(e) => (None, Some(e)),
+        },
     }
 }
 
@@ -563,7 +658,7 @@ fn render(snap: &Snapshot) -> String {
 }
 
 /// The terminal view: redrawn each `--interval`; q, Esc or Ctrl-C quits.
-async fn interactive(masters: &[String], spec: &TopSpec) -> u8 {
+async fn interactive(source: &Source, spec: &TopSpec) -> u8 {
     use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
     use ratatui::layout::{Constraint, Layout};
     use ratatui::style::{Modifier, Style};
@@ -586,7 +681,7 @@ async fn interactive(masters: &[String], spec: &TopSpec) -> u8 {
     ];
     let code = loop {
         let started = Instant::now();
-        let snap = snapshot(masters, spec).await;
+        let snap = snapshot(source, spec).await;
         let drawn = terminal.draw(|frame| {
             let waits = snap.waits.as_ref().map_or(0, Vec::len);
             let [top, bottom, wait_area] = Layout::vertical([

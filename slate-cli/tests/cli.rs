@@ -2279,11 +2279,11 @@ fn top_snapshots_list_held_and_waited_for_locks() {
         Some(0),
         "{after:#}"
     );
-    // ZooKeeper is refused with the way to look at it.
+    // On ZooKeeper the names must be given.
     let out = output(&["top", "--once", "--zookeeper", "127.0.0.1:1"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&out.stderr).contains("slate status"),
+        text(&out.stderr).contains("name them"),
         "{}",
         text(&out.stderr)
     );
