@@ -2062,6 +2062,10 @@ fn doctor_finds_what_breaks_a_lock() {
     assert_eq!(acl["severity"], "unsafe");
     assert!(acl["finding"].as_str().unwrap().contains("ZADD"), "{acl}");
     assert!(acl["fix"].as_str().unwrap().contains("+zadd"), "{acl}");
+    // The probes leave no key without a TTL (here DEL is allowed: none at all).
+    let left: Vec<String> =
+        redis::from_redis_value(master.command(&["KEYS", "slate:doctor:*"]).unwrap()).unwrap();
+    assert!(left.is_empty(), "{left:?}");
     assert!(
         !acl["server"].as_str().unwrap().contains("pw"),
         "the password is never printed"
