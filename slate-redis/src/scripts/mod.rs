@@ -150,17 +150,22 @@ pub(crate) static SHARED_LEAVE: LazyLock<SlateScript> = shared_script!("shared_l
 /// `shared_admin.lua`: inspect, clear, or set a semaphore's permits.
 pub(crate) static SHARED_ADMIN: LazyLock<SlateScript> = shared_script!("shared_admin.lua");
 
-/// Every script, for loading them on a new connection.
-pub(crate) static ALL: [&LazyLock<SlateScript>; 9] = [
+/// Every script the locks send in normal operation, for loading them on a new connection
+/// (a script missing here costs a `NOSCRIPT` and a `SCRIPT LOAD` on each connection's first
+/// use; the inspection and node-marker scripts are left to that).
+pub(crate) static ALL: [&LazyLock<SlateScript>; 12] = [
     &ACQUIRE,
     &RELEASE,
     &RENEW,
     &FORCE_UNLOCK,
+    &LEAVE,
     &SHARED_ACQUIRE,
     &SHARED_RELEASE,
     &SHARED_RENEW,
     &SHARED_ADMIN,
     &SHARED_LEAVE,
+    &LATCH_SET,
+    &LATCH_DOWN,
 ];
 
 /// Every script by its file name (without `.lua`).
