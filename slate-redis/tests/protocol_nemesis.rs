@@ -404,19 +404,26 @@ impl World<'_> {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
-
-    #[test]
-    fn random_schedules_keep_exclusion_levels_and_tokens(
-        turns in any::<bool>(),
-        steps in prop::collection::vec(step(), 1..40),
-    ) {
-        static SERVER: std::sync::OnceLock<slate_harness::server::RedisServer> =
-            std::sync::OnceLock::new();
-        static CASE: AtomicU64 = AtomicU64::new(0);
-        static IDS: AtomicU64 = AtomicU64::new(1_000);
-        let server = SERVER.get_or_init(server);
+/// The random schedules, on one server for all the cases (started here, so that it stops
+/// with the test: a server kept in a `static` was never stopped, and outlived every run).
+#[test]
+fn random_schedules_keep_exclusion_levels_and_tokens() {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    static IDS: AtomicU64 = AtomicU64::new(1_000);
+    let server = server();
+    let config = ProptestConfig {
+        // The regressions file beside this one, as `proptest!` keeps it.
+        source_file: Some(file!()),
+        test_name: Some(concat!(
+            module_path!(),
+            "::random_schedules_keep_exclusion_levels_and_tokens"
+        )),
+        ..ProptestConfig::with_cases(300)
+    };
+    let strategy = (any::<bool>(), prop::collection::vec(step(), 1..40));
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let outcome = runner.run(&strategy, |(turns, steps)| {
+        let server = &server;
         let mut world = World {
             server,
             con: server.connection().unwrap(),
@@ -449,5 +456,9 @@ proptest! {
                 world.check();
             }
         }
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}");
     }
 }
