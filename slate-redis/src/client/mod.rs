@@ -112,6 +112,17 @@ pub(crate) struct Inner {
     pub(crate) locks: Registry<Arc<[u8]>>,
 }
 
+impl Backend {
+    /// The deployment this backend talks to.
+    fn topology(&self) -> Topology {
+        match self {
+            Backend::Standalone(_) => Topology::Standalone,
+            Backend::Cluster(_) => Topology::Cluster,
+            Backend::Sentinel { .. } => Topology::Sentinel,
+        }
+    }
+}
+
 /// The `backend` label of a topology's metrics.
 pub(crate) fn backend_label(topology: Topology) -> &'static str {
     match topology {
@@ -484,11 +495,7 @@ impl RedisClient {
     /// ```
     #[must_use]
     pub fn topology(&self) -> Topology {
-        match &self.inner.backend {
-            Backend::Standalone(_) => Topology::Standalone,
-            Backend::Cluster(_) => Topology::Cluster,
-            Backend::Sentinel { .. } => Topology::Sentinel,
-        }
+        self.inner.backend.topology()
     }
 
     pub(crate) fn runtime(&self) -> &Handle {

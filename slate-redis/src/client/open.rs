@@ -361,11 +361,7 @@ impl RedisClient {
             },
         };
         let no_sharded_pubsub = Arc::new(AtomicBool::new(false));
-        let meter = ClientMeter::new(super::backend_label(match &backend {
-            Backend::Standalone(_) => Topology::Standalone,
-            Backend::Cluster(_) => Topology::Cluster,
-            Backend::Sentinel { .. } => Topology::Sentinel,
-        }));
+        let meter = ClientMeter::new(super::backend_label(backend.topology()));
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
             renewal: Renewal::new(weak.clone(), meter.clone()),
             notifier: Notifier::new(

@@ -312,25 +312,14 @@ async fn contend(sh: &Arc<Sh>) -> Res<()> {
             Ok::<u64, String>(done)
         });
     }
-    let mut total = 0u64;
-    let mut errors = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok(Ok(n)) => total += n,
-            Ok(Err(e)) => errors.push(e),
-            Err(e) => errors.push(format!("task panicked: {e}")),
-        }
-    }
+    let (total, outcome) = crate::joined(tasks).await;
     say(&format!(
         "DONE acquisitions={total} writes={} max_inside={} max_shared={}",
         sh.writes.load(Ordering::Relaxed),
         sh.max_inside.load(Ordering::SeqCst),
         sh.max_shared.load(Ordering::SeqCst)
     ))?;
-    match errors.first() {
-        Some(e) => Err(e.clone()),
-        None => Ok(()),
-    }
+    outcome
 }
 
 async fn hold(sh: &Arc<Sh>) -> Res<()> {
