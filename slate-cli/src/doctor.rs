@@ -619,34 +619,26 @@ async fn check_latency(
     name: &str,
     out: &mut Vec<Finding>,
 ) {
+    // The server clock: `TIME` against this machine's clock at the round trip's middle.
+    let wall = SystemTime::now();
+    let sent = Instant::now();
+    let time: redis::RedisResult<(u64, u64)> = redis::cmd("TIME").query_async(conn).await;
+    let offset = time.ok().map(|(secs, micros)| {
+        let mid = wall
+            .checked_add(sent.elapsed() / 2)
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let server = secs.saturating_mul(1_000_000).saturating_add(micros);
+        #[allow(clippy::cast_possible_wrap)]
+        let off = server as i64 - mid as i64;
+        off
+    });
+    // The round trip: nine PINGs.
     let mut rtts = Vec::new();
-    let mut offset = None;
-    for i in 0..10 {
+    for _ in 0..9 {
         let sent = Instant::now();
-        let wall = SystemTime::now();
-        let r: redis::RedisResult<(String, String)> = if i == 0 {
-            redis::cmd("TIME").query_async(conn).await
-        } else {
-            redis::cmd("PING")
-                .query_async::<String>(conn)
-                .await
-                .map(|p| (p, String::new()))
-        };
-        let rtt = sent.elapsed();
-        match r {
-            Ok((secs, micros)) if i == 0 => {
-                let server = secs.parse::<u64>().unwrap_or(0) * 1_000_000
-                    + micros.parse::<u64>().unwrap_or(0);
-                let mid = wall
-                    .checked_add(rtt / 2)
-                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                    .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-                #[allow(clippy::cast_possible_wrap)]
-                let off = server as i64 - mid as i64;
-                offset = Some(off);
-            }
-            Ok(_) => rtts.push(rtt),
-            Err(_) => {}
+        if redis::cmd("PING").query_async::<String>(conn).await.is_ok() {
+            rtts.push(sent.elapsed());
         }
     }
     rtts.sort();
