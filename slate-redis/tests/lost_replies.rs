@@ -319,6 +319,142 @@ fn s10_a_stale_first_send_whose_resend_was_told_busy_never_grants() {
     );
 }
 
+/// The multi-lock's batch (`acquire_many.lua`) at the script level: a resend replays the
+/// grants of its first send (the same tokens, one level each); a resend told busy on the
+/// second name marks it, so that the stalled first send, arriving after the holds ended, stops
+/// at the first name and grants nothing; the names after a busy one are never touched.
+#[test]
+fn s10_a_batch_is_replayed_by_its_resend_and_its_stale_first_send_grants_nothing() {
+    let server = server();
+    let mut con = server.connection().unwrap();
+    let depth = |name: &str, holder: &str| {
+        let v = server
+            .command(&["HGET", &format!("slate:{{{name}}}"), holder])
+            .expect("HGET");
+        redis::from_redis_value::<Option<i64>>(v)
+            .unwrap()
+            .unwrap_or(0)
+    };
+    let first = acquire_many_script(&mut con, &["ba", "bb", "bc"], "h1", "20", "");
+    assert_eq!(first.len(), 3);
+    assert!(first.iter().all(|r| r[0] == 1), "{first:?}");
+    let again = acquire_many_script(&mut con, &["ba", "bb", "bc"], "h1", "20", "1");
+    assert_eq!(again, first, "a resend answers the first send's grants");
+    for name in ["ba", "bb", "bc"] {
+        assert_eq!(depth(name, "h1"), 1, "{name}: one level, not two");
+        assert_eq!(
+            release_script(&server, name, "h1", ("21", "", "5000"), ""),
+            0
+        );
+    }
+
+    // h0 holds the second name. h1's request 30: the first send stalls, the resend takes the
+    // first name and is told busy on the second; the third is not touched.
+    assert_eq!(acquire_script(&mut con, "sb", "h0", "5", "")[0], 1);
+    let resend = acquire_many_script(&mut con, &["sa", "sb", "sc"], "h1", "30", "1");
+    assert_eq!(resend.len(), 2, "{resend:?}");
+    assert_eq!(resend[0][0], 1);
+    assert_eq!(resend[1][0], 0, "busy");
+    assert_eq!(int(&server, &["EXISTS", "slate:{sc}"]), 0);
+    assert_eq!(int(&server, &["EXISTS", "slate:{sc}:req:h1"]), 0);
+    // The caller gives up: it releases the first name; h0 releases the second.
+    assert_eq!(
+        release_script(&server, "sa", "h1", ("31", "", "5000"), ""),
+        0
+    );
+    assert_eq!(
+        release_script(&server, "sb", "h0", ("6", "", "5000"), ""),
+        0
+    );
+    // The stalled first send arrives: it stops at the first name, whose grant ended.
+    let stale = acquire_many_script(&mut con, &["sa", "sb", "sc"], "h1", "30", "");
+    assert_eq!(
+        stale,
+        [[-7]],
+        "the first name refuses, and the batch stops there"
+    );
+    for name in ["sa", "sb", "sc"] {
+        assert_eq!(
+            int(&server, &["EXISTS", &format!("slate:{{{name}}}")]),
+            0,
+            "{name}: a hold nobody knows of"
+        );
+    }
+}
+
+/// A multi-lock's batch whose reply is lost is sent again on a new connection and answers
+/// what its first send did: one level of each name. One whose reply never comes within the
+/// command timeout is undone on every name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s10_a_multi_lock_batch_with_a_lost_reply_takes_each_name_once() {
+    let rig = rig("s10-multi", Duration::from_secs(3)).await;
+    let names = ["s10-multi", "s10-multi-b", "s10-multi-c"];
+    let set = slate_redis::MultiLock::builder(&rig.client, names)
+        .lease(LEASE)
+        .build()
+        .unwrap();
+    let depth = |name: &str, holder: HolderId| {
+        let v = rig
+            .server
+            .command(&["HGET", &format!("slate:{{{name}}}"), &holder.to_string()])
+            .expect("HGET");
+        redis::from_redis_value::<Option<i64>>(v)
+            .unwrap()
+            .unwrap_or(0)
+    };
+    let holder = HolderId::new();
+    rig.proxy.set_mode(Mode::DropReplies).unwrap();
+    let acquire = tokio::spawn({
+        let set = set.clone();
+        async move { set.lock_as(holder).await }
+    });
+    rig.lose_reply_once("the batch to run", || {
+        names.iter().all(|n| depth(n, holder) == 1)
+    })
+    .await;
+    let guard = within(Duration::from_secs(5), "the resent batch", acquire)
+        .await
+        .unwrap()
+        .expect("the resend answers the first run's grants");
+    for n in names {
+        assert_eq!(depth(n, holder), 1, "{n}: one level");
+    }
+    assert!(guard.guards().iter().all(|g| g.depth() == 1));
+    assert_eq!(guard.unlock().await.unwrap(), 0);
+
+    // No reply within the command timeout: the batch is undone on every name.
+    let quick = RedisClient::open_with(
+        rig.proxy.url(),
+        ClientOptions::builder()
+            .command_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    quick.ping().await.unwrap();
+    let set = slate_redis::MultiLock::builder(&quick, names)
+        .lease(LEASE)
+        .build()
+        .unwrap();
+    rig.proxy.set_mode(Mode::DropReplies).unwrap();
+    let e = set
+        .try_lock_for(Duration::ZERO)
+        .await
+        .expect_err("no reply, no set");
+    assert!(
+        matches!(e.backend_kind(), Some(BackendKind::Timeout)) || e.is_timeout(),
+        "{e}"
+    );
+    eventually(Duration::from_secs(5), "every name undone", || {
+        names
+            .iter()
+            .all(|n| !keys(&rig.server).contains(&format!("slate:{{{n}}}")))
+    })
+    .await;
+    rig.proxy.set_mode(Mode::Pass).unwrap();
+    rig.proxy.reset_all().unwrap();
+}
+
 /// Review finding (issue 30): two requests of one holder in flight on one connection, both
 /// replies lost. The inner release ran (2 → 1), then the holder's re-entry (1 → 2). Sent again
 /// on a new connection, the release is older than the re-entry's record (`-7`): its first send

@@ -148,6 +148,142 @@ async fn sentinel_multi_lock_is_all_or_nothing() {
     all_or_nothing(&Deployment::sentinel()).await;
 }
 
+/// One server holds the whole set: one script call (`acquire_many.lua`) takes every name, in
+/// one server step. With a name busy, the call takes the names before it and queues on it, and
+/// the names after it are not held while the caller waits; once the busy name is free, the
+/// waiter gets it and then the rest, with each name's token above its last holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_on_one_server_is_taken_in_one_script_call() {
+    let server = server();
+    let c = client(&server);
+    let names = ["m5", "m1", "m4", "m2", "m3"];
+    let set = MultiLock::builder(&c, names)
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    c.ping().await.unwrap();
+    let calls = || server.command_calls(&["evalsha"]).unwrap();
+    let exists = |name: &str| {
+        let v = server
+            .command(&["EXISTS", &format!("slate:{{{name}}}")])
+            .unwrap();
+        redis::from_redis_value::<i64>(v).unwrap() == 1
+    };
+    let before = calls();
+    let g = set.lock().await.unwrap();
+    assert_eq!(calls() - before, 1, "one script call for five names");
+    assert!(names.iter().all(|n| exists(n)));
+    let first: HashMap<String, u64> = g
+        .fencing_tokens()
+        .map(|(n, t)| (n.to_string(), t.get()))
+        .collect();
+    assert_eq!(g.unlock().await.unwrap(), 0);
+
+    // m3 is held elsewhere: the waiter holds m1 and m2 and waits in m3's queue.
+    let other = client(&server);
+    let m3 = single(&other, "m3").lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let set = set.clone();
+        async move { set.lock().await }
+    });
+    let queue = "slate:{m3}:queue";
+    eventually(Duration::from_secs(5), "the waiter queued on m3", || {
+        let v = server.command(&["ZCARD", queue]).unwrap();
+        redis::from_redis_value::<i64>(v).unwrap() == 1
+    })
+    .await;
+    assert!(exists("m1") && exists("m2"), "the names before m3 are held");
+    assert!(!exists("m4") && !exists("m5"), "the names after m3 are not");
+    assert!(!waiter.is_finished());
+    m3.unlock().await.unwrap();
+    let g = within(Duration::from_secs(5), "the waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    for (name, token) in g.fencing_tokens() {
+        assert!(token.get() > first[&name.to_string()], "{name}'s token");
+    }
+    assert!(names.iter().all(|n| exists(n)));
+    assert_eq!(g.unlock().await.unwrap(), 0);
+}
+
+/// A multi-lock future dropped at any point (the batch in flight, its replies being taken, or
+/// waiting on a busy name) leaves no name held: every grant it made is given back at once,
+/// not at the end of its 30 s lease. A name a task of the same client holds is waited for in
+/// that client's local queue, and the set is taken once it is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_multi_lock_leaves_nothing_held_and_local_holders_are_waited_for() {
+    let server = server();
+    let c = client(&server);
+    let names = ["d1", "d2", "d3", "d4"];
+    let set = MultiLock::builder(&c, names)
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let other = client(&server);
+    let free = |what: String| {
+        let server = &server;
+        async move {
+            eventually(Duration::from_secs(5), &what, || {
+                names.iter().all(|n| {
+                    let v = server
+                        .command(&["EXISTS", &format!("slate:{{{n}}}")])
+                        .unwrap();
+                    redis::from_redis_value::<i64>(v).unwrap() == 0
+                })
+            })
+            .await;
+        }
+    };
+    for round in 0..24u32 {
+        // Every third round, d3 is busy elsewhere, so that the drop may come while waiting.
+        let busy = if round % 3 == 2 {
+            Some(single(&other, "d3").lock().await.unwrap())
+        } else {
+            None
+        };
+        let taking = tokio::spawn({
+            let set = set.clone();
+            async move { set.lock().await.map(drop) }
+        });
+        for _ in 0..round {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_micros(u64::from(round) * 150)).await;
+        taking.abort();
+        drop(taking.await);
+        if let Some(b) = busy {
+            b.unlock().await.unwrap();
+        }
+        free(format!("round {round}: every name free after the drop")).await;
+    }
+
+    // d2 held by a task of the same client: the set waits for it in the local queue.
+    let d2_lock = set
+        .locks()
+        .iter()
+        .find(|l| l.name().to_string() == "d2")
+        .unwrap()
+        .clone();
+    let d2 = d2_lock.lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let set = set.clone();
+        async move { set.lock().await }
+    });
+    eventually(Duration::from_secs(5), "the set waits for d2", || {
+        d2_lock.local_waiters() == 1
+    })
+    .await;
+    d2.unlock().await.unwrap();
+    let g = within(Duration::from_secs(5), "the set after d2", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.guards().len(), 4);
+    assert_eq!(g.unlock().await.unwrap(), 0);
+    free("every name free at the end".to_owned()).await;
+}
+
 /// Another client takes `b` again as soon as it releases it, for up to 8 s; a multi-lock of
 /// `{a, b}` waits in `b`'s queue and gets its fair turn well within that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

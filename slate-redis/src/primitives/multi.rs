@@ -13,15 +13,26 @@
 //! there is no deadlock, and a caller waiting on a busy name waits in that name's own queue,
 //! with its fair turn and its release notification, exactly as a single-lock waiter does.
 //!
-//! 1. **Uncontended: every name at once.** One attempt per name, never waiting, all sent
-//!    together (the client's connection carries them as one pipeline per server). If every
-//!    name is granted, the guard is made: one round trip for the whole set.
-//! 2. **A busy name k**: the names after k that were granted are released (the invariant),
-//!    the ones before it are kept, and the caller waits for k in its queue; then takes the
-//!    names after it one by one in order, waiting on each as needed.
-//! 3. **Contended** (a busy answer less than a second ago, or local waiters on one of the
-//!    names): step 1 is skipped and the names are taken one by one in order from the start,
-//!    so that a contended set costs no grants given back.
+//! 1. **The names one server holds are taken in one script call** (`acquire_many.lua`: off
+//!    a cluster, the whole set; on a cluster, the names of one hash slot, which the order
+//!    puts together). In one server step it runs each name's own acquire (`acquire.lua`, with
+//!    its queue, fair turn, re-entry, request record and fencing token) in order, and stops at
+//!    the first name it does not grant: that one is waited for in its queue, and the names
+//!    after it are not touched (never taken to be given back). Each name's reply then becomes
+//!    a hold through the name's own lock (its synchronizer, renewal and guard), as the lock's
+//!    own attempt would make it (`competitor::Primed`).
+//! 2. **A name a task of this process holds or waits for** is taken alone, through its lock's
+//!    local queue (its local holders' passes and turn stay as they are).
+//! 3. **Across servers (a cluster), uncontended:** every name is asked at once, one attempt
+//!    per name, all sent together (one pipeline per server, one round trip). If every name is
+//!    granted, the guard is made. On a busy name k, the names after k that were granted are
+//!    released (the invariant), the ones before it are kept, and the caller waits for k in
+//!    its queue, then takes the rest group by group as in 1. **Contended** (a busy answer less
+//!    than a second ago, or local waiters on one of the names), the groups are taken one
+//!    after the other from the start, so that a contended set costs no grants given back.
+//!
+//! Under [`Wait::Immediate`] (`try_lock`), a busy name ends the call: the names taken before
+//! it are released.
 //!
 //! Whatever happens in between, the caller sees nothing until every name is held: the guard
 //! exists only then. A failure, a timeout or a cancelled future releases every name taken.
@@ -67,8 +78,10 @@ const CONTENDED_FOR: Duration = Duration::from_secs(1);
 ///   one steps outside that order, as nested locks always can.)
 /// - **Waiting without polling**: on a busy name the caller waits in its queue and is woken by
 ///   its release message, as [`SingleLock::lock`] is.
-/// - **One round trip when uncontended**: every name is asked at once; see the module doc for
-///   what happens on a busy name.
+/// - **One server step per server**: the names one server (or one cluster slot) holds are
+///   taken by one script call, in order, up to the first busy one, which is waited for; the
+///   names after it are not touched. Uncontended, the set costs one round trip; see the
+///   module doc for the cluster's several servers.
 /// - **Loss**: [`MultiLockGuard::lost`] fires when any name's lease is lost. A name taken
 ///   early and lost while the caller waited for a later one (a renewal failed, an operator
 ///   deleted it) is not handed over: the set is given back and taken again in order, as the
@@ -100,6 +113,10 @@ pub struct MultiLock {
 struct MultiInner {
     /// The names' locks, in canonical order.
     locks: Vec<SingleLock>,
+    /// For each name, the end of its group: the names after it (in order) that the same
+    /// server holds (one cluster slot, or the whole set off a cluster), which one
+    /// `acquire_many.lua` call can take.
+    group_end: Vec<usize>,
     /// When a name last answered busy (the set is contended for a while after it).
     busy_at: Mutex<Option<Instant>>,
     label: Arc<str>,
@@ -198,14 +215,35 @@ impl MultiLockBuilder {
             .map(|l| l.name().to_string())
             .collect::<Vec<_>>()
             .join("+");
+        let group_end = group_ends(&locks, cluster);
         Ok(MultiLock {
             inner: Arc::new(MultiInner {
                 locks,
+                group_end,
                 busy_at: Mutex::new(None),
                 label: Arc::from(label),
             }),
         })
     }
+}
+
+/// For each lock (in canonical order), the end of the run of locks from it that one server
+/// holds: off a cluster, every lock; on a cluster, those of its hash slot (the canonical order
+/// puts them together).
+fn group_ends(locks: &[SingleLock], cluster: bool) -> Vec<usize> {
+    let slots: Vec<u16> = locks
+        .iter()
+        .map(|l| canonical_key(l.key(), cluster).0)
+        .collect();
+    let mut ends = vec![locks.len(); locks.len()];
+    for i in (0..locks.len().saturating_sub(1)).rev() {
+        ends[i] = if slots[i] == slots[i + 1] {
+            ends[i + 1]
+        } else {
+            i + 1
+        };
+    }
+    ends
 }
 
 /// A lock key's place in the canonical order: its bytes; on a cluster, its hash slot first.
@@ -321,7 +359,11 @@ impl MultiLock {
     async fn take_all(&self, holder: HolderId, wait: Wait) -> Result<MultiLockGuard> {
         let locks = &self.inner.locks;
         let mut held: Vec<SingleLockGuard> = Vec::with_capacity(locks.len());
-        if !self.contended() {
+        // One server (or one cluster slot) holds every name: its batch takes them in order,
+        // in one step, and never has to give one back (`in_order`). Across servers, the
+        // uncontended set is asked everywhere at once.
+        let one_group = self.inner.group_end[0] == locks.len();
+        if !one_group && !self.contended() {
             // Every name at once, none waiting.
             let tries = join_all(locks.iter().map(|l| l.acquire(holder, Wait::Immediate))).await;
             let mut later = Vec::new();
@@ -376,15 +418,12 @@ impl MultiLock {
                 if lost.is_some() {
                     break;
                 }
-                match locks[held.len()].acquire(holder, wait).await {
-                    Ok(g) => held.push(g),
-                    Err(e) => {
-                        if e.is_busy() || e.is_timeout() {
-                            self.note_busy();
-                        }
-                        drop(release_all(held).await);
-                        return Err(e);
+                if let Err(e) = self.take_next(holder, &mut held, wait).await {
+                    if e.is_busy() || e.is_timeout() {
+                        self.note_busy();
                     }
+                    drop(release_all(held).await);
+                    return Err(e);
                 }
             }
             let Some((name, reason)) = lost.or_else(|| lost_name(&held)) else {
@@ -401,6 +440,48 @@ impl MultiLock {
             // the set again could wait for a caller that waits for it.
             given_back?;
         }
+    }
+
+    /// Takes the next name not in `held`, and with it the following names of its group (one
+    /// server's, or one cluster slot's) that no task of this process holds or waits for: one
+    /// `acquire_many.lua` call takes them in order up to the first it does not grant, which
+    /// is then waited for in its queue, as `wait` allows. Each reply becomes a hold through
+    /// its name's own lock (see `competitor::Primed`). A name this process already holds or
+    /// waits for is taken alone, through its lock's local queue.
+    async fn take_next(
+        &self,
+        holder: HolderId,
+        held: &mut Vec<SingleLockGuard>,
+        wait: Wait,
+    ) -> Result<()> {
+        let locks = &self.inner.locks;
+        let start = held.len();
+        let group_end = self.inner.group_end[start];
+        let end = (start..group_end)
+            .find(|&i| !locally_idle(&locks[i]))
+            .unwrap_or(group_end);
+        if end < start + 2 {
+            held.push(locks[start].acquire(holder, wait).await?);
+            return Ok(());
+        }
+        let mut batch = Answered::send(locks[start..end].to_vec(), holder).await?;
+        if batch.granted < batch.answered {
+            self.note_busy();
+        }
+        while let Some((lock, granted)) = batch.next_lock() {
+            // A grant is taken at once; the first name not granted is waited for.
+            let now = if granted { Wait::Immediate } else { wait };
+            let taken = lock.acquire(holder, now).await;
+            let left = batch.done();
+            let taken = match taken {
+                // A task of this process came first and queued for the name: the batch's
+                // grant was given back, and the name is waited for as that task waits.
+                Err(e) if granted && left && e.is_busy() => lock.acquire(holder, wait).await,
+                taken => taken,
+            };
+            held.push(taken?);
+        }
+        Ok(())
     }
 
     /// Whether to take the names one by one: a busy answer came less than
@@ -454,6 +535,78 @@ impl MultiLock {
                  # let lock = slate_redis::MultiLock::builder(&client, [\"a\", \"b\"]).build()?;",
         errors = "backend failures",
     );
+}
+
+/// Whether no task of this process holds `lock` or waits for it (its next acquisition then
+/// attempts at once, and takes a batch's reply).
+fn locally_idle(lock: &SingleLock) -> bool {
+    let sync = &lock.shared.sync;
+    sync.owner().is_none() && sync.waiters() == 0
+}
+
+/// A batch's replies, primed on its locks (see `competitor::Primed`) and taken one by one in
+/// order; the ones not taken when it is dropped (an error, a dropped caller) are taken back:
+/// a grant is given back, and a busy answer's place in line is left.
+struct Answered {
+    locks: Vec<SingleLock>,
+    holder: HolderId,
+    request: u64,
+    granted: usize,
+    answered: usize,
+    next: usize,
+}
+
+impl Answered {
+    /// Sends `acquire_many.lua` over `locks` (one group, canonical order) from a task of the
+    /// client's runtime: if the caller is dropped before the reply, the task takes every
+    /// reply back.
+    async fn send(locks: Vec<SingleLock>, holder: HolderId) -> Result<Answered> {
+        let client = locks[0].client().clone();
+        let (tx, rx) = futures::channel::oneshot::channel();
+        client.spawn(async move {
+            let sent = {
+                let competitors: Vec<_> = locks.iter().map(|l| l.shared.competitor()).collect();
+                crate::primitives::lock::competitor::acquire_batch(&competitors, holder).await
+            };
+            let answered = sent.map(|b| Answered {
+                locks,
+                holder,
+                request: b.request,
+                granted: b.granted,
+                answered: b.answered,
+                next: 0,
+            });
+            // Nobody to take it: dropped here, which takes every reply back.
+            drop(tx.send(answered));
+        });
+        rx.await
+            .unwrap_or_else(|_| Err(Error::closed("the client's tokio runtime")))
+    }
+
+    /// The next lock whose reply waits, and whether that reply is a grant.
+    fn next_lock(&self) -> Option<(SingleLock, bool)> {
+        (self.next < self.answered)
+            .then(|| (self.locks[self.next].clone(), self.next < self.granted))
+    }
+
+    /// The next lock's acquisition has ended: takes its reply back if it is still there
+    /// (answers whether it was).
+    fn done(&mut self) -> bool {
+        let left = self.locks[self.next]
+            .shared
+            .competitor()
+            .unprime(self.holder, self.request);
+        self.next += 1;
+        left
+    }
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        for l in &self.locks[self.next..self.answered] {
+            l.shared.competitor().unprime(self.holder, self.request);
+        }
+    }
 }
 
 /// The first of `held` whose lease is lost, with the reason.

@@ -119,6 +119,64 @@ macro_rules! script_call {
     };
 }
 
+/// One name of an [`AcquireMany`] call: its `acquire.lua` keys, queue id and tenure.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ManyName<'a> {
+    pub(crate) lock: &'a [u8],
+    pub(crate) fence: &'a [u8],
+    pub(crate) queue: &'a [u8],
+    pub(crate) turn: &'a [u8],
+    pub(crate) record: &'a [u8],
+    pub(crate) queue_id: &'a str,
+    pub(crate) tenure: u32,
+}
+
+/// `acquire_many.lua`: several names of one server (or cluster slot) for one holder, in
+/// order, until the first that is not granted. Written by hand: its keys and two of its
+/// arguments repeat per name, which `script_call!` does not express.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AcquireMany<'a> {
+    pub(crate) names: &'a [ManyName<'a>],
+    pub(crate) holder: &'a str,
+    pub(crate) lease_ms: u64,
+    pub(crate) request: u64,
+    pub(crate) record_ms: u64,
+    pub(crate) resent: &'static str,
+}
+
+impl AcquireMany<'_> {
+    /// The script this binding calls.
+    pub(crate) fn script() -> &'static SlateScript {
+        &super::ACQUIRE_MANY
+    }
+
+    /// `EVALSHA` with every name's five keys, then the common arguments, then each name's
+    /// queue id and tenure (the script's header).
+    pub(crate) fn cmd(&self) -> Cmd {
+        let n = self.names.len();
+        let mut cmd = Cmd::with_capacity(8 + 7 * n, CMD_BYTES * n.max(1));
+        cmd.arg("EVALSHA")
+            .arg(Self::script().script.get_hash())
+            .arg(5 * n);
+        for name in self.names {
+            cmd.arg(name.lock)
+                .arg(name.fence)
+                .arg(name.queue)
+                .arg(name.turn)
+                .arg(name.record);
+        }
+        cmd.arg(self.holder)
+            .arg(self.lease_ms)
+            .arg(self.request)
+            .arg(self.record_ms)
+            .arg(self.resent);
+        for name in self.names {
+            cmd.arg(name.queue_id).arg(name.tenure);
+        }
+        cmd
+    }
+}
+
 script_call! {
     /// `acquire.lua`: acquire or re-enter the single lock (or one node of a multi-node lock).
     Acquire => ACQUIRE {
@@ -394,6 +452,47 @@ mod tests {
             Leave,
         );
         assert_eq!(checked, 15);
+    }
+
+    #[test]
+    fn acquire_many_sends_five_keys_per_name_then_the_common_and_per_name_arguments() {
+        let name = |lock: &'static [u8], queue_id| ManyName {
+            lock,
+            fence: b"fence:{x}",
+            queue: b"q",
+            turn: b"t",
+            record: b"r",
+            queue_id,
+            tenure: 8,
+        };
+        let names = [name(b"a", "qa"), name(b"b", "qb")];
+        let call = AcquireMany {
+            names: &names,
+            holder: "h",
+            lease_ms: 30_000,
+            request: 77,
+            record_ms: 2_000,
+            resent: "",
+        };
+        let args: Vec<Vec<u8>> = call
+            .cmd()
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => b"<not a plain argument>".to_vec(),
+            })
+            .collect();
+        assert_eq!(args[0], b"EVALSHA");
+        assert_eq!(args[2], b"10");
+        assert_eq!(args[3], b"a");
+        assert_eq!(args[8], b"b");
+        // ARGV[1..5] after the ten keys, then name 1's and name 2's queue id and tenure, as
+        // the driver reads them (ARGV[6 + 2i], ARGV[7 + 2i]).
+        assert_eq!(args[13], b"h");
+        assert_eq!(args[15], b"77");
+        assert_eq!(&args[18..], [&b"qa"[..], b"8", b"qb", b"8"]);
+        let header = AcquireMany::script().code;
+        assert!(header.contains("ARGV[6+2i], ARGV[7+2i]"));
     }
 
     #[test]

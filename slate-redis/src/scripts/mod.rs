@@ -75,6 +75,17 @@ pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
         "local token = take_tokens(1)",
     )
 });
+/// `acquire_many.lua`: several names of one server (or slot) in one step, in order, until the
+/// first that is not granted: `acquire.lua` (as this build sends it, mutants included) wrapped
+/// as the function `one(KEYS, ARGV)`, then the driver.
+pub(crate) static ACQUIRE_MANY: LazyLock<SlateScript> = LazyLock::new(|| {
+    // Built once per process.
+    SlateScript::new(String::leak(format!(
+        "local function one(KEYS, ARGV)\n{}\nend\n{}",
+        ACQUIRE.code,
+        include_str!("acquire_many.lua")
+    )))
+});
 /// `release.lua`: release one level.
 pub(crate) static RELEASE: LazyLock<SlateScript> = LazyLock::new(|| {
     // A missing field counts as a hold: the release deletes whoever holds the lock.
@@ -153,8 +164,9 @@ pub(crate) static SHARED_ADMIN: LazyLock<SlateScript> = shared_script!("shared_a
 /// Every script the locks send in normal operation, for loading them on a new connection
 /// (a script missing here costs a `NOSCRIPT` and a `SCRIPT LOAD` on each connection's first
 /// use; the inspection and node-marker scripts are left to that).
-pub(crate) static ALL: [&LazyLock<SlateScript>; 12] = [
+pub(crate) static ALL: [&LazyLock<SlateScript>; 13] = [
     &ACQUIRE,
+    &ACQUIRE_MANY,
     &RELEASE,
     &RENEW,
     &FORCE_UNLOCK,
@@ -169,8 +181,9 @@ pub(crate) static ALL: [&LazyLock<SlateScript>; 12] = [
 ];
 
 /// Every script by its file name (without `.lua`).
-static NAMED: [(&str, &LazyLock<SlateScript>); 15] = [
+static NAMED: [(&str, &LazyLock<SlateScript>); 16] = [
     ("acquire", &ACQUIRE),
+    ("acquire_many", &ACQUIRE_MANY),
     ("release", &RELEASE),
     ("renew", &RENEW),
     ("force_unlock", &FORCE_UNLOCK),
@@ -201,7 +214,8 @@ static NAMED: [(&str, &LazyLock<SlateScript>); 15] = [
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LuaScript {
     /// The script's name: its file name in `slate-redis/src/scripts` without `.lua` (the
-    /// shared-mode scripts' source is `shared_prelude.lua` followed by that file).
+    /// shared-mode scripts' source is `shared_prelude.lua` followed by that file;
+    /// `acquire_many`'s is `acquire.lua` wrapped as a function, followed by that file).
     pub name: &'static str,
     /// The SHA1 digest `EVALSHA` names it by.
     pub sha1: &'static str,

@@ -350,6 +350,40 @@ pub fn acquire_direct(
     inv.invoke(con).unwrap()
 }
 
+/// Runs `acquire_many.lua` (as the library sends it) directly for `holder` over the locks
+/// `{name}` of `names` (in the order given), under request `request`; `resent` as for
+/// [`acquire_script`]. Answers one reply per name taken or tried.
+pub fn acquire_many_script(
+    con: &mut redis::Connection,
+    names: &[&str],
+    holder: &str,
+    request: &str,
+    resent: &str,
+) -> Vec<Vec<i64>> {
+    let source = slate_redis::lua_script("acquire_many")
+        .expect("the batch script")
+        .source;
+    let script = redis::Script::new(source);
+    let mut inv = script.prepare_invoke();
+    for name in names {
+        let lock = format!("slate:{{{name}}}");
+        inv.key(&lock)
+            .key(fence_key(name))
+            .key(format!("{lock}:queue"))
+            .key(format!("{lock}:turn"))
+            .key(format!("{lock}:req:{holder}"));
+    }
+    inv.arg(holder)
+        .arg("10000")
+        .arg(request)
+        .arg("5000")
+        .arg(resent);
+    for _ in names {
+        inv.arg("").arg(0);
+    }
+    inv.invoke(con).unwrap()
+}
+
 /// Runs the release script directly for `holder` on lock `{name}`: request `request`, undoing
 /// acquire `undo` (`""`: a plain release), as `how` says.
 pub fn release_direct(

@@ -47,6 +47,31 @@ pub(crate) struct RedisCompetitor {
     pub(crate) cohort: Mutex<Option<Cohort>>,
     /// This process's place in the lock's line of waiting processes.
     pub(crate) line: Arc<InLine>,
+    /// Replies a multi-lock's batch obtained for this lock, each waiting for its holder's
+    /// next attempt (see [`Primed`]); almost always empty.
+    pub(crate) primed: Mutex<Vec<Primed>>,
+}
+
+/// A reply of this lock's `acquire.lua` that a multi-lock's batch (`acquire_many.lua`, see
+/// [`acquire_batch`]) obtained for `holder`: the holder's next (non-re-entry) attempt takes
+/// it instead of sending one, and handles it exactly as its own reply. One that no attempt
+/// takes is given back by the multi-lock ([`RedisCompetitor::unprime`]).
+pub(crate) struct Primed {
+    holder: HolderId,
+    /// The batch's request id (what an undo names).
+    request: u64,
+    /// When the batch was sent (the grant's lease runs from then).
+    sent: Instant,
+    reply: Vec<i64>,
+    /// The batch counted as an attempt in flight for this lock until the reply is handled.
+    flying: Flying,
+}
+
+impl Primed {
+    /// Whether the reply granted (a fresh hold or a re-entry).
+    pub(crate) fn granted(&self) -> bool {
+        matches!(self.reply.first(), Some(1 | 2))
+    }
 }
 
 /// Whether this process may have a place in the lock's line of waiting processes (`queue`):
@@ -82,6 +107,51 @@ impl Drop for Flying {
 }
 
 impl RedisCompetitor {
+    /// The reply primed for `holder`'s next attempt, taken (not for a re-entry-only call,
+    /// whose script refuses where the batch's would have granted).
+    fn take_primed(&self, holder: HolderId, reentry: bool) -> Option<Primed> {
+        if reentry {
+            return None;
+        }
+        let mut primed = lock(&self.primed);
+        let i = primed.iter().position(|p| p.holder == holder)?;
+        Some(primed.swap_remove(i))
+    }
+
+    /// Takes back the reply primed for `holder` by the batch `request` if no attempt took it.
+    /// A grant in it is given back (undone by the request id, in the background); a busy
+    /// answer left the process in line, which it leaves unless a task of this process waits.
+    /// Answers whether the reply was still there.
+    pub(crate) fn unprime(&self, holder: HolderId, request: u64) -> bool {
+        let left = {
+            let mut primed = lock(&self.primed);
+            let Some(i) = primed
+                .iter()
+                .position(|p| p.holder == holder && p.request == request)
+            else {
+                return false;
+            };
+            primed.swap_remove(i)
+        };
+        let granted = left.granted();
+        left.flying
+            .answered(!granted && !self.turn.queue_id.is_empty());
+        drop(left);
+        if !granted {
+            self.queue_drained();
+            return true;
+        }
+        tracing::debug!(lock = %self.label, %holder, "giving back a batch's grant no attempt took");
+        let (client, keys, turn) = (self.client.clone(), self.keys.clone(), self.turn.clone());
+        let waiters = self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+        let lease = self.options.lease();
+        let inner = client.clone();
+        inner.spawn(async move {
+            compensate(&client, &keys, waiters, holder, lease, turn, request).await;
+        });
+        true
+    }
+
     /// A release that kept the turn for this process's local waiters has ended: if they all
     /// left meanwhile, nobody here will claim it, so it is handed on as a drain would.
     pub(crate) fn turn_kept(&self) {
@@ -604,6 +674,163 @@ pub(crate) async fn acquire_remote(
     Ok(reply)
 }
 
+/// What a multi-lock's batch answered (see [`acquire_batch`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Batch {
+    /// The batch's request id (each answered lock's [`Primed`] carries it).
+    pub(crate) request: u64,
+    /// How many locks, from the first, were granted.
+    pub(crate) granted: usize,
+    /// How many locks got a reply: `granted`, plus one when the first not granted answered
+    /// (busy, or refused). Each has its reply primed; the rest were not touched.
+    pub(crate) answered: usize,
+}
+
+/// Runs `acquire_many.lua` for `holder` over `locks` (one server's or one cluster slot's, in
+/// the multi-lock's canonical order; one client, one lease): one server step takes them in
+/// order until the first that is not granted. Each lock answered gets its reply primed for
+/// `holder`'s next attempt (see [`Primed`]), which the caller then makes through the lock's
+/// synchronizer, so that every grant becomes a hold (renewal, guard, local queue) exactly as
+/// the lock's own attempt would make it.
+///
+/// Resent once, with the same request id, when the connection breaks before the reply (the
+/// script's records make the resend replay what the first send did); on an error, every name
+/// is undone by the request id (a grant the server made is released, a call that did not run
+/// yet is marked cancelled), as a single attempt's error is.
+pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) -> Result<Batch> {
+    let first = locks.first().expect("a batch of at least one lock");
+    let client = &first.client;
+    let lease = first.options.lease();
+    let holder_arg = holder.to_string();
+    let records: Vec<Vec<u8>> = locks.iter().map(|c| c.keys.record(&holder_arg)).collect();
+    let names: Vec<scripts::call::ManyName<'_>> = locks
+        .iter()
+        .zip(&records)
+        .map(|(c, record)| scripts::call::ManyName {
+            lock: &c.keys.lock,
+            fence: &c.keys.slot_fence,
+            queue: &c.keys.queue,
+            turn: &c.keys.turn,
+            record,
+            queue_id: &c.turn.queue_id,
+            tenure: c.turn.tenure,
+        })
+        .collect();
+    let flying: Vec<Flying> = locks.iter().map(|c| Flying::start(&c.line)).collect();
+    let request = request::next_id();
+    let sent = Instant::now();
+    for c in locks {
+        *lock(&c.last_attempt) = Some(sent);
+    }
+    let call = scripts::call::AcquireMany {
+        names: &names,
+        holder: &holder_arg,
+        lease_ms: scripts::lease_ms(lease),
+        request,
+        record_ms: request::record_ttl_ms(client.command_timeout()),
+        resent: "",
+    };
+    let first_send = call.cmd();
+    let first_send = &first_send;
+    let synced = client.synced();
+    // The replies, the replicas that acknowledged them, and whether it was sent again.
+    type Sent = ((Vec<Vec<i64>>, Option<usize>), bool);
+    let outcome: Result<Sent> = client
+        .exec_resending("acquire_many script", |mut c, resent| async move {
+            // The grants count once the replicas have them: WAIT behind the call.
+            let granted = |r: &Vec<Vec<i64>>| r.iter().any(|x| matches!(x.first(), Some(1 | 2)));
+            if resent {
+                let again = scripts::call::AcquireMany {
+                    resent: "1",
+                    ..call
+                }
+                .cmd();
+                conn::eval_then_wait(&mut c, &scripts::ACQUIRE_MANY, &again, synced, granted).await
+            } else {
+                conn::eval_then_wait(&mut c, &scripts::ACQUIRE_MANY, first_send, synced, granted)
+                    .await
+            }
+        })
+        .await;
+    let checked = outcome.and_then(|((replies, acked), resent)| {
+        let well_formed = !replies.is_empty()
+            && replies.len() <= locks.len()
+            && replies.iter().all(|r| !r.is_empty())
+            && replies[..replies.len() - 1]
+                .iter()
+                .all(|r| matches!(r[0], 1 | 2));
+        if !well_formed {
+            let flat: Vec<i64> = replies.iter().flatten().copied().collect();
+            return Err(unexpected_reply(
+                "acquire_many script",
+                client.address(),
+                &flat,
+            ));
+        }
+        if resent && replies.iter().any(|r| *r == [request::OVERTAKEN]) {
+            // As a single acquire's (see `acquire_remote`): its first send may have run.
+            return Err(may_have_run(client, "acquire_many"));
+        }
+        if let (Some((wanted, within)), Some(acked)) = (synced, acked)
+            && acked < wanted
+        {
+            return Err(Error::backend(
+                BackendKind::Unavailable,
+                Some(client.address().to_owned()),
+                format!(
+                    "the grants were acknowledged by {acked} of the {wanted} replicas required \
+                     (ClientOptionsBuilder::synced_replicas) within {within:?}, so a failover \
+                     could lose them; they were given back. Check the replicas' health and links"
+                ),
+                None,
+            ));
+        }
+        Ok(replies)
+    });
+    let replies = match checked {
+        Ok(r) => r,
+        Err(e) => {
+            // Ran, maybe, in part or whole: every name is undone by the request id (a name
+            // the call did not reach is only marked cancelled, so a late copy stops there).
+            for (c, f) in locks.iter().zip(&flying) {
+                f.answered(!c.turn.queue_id.is_empty());
+            }
+            if request::worth_undoing(&e) {
+                let undos = locks.iter().map(|c| {
+                    let waiters = c.me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+                    compensate(
+                        &c.client,
+                        &c.keys,
+                        waiters,
+                        holder,
+                        lease,
+                        c.turn.clone(),
+                        request,
+                    )
+                });
+                futures::future::join_all(undos).await;
+            }
+            return Err(e);
+        }
+    };
+    let granted = replies.iter().filter(|r| matches!(r[0], 1 | 2)).count();
+    let answered = replies.len();
+    for ((c, reply), flying) in locks.iter().zip(replies).zip(flying) {
+        lock(&c.primed).push(Primed {
+            holder,
+            request,
+            sent,
+            reply,
+            flying,
+        });
+    }
+    Ok(Batch {
+        request,
+        granted,
+        answered,
+    })
+}
+
 impl RedisCompetitor {
     /// One acquire script call for `holder`; `reentry`: see [`Competitor::reenter`]; `block`:
     /// tokens a first acquisition reserves (see [`Competitor::attempt_passable`]).
@@ -627,24 +854,34 @@ impl RedisCompetitor {
         let keys = self.keys.clone();
         let me = self.me.clone();
         let inner = client.clone();
-        let flying = Flying::start(&self.line);
+        // A multi-lock's batch may have asked already (see `Primed`).
+        let (primed, flying) = match self.take_primed(holder, reentry) {
+            Some(p) => (Some((p.reply, p.request, p.sent)), p.flying),
+            None => (None, Flying::start(&self.line)),
+        };
         inner.on_runtime(async move {
-            let sent = Instant::now();
-            *lock(&last) = Some(sent);
-            let (reply, request) = request::send_fresh(|request| {
-                let acquire = Acquire {
-                    holder,
-                    lease,
-                    turn: &turn,
-                    marker: None,
-                    request,
-                    reentry,
-                    block,
-                    record_for: None,
-                };
-                acquire_remote(&client, &keys, acquire)
-            })
-            .await;
+            let (reply, request, sent) = match primed {
+                Some((reply, request, sent)) => (Ok(reply), request, sent),
+                None => {
+                    let sent = Instant::now();
+                    *lock(&last) = Some(sent);
+                    let (reply, request) = request::send_fresh(|request| {
+                        let acquire = Acquire {
+                            holder,
+                            lease,
+                            turn: &turn,
+                            marker: None,
+                            request,
+                            reentry,
+                            block,
+                            record_for: None,
+                        };
+                        acquire_remote(&client, &keys, acquire)
+                    })
+                    .await;
+                    (reply, request, sent)
+                }
+            };
             let reply = match reply {
                 Ok(r) => r,
                 Err(e) => {

@@ -23,7 +23,7 @@ use crate::services::notify::ReleaseTarget;
 use crate::services::renewal::{self, Renewable};
 use slate_core::registry::Registered;
 
-mod competitor;
+pub(crate) mod competitor;
 pub(crate) mod guard;
 
 pub(crate) use competitor::*;
@@ -255,6 +255,7 @@ impl SingleLockBuilder {
                                 cohort: Mutex::new(None),
                                 turn,
                                 line: Arc::default(),
+                                primed: Mutex::new(Vec::new()),
                             },
                             spin_wait,
                         )
