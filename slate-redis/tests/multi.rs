@@ -284,6 +284,51 @@ async fn a_dropped_multi_lock_leaves_nothing_held_and_local_holders_are_waited_f
     free("every name free at the end".to_owned()).await;
 }
 
+/// Review finding (issue 31): a batch that fails after it ran (here the replicas did not
+/// acknowledge it: there are none) leaves the line of the name it was told busy on, instead
+/// of keeping a place there (and a turn a release would reserve for it) for the queue's
+/// 30 s life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_leaves_the_line_it_joined() {
+    let server = server();
+    let synced = RedisClient::open_with(
+        server.url(),
+        slate_redis::ClientOptions::builder()
+            .synced_replicas(1, Duration::from_millis(100))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let other = client(&server);
+    let b = lock(&other, "fb", Duration::from_secs(30))
+        .lock()
+        .await
+        .unwrap();
+    let set = MultiLock::builder(&synced, ["fa", "fb"])
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let e = set
+        .lock()
+        .await
+        .expect_err("no replica acknowledges the grant of fa");
+    assert!(e.to_string().contains("replicas"), "{e}");
+    let queued = || {
+        let v = server.command(&["ZCARD", "slate:{fb}:queue"]).unwrap();
+        redis::from_redis_value::<i64>(v).unwrap()
+    };
+    eventually(Duration::from_secs(5), "the line of fb left", || {
+        queued() == 0
+    })
+    .await;
+    eventually(Duration::from_secs(5), "fa given back", || {
+        let v = server.command(&["EXISTS", "slate:{fa}"]).unwrap();
+        redis::from_redis_value::<i64>(v).unwrap() == 0
+    })
+    .await;
+    b.unlock().await.unwrap();
+}
+
 /// Another client takes `b` again as soon as it releases it, for up to 8 s; a multi-lock of
 /// `{a, b}` waits in `b`'s queue and gets its fair turn well within that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

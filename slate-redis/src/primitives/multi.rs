@@ -464,24 +464,11 @@ impl MultiLock {
             held.push(locks[start].acquire(holder, wait).await?);
             return Ok(());
         }
-        let mut batch = Answered::send(locks[start..end].to_vec(), holder).await?;
+        let batch = Answered::send(locks[start..end].to_vec(), holder).await?;
         if batch.granted < batch.answered {
             self.note_busy();
         }
-        while let Some((lock, granted)) = batch.next_lock() {
-            // A grant is taken at once; the first name not granted is waited for.
-            let now = if granted { Wait::Immediate } else { wait };
-            let taken = lock.acquire(holder, now).await;
-            let left = batch.done();
-            let taken = match taken {
-                // A task of this process came first and queued for the name: the batch's
-                // grant was given back, and the name is waited for as that task waits.
-                Err(e) if granted && left && e.is_busy() => lock.acquire(holder, wait).await,
-                taken => taken,
-            };
-            held.push(taken?);
-        }
-        Ok(())
+        take_answered(batch, holder, held, wait).await
     }
 
     /// Whether to take the names one by one: a busy answer came less than
@@ -537,6 +524,39 @@ impl MultiLock {
     );
 }
 
+/// Takes a batch's replies in order, each through its name's own lock, pushing each hold
+/// taken on `held`: a grant at once, the first name not granted waiting as `wait` allows.
+async fn take_answered(
+    mut batch: Answered,
+    holder: HolderId,
+    held: &mut Vec<SingleLockGuard>,
+    wait: Wait,
+) -> Result<()> {
+    while let Some((lock, granted)) = batch.next_lock() {
+        if !granted && !locally_idle(&lock) {
+            // A task of this process came for the name since: its busy answer is given
+            // back, and the name is waited for in the local queue (asked anew).
+            batch.done();
+        }
+        // A grant is taken at once; the first name not granted is waited for.
+        let now = if granted { Wait::Immediate } else { wait };
+        let taken = lock.acquire(holder, now).await;
+        let left = batch.done_if_next(&lock);
+        match taken {
+            // A task of this process owns the name (its hold ended remotely, not yet
+            // here): the batch's grant was given back. The grants after it are given
+            // back too before waiting (the invariant), and taken again afterwards.
+            Err(e) if granted && left && e.is_busy() => {
+                drop(batch);
+                held.push(lock.acquire(holder, wait).await?);
+                return Ok(());
+            }
+            taken => held.push(taken?),
+        }
+    }
+    Ok(())
+}
+
 /// Whether no task of this process holds `lock` or waits for it (its next acquisition then
 /// attempts at once, and takes a batch's reply).
 fn locally_idle(lock: &SingleLock) -> bool {
@@ -589,8 +609,8 @@ impl Answered {
             .then(|| (self.locks[self.next].clone(), self.next < self.granted))
     }
 
-    /// The next lock's acquisition has ended: takes its reply back if it is still there
-    /// (answers whether it was).
+    /// The next lock's acquisition has ended (or will not use the reply): takes its reply
+    /// back if it is still there (answers whether it was).
     fn done(&mut self) -> bool {
         let left = self.locks[self.next]
             .shared
@@ -598,6 +618,20 @@ impl Answered {
             .unprime(self.holder, self.request);
         self.next += 1;
         left
+    }
+
+    /// [`done`](Self::done) for `lock` unless it was done already (its reply given back
+    /// before its acquisition; then `false`).
+    fn done_if_next(&mut self, lock: &SingleLock) -> bool {
+        let next = self
+            .locks
+            .get(self.next)
+            .filter(|_| self.next < self.answered);
+        if next.is_some_and(|l| Arc::ptr_eq(&l.shared, &lock.shared)) {
+            self.done()
+        } else {
+            false
+        }
     }
 }
 
@@ -947,6 +981,103 @@ impl fmt::Debug for MultiLockGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::primitives::lock::competitor::acquire_batch;
+
+    /// Review finding (issue 31): a granted name of a batch that a task of this process still
+    /// owns (its hold ended in Redis, not yet here) is waited for in the local queue; the
+    /// batch's later grants are given back first, or the caller would wait holding them (the
+    /// invariant), and a set waiting for one of them in the other order would wait for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::unwrap_used, reason = "a test")]
+    async fn a_batch_waiting_on_a_local_owner_holds_no_later_name() {
+        let server = slate_harness::server::RedisServer::start().unwrap();
+        let client = crate::RedisClient::open(server.url()).unwrap();
+        let set = MultiLock::builder(&client, ["xc", "xb"])
+            .lease(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let (b, c) = (set.locks()[0].clone(), set.locks()[1].clone());
+        assert_eq!(b.name().to_string(), "xb");
+        // X owns b here, and its hold is gone from Redis.
+        let x = b.acquire(HolderId::new(), Wait::Immediate).await.unwrap();
+        server.command(&["DEL", "slate:{xb}"]).unwrap();
+        let holder = HolderId::new();
+        let competitors = [b.shared.competitor(), c.shared.competitor()];
+        let sent = acquire_batch(&competitors, holder).await.unwrap();
+        assert_eq!((sent.granted, sent.answered), (2, 2));
+        let batch = Answered {
+            locks: vec![b.clone(), c.clone()],
+            holder,
+            request: sent.request,
+            granted: sent.granted,
+            answered: sent.answered,
+            next: 0,
+        };
+        let taking = tokio::spawn(async move {
+            let mut held = Vec::new();
+            take_answered(batch, holder, &mut held, Wait::Forever)
+                .await
+                .map(|()| held)
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while b.local_waiters() == 0 || c.is_locked().await.unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "waiting on b (waiters {}) with c still held: {}",
+                b.local_waiters(),
+                c.is_locked().await.unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!taking.is_finished());
+        taking.abort();
+        drop(x);
+    }
+
+    /// Review finding (issue 31): a batch's grant that no attempt took is given back as one
+    /// plain level. Given back by its request id, it was only marked when a later request of
+    /// the same holder (a re-entry sent meanwhile) superseded the batch's record, and the
+    /// level stayed held: 3 on the server against 2 held here.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::unwrap_used, reason = "a test")]
+    async fn a_batch_grant_nobody_took_is_given_back_even_after_a_later_request() {
+        let server = slate_harness::server::RedisServer::start().unwrap();
+        let client = crate::RedisClient::open(server.url()).unwrap();
+        let lease = Duration::from_secs(30);
+        let a = SingleLock::builder(&client, "ga")
+            .lease(lease)
+            .build()
+            .unwrap();
+        let b = SingleLock::builder(&client, "gb")
+            .lease(lease)
+            .build()
+            .unwrap();
+        let holder = HolderId::new();
+        let outer = b.acquire(holder, Wait::Immediate).await.unwrap();
+        // The batch re-enters b for the holder (2 on the server) and takes a.
+        let competitors = [a.shared.competitor(), b.shared.competitor()];
+        let batch = acquire_batch(&competitors, holder).await.unwrap();
+        assert_eq!((batch.granted, batch.answered), (2, 2));
+        // The holder re-enters b through its lock: a re-entry does not take the batch's
+        // reply, and its request supersedes the batch's record (3 on the server).
+        let inner = b.acquire(holder, Wait::Immediate).await.unwrap();
+        assert_eq!(b.hold_count(holder).await.unwrap(), 3);
+        assert!(b.shared.competitor().unprime(holder, batch.request));
+        assert!(a.shared.competitor().unprime(holder, batch.request));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while b.hold_count(holder).await.unwrap() != 2 || a.is_locked().await.unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "the batch's levels were not given back: b at {}, a locked: {}",
+                b.hold_count(holder).await.unwrap(),
+                a.is_locked().await.unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(inner.unlock().await.unwrap(), 1);
+        assert_eq!(outer.unlock().await.unwrap(), 0);
+        assert!(!b.is_locked().await.unwrap());
+    }
 
     #[test]
     fn the_canonical_order_is_the_key_or_on_a_cluster_slot_then_key() {

@@ -52,6 +52,11 @@ pub(crate) struct RedisCompetitor {
     pub(crate) primed: Mutex<Vec<Primed>>,
 }
 
+/// How long a batch's busy answer may serve as its lock's attempt (see
+/// [`RedisCompetitor::take_primed`]): an attempt taken at once, as the multi-lock makes it,
+/// is well within it.
+const PRIMED_BUSY_FRESH: Duration = Duration::from_millis(100);
+
 /// A reply of this lock's `acquire.lua` that a multi-lock's batch (`acquire_many.lua`, see
 /// [`acquire_batch`]) obtained for `holder`: the holder's next (non-re-entry) attempt takes
 /// it instead of sending one, and handles it exactly as its own reply. One that no attempt
@@ -113,13 +118,22 @@ impl RedisCompetitor {
         if reentry {
             return None;
         }
-        let mut primed = lock(&self.primed);
-        let i = primed.iter().position(|p| p.holder == holder)?;
-        Some(primed.swap_remove(i))
+        let p = {
+            let mut primed = lock(&self.primed);
+            let i = primed.iter().position(|p| p.holder == holder)?;
+            primed.swap_remove(i)
+        };
+        if p.granted() || p.sent.elapsed() < PRIMED_BUSY_FRESH {
+            return Some(p);
+        }
+        // A busy answer this old may predate a release (the holder's attempt was held up in
+        // the local queue meanwhile): it is asked again instead. Its place in line stays.
+        p.flying.answered(!self.turn.queue_id.is_empty());
+        None
     }
 
     /// Takes back the reply primed for `holder` by the batch `request` if no attempt took it.
-    /// A grant in it is given back (undone by the request id, in the background); a busy
+    /// A grant in it is given back (one level, released in the background); a busy
     /// answer left the process in line, which it leaves unless a task of this process waits.
     /// Answers whether the reply was still there.
     pub(crate) fn unprime(&self, holder: HolderId, request: u64) -> bool {
@@ -141,14 +155,22 @@ impl RedisCompetitor {
             self.queue_drained();
             return true;
         }
+        // The grant is known (not an outcome in doubt, which `compensate` undoes by request
+        // id): one plain level is given back. By id it could miss: a later request of the
+        // same holder (a re-entry sent meanwhile) supersedes the batch's record, and the undo
+        // would only mark it, leaving the level held. A plain release also keeps the turn
+        // for this process's local waiters and wakes them.
         tracing::debug!(lock = %self.label, %holder, "giving back a batch's grant no attempt took");
-        let (client, keys, turn) = (self.client.clone(), self.keys.clone(), self.turn.clone());
-        let waiters = self.me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
-        let lease = self.options.lease();
-        let inner = client.clone();
-        inner.spawn(async move {
-            compensate(&client, &keys, waiters, holder, lease, turn, request).await;
-        });
+        release_in_background(
+            &self.client,
+            &self.keys,
+            &self.me,
+            holder,
+            1,
+            self.options.lease(),
+            &self.turn,
+            (&self.label, "a batch's grant no attempt took"),
+        );
         true
     }
 
@@ -795,6 +817,7 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
             for (c, f) in locks.iter().zip(&flying) {
                 f.answered(!c.turn.queue_id.is_empty());
             }
+            drop(flying);
             if request::worth_undoing(&e) {
                 let undos = locks.iter().map(|c| {
                     let waiters = c.me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
@@ -809,6 +832,11 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
                     )
                 });
                 futures::future::join_all(undos).await;
+            }
+            // A busy answer may have put the process in a name's line, and no attempt of
+            // the name's lock will take it out: it is left unless a task here waits.
+            for c in locks {
+                c.queue_drained();
             }
             return Err(e);
         }
