@@ -28,6 +28,24 @@ pub const NOT_LOCK: &[&str] = &["info", "config", "flushall", "flushdb", "client
 /// ```
 #[must_use]
 pub fn parse(info: &str) -> BTreeMap<String, u64> {
+    parse_field(info, "calls=")
+}
+
+/// Parses `INFO commandstats` into command → microseconds spent in it. A script's own entry
+/// (`evalsha`) includes the commands it ran, which are also counted under their own names.
+///
+/// # Examples
+///
+/// ```
+/// let m = slate_history::commandstats::parse_usec("cmdstat_evalsha:calls=3,usec=9\r\n");
+/// assert_eq!(m["evalsha"], 9);
+/// ```
+#[must_use]
+pub fn parse_usec(info: &str) -> BTreeMap<String, u64> {
+    parse_field(info, "usec=")
+}
+
+fn parse_field(info: &str, field: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for line in info.lines() {
         let Some(rest) = line.strip_prefix("cmdstat_") else {
@@ -36,12 +54,12 @@ pub fn parse(info: &str) -> BTreeMap<String, u64> {
         let Some((name, fields)) = rest.split_once(':') else {
             continue;
         };
-        let calls = fields
+        let value = fields
             .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
+            .find_map(|f| f.strip_prefix(field))
             .and_then(|v| v.trim().parse().ok());
-        if let Some(calls) = calls {
-            out.insert(name.to_ascii_lowercase(), calls);
+        if let Some(value) = value {
+            out.insert(name.to_ascii_lowercase(), value);
         }
     }
     out

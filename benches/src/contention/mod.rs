@@ -265,6 +265,10 @@ pub struct RunResult {
     pub mutex_ok: bool,
     /// Per-command calls on the lock nodes during the run (client-visible and script-internal).
     pub commandstats: BTreeMap<String, u64>,
+    /// Per-command microseconds on the lock nodes during the run (`INFO commandstats`'s
+    /// `usec`; a script's entry includes the commands it ran, also counted under their own
+    /// names), for where the server's time goes. Empty on ZooKeeper.
+    pub commandstats_usec: BTreeMap<String, u64>,
     /// `MOVED` and `ASK` replies of the lock nodes during the run (`INFO errorstats`; a cluster
     /// only).
     pub redirects: u64,
@@ -274,6 +278,11 @@ pub struct RunResult {
 #[must_use]
 pub fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
     ecosphere::commandstats::parse(info)
+}
+
+/// Parses `INFO commandstats` into command → microseconds.
+pub fn parse_commandstats_usec(info: &str) -> BTreeMap<String, u64> {
+    ecosphere::commandstats::parse_usec(info)
 }
 
 /// Client-sent lock commands in a commandstats delta of `implementation` (Slate's scripts
@@ -370,6 +379,7 @@ pub fn summarise(
         counter,
         mutex_ok: u64::try_from(counter).is_ok_and(|c| c == expected),
         commandstats,
+        commandstats_usec: BTreeMap::new(),
         redirects,
     }
 }

@@ -13,7 +13,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use super::stats::Spread;
-use super::{Impl, RunResult, Shape, WorkerReport, parse_commandstats, summarise};
+use super::{
+    Impl, RunResult, Shape, WorkerReport, parse_commandstats, parse_commandstats_usec, summarise,
+};
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -148,13 +150,29 @@ impl Servers {
         if which.on_zookeeper() {
             return self.zk_requests();
         }
+        self.commandstats_summed(which, parse_commandstats)
+    }
+
+    /// Per-command microseconds, summed over the lock nodes (none on ZooKeeper).
+    fn commandstats_usec(&self, which: Impl) -> Result<BTreeMap<String, u64>, String> {
+        if which.on_zookeeper() {
+            return Ok(BTreeMap::new());
+        }
+        self.commandstats_summed(which, parse_commandstats_usec)
+    }
+
+    fn commandstats_summed(
+        &self,
+        which: Impl,
+        parse: fn(&str) -> BTreeMap<String, u64>,
+    ) -> Result<BTreeMap<String, u64>, String> {
         let mut total = BTreeMap::new();
         for s in self.lock_nodes(which) {
             let v = s
                 .command(&["INFO", "commandstats"])
                 .map_err(|e| e.to_string())?;
             let text: String = redis::from_redis_value(v).map_err(|e| e.to_string())?;
-            for (k, c) in parse_commandstats(&text) {
+            for (k, c) in parse(&text) {
                 *total.entry(k).or_insert(0) += c;
             }
         }
@@ -288,12 +306,14 @@ pub fn run_once(
     }
     let cpu_after = servers.server_cpu_us(which)?;
     let stats = servers.commandstats(which)?;
+    let usec = servers.commandstats_usec(which)?;
     let counter = servers.counter(plan.locks)?;
     let redirects = servers.redirects(which)?;
     let mut result = summarise(
         which, shape, repeat, duration, &reports, stats, counter, redirects,
     );
     result.server.clone_from(&servers.label);
+    result.commandstats_usec = usec;
     // Includes the nodes' idle work over the run (a few ms per second), the same for every
     // implementation.
     result.server_cpu_us_per_acq = if result.acquisitions == 0 {

@@ -541,13 +541,14 @@ async fn take_answered(
         // A grant is taken at once; the first name not granted is waited for.
         let now = if granted { Wait::Immediate } else { wait };
         let taken = lock.acquire(holder, now).await;
-        let left = batch.done_if_next(&lock);
+        batch.done_if_next(&lock);
         match taken {
-            // A task of this process owns the name (its hold ended remotely, not yet
-            // here): the batch's grant was given back. The grants after it are given
-            // back too before waiting (the invariant), and taken again afterwards.
-            Err(e) if granted && left && e.is_busy() => {
-                drop(batch);
+            // The grant did not become a hold here: a task of this process owns the name (its
+            // hold ended remotely, not yet here), or took the grant under the same holder. It
+            // is waited for; the grants after it are given back first (the invariant), and
+            // taken again afterwards.
+            Err(e) if granted && e.is_busy() => {
+                batch.give_back_rest().await?;
                 held.push(lock.acquire(holder, wait).await?);
                 return Ok(());
             }
@@ -621,17 +622,33 @@ impl Answered {
     }
 
     /// [`done`](Self::done) for `lock` unless it was done already (its reply given back
-    /// before its acquisition; then `false`).
-    fn done_if_next(&mut self, lock: &SingleLock) -> bool {
+    /// before its acquisition).
+    fn done_if_next(&mut self, lock: &SingleLock) {
         let next = self
             .locks
             .get(self.next)
             .filter(|_| self.next < self.answered);
         if next.is_some_and(|l| Arc::ptr_eq(&l.shared, &lock.shared)) {
-            self.done()
-        } else {
-            false
+            self.done();
         }
+    }
+
+    /// Gives back every reply not taken yet, and waits until it is given back: a caller
+    /// about to wait must not hold a later name meanwhile. The first release that failed is
+    /// answered (its name ends with its lease: waiting could wait for a caller that waits for
+    /// it).
+    async fn give_back_rest(&mut self) -> Result<()> {
+        let mut first = None;
+        while self.next < self.answered {
+            let c = self.locks[self.next].shared.competitor();
+            self.next += 1;
+            if let Some(left) = c.take_back(self.holder, self.request)
+                && let Err(e) = c.give_back(left).await
+            {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 }
 
@@ -1032,6 +1049,56 @@ mod tests {
         assert!(!taking.is_finished());
         taking.abort();
         drop(x);
+    }
+
+    /// Second review (C1): a batch's grant taken by another task of the same holder, which
+    /// then let the name go to another client, makes the set's own attempt busy: the set
+    /// waits for the name (here until its deadline) instead of failing busy under a wait.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::unwrap_used, reason = "a test")]
+    async fn a_batch_grant_taken_by_the_same_holder_elsewhere_is_waited_for() {
+        let server = slate_harness::server::RedisServer::start().unwrap();
+        let client = crate::RedisClient::open(server.url()).unwrap();
+        let other = crate::RedisClient::open(server.url()).unwrap();
+        let lease = Duration::from_secs(30);
+        let set = MultiLock::builder(&client, ["yc", "yb"])
+            .lease(lease)
+            .build()
+            .unwrap();
+        let (b, c) = (set.locks()[0].clone(), set.locks()[1].clone());
+        let holder = HolderId::new();
+        let competitors = [b.shared.competitor(), c.shared.competitor()];
+        let sent = acquire_batch(&competitors, holder).await.unwrap();
+        assert_eq!((sent.granted, sent.answered), (2, 2));
+        // Another task of the same holder takes b's grant, and lets b go to another client.
+        let taken = b.acquire(holder, Wait::Immediate).await.unwrap();
+        assert_eq!(taken.unlock().await.unwrap(), 0);
+        let elsewhere = SingleLock::builder(&other, "yb")
+            .lease(lease)
+            .build()
+            .unwrap()
+            .acquire(HolderId::new(), Wait::Immediate)
+            .await
+            .unwrap();
+        let batch = Answered {
+            locks: vec![b.clone(), c.clone()],
+            holder,
+            request: sent.request,
+            granted: sent.granted,
+            answered: sent.answered,
+            next: 0,
+        };
+        let mut held = Vec::new();
+        let wait = Wait::Until(Instant::now() + Duration::from_millis(300));
+        let e = take_answered(batch, holder, &mut held, wait)
+            .await
+            .expect_err("b is held elsewhere");
+        assert!(e.is_timeout(), "a wait ends in a timeout, not busy: {e}");
+        assert!(
+            !c.is_locked().await.unwrap(),
+            "c was given back before the wait"
+        );
+        drop(elsewhere);
     }
 
     /// Review finding (issue 31): a batch's grant that no attempt took is given back as one

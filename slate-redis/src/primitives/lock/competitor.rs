@@ -67,6 +67,8 @@ pub(crate) struct Primed {
     request: u64,
     /// When the batch was sent (the grant's lease runs from then).
     sent: Instant,
+    /// When its reply came (a busy answer is taken only fresh from then).
+    answered: Instant,
     reply: Vec<i64>,
     /// The batch counted as an attempt in flight for this lock until the reply is handled.
     flying: Flying,
@@ -113,65 +115,92 @@ impl Drop for Flying {
 
 impl RedisCompetitor {
     /// The reply primed for `holder`'s next attempt, taken (not for a re-entry-only call,
-    /// whose script refuses where the batch's would have granted).
-    fn take_primed(&self, holder: HolderId, reentry: bool) -> Option<Primed> {
-        if reentry {
-            return None;
+    /// whose script refuses where the batch's would have granted), and the attempt's count in
+    /// flight: the primed reply's, or a new one.
+    fn take_primed(&self, holder: HolderId, reentry: bool) -> (Option<Primed>, Flying) {
+        let taken = (!reentry)
+            .then(|| {
+                let mut primed = lock(&self.primed);
+                let i = primed.iter().position(|p| p.holder == holder)?;
+                Some(primed.swap_remove(i))
+            })
+            .flatten();
+        // The attempt's count starts before the primed reply's ends (when it is dropped): no
+        // gap in which a drain would leave the line.
+        let flying = Flying::start(&self.line);
+        match taken {
+            Some(p) if p.granted() || p.answered.elapsed() < PRIMED_BUSY_FRESH => (Some(p), flying),
+            Some(p) => {
+                // A busy answer this old may predate a release (the holder's attempt was held
+                // up in the local queue meanwhile): it is asked again instead. Its place in
+                // line stays.
+                p.flying.answered(!self.turn.queue_id.is_empty());
+                (None, flying)
+            }
+            None => (None, flying),
         }
-        let p = {
-            let mut primed = lock(&self.primed);
-            let i = primed.iter().position(|p| p.holder == holder)?;
-            primed.swap_remove(i)
-        };
-        if p.granted() || p.sent.elapsed() < PRIMED_BUSY_FRESH {
-            return Some(p);
-        }
-        // A busy answer this old may predate a release (the holder's attempt was held up in
-        // the local queue meanwhile): it is asked again instead. Its place in line stays.
-        p.flying.answered(!self.turn.queue_id.is_empty());
-        None
     }
 
-    /// Takes back the reply primed for `holder` by the batch `request` if no attempt took it.
-    /// A grant in it is given back (one level, released in the background); a busy
-    /// answer left the process in line, which it leaves unless a task of this process waits.
-    /// Answers whether the reply was still there.
+    /// Takes back the reply primed for `holder` by the batch `request` if no attempt took it,
+    /// and gives it back in the background (see [`give_back`](Self::give_back)). Answers
+    /// whether the reply was still there.
     pub(crate) fn unprime(&self, holder: HolderId, request: u64) -> bool {
-        let left = {
-            let mut primed = lock(&self.primed);
-            let Some(i) = primed
-                .iter()
-                .position(|p| p.holder == holder && p.request == request)
-            else {
-                return false;
-            };
-            primed.swap_remove(i)
+        let Some(left) = self.take_back(holder, request) else {
+            return false;
         };
-        let granted = left.granted();
+        if let Some(shared) = self.me.upgrade() {
+            self.client.spawn(async move {
+                drop(shared.competitor().give_back(left).await);
+            });
+        }
+        true
+    }
+
+    /// The reply primed for `holder` by the batch `request`, if no attempt took it.
+    pub(crate) fn take_back(&self, holder: HolderId, request: u64) -> Option<Primed> {
+        let mut primed = lock(&self.primed);
+        let i = primed
+            .iter()
+            .position(|p| p.holder == holder && p.request == request)?;
+        Some(primed.swap_remove(i))
+    }
+
+    /// Gives back a primed reply no attempt took: a grant is released (one plain level); a
+    /// busy answer left the process in line, which it leaves unless a task of this process
+    /// waits.
+    ///
+    /// The grant is known (not an outcome in doubt, which `compensate` undoes by request id).
+    /// By id it could miss: a later request of the same holder (a re-entry sent meanwhile)
+    /// supersedes the batch's record, and the undo would only mark it, leaving the level
+    /// held. A plain release also keeps the turn for this process's local waiters and wakes
+    /// them. A grant whose lease has run out (never renewed: nobody took it) is not released:
+    /// its level is gone, and a release could take a later hold of the same holder's.
+    pub(crate) async fn give_back(&self, left: Primed) -> Result<()> {
+        let (granted, holder, sent) = (left.granted(), left.holder, left.sent);
         left.flying
             .answered(!granted && !self.turn.queue_id.is_empty());
         drop(left);
+        let lease = self.options.lease();
         if !granted {
             self.queue_drained();
-            return true;
+            return Ok(());
         }
-        // The grant is known (not an outcome in doubt, which `compensate` undoes by request
-        // id): one plain level is given back. By id it could miss: a later request of the
-        // same holder (a re-entry sent meanwhile) supersedes the batch's record, and the undo
-        // would only mark it, leaving the level held. A plain release also keeps the turn
-        // for this process's local waiters and wakes them.
+        if renewal::deadline(sent, lease) <= Instant::now() {
+            return Ok(());
+        }
         tracing::debug!(lock = %self.label, %holder, "giving back a batch's grant no attempt took");
-        release_in_background(
+        release_one(
             &self.client,
             &self.keys,
             &self.me,
             holder,
             1,
-            self.options.lease(),
+            lease,
             &self.turn,
             (&self.label, "a batch's grant no attempt took"),
-        );
-        true
+        )
+        .await
+        .map(drop)
     }
 
     /// A release that kept the turn for this process's local waiters has ended: if they all
@@ -374,20 +403,49 @@ pub(super) fn release_in_background(
     let (client2, keys2, turn, label) = (client.clone(), keys.clone(), turn.clone(), label.clone());
     let me = me.clone();
     client.spawn(async move {
-        let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
-        let mut release = Release::plain(holder, lease, &turn, waiters);
-        release.holds = holds;
-        let released = release_remote(&client2, &keys2, release).await;
-        if let Err(e) = &released {
-            tracing::warn!(lock = %label, %holder, error = %e, "release of {why} failed; the entry ends with its lease");
-        }
-        if let Some(shared) = me.upgrade() {
-            if waiters && matches!(released, Ok(0)) {
-                shared.competitor().turn_kept();
-            }
-            shared.sync.notify_released();
-        }
+        let released = release_one(
+            &client2,
+            &keys2,
+            &me,
+            holder,
+            holds,
+            lease,
+            &turn,
+            (&label, why),
+        )
+        .await;
+        drop(released);
     });
+}
+
+/// Releases `holds` levels of `holder` that no local holder has: keeps the turn for this
+/// process's local waiters (or hands it on if they left) and wakes them. A failure is logged
+/// (the entry ends with its lease) and answered.
+#[allow(clippy::too_many_arguments)]
+async fn release_one(
+    client: &RedisClient,
+    keys: &Keys,
+    me: &Weak<LockShared>,
+    holder: HolderId,
+    holds: u32,
+    lease: Duration,
+    turn: &Turn,
+    (label, why): (&Arc<str>, &'static str),
+) -> Result<i64> {
+    let waiters = me.upgrade().is_some_and(|s| s.sync.waiters() > 0);
+    let mut release = Release::plain(holder, lease, turn, waiters);
+    release.holds = holds;
+    let released = release_remote(client, keys, release).await;
+    if let Err(e) = &released {
+        tracing::warn!(lock = %label, %holder, error = %e, "release of {why} failed; the entry ends with its lease");
+    }
+    if let Some(shared) = me.upgrade() {
+        if waiters && matches!(released, Ok(0)) {
+            shared.competitor().turn_kept();
+        }
+        shared.sync.notify_released();
+    }
+    released
 }
 
 /// How many times an undo is sent before the entry is left to its lease.
@@ -843,14 +901,25 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
     };
     let granted = replies.iter().filter(|r| matches!(r[0], 1 | 2)).count();
     let answered = replies.len();
-    for ((c, reply), flying) in locks.iter().zip(replies).zip(flying) {
+    let now = Instant::now();
+    let mut flying = flying.into_iter();
+    for (c, reply) in locks.iter().zip(replies) {
+        let flying = flying.next().expect("one count in flight per lock");
         lock(&c.primed).push(Primed {
             holder,
             request,
             sent,
+            answered: now,
             reply,
             flying,
         });
+    }
+    // The names the call did not reach: their counts in flight end, and a drain that saw
+    // them (a local waiter's, told busy meanwhile) and left the line to a later one is done
+    // now.
+    drop(flying);
+    for c in &locks[answered..] {
+        c.queue_drained();
     }
     Ok(Batch {
         request,
@@ -883,10 +952,8 @@ impl RedisCompetitor {
         let me = self.me.clone();
         let inner = client.clone();
         // A multi-lock's batch may have asked already (see `Primed`).
-        let (primed, flying) = match self.take_primed(holder, reentry) {
-            Some(p) => (Some((p.reply, p.request, p.sent)), p.flying),
-            None => (None, Flying::start(&self.line)),
-        };
+        let (primed, flying) = self.take_primed(holder, reentry);
+        let primed = primed.map(|p| (p.reply, p.request, p.sent));
         inner.on_runtime(async move {
             let (reply, request, sent) = match primed {
                 Some((reply, request, sent)) => (Ok(reply), request, sent),
