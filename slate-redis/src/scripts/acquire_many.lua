@@ -33,6 +33,9 @@
 -- `acquire.lua` reply ({1, token} acquired, {2, token, count} re-entered, {0, ms} busy and
 -- queued, {-3}, {-7}); the last one is the first that is not a grant, unless every name was
 -- granted. Names after it have no entry.
+if #KEYS == 0 or #KEYS % 5 ~= 0 then
+    return redis.error_reply('acquire_many: five KEYS per name, got ' .. #KEYS)
+end
 local n = #KEYS / 5
 local replies = {}
 for i = 0, n - 1 do

@@ -384,6 +384,62 @@ pub fn acquire_many_script(
     inv.invoke(con).unwrap()
 }
 
+/// Runs `acquire_many.lua` (as the library sends it) directly for `holder` over `names` (in the
+/// order given), each the lock `{name}` with how its caller calls it there (its queue id and
+/// tenure: `acquire.lua` ARGV[3], ARGV[4]), under request `request`. The lease, the record's
+/// window and `resent` are the batch's: every name's must agree, and none may be a re-entry
+/// only (the batch has no such call). Answers one reply per name taken or tried.
+pub fn acquire_many_direct(
+    con: &mut redis::Connection,
+    names: &[(&str, Direct<'_>)],
+    holder: &str,
+    request: &str,
+) -> Vec<Vec<i64>> {
+    let source = slate_redis::lua_script("acquire_many")
+        .expect("the batch script")
+        .source;
+    acquire_many_with(con, source, names, holder, request)
+}
+
+/// [`acquire_many_direct`] with the script's text given: a test may run a mutant of it (the
+/// library's text with a line changed) to see that it is caught.
+pub fn acquire_many_with(
+    con: &mut redis::Connection,
+    source: &str,
+    names: &[(&str, Direct<'_>)],
+    holder: &str,
+    request: &str,
+) -> Vec<Vec<i64>> {
+    let (_, how) = names.first().expect("a batch of at least one name");
+    for (name, each) in names {
+        assert!(
+            (each.lease_ms, each.record_ms, each.resent)
+                == (how.lease_ms, how.record_ms, how.resent)
+                && !each.reentry,
+            "name {name}: a batch has one lease, record window and resend flag, and no re-entry only"
+        );
+    }
+    let script = redis::Script::new(source);
+    let mut inv = script.prepare_invoke();
+    for (name, _) in names {
+        let lock = format!("slate:{{{name}}}");
+        inv.key(&lock)
+            .key(fence_key(name))
+            .key(format!("{lock}:queue"))
+            .key(format!("{lock}:turn"))
+            .key(format!("{lock}:req:{holder}"));
+    }
+    inv.arg(holder)
+        .arg(how.lease_ms)
+        .arg(request)
+        .arg(how.record_ms)
+        .arg(flag(how.resent));
+    for (_, each) in names {
+        inv.arg(each.queue).arg(each.tenure);
+    }
+    inv.invoke(con).unwrap()
+}
+
 /// Runs the release script directly for `holder` on lock `{name}`: request `request`, undoing
 /// acquire `undo` (`""`: a plain release), as `how` says.
 pub fn release_direct(
