@@ -158,6 +158,32 @@ pub(crate) async fn eval_then_wait<T: redis::FromRedisValue>(
     Ok((reply, acked))
 }
 
+/// The error of a grant (or several, `grants`) that fewer replicas than
+/// `ClientOptionsBuilder::synced_replicas` acknowledged in time, which the caller has given
+/// back.
+pub(crate) fn unacknowledged(
+    address: &str,
+    grants: bool,
+    acked: usize,
+    (wanted, within): (usize, std::time::Duration),
+) -> slate_core::Error {
+    let (what, them) = if grants {
+        ("grants were", "them; they were")
+    } else {
+        ("grant was", "it; it was")
+    };
+    slate_core::Error::backend(
+        slate_core::BackendKind::Unavailable,
+        Some(address.to_owned()),
+        format!(
+            "the {what} acknowledged by {acked} of the {wanted} replicas required \
+             (ClientOptionsBuilder::synced_replicas) within {within:?}, so a failover could lose \
+             {them} given back. Check the replicas' health and links"
+        ),
+        None,
+    )
+}
+
 /// The cluster hash slot of `key` (CRC16 of its hash tag, as Redis computes it).
 pub(crate) fn slot_of(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(crate::scripts::keys::hash_tag(key)) % 16384

@@ -1000,6 +1000,21 @@ mod tests {
     use super::*;
     use crate::primitives::lock::competitor::acquire_batch;
 
+    /// One batch over `locks` for `holder`, its replies held as the multi-lock holds them.
+    #[allow(clippy::unwrap_used, reason = "a test")]
+    async fn answered(locks: &[SingleLock], holder: HolderId) -> Answered {
+        let competitors: Vec<_> = locks.iter().map(|l| l.shared.competitor()).collect();
+        let sent = acquire_batch(&competitors, holder).await.unwrap();
+        Answered {
+            locks: locks.to_vec(),
+            holder,
+            request: sent.request,
+            granted: sent.granted,
+            answered: sent.answered,
+            next: 0,
+        }
+    }
+
     /// Review finding (issue 31): a granted name of a batch that a task of this process still
     /// owns (its hold ended in Redis, not yet here) is waited for in the local queue; the
     /// batch's later grants are given back first, or the caller would wait holding them (the
@@ -1019,17 +1034,8 @@ mod tests {
         let x = b.acquire(HolderId::new(), Wait::Immediate).await.unwrap();
         server.command(&["DEL", "slate:{xb}"]).unwrap();
         let holder = HolderId::new();
-        let competitors = [b.shared.competitor(), c.shared.competitor()];
-        let sent = acquire_batch(&competitors, holder).await.unwrap();
-        assert_eq!((sent.granted, sent.answered), (2, 2));
-        let batch = Answered {
-            locks: vec![b.clone(), c.clone()],
-            holder,
-            request: sent.request,
-            granted: sent.granted,
-            answered: sent.answered,
-            next: 0,
-        };
+        let batch = answered(&[b.clone(), c.clone()], holder).await;
+        assert_eq!((batch.granted, batch.answered), (2, 2));
         let taking = tokio::spawn(async move {
             let mut held = Vec::new();
             take_answered(batch, holder, &mut held, Wait::Forever)
@@ -1067,9 +1073,8 @@ mod tests {
             .unwrap();
         let (b, c) = (set.locks()[0].clone(), set.locks()[1].clone());
         let holder = HolderId::new();
-        let competitors = [b.shared.competitor(), c.shared.competitor()];
-        let sent = acquire_batch(&competitors, holder).await.unwrap();
-        assert_eq!((sent.granted, sent.answered), (2, 2));
+        let batch = answered(&[b.clone(), c.clone()], holder).await;
+        assert_eq!((batch.granted, batch.answered), (2, 2));
         // Another task of the same holder takes b's grant, and lets b go to another client.
         let taken = b.acquire(holder, Wait::Immediate).await.unwrap();
         assert_eq!(taken.unlock().await.unwrap(), 0);
@@ -1080,14 +1085,6 @@ mod tests {
             .acquire(HolderId::new(), Wait::Immediate)
             .await
             .unwrap();
-        let batch = Answered {
-            locks: vec![b.clone(), c.clone()],
-            holder,
-            request: sent.request,
-            granted: sent.granted,
-            answered: sent.answered,
-            next: 0,
-        };
         let mut held = Vec::new();
         let wait = Wait::Until(Instant::now() + Duration::from_millis(300));
         let e = take_answered(batch, holder, &mut held, wait)

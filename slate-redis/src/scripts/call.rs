@@ -454,6 +454,16 @@ mod tests {
         assert_eq!(checked, 15);
     }
 
+    /// A command's arguments as bytes.
+    fn plain_args(cmd: &Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => b"<not a plain argument>".to_vec(),
+            })
+            .collect()
+    }
+
     #[test]
     fn acquire_many_sends_five_keys_per_name_then_the_common_and_per_name_arguments() {
         let name = |lock: &'static [u8], queue_id| ManyName {
@@ -474,14 +484,7 @@ mod tests {
             record_ms: 2_000,
             resent: "",
         };
-        let args: Vec<Vec<u8>> = call
-            .cmd()
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => b"<not a plain argument>".to_vec(),
-            })
-            .collect();
+        let args = plain_args(&call.cmd());
         assert_eq!(args[0], b"EVALSHA");
         assert_eq!(args[2], b"10");
         assert_eq!(args[3], b"a");
@@ -531,14 +534,7 @@ mod tests {
             resent: "",
             block: Some(8),
         };
-        let cmd = acquire.cmd();
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => b"<not a plain argument>".to_vec(),
-            })
-            .collect();
+        let args = plain_args(&acquire.cmd());
         assert_eq!(args[0], b"EVALSHA");
         assert_eq!(args[2], b"6");
         assert_eq!(args[3], b"k");

@@ -740,15 +740,11 @@ pub(crate) async fn acquire_remote(
         if let Err(e) = Box::pin(release_remote(client, keys, undo)).await {
             tracing::warn!(error = %e, "giving back a grant the replicas did not acknowledge failed; it ends with its lease");
         }
-        return Err(Error::backend(
-            BackendKind::Unavailable,
-            Some(client.address().to_owned()),
-            format!(
-                "the grant was acknowledged by {acked} of the {wanted} replicas required \
-                 (ClientOptionsBuilder::synced_replicas) within {within:?}, so a failover could lose \
-                 it; it was given back. Check the replicas' health and links"
-            ),
-            None,
+        return Err(conn::unacknowledged(
+            client.address(),
+            false,
+            acked,
+            (wanted, within),
         ));
     }
     Ok(reply)
@@ -854,15 +850,11 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
         if let (Some((wanted, within)), Some(acked)) = (synced, acked)
             && acked < wanted
         {
-            return Err(Error::backend(
-                BackendKind::Unavailable,
-                Some(client.address().to_owned()),
-                format!(
-                    "the grants were acknowledged by {acked} of the {wanted} replicas required \
-                     (ClientOptionsBuilder::synced_replicas) within {within:?}, so a failover \
-                     could lose them; they were given back. Check the replicas' health and links"
-                ),
-                None,
+            return Err(conn::unacknowledged(
+                client.address(),
+                true,
+                acked,
+                (wanted, within),
             ));
         }
         Ok(replies)

@@ -783,15 +783,11 @@ impl Call {
             if let Err(e) = self.release(a.holder, a.write, Some(a.request)).await {
                 tracing::warn!(error = %e, "giving back a grant the replicas did not acknowledge failed; it ends with its lease");
             }
-            return Err(Error::backend(
-                BackendKind::Unavailable,
-                Some(self.client.address().to_owned()),
-                format!(
-                    "the grant was acknowledged by {acked} of the {wanted} replicas required \
-                     (ClientOptionsBuilder::synced_replicas) within {within:?}, so a failover \
-                     could lose it; it was given back. Check the replicas' health and links"
-                ),
-                None,
+            return Err(conn::unacknowledged(
+                self.client.address(),
+                false,
+                acked,
+                (wanted, within),
             ));
         }
         Ok(reply)
