@@ -56,11 +56,13 @@ pub enum Mutant {
     LateGrantDisplaces,
     /// The countdown latch counts every copy of a count-down that was sent again.
     LatchCountsResends,
+    /// The multi-lock's batch goes on past the first name it does not grant.
+    BatchPastRefusal,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 12] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::LeaseIgnoresDeadline,
         Mutant::LeaseFromReply,
         Mutant::ReleaseSkipsHolderCheck,
@@ -73,6 +75,7 @@ impl Mutant {
         Mutant::NewHeadKeepsRetry,
         Mutant::LateGrantDisplaces,
         Mutant::LatchCountsResends,
+        Mutant::BatchPastRefusal,
     ];
 
     /// The name `SLATE_MUTANT` takes.
@@ -97,6 +100,7 @@ impl Mutant {
             Mutant::NewHeadKeepsRetry => "new-head-keeps-retry",
             Mutant::LateGrantDisplaces => "late-grant-displaces",
             Mutant::LatchCountsResends => "latch-counts-resends",
+            Mutant::BatchPastRefusal => "batch-past-refusal",
         }
     }
 

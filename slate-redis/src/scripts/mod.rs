@@ -80,11 +80,18 @@ pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
 /// as the function `one(KEYS, ARGV)`, then the driver.
 pub(crate) static ACQUIRE_MANY: LazyLock<SlateScript> = LazyLock::new(|| {
     // Built once per process.
-    SlateScript::new(String::leak(format!(
+    let code = String::leak(format!(
         "local function one(KEYS, ARGV)\n{}\nend\n{}",
         ACQUIRE.code,
         include_str!("acquire_many.lua")
-    )))
+    ));
+    // Goes on past a name it does not grant: a caller waiting for it holds names after it.
+    SlateScript::mutated(
+        code,
+        Mutant::BatchPastRefusal,
+        "then\n        break\n    end",
+        "then\n    end",
+    )
 });
 /// `release.lua`: release one level.
 pub(crate) static RELEASE: LazyLock<SlateScript> = LazyLock::new(|| {
