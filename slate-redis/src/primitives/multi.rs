@@ -637,14 +637,30 @@ impl Answered {
     /// about to wait must not hold a later name meanwhile. The first release that failed is
     /// answered (its name ends with its lease: waiting could wait for a caller that waits for
     /// it).
+    ///
+    /// Cancel safe: each give-back runs as a task of the client's runtime, which a dropped
+    /// caller leaves to finish (taken back from its lock, a reply lives only in that task).
     async fn give_back_rest(&mut self) -> Result<()> {
-        let mut first = None;
+        let mut given = Vec::new();
         while self.next < self.answered {
-            let c = self.locks[self.next].shared.competitor();
+            let shared = Arc::clone(&self.locks[self.next].shared);
             self.next += 1;
-            if let Some(left) = c.take_back(self.holder, self.request)
-                && let Err(e) = c.give_back(left).await
-            {
+            let Some(left) = shared.competitor().take_back(self.holder, self.request) else {
+                continue;
+            };
+            let (tx, rx) = futures::channel::oneshot::channel();
+            let client = shared.competitor().client.clone();
+            client.spawn(async move {
+                drop(tx.send(shared.competitor().give_back(left).await));
+            });
+            given.push(rx);
+        }
+        let mut first = None;
+        for rx in given {
+            let given = rx
+                .await
+                .unwrap_or_else(|_| Err(Error::closed("the client's tokio runtime")));
+            if let Err(e) = given {
                 first.get_or_insert(e);
             }
         }
@@ -1054,6 +1070,56 @@ mod tests {
         }
         assert!(!taking.is_finished());
         taking.abort();
+        drop(x);
+    }
+
+    /// Third review: the give-back of a batch's later grants before a wait is cancel safe. A
+    /// caller dropped while a later name's release is on its way (here: reconnecting, after
+    /// the server dropped the client's connection) leaves it to finish; the name does not
+    /// stay held, unrenewed, for its 30 s lease.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::unwrap_used, reason = "a test")]
+    async fn a_dropped_wait_still_gives_the_later_grants_back() {
+        let server = slate_harness::server::RedisServer::start().unwrap();
+        let client = crate::RedisClient::open(server.url()).unwrap();
+        let set = MultiLock::builder(&client, ["wc", "wb"])
+            .lease(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let (b, c) = (set.locks()[0].clone(), set.locks()[1].clone());
+        // X owns b here, and its hold is gone from Redis: the batch's grant of b is refused
+        // locally, and c's is given back before the wait.
+        let x = b.acquire(HolderId::new(), Wait::Immediate).await.unwrap();
+        server.command(&["DEL", "slate:{wb}"]).unwrap();
+        let holder = HolderId::new();
+        let batch = answered(&[b.clone(), c.clone()], holder).await;
+        assert_eq!((batch.granted, batch.answered), (2, 2));
+        server
+            .command(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+            .unwrap();
+        let mut held = Vec::new();
+        let mut taking = Box::pin(take_answered(batch, holder, &mut held, Wait::Forever));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            assert!(
+                futures::poll!(taking.as_mut()).is_pending(),
+                "b is owned here: the set waits"
+            );
+            if lock(&c.shared.competitor().primed).is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "c's grant was never taken back");
+            tokio::task::yield_now().await;
+        }
+        drop(taking);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.is_locked().await.unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "c stays held after the dropped wait"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         drop(x);
     }
 

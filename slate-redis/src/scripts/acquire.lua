@@ -83,10 +83,11 @@
 -- or {2, token, count} as it did the first time and changes nothing but the record (a write,
 -- so that a WAIT after the replay covers the grant).
 --
--- The common case costs five commands: EXISTS over the lock, queue, turn and record key
--- (none exists: free, nobody waits, no copy of an earlier request is about), INCR of the
--- slot's counter, HSET of the holder, its token and record, and PEXPIRE. A re-entry, or a busy
--- answer while nobody else is queued, costs EXISTS, HMGET and its own writes.
+-- The common case costs four commands besides the call itself: EXISTS over the lock, queue,
+-- turn and record key (none exists: free, nobody waits, no copy of an earlier request is
+-- about), INCR of the slot's counter, HSET of the holder, its token and record, and PEXPIRE.
+-- A re-entry, or a busy answer while nobody else is queued, costs EXISTS, HMGET and its own
+-- writes.
 --
 -- Every integer is compared explicitly: in Lua, 0 is true.
 local marker = false

@@ -795,9 +795,6 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
     let flying: Vec<Flying> = locks.iter().map(|c| Flying::start(&c.line)).collect();
     let request = request::next_id();
     let sent = Instant::now();
-    for c in locks {
-        *lock(&c.last_attempt) = Some(sent);
-    }
     let call = scripts::call::AcquireMany {
         names: &names,
         holder: &holder_arg,
@@ -897,6 +894,9 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
     let mut flying = flying.into_iter();
     for (c, reply) in locks.iter().zip(replies) {
         let flying = flying.next().expect("one count in flight per lock");
+        // The attempt this reply stands for was sent then (for `Notifications::Live`); the
+        // names the call did not reach keep their own last attempt.
+        *lock(&c.last_attempt) = Some(sent);
         lock(&c.primed).push(Primed {
             holder,
             request,
