@@ -360,28 +360,17 @@ pub fn acquire_many_script(
     request: &str,
     resent: &str,
 ) -> Vec<Vec<i64>> {
-    let source = slate_redis::lua_script("acquire_many")
-        .expect("the batch script")
-        .source;
-    let script = redis::Script::new(source);
-    let mut inv = script.prepare_invoke();
-    for name in names {
-        let lock = format!("slate:{{{name}}}");
-        inv.key(&lock)
-            .key(fence_key(name))
-            .key(format!("{lock}:queue"))
-            .key(format!("{lock}:turn"))
-            .key(format!("{lock}:req:{holder}"));
-    }
-    inv.arg(holder)
-        .arg("10000")
-        .arg(request)
-        .arg("5000")
-        .arg(resent);
-    for _ in names {
-        inv.arg("").arg(0);
-    }
-    inv.invoke(con).unwrap()
+    let names: Vec<(&str, Direct<'_>)> = names
+        .iter()
+        .map(|name| {
+            let how = Direct {
+                resent: resent == "1",
+                ..Direct::default()
+            };
+            (*name, how)
+        })
+        .collect();
+    acquire_many_direct(con, &names, holder, request)
 }
 
 /// Runs `acquire_many.lua` (as the library sends it) directly for `holder` over `names` (in the
