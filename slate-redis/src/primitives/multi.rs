@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::{join_all, select_all};
+use slate_core::detach::Detached;
 use slate_core::{
     Error, FencingToken, HolderId, LockName, LockOptions, LockOptionsBuilder, LossReason, Result,
     Wait,
@@ -578,30 +579,26 @@ struct Answered {
 }
 
 impl Answered {
-    /// Sends `acquire_many.lua` over `locks` (one group, canonical order) from a task of the
-    /// client's runtime: if the caller is dropped before the reply, the task takes every
-    /// reply back.
+    /// Sends `acquire_many.lua` over `locks` (one group, canonical order). Detached: if the
+    /// caller is dropped before the reply, a task finishes the call and drops its answer,
+    /// which takes every reply back.
     async fn send(locks: Vec<SingleLock>, holder: HolderId) -> Result<Answered> {
-        let client = locks[0].client().clone();
-        let (tx, rx) = futures::channel::oneshot::channel();
-        client.spawn(async move {
+        let runtime = locks[0].client().runtime().clone();
+        let send = async move {
             let sent = {
                 let competitors: Vec<_> = locks.iter().map(|l| l.shared.competitor()).collect();
                 crate::primitives::lock::competitor::acquire_batch(&competitors, holder).await
             };
-            let answered = sent.map(|b| Answered {
+            sent.map(|b| Answered {
                 locks,
                 holder,
                 request: b.request,
                 granted: b.granted,
                 answered: b.answered,
                 next: 0,
-            });
-            // Nobody to take it: dropped here, which takes every reply back.
-            drop(tx.send(answered));
-        });
-        rx.await
-            .unwrap_or_else(|_| Err(Error::closed("the client's tokio runtime")))
+            })
+        };
+        Detached::new(send, runtime).await
     }
 
     /// The next lock whose reply waits, and whether that reply is a grant.
@@ -611,14 +608,13 @@ impl Answered {
     }
 
     /// The next lock's acquisition has ended (or will not use the reply): takes its reply
-    /// back if it is still there (answers whether it was).
-    fn done(&mut self) -> bool {
-        let left = self.locks[self.next]
+    /// back if it is still there.
+    fn done(&mut self) {
+        self.locks[self.next]
             .shared
             .competitor()
             .unprime(self.holder, self.request);
         self.next += 1;
-        left
     }
 
     /// [`done`](Self::done) for `lock` unless it was done already (its reply given back
@@ -638,8 +634,8 @@ impl Answered {
     /// answered (its name ends with its lease: waiting could wait for a caller that waits for
     /// it).
     ///
-    /// Cancel safe: each give-back runs as a task of the client's runtime, which a dropped
-    /// caller leaves to finish (taken back from its lock, a reply lives only in that task).
+    /// Cancel safe: each give-back is [`Detached`], so a dropped caller leaves it to finish
+    /// (taken back from its lock, a reply lives only in that future).
     async fn give_back_rest(&mut self) -> Result<()> {
         let mut given = Vec::new();
         while self.next < self.answered {
@@ -648,23 +644,13 @@ impl Answered {
             let Some(left) = shared.competitor().take_back(self.holder, self.request) else {
                 continue;
             };
-            let (tx, rx) = futures::channel::oneshot::channel();
-            let client = shared.competitor().client.clone();
-            client.spawn(async move {
-                drop(tx.send(shared.competitor().give_back(left).await));
-            });
-            given.push(rx);
+            let runtime = shared.competitor().client.runtime().clone();
+            given.push(Detached::new(
+                async move { shared.competitor().give_back(left).await },
+                runtime,
+            ));
         }
-        let mut first = None;
-        for rx in given {
-            let given = rx
-                .await
-                .unwrap_or_else(|_| Err(Error::closed("the client's tokio runtime")));
-            if let Err(e) = given {
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
+        join_all(given).await.into_iter().collect()
     }
 }
 

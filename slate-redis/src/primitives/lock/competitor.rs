@@ -77,8 +77,13 @@ pub(crate) struct Primed {
 impl Primed {
     /// Whether the reply granted (a fresh hold or a re-entry).
     pub(crate) fn granted(&self) -> bool {
-        matches!(self.reply.first(), Some(1 | 2))
+        is_grant(&self.reply)
     }
+}
+
+/// Whether an `acquire.lua` reply grants: a fresh hold (`{1, ..}`) or a re-entry (`{2, ..}`).
+fn is_grant(reply: &[i64]) -> bool {
+    matches!(reply.first(), Some(1 | 2))
 }
 
 /// Whether this process may have a place in the lock's line of waiting processes (`queue`):
@@ -700,7 +705,7 @@ pub(crate) async fn acquire_remote(
     let ((reply, acked), resent): ((Vec<i64>, Option<usize>), bool) = client
         .exec_resending("acquire script", |mut c, resent| async move {
             // A grant counts once the replicas have it: WAIT behind it, where it ran.
-            let granted = |r: &Vec<i64>| matches!(r.first(), Some(1 | 2));
+            let granted = |r: &Vec<i64>| is_grant(r);
             if resent {
                 // The first send may still run after this one: the record must outlive the
                 // hold (`scripts/acquire.lua`, KEYS[5]).
@@ -811,7 +816,7 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
     let outcome: Result<Sent> = client
         .exec_resending("acquire_many script", |mut c, resent| async move {
             // The grants count once the replicas have them: WAIT behind the call.
-            let granted = |r: &Vec<Vec<i64>>| r.iter().any(|x| matches!(x.first(), Some(1 | 2)));
+            let granted = |r: &Vec<Vec<i64>>| r.iter().any(|x| is_grant(x));
             if resent {
                 let again = scripts::call::AcquireMany {
                     resent: "1",
@@ -829,9 +834,7 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
         let well_formed = !replies.is_empty()
             && replies.len() <= locks.len()
             && replies.iter().all(|r| !r.is_empty())
-            && replies[..replies.len() - 1]
-                .iter()
-                .all(|r| matches!(r[0], 1 | 2));
+            && replies[..replies.len() - 1].iter().all(|r| is_grant(r));
         if !well_formed {
             let flat: Vec<i64> = replies.iter().flatten().copied().collect();
             return Err(unexpected_reply(
@@ -888,7 +891,7 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
             return Err(e);
         }
     };
-    let granted = replies.iter().filter(|r| matches!(r[0], 1 | 2)).count();
+    let granted = replies.iter().filter(|r| is_grant(r)).count();
     let answered = replies.len();
     let now = Instant::now();
     let mut flying = flying.into_iter();
