@@ -135,11 +135,14 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
         let local_waiters = sync.waiters() > 0;
         let result = c.release_remote(remote, local_waiters).await;
         renewal.end_release(&c.keys.lock, remote, generation, matches!(result, Ok(0)));
-        let remaining = lock.shared.sync.release(holder);
         if local_waiters && matches!(result, Ok(0)) {
-            // The release kept the turn for local waiters, who may have left meanwhile.
+            // The release kept the turn for local waiters, who may have left meanwhile. Asked
+            // before the local release wakes them: after it, a woken waiter may already have
+            // used the turn and been served with the rest, and this would take the drained
+            // queue for waiters that left and send a needless leave (seen under load).
             c.turn_kept();
         }
+        let remaining = lock.shared.sync.release(holder);
         match result {
             Ok(-1) => {
                 tracing::debug!("not held");
