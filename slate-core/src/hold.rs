@@ -372,12 +372,50 @@ impl<R: Release> Held<R> {
         crate::blocking::wait_on(self.release.runtime(), release)
     }
 
+    /// Ends the guard with a release its caller runs itself (several guards released in one
+    /// server call): the guard is counted as ended, [`Release::release`] is not called, and
+    /// `end` gets the backend's state and the hold to take what that release needs.
+    ///
+    /// The caller then owns the release: it must run it to the end, including when its own
+    /// future is dropped (see [`Detached`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use slate_core::hold::{Held, Release};
+    /// # use slate_core::{FencingToken, Hold, HolderId, Result};
+    /// # struct Count(tokio::runtime::Handle);
+    /// # impl Release for Count {
+    /// #     fn release(&mut self, hold: &Hold) -> impl Future<Output = Result<u32>> + Send + 'static + use<> {
+    /// #         async { Ok(0) }
+    /// #     }
+    /// #     fn runtime(&self) -> &tokio::runtime::Handle { &self.0 }
+    /// #     fn label(&self) -> &str { "count" }
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # let (_keeper, watch) = slate_core::lease::channel(std::time::Instant::now());
+    /// let holder = HolderId::new();
+    /// let held = Held::new(Hold::new(holder, FencingToken::new(1), 1, watch), Count(tokio::runtime::Handle::current()));
+    /// let taken = held.end_with(|_, hold| hold.holder());
+    /// assert_eq!(taken, holder);
+    /// # }
+    /// ```
+    pub fn end_with<T>(mut self, end: impl FnOnce(&mut R, &Hold) -> T) -> T {
+        self.ended();
+        end(&mut self.release, &self.hold)
+    }
+
     fn start(&mut self) -> impl Future<Output = Result<u32>> + Send + 'static + use<R> {
+        self.ended();
+        self.release.release(&self.hold)
+    }
+
+    /// The guard's end: no release on drop any more, and its hold counted as ended.
+    fn ended(&mut self) {
         self.released = true;
         if let (Some(m), Some(since)) = (self.release.meter(), self.since) {
             m.hold_ended(since.elapsed());
         }
-        self.release.release(&self.hold)
     }
 }
 

@@ -319,6 +319,63 @@ fn s10_a_stale_first_send_whose_resend_was_told_busy_never_grants() {
     );
 }
 
+/// The multi-lock's batched release (`release_many.lua`) at the script level: each name
+/// loses one level; a resend answers from each name's record and takes nothing more (a name
+/// whose last level went answers -1, which the client reads as released within the lease); a
+/// stale copy arriving after a later request of the holder does nothing to that name; a name
+/// not held answers -1 and the others are released all the same.
+#[test]
+fn s10_a_batched_release_is_replayed_by_its_resend_and_takes_one_level_per_name() {
+    let server = server();
+    let mut con = server.connection().unwrap();
+    let depth = |name: &str| {
+        let v = server
+            .command(&["HGET", &format!("slate:{{{name}}}"), "h1"])
+            .expect("HGET");
+        redis::from_redis_value::<Option<i64>>(v)
+            .unwrap()
+            .unwrap_or(0)
+    };
+    for (name, request) in [
+        ("ra", "1"),
+        ("ra", "2"),
+        ("rb", "3"),
+        ("rb", "4"),
+        ("rc", "5"),
+    ] {
+        assert!(acquire_script(&mut con, name, "h1", request, "")[0] >= 1);
+    }
+    let names = ["ra", "rb", "rc"];
+    assert_eq!(
+        release_many_script(&mut con, &names, "h1", "10", ""),
+        [1, 1, 0]
+    );
+    let resend = release_many_script(&mut con, &names, "h1", "10", "1");
+    assert_eq!(resend, [1, 1, -1], "answered from the records");
+    assert_eq!(
+        (depth("ra"), depth("rb"), depth("rc")),
+        (1, 1, 0),
+        "one level each"
+    );
+
+    // h1 takes rc again (request 11); the stalled first send of request 10 arrives.
+    assert_eq!(acquire_script(&mut con, "rc", "h1", "11", "")[0], 1);
+    let stale = release_many_script(&mut con, &names, "h1", "10", "");
+    assert_eq!(stale, [1, 1, -7], "rc's newer record: overtaken, untouched");
+    assert_eq!((depth("ra"), depth("rb"), depth("rc")), (1, 1, 1));
+
+    // rd is not held: it answers so, and the others are released.
+    let partial = release_many_script(&mut con, &["ra", "rd", "rb", "rc"], "h1", "12", "");
+    assert_eq!(partial, [0, -1, 0, 0]);
+    for name in ["ra", "rb", "rc", "rd"] {
+        assert_eq!(
+            int(&server, &["EXISTS", &format!("slate:{{{name}}}")]),
+            0,
+            "{name}"
+        );
+    }
+}
+
 /// The multi-lock's batch (`acquire_many.lua`) at the script level: a resend replays the
 /// grants of its first send (the same tokens, one level each); a resend told busy on the
 /// second name marks it, so that the stalled first send, arriving after the holds ended, stops

@@ -130,7 +130,15 @@ async fn all_or_nothing(deployment: &Deployment) {
     assert_eq!(name.to_string(), "b");
     assert_eq!(reason, slate_redis::LossReason::EntryGone);
     assert!(g.is_lost());
-    drop(g);
+    // Unlocked, the lost name answers "not held" and the others are released all the same
+    // (off a cluster, in the one call that found b gone).
+    let err = g.unlock().await.unwrap_err();
+    assert!(err.is_not_held(), "{err}");
+    for name in ["a", "c"] {
+        let free = single(&c2, name).try_lock().await.unwrap();
+        assert!(free.is_some(), "{name} was released with the lost b");
+        free.unwrap().unlock().await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,6 +154,61 @@ async fn cluster_multi_lock_is_all_or_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_multi_lock_is_all_or_nothing() {
     all_or_nothing(&Deployment::sentinel()).await;
+}
+
+/// On a cluster, names of one hash slot are taken in one script call and released in one;
+/// with a name of another slot in the set, the slot's names are still released in one call
+/// and the other name alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_slot_s_names_are_taken_and_released_in_one_call() {
+    let cluster = Deployment::cluster();
+    // A lock's key is `slate:{name}`: its slot is the name's.
+    let slot = |n: &str| crc16::State::<crc16::XMODEM>::calculate(n.as_bytes()) % 16384;
+    let mut same: Vec<String> = (0..100_000)
+        .map(|i| format!("k{i}"))
+        .filter(|n| slot(n) == slot("k0"))
+        .take(3)
+        .collect();
+    assert_eq!(same.len(), 3, "three names of one slot");
+    let other = (0..)
+        .map(|i| format!("o{i}"))
+        .find(|n| slot(n) != slot("k0"))
+        .unwrap();
+    let c = cluster.client();
+    c.ping().await.unwrap();
+    let calls = || -> u64 {
+        cluster
+            .masters()
+            .iter()
+            .map(|m| m.command_calls(&["evalsha"]).unwrap())
+            .sum()
+    };
+    let exists = |name: &str| {
+        let key = format!("slate:{{{name}}}");
+        redis::from_redis_value::<i64>(cluster.command(&["EXISTS", &key]).unwrap()).unwrap() == 1
+    };
+    let set = MultiLock::builder(&c, &same).build().unwrap();
+    let before = calls();
+    let g = set.lock().await.unwrap();
+    assert_eq!(calls() - before, 1, "one call takes the slot's three names");
+    assert!(same.iter().all(|n| exists(n)));
+    let before = calls();
+    assert_eq!(g.unlock().await.unwrap(), 0);
+    assert_eq!(calls() - before, 1, "one call releases them");
+    assert!(!same.iter().any(|n| exists(n)));
+
+    same.push(other);
+    let set = MultiLock::builder(&c, &same).build().unwrap();
+    let g = set.lock().await.unwrap();
+    assert!(same.iter().all(|n| exists(n)));
+    let before = calls();
+    assert_eq!(g.unlock().await.unwrap(), 0);
+    assert_eq!(
+        calls() - before,
+        2,
+        "the slot's names in one call, the other name alone"
+    );
+    assert!(!same.iter().any(|n| exists(n)));
 }
 
 /// One server holds the whole set: one script call (`acquire_many.lua`) takes every name, in
@@ -177,7 +240,10 @@ async fn a_set_on_one_server_is_taken_in_one_script_call() {
         .fencing_tokens()
         .map(|(n, t)| (n.to_string(), t.get()))
         .collect();
+    let before = calls();
     assert_eq!(g.unlock().await.unwrap(), 0);
+    assert_eq!(calls() - before, 1, "one script call releases five names");
+    assert!(names.iter().all(|n| !exists(n)));
 
     // m3 is held elsewhere: the waiter holds m1 and m2 and waits in m3's queue.
     let other = client(&server);

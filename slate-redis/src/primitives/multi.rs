@@ -42,15 +42,17 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::future::Either;
 use futures::future::{join_all, select_all};
-use slate_core::detach::Detached;
+use slate_core::detach::{Detached, on_runtime};
 use slate_core::{
     Error, FencingToken, HolderId, LockName, LockOptions, LockOptionsBuilder, LossReason, Result,
     Wait,
 };
 
 use crate::client::lock;
-use crate::primitives::lock::guard::SingleLockGuard;
+use crate::primitives::lock::competitor::release_batch;
+use crate::primitives::lock::guard::{RemoteRelease, SingleLockGuard};
 use crate::primitives::lock::{ClientSource, SingleLock};
 
 /// How long a busy answer makes a multi-lock take its names one by one in order.
@@ -674,9 +676,8 @@ fn lost_name(held: &[SingleLockGuard]) -> Option<(LockName, LossReason)> {
 /// Releases each guard, all at once. A name found not held is given back; the first other
 /// failure is answered (that name's entry then ends with its lease).
 async fn release_all(guards: Vec<SingleLockGuard>) -> Result<()> {
-    let releases: Vec<_> = guards.into_iter().map(SingleLockGuard::unlock).collect();
     let mut first = None;
-    for r in join_all(releases).await {
+    for r in release_guards(guards).await? {
         match r {
             Ok(_) => {}
             Err(e) if e.is_not_held() => {}
@@ -687,6 +688,75 @@ async fn release_all(guards: Vec<SingleLockGuard>) -> Result<()> {
         }
     }
     first.map_or(Ok(()), Err)
+}
+
+/// Releases one level of each guard (names of one multi-lock, in canonical order), all at
+/// once, and answers each name's outcome in order, as its own `unlock` would.
+///
+/// A level passed to a local waiter ends here, at the call. The remote releases of the names
+/// one server holds (one cluster slot, or every name off a cluster: a run of the canonical
+/// order) go in one `release_many.lua` call; a name alone in its run goes as a single lock's
+/// release. The releases start when this is called and are finished by a task if the future
+/// is dropped.
+///
+/// # Errors
+///
+/// [`Error::Closed`] when the client's runtime shut down before the releases ran (each
+/// name's own failure is in its answer).
+fn release_guards(
+    guards: Vec<SingleLockGuard>,
+) -> impl Future<Output = Result<Vec<Result<u32>>>> + Send + 'static {
+    let Some(first) = guards.first() else {
+        return Either::Left(std::future::ready(Ok(Vec::new())));
+    };
+    let runtime = first.lock().client().runtime().clone();
+    let cluster = first.lock().client().topology() == crate::Topology::Cluster;
+    let slot = |r: &RemoteRelease| canonical_key(r.lock.key(), cluster).0;
+    let mut runs: Vec<Vec<(usize, RemoteRelease)>> = Vec::new();
+    let mut answers: Vec<Option<Result<u32>>> = Vec::with_capacity(guards.len());
+    for (i, g) in guards.into_iter().enumerate() {
+        match g.into_release() {
+            // Passed to a local waiter: done.
+            None => answers.push(Some(Ok(0))),
+            Some(r) => {
+                answers.push(None);
+                match runs.last_mut() {
+                    Some(run) if slot(&run[0].1) == slot(&r) => run.push((i, r)),
+                    _ => runs.push(vec![(i, r)]),
+                }
+            }
+        }
+    }
+    let releases = async move {
+        let released = runs.into_iter().map(|run| async move {
+            let results = if run.len() == 1 {
+                let r = &run[0].1;
+                let c = r.lock.shared.competitor();
+                vec![c.release_remote(r.remote, r.local_waiters).await]
+            } else {
+                let names: Vec<_> = run
+                    .iter()
+                    .map(|(_, r)| (r.lock.shared.competitor(), r.remote, r.local_waiters))
+                    .collect();
+                release_batch(&names).await
+            };
+            run.into_iter()
+                .zip(results)
+                .map(|((i, r), result)| (i, r.finish(result)))
+                .collect::<Vec<_>>()
+        });
+        for (i, answer) in join_all(released).await.into_iter().flatten() {
+            answers[i] = Some(answer);
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every name answered"))
+            .collect())
+    };
+    Either::Right(Detached::new(
+        on_runtime(runtime.clone(), releases),
+        runtime,
+    ))
 }
 
 impl fmt::Debug for MultiLock {
@@ -807,8 +877,8 @@ impl MultiLockGuard {
     /// # Ok(()) }
     /// ```
     #[must_use = "dropping the guards releases every name in the background"]
-    pub fn into_guards(self) -> Vec<SingleLockGuard> {
-        self.guards
+    pub fn into_guards(mut self) -> Vec<SingleLockGuard> {
+        std::mem::take(&mut self.guards)
     }
 
     /// The earliest lease deadline of the names: until then every name is held.
@@ -931,16 +1001,12 @@ impl MultiLockGuard {
     ///
     /// The releases start when this is called: a dropped future still completes them in the
     /// background.
-    pub fn unlock(self) -> impl Future<Output = Result<u32>> + Send + 'static {
-        let releases: Vec<_> = self
-            .guards
-            .into_iter()
-            .map(SingleLockGuard::unlock)
-            .collect();
+    pub fn unlock(mut self) -> impl Future<Output = Result<u32>> + Send + 'static {
+        let released = release_guards(std::mem::take(&mut self.guards));
         async move {
             let mut left = 0;
             let mut first_error = None;
-            for r in join_all(releases).await {
+            for r in released.await? {
                 match r {
                     Ok(n) => left = left.max(n),
                     Err(e) => {
@@ -977,6 +1043,16 @@ impl MultiLockGuard {
         slate_core::blocking::assert_outside_runtime("MultiLockGuard::blocking_unlock");
         let runtime = self.lock.client().runtime().clone();
         slate_core::blocking::wait_on(&runtime, self.unlock())
+    }
+}
+
+/// A dropped guard releases as [`unlock`](MultiLockGuard::unlock) does (one call per server),
+/// in a task.
+impl Drop for MultiLockGuard {
+    fn drop(&mut self) {
+        if !self.guards.is_empty() {
+            drop(release_guards(std::mem::take(&mut self.guards)));
+        }
     }
 }
 

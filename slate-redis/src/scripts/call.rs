@@ -177,6 +177,68 @@ impl AcquireMany<'_> {
     }
 }
 
+/// One name of a [`ReleaseMany`] call: its `release.lua` keys and the arguments that are its
+/// own (its holder: a name passed within this process is released as its remote holder).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReleaseName<'a> {
+    pub(crate) lock: &'a [u8],
+    pub(crate) channel: &'a [u8],
+    pub(crate) queue: &'a [u8],
+    pub(crate) turn: &'a [u8],
+    pub(crate) record: &'a [u8],
+    pub(crate) holder: &'a str,
+    pub(crate) lease_ms: u64,
+    pub(crate) queue_id: &'a str,
+    pub(crate) tenure: u32,
+    pub(crate) local_waiters: u8,
+    pub(crate) reserve_ms: u64,
+    pub(crate) holds: u32,
+}
+
+/// `release_many.lua`: one level of several names of one server (or cluster slot), every
+/// name whatever the others answer. Written by hand, as [`AcquireMany`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReleaseMany<'a> {
+    pub(crate) names: &'a [ReleaseName<'a>],
+    pub(crate) request: u64,
+    pub(crate) record_ms: u64,
+    pub(crate) publish: &'static str,
+    pub(crate) resent: &'static str,
+}
+
+impl ReleaseMany<'_> {
+    /// `EVALSHA` with every name's five keys, then the common arguments, then each name's
+    /// seven (the script's header).
+    pub(crate) fn cmd(&self) -> Cmd {
+        let n = self.names.len();
+        let mut cmd = Cmd::with_capacity(7 + 12 * n, CMD_BYTES * n.max(1));
+        cmd.arg("EVALSHA")
+            .arg(super::RELEASE_MANY.script.get_hash())
+            .arg(5 * n);
+        for name in self.names {
+            cmd.arg(name.lock)
+                .arg(name.channel)
+                .arg(name.queue)
+                .arg(name.turn)
+                .arg(name.record);
+        }
+        cmd.arg(self.request)
+            .arg(self.record_ms)
+            .arg(self.publish)
+            .arg(self.resent);
+        for name in self.names {
+            cmd.arg(name.holder)
+                .arg(name.lease_ms)
+                .arg(name.queue_id)
+                .arg(name.tenure)
+                .arg(name.local_waiters)
+                .arg(name.reserve_ms)
+                .arg(name.holds);
+        }
+        cmd
+    }
+}
+
 script_call! {
     /// `acquire.lua`: acquire or re-enter the single lock (or one node of a multi-node lock).
     Acquire => ACQUIRE {
@@ -496,6 +558,52 @@ mod tests {
         assert_eq!(&args[18..], [&b"qa"[..], b"8", b"qb", b"8"]);
         let header = AcquireMany::script().code;
         assert!(header.contains("ARGV[6+2i], ARGV[7+2i]"));
+    }
+
+    #[test]
+    fn release_many_sends_five_keys_per_name_then_the_common_and_per_name_arguments() {
+        let name = |lock: &'static [u8], holder| ReleaseName {
+            lock,
+            channel: b"c",
+            queue: b"q",
+            turn: b"t",
+            record: b"r",
+            holder,
+            lease_ms: 30_000,
+            queue_id: "q1",
+            tenure: 8,
+            local_waiters: 1,
+            reserve_ms: 500,
+            holds: 3,
+        };
+        let names = [name(b"a", "ha"), name(b"b", "hb")];
+        let call = ReleaseMany {
+            names: &names,
+            request: 77,
+            record_ms: 2_000,
+            publish: "PUBLISH",
+            resent: "1",
+        };
+        let args = plain_args(&call.cmd());
+        assert_eq!(args[0], b"EVALSHA");
+        assert_eq!(
+            args[1],
+            super::super::RELEASE_MANY.script.get_hash().as_bytes()
+        );
+        assert_eq!(args[2], b"10");
+        assert_eq!(args[3], b"a");
+        assert_eq!(args[8], b"b");
+        // ARGV[1..4] after the ten keys, then each name's seven (ARGV[5 + 7i..11 + 7i]).
+        assert_eq!(&args[13..17], [&b"77"[..], b"2000", b"PUBLISH", b"1"]);
+        let own =
+            |h: &'static [u8]| -> Vec<&[u8]> { vec![h, b"30000", b"q1", b"8", b"1", b"500", b"3"] };
+        assert_eq!(args[17..24], own(b"ha"));
+        assert_eq!(args[24..], own(b"hb"));
+        assert!(
+            super::super::RELEASE_MANY
+                .code
+                .contains("ARGV[5+7i..11+7i]")
+        );
     }
 
     #[test]

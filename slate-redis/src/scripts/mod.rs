@@ -103,6 +103,17 @@ pub(crate) static RELEASE: LazyLock<SlateScript> = LazyLock::new(|| {
         "local held = tonumber(entry[1] or '1')",
     )
 });
+/// `release_many.lua`: one level of several names of one server (or slot) in one step, every
+/// name whatever the others answer: `release.lua` (as this build sends it, mutants included)
+/// wrapped as the function `one(KEYS, ARGV)`, then the driver.
+pub(crate) static RELEASE_MANY: LazyLock<SlateScript> = LazyLock::new(|| {
+    // Built once per process.
+    SlateScript::new(String::leak(format!(
+        "local function one(KEYS, ARGV)\n{}\nend\n{}",
+        RELEASE.code,
+        include_str!("release_many.lua")
+    )))
+});
 /// `renew.lua`: renew a holder's lease.
 pub(crate) static RENEW: LazyLock<SlateScript> = LazyLock::new(|| {
     // Extends the key whoever holds it.
@@ -171,10 +182,11 @@ pub(crate) static SHARED_ADMIN: LazyLock<SlateScript> = shared_script!("shared_a
 /// Every script the locks send in normal operation, for loading them on a new connection
 /// (a script missing here costs a `NOSCRIPT` and a `SCRIPT LOAD` on each connection's first
 /// use; the inspection and node-marker scripts are left to that).
-pub(crate) static ALL: [&LazyLock<SlateScript>; 13] = [
+pub(crate) static ALL: [&LazyLock<SlateScript>; 14] = [
     &ACQUIRE,
     &ACQUIRE_MANY,
     &RELEASE,
+    &RELEASE_MANY,
     &RENEW,
     &FORCE_UNLOCK,
     &LEAVE,
@@ -188,10 +200,11 @@ pub(crate) static ALL: [&LazyLock<SlateScript>; 13] = [
 ];
 
 /// Every script by its file name (without `.lua`).
-static NAMED: [(&str, &LazyLock<SlateScript>); 16] = [
+static NAMED: [(&str, &LazyLock<SlateScript>); 17] = [
     ("acquire", &ACQUIRE),
     ("acquire_many", &ACQUIRE_MANY),
     ("release", &RELEASE),
+    ("release_many", &RELEASE_MANY),
     ("renew", &RENEW),
     ("force_unlock", &FORCE_UNLOCK),
     ("inspect", &INSPECT),

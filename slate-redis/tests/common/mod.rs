@@ -429,6 +429,42 @@ pub fn acquire_many_with(
     inv.invoke(con).unwrap()
 }
 
+/// Runs `release_many.lua` (as the library sends it) directly for `holder` on the locks
+/// `{name}` of `names` (in the order given), under request `request`, with no turn and a
+/// 10 s lease; `resent` as for [`acquire_script`]. Answers one reply per name.
+pub fn release_many_script(
+    con: &mut redis::Connection,
+    names: &[&str],
+    holder: &str,
+    request: &str,
+    resent: &str,
+) -> Vec<i64> {
+    let source = slate_redis::lua_script("release_many")
+        .expect("the batch release script")
+        .source;
+    let script = redis::Script::new(source);
+    let mut inv = script.prepare_invoke();
+    for name in names {
+        let lock = format!("slate:{{{name}}}");
+        inv.key(&lock)
+            .key(format!("{lock}:released"))
+            .key(format!("{lock}:queue"))
+            .key(format!("{lock}:turn"))
+            .key(format!("{lock}:req:{holder}"));
+    }
+    inv.arg(request).arg("5000").arg("").arg(resent);
+    for _ in names {
+        inv.arg(holder)
+            .arg("10000")
+            .arg("")
+            .arg(8)
+            .arg(0)
+            .arg(20)
+            .arg(1);
+    }
+    inv.invoke(con).unwrap()
+}
+
 /// Runs the release script directly for `holder` on lock `{name}`: request `request`, undoing
 /// acquire `undo` (`""`: a plain release), as `how` says.
 pub fn release_direct(

@@ -627,6 +627,110 @@ pub(crate) async fn release_remote(
     Ok(reply)
 }
 
+/// The remote releases of several names of one server (or cluster slot), one level each, in
+/// one `release_many.lua` call (the multi-lock's unlock): each name's answer, as
+/// [`release_remote`] answers for one.
+///
+/// Sent again, with the same request id, if the connection breaks before the reply (each
+/// name's record answers a resend). A name the call answers overtaken (a later request of the
+/// same holder ran first) is released again alone under a fresh id, as `release_remote` does;
+/// after a resend that answer is an error (its first send may have run). A failed call fails
+/// every name: nothing says which ran, and a blind retry could take a level twice.
+pub(crate) async fn release_batch(
+    names: &[(&RedisCompetitor, HolderId, bool)],
+) -> Vec<Result<i64>> {
+    let Some((first, _, _)) = names.first() else {
+        return Vec::new();
+    };
+    let client = &first.client;
+    let holders: Vec<String> = names.iter().map(|(_, h, _)| h.to_string()).collect();
+    let records: Vec<Vec<u8>> = names
+        .iter()
+        .zip(&holders)
+        .map(|((c, _, _), h)| c.keys.record(h))
+        .collect();
+    let many: Vec<scripts::call::ReleaseName<'_>> = names
+        .iter()
+        .zip(holders.iter().zip(&records))
+        .map(
+            |(&(c, holder, waiters), (holder_arg, record))| scripts::call::ReleaseName {
+                lock: &c.keys.lock,
+                channel: &c.keys.channel,
+                queue: &c.keys.queue,
+                turn: &c.keys.turn,
+                record,
+                holder: holder_arg,
+                lease_ms: scripts::lease_ms(c.options.lease()),
+                queue_id: &c.turn.queue_id,
+                tenure: c.turn.tenure,
+                local_waiters: u8::from(waiters),
+                reserve_ms: scripts::lease_ms(c.turn.reserve),
+                holds: c.holds(holder),
+            },
+        )
+        .collect();
+    let call = scripts::call::ReleaseMany {
+        names: &many,
+        request: request::next_id(),
+        record_ms: request::record_ttl_ms(client.command_timeout()),
+        publish: client.publish_arg(),
+        resent: "",
+    };
+    let sent = client
+        .exec_resending("release_many script", |mut c, resent| async move {
+            let call = scripts::call::ReleaseMany {
+                resent: if resent { "1" } else { "" },
+                ..call
+            };
+            conn::eval::<Vec<i64>>(&mut c, &scripts::RELEASE_MANY, &call.cmd()).await
+        })
+        .await
+        .and_then(|(replies, resent)| {
+            if replies.len() == names.len() {
+                Ok((replies, resent))
+            } else {
+                Err(unexpected_reply(
+                    "release_many script",
+                    client.address(),
+                    &replies,
+                ))
+            }
+        });
+    let (replies, resent) = match sent {
+        Ok(sent) => sent,
+        Err(e) => {
+            let mut failed = vec![Err(e)];
+            for _ in 1..names.len() {
+                let Some(Err(first)) = failed.first() else {
+                    unreachable!("the first entry is the call's error");
+                };
+                failed.push(Err(Error::backend(
+                    first.backend_kind().unwrap_or(BackendKind::Io),
+                    Some(client.address().to_owned()),
+                    format!("released in one call with other names, which failed: {first}"),
+                    None,
+                )));
+            }
+            return failed;
+        }
+    };
+    let now = Instant::now();
+    let answers = names.iter().zip(replies).map(|(&(c, holder, waiters), reply)| async move {
+        if reply == request::OVERTAKEN {
+            if resent {
+                return Err(may_have_run(&c.client, "release_many"));
+            }
+            return c.release_remote(holder, waiters).await;
+        }
+        if reply == -1 && resent && c.client.inner.renewal.lease_ahead(&c.keys.lock, holder, now) {
+            tracing::debug!(%holder, "a resent release found the hold gone within its lease: the first send released it");
+            return Ok(0);
+        }
+        Ok(reply)
+    });
+    futures::future::join_all(answers).await
+}
+
 /// The error of a resent request that was overtaken by a later request of its holder: its first
 /// send may or may not have run.
 fn may_have_run(client: &RedisClient, what: &str) -> Error {

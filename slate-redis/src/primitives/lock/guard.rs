@@ -115,27 +115,89 @@ impl SingleLockGuard {
     pub fn reenter(&self) -> impl Future<Output = Result<SingleLockGuard>> + Send + '_ {
         self.lock().lock_as(self.holder())
     }
+
+    /// Ends the guard with its release begun ([`RemoteRelease::begin`]) for a caller that
+    /// runs the remote part itself (a multi-lock's one call for several names): `None` when
+    /// the level was passed to a local waiter and nothing is left to do. The caller must
+    /// finish what it gets, also when its own future is dropped.
+    pub(crate) fn into_release(self) -> Option<RemoteRelease> {
+        self.held
+            .end_with(|r, hold| RemoteRelease::begin(r.0.clone(), hold.holder()))
+    }
 }
 
 /// Releases one level for `holder`: the last level goes to the next local waiter if it can
 /// be passed (lock cohorting, no round trip); otherwise the remote release (as the hold's
 /// remote holder), then the local one whatever the outcome.
 async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
-    let c = lock.shared.competitor();
-    let span = tracing::debug_span!("release", lock = %c.label, %holder);
+    let span = tracing::debug_span!("release", lock = %lock.shared.competitor().label, %holder);
     async {
+        match RemoteRelease::begin(lock, holder) {
+            None => Ok(0),
+            Some(r) => {
+                let c = r.lock.shared.competitor();
+                let result = c.release_remote(r.remote, r.local_waiters).await;
+                r.finish(result)
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// One level's release whose local part is decided and whose remote release is to run: the
+/// remote release's arguments, and what ends the level locally once it has answered
+/// ([`finish`](Self::finish)). A multi-lock runs the remote releases of several names in one
+/// script call between the two.
+pub(crate) struct RemoteRelease {
+    pub(crate) lock: SingleLock,
+    holder: HolderId,
+    /// The holder of the remote hold (the one that acquired it, if it was passed).
+    pub(crate) remote: HolderId,
+    /// Whether tasks of this process wait for the lock (the release keeps the turn).
+    pub(crate) local_waiters: bool,
+    generation: Option<u64>,
+}
+
+impl RemoteRelease {
+    /// Begins releasing one level of `holder`'s: `None` when it was passed to the next local
+    /// waiter (nothing is left to do), else the remote release to run.
+    pub(crate) fn begin(lock: SingleLock, holder: HolderId) -> Option<Self> {
         let sync = &lock.shared.sync;
         if sync.try_pass(holder) {
-            tracing::debug!("passed to the next local holder");
-            return Ok(0);
+            tracing::debug!(lock = %lock.shared.competitor().label, %holder, "passed to the next local holder");
+            return None;
         }
+        let c = lock.shared.competitor();
         let remote = sync.remote_holder(holder);
-        let renewal = &c.client.inner.renewal;
-        let generation = renewal.begin_release(&c.keys.lock, remote);
+        let generation = c.client.inner.renewal.begin_release(&c.keys.lock, remote);
         let local_waiters = sync.waiters() > 0;
-        let result = c.release_remote(remote, local_waiters).await;
-        renewal.end_release(&c.keys.lock, remote, generation, matches!(result, Ok(0)));
-        if local_waiters && matches!(result, Ok(0)) {
+        Some(RemoteRelease {
+            lock,
+            holder,
+            remote,
+            local_waiters,
+            generation,
+        })
+    }
+
+    /// Ends the level locally with the remote release's `result` (`release.lua`'s reply),
+    /// whatever it is, and answers the holder's remaining count.
+    pub(crate) fn finish(self, result: Result<i64>) -> Result<u32> {
+        let RemoteRelease {
+            lock,
+            holder,
+            remote,
+            local_waiters,
+            generation,
+        } = self;
+        let c = lock.shared.competitor();
+        let released = matches!(result, Ok(0));
+        c.client
+            .inner
+            .renewal
+            .end_release(&c.keys.lock, remote, generation, released);
+        if local_waiters && released {
             // The release kept the turn for local waiters, who may have left meanwhile. Asked
             // before the local release wakes them: after it, a woken waiter may already have
             // used the turn and been served with the rest, and this would take the drained
@@ -145,16 +207,16 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
         let remaining = lock.shared.sync.release(holder);
         match result {
             Ok(-1) => {
-                tracing::debug!("not held");
+                tracing::debug!(lock = %c.label, %holder, "not held");
                 Err(Error::not_held(Arc::clone(&c.label), holder))
             }
             Ok(n) if n >= 0 => {
                 // The local count and Redis's agree by construction (a re-entry after a lost
                 // lease is refused, defect 4); the local one is what every backend returns.
                 if i64::from(remaining) != n {
-                    tracing::warn!(remaining, server = n, "local and server hold counts differ");
+                    tracing::warn!(lock = %c.label, %holder, remaining, server = n, "local and server hold counts differ");
                 }
-                tracing::debug!(remaining, "released");
+                tracing::debug!(lock = %c.label, %holder, remaining, "released");
                 Ok(remaining)
             }
             Ok(n) => Err(crate::client::unexpected_reply(
@@ -163,13 +225,11 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
                 n,
             )),
             Err(e) => {
-                tracing::warn!(error = %e, "release failed; the entry ends with its lease");
+                tracing::warn!(lock = %c.label, %holder, error = %e, "release failed; the entry ends with its lease");
                 Err(e)
             }
         }
     }
-    .instrument(span)
-    .await
 }
 
 slate_core::guard_surface!(

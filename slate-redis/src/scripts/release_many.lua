@@ -1,0 +1,40 @@
+-- Slate: release one level on each of several single locks of one server (or one cluster
+-- slot), in one server step: the multi-lock's unlock (`primitives/multi.rs`).
+--
+-- The script that runs is `release.lua` wrapped as a function, `one(KEYS, ARGV)`, followed by
+-- this driver (see `scripts::RELEASE_MANY`): each name gets exactly what its own `release.lua`
+-- call would do and answer, with its holder check, its turn, its release message and its
+-- request record. Every name is released whatever the others answer (a name whose lease was
+-- lost answers -1 and the rest are still released), so the reply has one entry per name.
+--
+-- Idempotent as `release.lua` is, name by name: a resend (ARGV[4] = '1') answers from each
+-- name's record, and a copy that arrives late finds each name's record of this request (or of
+-- a newer one) and does nothing.
+--
+-- KEYS     five per name: KEYS[5i+1..5i+5] = name i's lock hash, release channel, queue, turn
+--          and the holder's request record key (`release.lua` KEYS[1..5])
+-- ARGV[1]  request id (the same for every name: each name keeps its own record)
+-- ARGV[2]  how long a record key is kept, in ms
+-- ARGV[3]  'SPUBLISH' on a Redis Cluster, anything else = 'PUBLISH' (`release.lua` ARGV[10])
+-- ARGV[4]  '1': this call may have been sent before (`release.lua` ARGV[12]); '' otherwise
+-- ARGV[5+7i..11+7i]
+--          name i's holder id, lease in ms, queue id, tenure, 1 if tasks of the caller's
+--          process wait for the name (else 0), how long a turn stays reserved in ms, and how
+--          many local holders its remote hold served (`release.lua` ARGV[1..6], ARGV[11])
+--
+-- Replies: an array with one integer per name, in the order of KEYS: that name's
+-- `release.lua` reply (-7 overtaken, -1 not held, 0 released, n > 0 still held n times).
+if #KEYS == 0 or #KEYS % 5 ~= 0 or #ARGV ~= 4 + 7 * (#KEYS / 5) then
+    return redis.error_reply('release_many: five KEYS and seven ARGV per name, got '
+        .. #KEYS .. ' KEYS and ' .. #ARGV .. ' ARGV')
+end
+local replies = {}
+for i = 0, #KEYS / 5 - 1 do
+    local k, a = 5 * i, 4 + 7 * i
+    replies[i + 1] = one(
+        {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]},
+        {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6],
+            ARGV[1], ARGV[2], '', ARGV[3], ARGV[a + 7], ARGV[4]}
+    )
+end
+return replies
