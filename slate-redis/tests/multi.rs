@@ -156,6 +156,38 @@ async fn sentinel_multi_lock_is_all_or_nothing() {
     all_or_nothing(&Deployment::sentinel()).await;
 }
 
+/// A name whose release raises a server error (here a key of another type under its name,
+/// met after its hold was deleted) does not keep the names after it in the same call from
+/// being released; the call answers the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_failing_in_the_batched_release_does_not_keep_the_others_held() {
+    let server = server();
+    let (c1, c2) = (client(&server), client(&server));
+    let set = MultiLock::builder(&c1, ["fa", "fb", "fc"])
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let g = set.lock().await.unwrap();
+    // Another process is told busy on fb (its release then looks at the turn)...
+    let busy = single(&c2, "fb")
+        .try_lock_for(Duration::from_millis(100))
+        .await;
+    assert!(busy.is_err(), "fb is held");
+    // ...and fb's turn key is not Slate's any more.
+    server.command(&["SET", "slate:{fb}:turn", "x"]).unwrap();
+    let err = g.unlock().await.unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    for name in ["fa", "fb", "fc"] {
+        let key = format!("slate:{{{name}}}");
+        let v = server.command(&["EXISTS", &key]).unwrap();
+        assert_eq!(
+            redis::from_redis_value::<i64>(v).unwrap(),
+            0,
+            "{name} released"
+        );
+    }
+}
+
 /// On a cluster, names of one hash slot are taken in one script call and released in one;
 /// with a name of another slot in the set, the slot's names are still released in one call
 /// and the other name alone.

@@ -1,10 +1,10 @@
 //! A randomized nemesis for the single lock's request protocol (issue 30's lean scripts) and
-//! the multi-lock's batch over it (`acquire_many.lua`), at the script level: two holders
-//! acquire, re-enter and release two locks, one name at a time or both names through one
-//! batch, while the schedule loses replies (the request ran, the client sends it again),
-//! stalls first sends (the client sends again; the stalled copy arrives later, at a random
-//! step), and times requests out (the client gives up and undoes the acquire by its id, the
-//! first send having run or not).
+//! the multi-lock's batches over it (`acquire_many.lua`, `release_many.lua`), at the script
+//! level: two holders acquire, re-enter and release two locks, one name at a time or both
+//! names through one batch, while the schedule loses replies (the request ran, the client
+//! sends it again), stalls first sends (the client sends again; the stalled copy arrives
+//! later, at a random step), and times requests out (the client gives up and undoes the
+//! acquire by its id, the first send having run or not).
 //!
 //! The two locks (`pn-<case>-a`, `pn-<case>-b`) have hash tags of their own, so each has its
 //! own lock hash, queue, turn and request records; their fencing counters are their hash
@@ -37,6 +37,18 @@
 //! it are taken), at most `OVERTAKEN_RESENDS` times. A re-entry through a batch is allowed:
 //! the script acquires or re-enters each name.
 //!
+//! A batch release step releases one level of both names for a holder in one
+//! `release_many.lua` call, as the multi-lock's unlock does (`competitor::release_batch`,
+//! `multi.rs` `release_guards`), and only when the holder believes it holds both (a
+//! multi-lock's guard holds every name; otherwise the step does nothing): one request id for
+//! both names, a resend (after a lost reply or a stalled first send) under the same id with
+//! resent = '1', and no undo (the timed-out fates are answered, as for a single release). The
+//! reply must be one release answer per name (checked for every batch release that runs,
+//! stalled copies included), each read as a single release's: "overtaken" on a first send
+//! has that name released again alone under a fresh id (after the other name), on a resend
+//! it is an error (a level may be left to its lease); "not held" on a resend counts as
+//! released; whatever the answer, the level is gone locally.
+//!
 //! After every step, with every request answered or stalled, for each name:
 //! - **exclusion**: the lock hash names at most one holder, and a holder that believes it
 //!   holds is that one, with at least the levels it believes (exactly as many unless a resend
@@ -60,10 +72,11 @@
 //! `recorded_schedules_keep_exclusion_levels_and_tokens` (the seeds in
 //! `protocol_nemesis.proptest-regressions` were drawn for the one-lock steps).
 //!
-//! Not reached: a first send (single or batch) answered "overtaken", and a resend answered so
-//! (the drift above). Every request the client awaits carries the holder's newest id, and
-//! nothing else of that holder runs between a first send and its resend; only stalled copies,
-//! whose answers nobody awaits, are overtaken. Those rules are kept as the library has them.
+//! Not reached: a first send (single, batch acquire or batch release) answered "overtaken",
+//! and a resend answered so (the drift above). Every request the client awaits carries the
+//! holder's newest id, and nothing else of that holder runs between a first send and its
+//! resend; only stalled copies, whose answers nobody awaits, are overtaken. Those rules are
+//! kept as the library has them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -116,6 +129,9 @@ enum Step {
     /// Holder `h` acquires both names through one batch, in order (each a fresh hold or a
     /// re-entry, as the holder stands there).
     AcquireBoth(usize, Fate),
+    /// Holder `h` releases one level of both names through one batch (nothing unless it
+    /// believes it holds both).
+    ReleaseBoth(usize, Fate),
     /// The `k`-th stalled copy (modulo how many there are) arrives now.
     Deliver(usize),
 }
@@ -135,6 +151,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (0..HOLDERS, 0..NAMES, fate()).prop_map(|(h, n, f)| Step::Acquire(h, n, f)),
         5 => (0..HOLDERS, 0..NAMES, fate()).prop_map(|(h, n, f)| Step::Release(h, n, f)),
         3 => (0..HOLDERS, fate()).prop_map(|(h, f)| Step::AcquireBoth(h, f)),
+        3 => (0..HOLDERS, fate()).prop_map(|(h, f)| Step::ReleaseBoth(h, f)),
         2 => (0..8usize).prop_map(Step::Deliver),
     ]
 }
@@ -164,6 +181,12 @@ enum Request {
         id: u64,
         resent: bool,
     },
+    /// A batch release of one level of every name, in order.
+    ReleaseMany {
+        holder: usize,
+        id: u64,
+        resent: bool,
+    },
 }
 
 impl Request {
@@ -173,7 +196,8 @@ impl Request {
         match &mut again {
             Request::Acquire { resent, .. }
             | Request::Release { resent, .. }
-            | Request::AcquireMany { resent, .. } => *resent = true,
+            | Request::AcquireMany { resent, .. }
+            | Request::ReleaseMany { resent, .. } => *resent = true,
         }
         again
     }
@@ -220,6 +244,50 @@ fn well_formed(replies: &[Vec<i64>], asked: usize) -> bool {
         && (replies.len() == asked || !granted(last))
 }
 
+/// Runs `release_many.lua` (as the library sends it) for `holder` over the locks `{name}` of
+/// `names` (in the order given), each called as `how` says and as `release_direct` calls
+/// `release.lua` (no local waiters, a turn reserved 20 ms, one hold), under request
+/// `request`. Answers one integer per name.
+fn release_many_direct(
+    con: &mut redis::Connection,
+    names: &[String],
+    holder: &str,
+    request: &str,
+    how: &Direct<'_>,
+) -> Vec<i64> {
+    let source = slate_redis::lua_script("release_many")
+        .expect("the batch release script")
+        .source;
+    let script = redis::Script::new(source);
+    let mut inv = script.prepare_invoke();
+    for name in names {
+        let lock = format!("slate:{{{name}}}");
+        inv.key(&lock)
+            .key(format!("{lock}:released"))
+            .key(format!("{lock}:queue"))
+            .key(format!("{lock}:turn"))
+            .key(format!("{lock}:req:{holder}"));
+    }
+    let resent = if how.resent { "1" } else { "" };
+    inv.arg(request).arg(how.record_ms).arg("").arg(resent);
+    for _ in names {
+        inv.arg(holder)
+            .arg(how.lease_ms)
+            .arg(how.queue)
+            .arg(how.tenure)
+            .arg(0)
+            .arg(20)
+            .arg(1);
+    }
+    inv.invoke(con).unwrap()
+}
+
+/// Whether `left` is an answer of a plain release (`release.lua`): overtaken, not held,
+/// released, or the levels still held.
+fn release_answer(left: i64) -> bool {
+    left == OVERTAKEN || left >= -1
+}
+
 impl World<'_> {
     fn fresh_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::SeqCst)
@@ -247,7 +315,8 @@ impl World<'_> {
     }
 
     /// Runs `req` on the server and returns its reply: one entry per name answered (a
-    /// single acquire's or a release's is the one name's; a release's is its integer).
+    /// single acquire's or a release's is the one name's; a release's is its integer, and a
+    /// batch release's are each name's integer).
     fn run(&mut self, req: &Request) -> Vec<Vec<i64>> {
         let reply = match *req {
             Request::Acquire {
@@ -306,6 +375,23 @@ impl World<'_> {
                     self.log
                 );
                 replies
+            }
+            Request::ReleaseMany { holder, id, resent } => {
+                let how = self.how(holder, false, resent);
+                let replies = release_many_direct(
+                    &mut self.con,
+                    &self.names,
+                    holder_id(holder),
+                    &id.to_string(),
+                    &how,
+                );
+                assert!(
+                    replies.len() == NAMES && replies.iter().all(|&r| release_answer(r)),
+                    "{req:?}: a batch release's reply not one release answer per name: \
+                     {replies:?}: {:#?}",
+                    self.log
+                );
+                replies.into_iter().map(|r| vec![r]).collect()
             }
         };
         self.log.push(format!("{req:?} -> {reply:?}"));
@@ -507,28 +593,70 @@ impl World<'_> {
             };
             let (reply, resent) = self.send(req, fate);
             let left = reply.expect("releases are answered")[0][0];
-            match left {
-                OVERTAKEN if !resent && overtaken < OVERTAKEN_RESENDS => {
-                    overtaken += 1;
-                    fate = Fate::Answered;
-                    continue;
-                }
-                OVERTAKEN if resent => self.drift[h][n] = true,
-                -1 if resent => {}
-                left if left >= 0 => {
-                    let believed = i64::from(self.believed[h][n] - 1);
-                    assert!(
-                        left == believed || (self.drift[h][n] && left > believed),
-                        "name {n}: {left} levels left after a release, {believed} believed: \
-                         {:#?}",
-                        self.log
-                    );
-                }
-                other => panic!("unexpected release reply {other}: {:#?}", self.log),
+            if left == OVERTAKEN && !resent && overtaken < OVERTAKEN_RESENDS {
+                overtaken += 1;
+                fate = Fate::Answered;
+                continue;
             }
-            // Whatever the answer, the level is gone locally (the library's guard).
-            self.believed[h][n] -= 1;
+            self.released(h, n, left, resent);
             return;
+        }
+    }
+
+    /// Holder `h` takes a release's answer `left` for name `n` (`resent`: it answers a
+    /// resend), as `release_remote` reads it; a first send answered "overtaken" is sent again
+    /// by the caller, not taken here.
+    fn released(&mut self, h: usize, n: usize, left: i64, resent: bool) {
+        match left {
+            OVERTAKEN if resent => self.drift[h][n] = true,
+            -1 if resent => {}
+            left if left >= 0 => {
+                let believed = i64::from(self.believed[h][n] - 1);
+                assert!(
+                    left == believed || (self.drift[h][n] && left > believed),
+                    "name {n}: {left} levels left after a release, {believed} believed: {:#?}",
+                    self.log
+                );
+            }
+            other => panic!("unexpected release reply {other}: {:#?}", self.log),
+        }
+        // Whatever the answer, the level is gone locally (the library's guard).
+        self.believed[h][n] -= 1;
+    }
+
+    /// Holder `h` releases one level of both names through one batch (the module docs).
+    fn release_both(&mut self, h: usize, fate: Fate) {
+        // Only a holder of every name releases through a batch (a multi-lock's guard); the
+        // step does nothing otherwise, which keeps every name of the call held.
+        if self.believed[h].contains(&0) {
+            return;
+        }
+        // As for a single release: no undo, so the timed-out fates are answered.
+        let fate = match fate {
+            Fate::TimedOutRan | Fate::TimedOutStalled => Fate::Answered,
+            f => f,
+        };
+        let req = Request::ReleaseMany {
+            holder: h,
+            id: self.fresh_id(),
+            resent: false,
+        };
+        let (replies, resent) = self.send(req, fate);
+        let replies = replies.expect("releases are answered");
+        // A name a first send answers "overtaken" is released again alone under a fresh id
+        // (with a single release's own resends), after the other names were taken
+        // (`multi.rs` `release_guards`).
+        let mut again = Vec::new();
+        for (n, reply) in replies.iter().enumerate() {
+            let left = reply[0];
+            if left == OVERTAKEN && !resent {
+                again.push(n);
+            } else {
+                self.released(h, n, left, resent);
+            }
+        }
+        for n in again {
+            self.release(h, n, Fate::Answered);
         }
     }
 
@@ -611,6 +739,7 @@ fn run_case(server: &slate_harness::server::RedisServer, turns: bool, steps: &[S
             Step::Acquire(h, n, f) => world.acquire(h, n, f),
             Step::Release(h, n, f) => world.release(h, n, f),
             Step::AcquireBoth(h, f) => world.acquire_both(h, f),
+            Step::ReleaseBoth(h, f) => world.release_both(h, f),
             Step::Deliver(k) => world.deliver(k),
         }
         world.check();

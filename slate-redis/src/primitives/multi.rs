@@ -729,21 +729,34 @@ fn release_guards(
     }
     let releases = async move {
         let released = runs.into_iter().map(|run| async move {
-            let results = if run.len() == 1 {
-                let r = &run[0].1;
+            if run.len() == 1 {
+                let (i, r) = run.into_iter().next().expect("one name");
                 let c = r.lock.shared.competitor();
-                vec![c.release_remote(r.remote, r.local_waiters).await]
-            } else {
-                let names: Vec<_> = run
-                    .iter()
-                    .map(|(_, r)| (r.lock.shared.competitor(), r.remote, r.local_waiters))
-                    .collect();
-                release_batch(&names).await
-            };
-            run.into_iter()
-                .zip(results)
-                .map(|((i, r), result)| (i, r.finish(result)))
-                .collect::<Vec<_>>()
+                let result = c.release_remote(r.remote, r.local_waiters).await;
+                return vec![(i, r.finish(result))];
+            }
+            let names: Vec<_> = run
+                .iter()
+                .map(|(_, r)| (r.lock.shared.competitor(), r.remote, r.local_waiters))
+                .collect();
+            let replies = release_batch(&names).await;
+            // Each name ends as soon as its answer is known (its local waiters are woken
+            // within the turn kept for them); an overtaken one is released alone after.
+            let mut done = Vec::with_capacity(run.len());
+            let mut again = Vec::new();
+            for ((i, r), reply) in run.into_iter().zip(replies) {
+                match reply {
+                    Ok(None) => again.push((i, r)),
+                    Ok(Some(n)) => done.push((i, r.finish(Ok(n)))),
+                    Err(e) => done.push((i, r.finish(Err(e)))),
+                }
+            }
+            for (i, r) in again {
+                let c = r.lock.shared.competitor();
+                let result = c.release_remote(r.remote, r.local_waiters).await;
+                done.push((i, r.finish(result)));
+            }
+            done
         });
         for (i, answer) in join_all(released).await.into_iter().flatten() {
             answers[i] = Some(answer);

@@ -23,18 +23,34 @@
 --          many local holders its remote hold served (`release.lua` ARGV[1..6], ARGV[11])
 --
 -- Replies: an array with one integer per name, in the order of KEYS: that name's
--- `release.lua` reply (-7 overtaken, -1 not held, 0 released, n > 0 still held n times).
+-- `release.lua` reply (-7 overtaken, -1 not held, 0 released, n > 0 still held n times). A
+-- name whose script raised an error (a key of another type under its name) answers the call
+-- with that error, after every other name was released as usual.
 if #KEYS == 0 or #KEYS % 5 ~= 0 or #ARGV ~= 4 + 7 * (#KEYS / 5) then
     return redis.error_reply('release_many: five KEYS and seven ARGV per name, got '
         .. #KEYS .. ' KEYS and ' .. #ARGV .. ' ARGV')
 end
-local replies = {}
+local replies, failed = {}, false
 for i = 0, #KEYS / 5 - 1 do
     local k, a = 5 * i, 4 + 7 * i
-    replies[i + 1] = one(
+    local ok, reply = pcall(one,
         {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]},
         {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6],
             ARGV[1], ARGV[2], '', ARGV[3], ARGV[a + 7], ARGV[4]}
     )
+    if ok then
+        replies[i + 1] = reply
+    elseif not failed then
+        -- A name's own error (one of its keys is not Slate's: a wrong type) does not keep
+        -- the names after it from being released; the first such error is the call's answer
+        -- once every name was tried.
+        if type(reply) == 'table' then
+            reply = reply.err
+        end
+        failed = KEYS[k + 1] .. ': ' .. tostring(reply)
+    end
+end
+if failed then
+    return redis.error_reply('release_many: ' .. failed)
 end
 return replies

@@ -633,12 +633,13 @@ pub(crate) async fn release_remote(
 ///
 /// Sent again, with the same request id, if the connection breaks before the reply (each
 /// name's record answers a resend). A name the call answers overtaken (a later request of the
-/// same holder ran first) is released again alone under a fresh id, as `release_remote` does;
-/// after a resend that answer is an error (its first send may have run). A failed call fails
-/// every name: nothing says which ran, and a blind retry could take a level twice.
+/// same holder ran first) is answered `Ok(None)`: nothing ran there, and the caller releases
+/// it again alone ([`RedisCompetitor::release_remote`], under a fresh id), after finishing the
+/// others; after a resend that answer is an error (its first send may have run). A failed
+/// call fails every name: nothing says which ran, and a blind retry could take a level twice.
 pub(crate) async fn release_batch(
     names: &[(&RedisCompetitor, HolderId, bool)],
-) -> Vec<Result<i64>> {
+) -> Vec<Result<Option<i64>>> {
     let Some((first, _, _)) = names.first() else {
         return Vec::new();
     };
@@ -699,7 +700,7 @@ pub(crate) async fn release_batch(
     let (replies, resent) = match sent {
         Ok(sent) => sent,
         Err(e) => {
-            let mut failed = vec![Err(e)];
+            let mut failed: Vec<Result<Option<i64>>> = vec![Err(e)];
             for _ in 1..names.len() {
                 let Some(Err(first)) = failed.first() else {
                     unreachable!("the first entry is the call's error");
@@ -715,20 +716,23 @@ pub(crate) async fn release_batch(
         }
     };
     let now = Instant::now();
-    let answers = names.iter().zip(replies).map(|(&(c, holder, waiters), reply)| async move {
-        if reply == request::OVERTAKEN {
-            if resent {
-                return Err(may_have_run(&c.client, "release_many"));
+    names
+        .iter()
+        .zip(replies)
+        .map(|(&(c, holder, _), reply)| {
+            if reply == request::OVERTAKEN {
+                if resent {
+                    return Err(may_have_run(&c.client, "release_many"));
+                }
+                return Ok(None);
             }
-            return c.release_remote(holder, waiters).await;
-        }
-        if reply == -1 && resent && c.client.inner.renewal.lease_ahead(&c.keys.lock, holder, now) {
-            tracing::debug!(%holder, "a resent release found the hold gone within its lease: the first send released it");
-            return Ok(0);
-        }
-        Ok(reply)
-    });
-    futures::future::join_all(answers).await
+            if reply == -1 && resent && c.client.inner.renewal.lease_ahead(&c.keys.lock, holder, now) {
+                tracing::debug!(%holder, "a resent release found the hold gone within its lease: the first send released it");
+                return Ok(Some(0));
+            }
+            Ok(Some(reply))
+        })
+        .collect()
 }
 
 /// The error of a resent request that was overtaken by a later request of its holder: its first
