@@ -7,7 +7,8 @@
 //! holds (the others go on after its leases end) and with the lock server paused for longer
 //! than the command timeout. The negative control takes the same sets by hand, as single
 //! locks in the caller's order with a moment between two names: the run must deadlock, and
-//! the test sees it.
+//! the test sees it. M5 runs the cycle on a Redis Cluster, two of its names in one hash slot
+//! (taken and released by one script call) and the third on another master.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod scenario;
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ecosphere::clock::now_ns;
+use ecosphere::cluster::RedisCluster;
 use ecosphere::history::{CheckConfig, CheckId, EventKind, History, Recorder};
 use ecosphere::server::RedisServer;
 use ecosphere::workers::WorkerSet;
@@ -230,4 +232,66 @@ fn m4_the_caller_order_deadlocks_and_the_run_sees_it() {
     let h = History::load(&run.history).expect("history");
     let held: usize = (0..3).map(|p| acq_oks(&h, p)).sum();
     assert!(held < 3 * 3 * 2, "{held} names taken: the run went on");
+}
+
+/// Lock names on a fresh 3-master cluster: `{m}` and `{m13819}` share hash slot 15627 (the
+/// third master), `{b}` is in slot 3300 (the first).
+const CLUSTER_SETS: [&str; 3] = ["m,m13819", "m13819,b", "b,m"];
+
+/// M5: the cycle on a Redis Cluster. The set {m, m13819} is one slot's, taken and released
+/// in one script call each; the two others span two masters, a name per slot. Judged name by
+/// name as M1.
+#[test]
+fn m5_the_cycle_on_a_cluster_with_one_slot_s_names_batched() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let slot = |n: &str| {
+        cluster
+            .slot_of(format!("slate:{{{n}}}").as_bytes())
+            .unwrap()
+    };
+    assert_eq!(slot("m"), slot("m13819"), "one slot's two names");
+    assert_ne!(
+        cluster.master_of(slot("m")).unwrap(),
+        cluster.master_of(slot("b")).unwrap(),
+        "the third name on another master"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go_file = dir.path().join("go");
+    let history = dir.path().join("history");
+    std::fs::create_dir(&history).expect("history dir");
+    let workers: Vec<Worker> = CLUSTER_SETS
+        .iter()
+        .enumerate()
+        .map(|(i, set)| {
+            let mut w = multi_worker(cluster.node(0), set, i as u32, &history, &go_file);
+            w.redis_url = cluster.urls();
+            w.cluster = true;
+            w
+        })
+        .collect();
+    let mut sets = spawn_all(&workers);
+    go(&go_file);
+    assert_done(&mut sets);
+    let final_keys: Vec<String> = cluster
+        .masters()
+        .unwrap()
+        .into_iter()
+        .flat_map(|i| lock_keys(cluster.node(i)))
+        .collect();
+    let cfg = CheckConfig {
+        final_keys: Some(final_keys),
+        ..CheckConfig::new(LEASE)
+    };
+    let (_, report) = check(&history, &cfg);
+    report.assert_ok();
+    assert_eq!(
+        report.stats.locks, 3,
+        "every name judged as a lock of its own"
+    );
+    report.assert_pass(&[
+        CheckId::Exclusion,
+        CheckId::Tokens,
+        CheckId::Ownership,
+        CheckId::Validity,
+    ]);
 }
