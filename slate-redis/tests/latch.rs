@@ -296,6 +296,52 @@ async fn a_paused_server_neither_double_counts_nor_drops_waiters() {
         .expect("the waiter is let through");
 }
 
+/// A waiter does not poll: with its notifications live it reads the count about once a
+/// second (the check for a lost message), not in a loop. A latch opened without a message (as
+/// if the message was lost) is still seen at that check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_reads_once_a_second_and_a_lost_message_is_caught_by_that_read() {
+    let server = server();
+    let (c1, c2) = (client(&server), client(&server));
+    assert!(latch(&c2, "quiet").try_set_count(1).await.unwrap());
+    let reads = || server.command_calls(&["hmget"]).unwrap();
+    let waiter = tokio::spawn({
+        let l = latch(&c1, "quiet");
+        async move { l.wait_for(Duration::from_secs(20)).await }
+    });
+    eventually(Duration::from_secs(5), "the waiter subscribed", || {
+        subscribed(&server, "slate:{quiet}:latch:open") == 1
+    })
+    .await;
+    let before = reads();
+    // The interval measured: the waiter's reads in it are the subject, not a condition.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let read = reads() - before;
+    assert!(
+        (1..=4).contains(&read),
+        "{read} reads of the count in 2.5 s of waiting (one a second expected)"
+    );
+    assert!(!waiter.is_finished());
+    // Opened behind the waiter's back: no count-down script, no message.
+    server
+        .command(&["HSET", "slate:{quiet}:latch", "n", "0"])
+        .unwrap();
+    let opened = Instant::now();
+    within(
+        Duration::from_secs(3),
+        "the waiter, at its next read",
+        waiter,
+    )
+    .await
+    .unwrap()
+    .expect("the latch opened");
+    assert!(
+        opened.elapsed() < Duration::from_millis(2_500),
+        "{:?}",
+        opened.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_for_times_out_on_a_closed_latch() {
     let server = server();
