@@ -229,6 +229,15 @@ async fn a_cluster_slot_s_names_are_taken_and_released_in_one_call() {
     assert_eq!(calls() - before, 1, "one call releases them");
     assert!(!same.iter().any(|n| exists(n)));
 
+    // A caller puts names in one slot by what comes before their first `}` (README).
+    let tagged = ["acct}:7", "acct}:9"];
+    let set = MultiLock::builder(&c, tagged).build().unwrap();
+    let before = calls();
+    let g = set.lock().await.unwrap();
+    assert_eq!(calls() - before, 1, "one call takes acct}}:7 and acct}}:9");
+    assert!(tagged.iter().all(|n| exists(n)));
+    g.unlock().await.unwrap();
+
     same.push(other);
     let set = MultiLock::builder(&c, &same).build().unwrap();
     let g = set.lock().await.unwrap();
