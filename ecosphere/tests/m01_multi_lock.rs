@@ -7,7 +7,7 @@
 //! holds (the others go on after its leases end) and with the lock server paused for longer
 //! than the command timeout. The negative control takes the same sets by hand, as single
 //! locks in the caller's order with a moment between two names: the run must deadlock, and
-//! the test sees it. M5 runs the cycle on a Redis Cluster, two of its names in one hash slot
+//! the test sees it. M12 runs the cycle on a Redis Cluster, two of its names in one hash slot
 //! (taken and released by one script call) and the third on another master.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -238,11 +238,11 @@ fn m4_the_caller_order_deadlocks_and_the_run_sees_it() {
 /// third master), `{b}` is in slot 3300 (the first).
 const CLUSTER_SETS: [&str; 3] = ["m,m13819", "m13819,b", "b,m"];
 
-/// M5: the cycle on a Redis Cluster. The set {m, m13819} is one slot's, taken and released
+/// M12: the cycle on a Redis Cluster. The set {m, m13819} is one slot's, taken and released
 /// in one script call each; the two others span two masters, a name per slot. Judged name by
 /// name as M1.
 #[test]
-fn m5_the_cycle_on_a_cluster_with_one_slot_s_names_batched() {
+fn m12_the_cycle_on_a_cluster_with_one_slot_s_names_batched() {
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let slot = |n: &str| {
         cluster
