@@ -244,44 +244,6 @@ fn well_formed(replies: &[Vec<i64>], asked: usize) -> bool {
         && (replies.len() == asked || !granted(last))
 }
 
-/// Runs `release_many.lua` (as the library sends it) for `holder` over the locks `{name}` of
-/// `names` (in the order given), each called as `how` says and as `release_direct` calls
-/// `release.lua` (no local waiters, a turn reserved 20 ms, one hold), under request
-/// `request`. Answers one integer per name.
-fn release_many_direct(
-    con: &mut redis::Connection,
-    names: &[String],
-    holder: &str,
-    request: &str,
-    how: &Direct<'_>,
-) -> Vec<i64> {
-    let source = slate_redis::lua_script("release_many")
-        .expect("the batch release script")
-        .source;
-    let script = redis::Script::new(source);
-    let mut inv = script.prepare_invoke();
-    for name in names {
-        let lock = format!("slate:{{{name}}}");
-        inv.key(&lock)
-            .key(format!("{lock}:released"))
-            .key(format!("{lock}:queue"))
-            .key(format!("{lock}:turn"))
-            .key(format!("{lock}:req:{holder}"));
-    }
-    let resent = if how.resent { "1" } else { "" };
-    inv.arg(request).arg(how.record_ms).arg("").arg(resent);
-    for _ in names {
-        inv.arg(holder)
-            .arg(how.lease_ms)
-            .arg(how.queue)
-            .arg(how.tenure)
-            .arg(0)
-            .arg(20)
-            .arg(1);
-    }
-    inv.invoke(con).unwrap()
-}
-
 /// Whether `left` is an answer of a plain release (`release.lua`): overtaken, not held,
 /// released, or the levels still held.
 fn release_answer(left: i64) -> bool {

@@ -430,8 +430,8 @@ pub fn acquire_many_with(
 }
 
 /// Runs `release_many.lua` (as the library sends it) directly for `holder` on the locks
-/// `{name}` of `names` (in the order given), under request `request`, with no turn and a
-/// 10 s lease; `resent` as for [`acquire_script`]. Answers one reply per name.
+/// `{name}` of `names` (in the order given), under request `request`, with [`Direct`]'s
+/// defaults; `resent` as for [`acquire_script`]. Answers one reply per name.
 pub fn release_many_script(
     con: &mut redis::Connection,
     names: &[&str],
@@ -439,25 +439,46 @@ pub fn release_many_script(
     request: &str,
     resent: &str,
 ) -> Vec<i64> {
+    let how = Direct {
+        resent: resent == "1",
+        ..Direct::default()
+    };
+    release_many_direct(con, names, holder, request, &how)
+}
+
+/// Runs `release_many.lua` (as the library sends it) directly for `holder` over the locks
+/// `{name}` of `names` (in the order given), each called as `how` says and as
+/// [`release_direct`] calls `release.lua` (no local waiters, a turn reserved 20 ms, one
+/// hold), under request `request`. Answers one integer per name.
+pub fn release_many_direct(
+    con: &mut redis::Connection,
+    names: &[impl AsRef<str>],
+    holder: &str,
+    request: &str,
+    how: &Direct<'_>,
+) -> Vec<i64> {
     let source = slate_redis::lua_script("release_many")
         .expect("the batch release script")
         .source;
     let script = redis::Script::new(source);
     let mut inv = script.prepare_invoke();
     for name in names {
-        let lock = format!("slate:{{{name}}}");
+        let lock = format!("slate:{{{}}}", name.as_ref());
         inv.key(&lock)
             .key(format!("{lock}:released"))
             .key(format!("{lock}:queue"))
             .key(format!("{lock}:turn"))
             .key(format!("{lock}:req:{holder}"));
     }
-    inv.arg(request).arg("5000").arg("").arg(resent);
+    inv.arg(request)
+        .arg(how.record_ms)
+        .arg("")
+        .arg(flag(how.resent));
     for _ in names {
         inv.arg(holder)
-            .arg("10000")
-            .arg("")
-            .arg(8)
+            .arg(how.lease_ms)
+            .arg(how.queue)
+            .arg(how.tenure)
             .arg(0)
             .arg(20)
             .arg(1);
