@@ -188,6 +188,43 @@ async fn a_name_failing_in_the_batched_release_does_not_keep_the_others_held() {
     }
 }
 
+/// A batched release run on a replica (a master demoted by a failover) fails as a whole with
+/// the replica's `READONLY`, code and all, as a single release does: the client then replaces
+/// its connection. Only a name's own `WRONGTYPE` is answered name by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_release_on_a_replica_fails_whole_with_readonly() {
+    let master = server();
+    let replica = server();
+    let mut con = master.connection().unwrap();
+    for name in ["ra", "rb"] {
+        assert_eq!(acquire_script(&mut con, name, "h1", "1", "")[0], 1);
+    }
+    let port = master.port().to_string();
+    replica.command(&["REPLICAOF", "127.0.0.1", &port]).unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the replica has both holds",
+        || {
+            ["ra", "rb"].iter().all(|n| {
+                let v = replica
+                    .command(&["EXISTS", &format!("slate:{{{n}}}")])
+                    .unwrap();
+                redis::from_redis_value::<i64>(v).unwrap() == 1
+            })
+        },
+    )
+    .await;
+    let mut on_replica = replica.connection().unwrap();
+    let how = Direct::default();
+    let e = release_many_try::<Vec<redis::Value>>(&mut on_replica, &["ra", "rb"], "h1", "2", &how)
+        .unwrap_err();
+    assert_eq!(
+        e.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+        "{e}"
+    );
+}
+
 /// On a cluster, names of one hash slot are taken in one script call and released in one;
 /// with a name of another slot in the set, the slot's names are still released in one call
 /// and the other name alone.

@@ -1106,6 +1106,35 @@ mod tests {
         }
     }
 
+    /// Second review of the batched release: a name whose release meets a key of another
+    /// type under its name answers that error (a response error, as a single release's), and
+    /// the other names of the call keep their own answers (before, the call answered the
+    /// error for every name, and a released name's kept turn was not handed on).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::unwrap_used, reason = "a test")]
+    async fn a_name_s_error_in_the_batched_release_is_that_name_s_alone() {
+        let server = slate_harness::server::RedisServer::start().unwrap();
+        let client = crate::RedisClient::open(server.url()).unwrap();
+        let other = crate::RedisClient::open(server.url()).unwrap();
+        let set = MultiLock::builder(&client, ["ea", "eb", "ec"])
+            .lease(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let g = set.lock().await.unwrap();
+        // Another process is told busy on eb (eb's release then reads its turn key), which
+        // is then not Slate's.
+        let eb = SingleLock::builder(&other, "eb").build().unwrap();
+        assert!(eb.try_lock_for(Duration::from_millis(100)).await.is_err());
+        server.command(&["SET", "slate:{eb}:turn", "x"]).unwrap();
+        let answers = release_guards(g.into_guards()).await.unwrap();
+        assert_eq!(answers.len(), 3);
+        assert!(matches!(answers[0], Ok(0)), "{:?}", answers[0]);
+        let e = answers[1].as_ref().unwrap_err();
+        assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+        assert_eq!(e.backend_kind(), Some(slate_core::BackendKind::Response));
+        assert!(matches!(answers[2], Ok(0)), "{:?}", answers[2]);
+    }
+
     /// Review finding (issue 31): a granted name of a batch that a task of this process still
     /// owns (its hold ended in Redis, not yet here) is waited for in the local queue; the
     /// batch's later grants are given back first, or the caller would wait holding them (the

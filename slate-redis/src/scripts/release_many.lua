@@ -22,15 +22,16 @@
 --          process wait for the name (else 0), how long a turn stays reserved in ms, and how
 --          many local holders its remote hold served (`release.lua` ARGV[1..6], ARGV[11])
 --
--- Replies: an array with one integer per name, in the order of KEYS: that name's
--- `release.lua` reply (-7 overtaken, -1 not held, 0 released, n > 0 still held n times). A
--- name whose script raised an error (a key of another type under its name) answers the call
--- with that error, after every other name was released as usual.
+-- Replies: an array with one entry per name, in the order of KEYS: that name's `release.lua`
+-- reply (-7 overtaken, -1 not held, 0 released, n > 0 still held n times), or, for a name one
+-- of whose keys has another type, that error's text ('WRONGTYPE ...'; what ran of that name's
+-- release before the error stays, as for a single `release.lua` call). Any other error (a
+-- replica's READONLY, OOM) is the whole call's, with its code.
 if #KEYS == 0 or #KEYS % 5 ~= 0 or #ARGV ~= 4 + 7 * (#KEYS / 5) then
     return redis.error_reply('release_many: five KEYS and seven ARGV per name, got '
         .. #KEYS .. ' KEYS and ' .. #ARGV .. ' ARGV')
 end
-local replies, failed = {}, false
+local replies = {}
 for i = 0, #KEYS / 5 - 1 do
     local k, a = 5 * i, 4 + 7 * i
     local ok, reply = pcall(one,
@@ -38,19 +39,24 @@ for i = 0, #KEYS / 5 - 1 do
         {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6],
             ARGV[1], ARGV[2], '', ARGV[3], ARGV[a + 7], ARGV[4]}
     )
-    if ok then
-        replies[i + 1] = reply
-    elseif not failed then
-        -- A name's own error (one of its keys is not Slate's: a wrong type) does not keep
-        -- the names after it from being released; the first such error is the call's answer
-        -- once every name was tried.
-        if type(reply) == 'table' then
-            reply = reply.err
+    if not ok then
+        local text = reply
+        if type(reply) == 'table' and reply.err then
+            text = reply.err
         end
-        failed = KEYS[k + 1] .. ': ' .. tostring(reply)
+        text = tostring(text)
+        if string.sub(text, 1, 10) ~= 'WRONGTYPE ' then
+            -- Not this name's own (a replica's READONLY, a server out of memory...): the call
+            -- answers it, code first, as a single release would fail with it. (Raised again,
+            -- it would come back behind the script's position, its code lost.)
+            return redis.error_reply(text)
+        end
+        -- This name's own error (one of its keys is not Slate's) is its answer, as text with
+        -- the code first: it does not keep the names after it from being released, nor
+        -- change their answers. (An error reply nested in the array would fail the whole
+        -- call in the client.)
+        reply = text
     end
-end
-if failed then
-    return redis.error_reply('release_many: ' .. failed)
+    replies[i + 1] = reply
 end
 return replies

@@ -457,6 +457,18 @@ pub fn release_many_direct(
     request: &str,
     how: &Direct<'_>,
 ) -> Vec<i64> {
+    release_many_try(con, names, holder, request, how).unwrap()
+}
+
+/// [`release_many_direct`], answering the call's error (a replica's `READONLY`...) instead of
+/// panicking on it.
+pub fn release_many_try<T: redis::FromRedisValue>(
+    con: &mut redis::Connection,
+    names: &[impl AsRef<str>],
+    holder: &str,
+    request: &str,
+    how: &Direct<'_>,
+) -> redis::RedisResult<T> {
     let source = slate_redis::lua_script("release_many")
         .expect("the batch release script")
         .source;
@@ -483,7 +495,7 @@ pub fn release_many_direct(
             .arg(20)
             .arg(1);
     }
-    inv.invoke(con).unwrap()
+    inv.invoke(con)
 }
 
 /// Runs the release script directly for `holder` on lock `{name}`: request `request`, undoing

@@ -683,7 +683,7 @@ pub(crate) async fn release_batch(
                 resent: if resent { "1" } else { "" },
                 ..call
             };
-            conn::eval::<Vec<i64>>(&mut c, &scripts::RELEASE_MANY, &call.cmd()).await
+            conn::eval::<Vec<redis::Value>>(&mut c, &scripts::RELEASE_MANY, &call.cmd()).await
         })
         .await
         .and_then(|(replies, resent)| {
@@ -720,6 +720,14 @@ pub(crate) async fn release_batch(
         .iter()
         .zip(replies)
         .map(|(&(c, holder, _), reply)| {
+            let reply = match reply {
+                redis::Value::Int(n) => n,
+                // This name's own error, its code first (the script's header).
+                redis::Value::BulkString(text) => return Err(name_error(client, &text)),
+                other => {
+                    return Err(unexpected_reply("release_many script", client.address(), &other));
+                }
+            };
             if reply == request::OVERTAKEN {
                 if resent {
                     return Err(may_have_run(&c.client, "release_many"));
@@ -733,6 +741,20 @@ pub(crate) async fn release_batch(
             Ok(Some(reply))
         })
         .collect()
+}
+
+/// One name's error in a `release_many.lua` reply (`WRONGTYPE ...`), classified as the same
+/// error answered to a single call would be.
+fn name_error(client: &RedisClient, text: &[u8]) -> Error {
+    let mut line = Vec::with_capacity(text.len() + 3);
+    line.push(b'-');
+    line.extend(text.iter().filter(|b| !matches!(b, b'\r' | b'\n')));
+    line.extend_from_slice(b"\r\n");
+    let e = match redis::parse_redis_value(&line) {
+        Ok(redis::Value::ServerError(e)) => redis::RedisError::from(e),
+        _ => redis::RedisError::from((redis::ErrorKind::Client, "an unreadable error text")),
+    };
+    crate::client::error::from_redis(e, "release_many script", client.address())
 }
 
 /// The error of a resent request that was overtaken by a later request of its holder: its first
