@@ -58,11 +58,13 @@ pub enum Mutant {
     LatchCountsResends,
     /// The multi-lock's batch goes on past the first name it does not grant.
     BatchPastRefusal,
+    /// The multi-lock's batched release leaves its last name out.
+    ReleaseManySkipsAName,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::LeaseIgnoresDeadline,
         Mutant::LeaseFromReply,
         Mutant::ReleaseSkipsHolderCheck,
@@ -76,6 +78,7 @@ impl Mutant {
         Mutant::LateGrantDisplaces,
         Mutant::LatchCountsResends,
         Mutant::BatchPastRefusal,
+        Mutant::ReleaseManySkipsAName,
     ];
 
     /// The name `SLATE_MUTANT` takes.
@@ -101,6 +104,7 @@ impl Mutant {
             Mutant::LateGrantDisplaces => "late-grant-displaces",
             Mutant::LatchCountsResends => "latch-counts-resends",
             Mutant::BatchPastRefusal => "batch-past-refusal",
+            Mutant::ReleaseManySkipsAName => "release-many-skips-a-name",
         }
     }
 

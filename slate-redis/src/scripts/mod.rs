@@ -108,11 +108,18 @@ pub(crate) static RELEASE: LazyLock<SlateScript> = LazyLock::new(|| {
 /// wrapped as the function `one(KEYS, ARGV)`, then the driver.
 pub(crate) static RELEASE_MANY: LazyLock<SlateScript> = LazyLock::new(|| {
     // Built once per process.
-    SlateScript::new(String::leak(format!(
+    let code = String::leak(format!(
         "local function one(KEYS, ARGV)\n{}\nend\n{}",
         RELEASE.code,
         include_str!("release_many.lua")
-    )))
+    ));
+    // Leaves the last name held.
+    SlateScript::mutated(
+        code,
+        Mutant::ReleaseManySkipsAName,
+        "for i = 0, #KEYS / 5 - 1 do",
+        "for i = 0, #KEYS / 5 - 2 do",
+    )
 });
 /// `renew.lua`: renew a holder's lease.
 pub(crate) static RENEW: LazyLock<SlateScript> = LazyLock::new(|| {
