@@ -731,9 +731,7 @@ fn release_guards(
         let released = runs.into_iter().map(|run| async move {
             if run.len() == 1 {
                 let (i, r) = run.into_iter().next().expect("one name");
-                let c = r.lock.shared.competitor();
-                let result = c.release_remote(r.remote, r.local_waiters).await;
-                return vec![(i, r.finish(result))];
+                return vec![(i, r.run().await)];
             }
             let names: Vec<_> = run
                 .iter()
@@ -752,9 +750,7 @@ fn release_guards(
                 }
             }
             for (i, r) in again {
-                let c = r.lock.shared.competitor();
-                let result = c.release_remote(r.remote, r.local_waiters).await;
-                done.push((i, r.finish(result)));
+                done.push((i, r.run().await));
             }
             done
         });
@@ -1091,6 +1087,18 @@ mod tests {
     use super::*;
     use crate::primitives::lock::competitor::acquire_batch;
 
+    /// A standalone server and a multi-lock over `names` there (30 s lease).
+    #[allow(clippy::unwrap_used, reason = "a test")]
+    fn set_on_a_server(names: &[&str]) -> (slate_harness::server::RedisServer, MultiLock) {
+        let server = slate_harness::server::RedisServer::start().unwrap();
+        let client = crate::RedisClient::open(server.url()).unwrap();
+        let set = MultiLock::builder(&client, names)
+            .lease(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        (server, set)
+    }
+
     /// One batch over `locks` for `holder`, its replies held as the multi-lock holds them.
     #[allow(clippy::unwrap_used, reason = "a test")]
     async fn answered(locks: &[SingleLock], holder: HolderId) -> Answered {
@@ -1113,13 +1121,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[allow(clippy::unwrap_used, reason = "a test")]
     async fn a_name_s_error_in_the_batched_release_is_that_name_s_alone() {
-        let server = slate_harness::server::RedisServer::start().unwrap();
-        let client = crate::RedisClient::open(server.url()).unwrap();
+        let (server, set) = set_on_a_server(&["ea", "eb", "ec"]);
         let other = crate::RedisClient::open(server.url()).unwrap();
-        let set = MultiLock::builder(&client, ["ea", "eb", "ec"])
-            .lease(Duration::from_secs(30))
-            .build()
-            .unwrap();
         let g = set.lock().await.unwrap();
         // Another process is told busy on eb (eb's release then reads its turn key), which
         // is then not Slate's.
@@ -1142,12 +1145,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[allow(clippy::unwrap_used, reason = "a test")]
     async fn a_batch_waiting_on_a_local_owner_holds_no_later_name() {
-        let server = slate_harness::server::RedisServer::start().unwrap();
-        let client = crate::RedisClient::open(server.url()).unwrap();
-        let set = MultiLock::builder(&client, ["xc", "xb"])
-            .lease(Duration::from_secs(30))
-            .build()
-            .unwrap();
+        let (server, set) = set_on_a_server(&["xc", "xb"]);
         let (b, c) = (set.locks()[0].clone(), set.locks()[1].clone());
         assert_eq!(b.name().to_string(), "xb");
         // X owns b here, and its hold is gone from Redis.
@@ -1184,12 +1182,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[allow(clippy::unwrap_used, reason = "a test")]
     async fn a_dropped_wait_still_gives_the_later_grants_back() {
-        let server = slate_harness::server::RedisServer::start().unwrap();
-        let client = crate::RedisClient::open(server.url()).unwrap();
-        let set = MultiLock::builder(&client, ["wc", "wb"])
-            .lease(Duration::from_secs(30))
-            .build()
-            .unwrap();
+        let (server, set) = set_on_a_server(&["wc", "wb"]);
         let (b, c) = (set.locks()[0].clone(), set.locks()[1].clone());
         // X owns b here, and its hold is gone from Redis: the batch's grant of b is refused
         // locally, and c's is given back before the wait.
@@ -1233,14 +1226,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[allow(clippy::unwrap_used, reason = "a test")]
     async fn a_batch_grant_taken_by_the_same_holder_elsewhere_is_waited_for() {
-        let server = slate_harness::server::RedisServer::start().unwrap();
-        let client = crate::RedisClient::open(server.url()).unwrap();
+        let (server, set) = set_on_a_server(&["yc", "yb"]);
         let other = crate::RedisClient::open(server.url()).unwrap();
-        let lease = Duration::from_secs(30);
-        let set = MultiLock::builder(&client, ["yc", "yb"])
-            .lease(lease)
-            .build()
-            .unwrap();
+        let lease = set.locks()[0].options().lease();
         let (b, c) = (set.locks()[0].clone(), set.locks()[1].clone());
         let holder = HolderId::new();
         let batch = answered(&[b.clone(), c.clone()], holder).await;

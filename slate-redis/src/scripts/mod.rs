@@ -75,16 +75,20 @@ pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
         "local token = take_tokens(1)",
     )
 });
+/// A batch script's text: the one-name script `one` (as this build sends it, mutants included)
+/// wrapped as the function `one(KEYS, ARGV)`, then the batch's `driver`. Built once per
+/// process and static.
+fn with_driver(one: &str, driver: &str) -> &'static str {
+    String::leak(format!(
+        "local function one(KEYS, ARGV)\n{one}\nend\n{driver}"
+    ))
+}
+
 /// `acquire_many.lua`: several names of one server (or slot) in one step, in order, until the
 /// first that is not granted: `acquire.lua` (as this build sends it, mutants included) wrapped
 /// as the function `one(KEYS, ARGV)`, then the driver.
 pub(crate) static ACQUIRE_MANY: LazyLock<SlateScript> = LazyLock::new(|| {
-    // Built once per process.
-    let code = String::leak(format!(
-        "local function one(KEYS, ARGV)\n{}\nend\n{}",
-        ACQUIRE.code,
-        include_str!("acquire_many.lua")
-    ));
+    let code = with_driver(ACQUIRE.code, include_str!("acquire_many.lua"));
     // Goes on past a name it does not grant: a caller waiting for it holds names after it.
     SlateScript::mutated(
         code,
@@ -107,12 +111,7 @@ pub(crate) static RELEASE: LazyLock<SlateScript> = LazyLock::new(|| {
 /// name whatever the others answer: `release.lua` (as this build sends it, mutants included)
 /// wrapped as the function `one(KEYS, ARGV)`, then the driver.
 pub(crate) static RELEASE_MANY: LazyLock<SlateScript> = LazyLock::new(|| {
-    // Built once per process.
-    let code = String::leak(format!(
-        "local function one(KEYS, ARGV)\n{}\nend\n{}",
-        RELEASE.code,
-        include_str!("release_many.lua")
-    ));
+    let code = with_driver(RELEASE.code, include_str!("release_many.lua"));
     // Leaves the last name held.
     SlateScript::mutated(
         code,

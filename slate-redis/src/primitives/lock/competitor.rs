@@ -613,18 +613,32 @@ pub(crate) async fn release_remote(
         }
         break (reply, resent);
     };
-    if reply == -1
-        && resent
-        && release.undo.is_none()
-        && client
-            .inner
-            .renewal
-            .lease_ahead(&keys.lock, release.holder, Instant::now())
+    if release.undo.is_none() && released_by_first_send(client, keys, release.holder, reply, resent)
     {
-        tracing::debug!(holder = %release.holder, "a resent release found the hold gone within its lease: the first send released it");
         return Ok(0);
     }
     Ok(reply)
+}
+
+/// Whether a plain release's `reply` of "not held" (-1) to a resend means that its first send
+/// released the last level (see [`release_remote`]): the hold's lease cannot have run out yet.
+fn released_by_first_send(
+    client: &RedisClient,
+    keys: &Keys,
+    holder: HolderId,
+    reply: i64,
+    resent: bool,
+) -> bool {
+    let gone = reply == -1
+        && resent
+        && client
+            .inner
+            .renewal
+            .lease_ahead(&keys.lock, holder, Instant::now());
+    if gone {
+        tracing::debug!(%holder, "a resent release found the hold gone within its lease: the first send released it");
+    }
+    gone
 }
 
 /// The remote releases of several names of one server (or cluster slot), one level each, in
@@ -700,22 +714,20 @@ pub(crate) async fn release_batch(
     let (replies, resent) = match sent {
         Ok(sent) => sent,
         Err(e) => {
-            let mut failed: Vec<Result<Option<i64>>> = vec![Err(e)];
-            for _ in 1..names.len() {
-                let Some(Err(first)) = failed.first() else {
-                    unreachable!("the first entry is the call's error");
-                };
-                failed.push(Err(Error::backend(
-                    first.backend_kind().unwrap_or(BackendKind::Io),
-                    Some(client.address().to_owned()),
-                    format!("released in one call with other names, which failed: {first}"),
-                    None,
-                )));
-            }
-            return failed;
+            // The call's error for the first name; the others say which call failed.
+            let others: Vec<_> = (1..names.len())
+                .map(|_| {
+                    Err(Error::backend(
+                        e.backend_kind().unwrap_or(BackendKind::Io),
+                        Some(client.address().to_owned()),
+                        format!("released in one call with other names, which failed: {e}"),
+                        None,
+                    ))
+                })
+                .collect();
+            return std::iter::once(Err(e)).chain(others).collect();
         }
     };
-    let now = Instant::now();
     names
         .iter()
         .zip(replies)
@@ -725,7 +737,11 @@ pub(crate) async fn release_batch(
                 // This name's own error, its code first (the script's header).
                 redis::Value::BulkString(text) => return Err(name_error(client, &text)),
                 other => {
-                    return Err(unexpected_reply("release_many script", client.address(), &other));
+                    return Err(unexpected_reply(
+                        "release_many script",
+                        client.address(),
+                        &other,
+                    ));
                 }
             };
             if reply == request::OVERTAKEN {
@@ -734,8 +750,7 @@ pub(crate) async fn release_batch(
                 }
                 return Ok(None);
             }
-            if reply == -1 && resent && c.client.inner.renewal.lease_ahead(&c.keys.lock, holder, now) {
-                tracing::debug!(%holder, "a resent release found the hold gone within its lease: the first send released it");
+            if released_by_first_send(&c.client, &c.keys, holder, reply, resent) {
                 return Ok(Some(0));
             }
             Ok(Some(reply))

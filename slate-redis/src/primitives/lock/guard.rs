@@ -134,11 +134,7 @@ async fn release(lock: SingleLock, holder: HolderId) -> Result<u32> {
     async {
         match RemoteRelease::begin(lock, holder) {
             None => Ok(0),
-            Some(r) => {
-                let c = r.lock.shared.competitor();
-                let result = c.release_remote(r.remote, r.local_waiters).await;
-                r.finish(result)
-            }
+            Some(r) => r.run().await,
         }
     }
     .instrument(span)
@@ -179,6 +175,13 @@ impl RemoteRelease {
             local_waiters,
             generation,
         })
+    }
+
+    /// Runs the remote release alone (`release.lua`), then [`finish`](Self::finish)es.
+    pub(crate) async fn run(self) -> Result<u32> {
+        let c = self.lock.shared.competitor();
+        let result = c.release_remote(self.remote, self.local_waiters).await;
+        self.finish(result)
     }
 
     /// Ends the level locally with the remote release's `result` (`release.lua`'s reply),
