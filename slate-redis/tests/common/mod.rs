@@ -313,6 +313,17 @@ impl Default for Direct<'_> {
     }
 }
 
+impl Direct<'_> {
+    /// The defaults, as a first send (`resent` `""`) or a send that may repeat an earlier one
+    /// (`"1"`).
+    pub fn sent(resent: &str) -> Self {
+        Direct {
+            resent: resent == "1",
+            ..Direct::default()
+        }
+    }
+}
+
 fn flag(on: bool) -> &'static str {
     if on { "1" } else { "" }
 }
@@ -363,10 +374,7 @@ pub fn acquire_many_script(
     let names: Vec<(&str, Direct<'_>)> = names
         .iter()
         .map(|name| {
-            let how = Direct {
-                resent: resent == "1",
-                ..Direct::default()
-            };
+            let how = Direct::sent(resent);
             (*name, how)
         })
         .collect();
@@ -439,10 +447,7 @@ pub fn release_many_script(
     request: &str,
     resent: &str,
 ) -> Vec<i64> {
-    let how = Direct {
-        resent: resent == "1",
-        ..Direct::default()
-    };
+    let how = Direct::sent(resent);
     release_many_direct(con, names, holder, request, &how)
 }
 
@@ -547,10 +552,7 @@ pub fn acquire_script(
     request: &str,
     resent: &str,
 ) -> Vec<i64> {
-    let how = Direct {
-        resent: resent == "1",
-        ..Direct::default()
-    };
+    let how = Direct::sent(resent);
     acquire_direct(con, name, holder, request, &how)
 }
 
@@ -565,8 +567,7 @@ pub fn release_script(
 ) -> i64 {
     let how = Direct {
         record_ms,
-        resent: resent == "1",
-        ..Direct::default()
+        ..Direct::sent(resent)
     };
     release_direct(at, name, holder, (request, undo), &how)
 }
