@@ -56,6 +56,30 @@ struct Cli {
     /// with --locks above it), for slate-multi, slate-ordered, redis-lock and redisson.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
     set_size: u64,
+    /// Keep the CPUs out of their idle states for the whole run (a PM QoS request: 0 µs
+    /// written to /dev/cpu_dma_latency and held; needs root). On a virtual machine a CPU that
+    /// idles between messages costs every round trip its wake-up (on the 2-vCPU machine of
+    /// docs/BENCHMARKS.md a lone GET takes 57 µs idle and 12.5 µs held awake), so without it
+    /// a latency-bound shape is fastest for whichever implementation keeps the CPUs busiest.
+    #[arg(long)]
+    no_cpu_idle: bool,
+}
+
+/// The PM QoS request of `--no-cpu-idle`: in force while the file stays open.
+fn hold_cpus_awake() -> Result<std::fs::File, String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/cpu_dma_latency")
+        .map_err(|e| {
+            format!(
+                "--no-cpu-idle needs to write /dev/cpu_dma_latency ({e}); run as root, or leave \
+                 the flag out"
+            )
+        })?;
+    f.write_all(&0i32.to_ne_bytes())
+        .map_err(|e| format!("--no-cpu-idle: writing /dev/cpu_dma_latency: {e}"))?;
+    Ok(f)
 }
 
 fn parse_server(s: &str) -> Result<ServerKind, String> {
@@ -145,6 +169,17 @@ fn main() -> ExitCode {
                 eprintln!("contention: --duration must be 0.5..=600 s and --repeat 1..=50");
                 return ExitCode::from(2);
             }
+            let _awake = if cli.no_cpu_idle {
+                match hold_cpus_awake() {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        eprintln!("contention: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            } else {
+                None
+            };
             let worker_exe = match std::env::current_exe() {
                 Ok(p) => p,
                 Err(e) => {
@@ -174,7 +209,11 @@ fn main() -> ExitCode {
             let rows = runner::summary(&results);
             println!("{}", runner::markdown(&rows));
             if let Some(path) = cli.json {
-                let doc = serde_json::json!({ "summary": rows, "runs": results });
+                let doc = serde_json::json!({
+                    "summary": rows,
+                    "runs": results,
+                    "cpu_idle_states": if cli.no_cpu_idle { "held off" } else { "allowed" },
+                });
                 if let Err(e) = std::fs::write(&path, format!("{doc:#}")) {
                     eprintln!("contention: writing {}: {e}", path.display());
                     return ExitCode::FAILURE;
