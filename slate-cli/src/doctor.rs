@@ -234,14 +234,10 @@ async fn check_server(
     check_version(&all, role, &name, out);
     check_eviction(&all, &name, out);
     // The fsync policy is not in INFO: read where the user may (CONFIG is admin-only).
-    let fsync: Option<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("appendfsync")
-        .query_async::<Vec<String>>(&mut conn)
-        .await
-        .ok()
-        .and_then(|v| v.into_iter().nth(1));
-    check_persistence(&all, fsync.as_deref(), role, &name, out);
+    let fsync = config_get(&mut conn, "appendfsync").await;
+    // The snapshot rules decide what a restart without AOF brings back (not in INFO either).
+    let save = config_get(&mut conn, "save").await;
+    check_persistence(&all, fsync.as_deref(), save.as_deref(), role, &name, out);
     check_replication(&all, role, &name, out);
     check_acl(&mut conn, spec, role, &name, out).await;
     check_latency(&mut conn, spec, &name, out).await;
@@ -342,9 +338,23 @@ fn check_eviction(info: &HashMap<String, String>, name: &str, out: &mut Vec<Find
     }
 }
 
+/// One server setting by `CONFIG GET` (`None` when this user may not run it: CONFIG is
+/// admin-only).
+async fn config_get(conn: &mut MultiplexedConnection, setting: &str) -> Option<String> {
+    redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(setting)
+        .query_async::<Vec<String>>(conn)
+        .await
+        .ok()
+        .and_then(|v| v.into_iter().nth(1))
+}
+
+/// `save`: the RDB snapshot rules (`""`: none), `None` when unknown.
 fn check_persistence(
     info: &HashMap<String, String>,
     fsync: Option<&str>,
+    save: Option<&str>,
     role: Role,
     name: &str,
     out: &mut Vec<Finding>,
@@ -389,19 +399,50 @@ fn check_persistence(
             },
             "with appendfsync everysec (or no) a crash, not a clean shutdown, loses the last \
              second (or more) of writes: a lock granted then can be granted again after the \
-             restart; with always, nothing is lost",
+             restart, and the fencing counters go back by the tokens of that second, which are \
+             then issued again; with always, nothing is lost",
             "CONFIG SET appendfsync always where a crash must not reopen a lock",
         ));
     } else {
+        let lost = "a held lock can be granted to another holder while the first still works, \
+                    until its next renewal sees the entry gone";
+        let (what, consequence) = match save.map(str::trim) {
+            Some("") => (
+                "no AOF, no RDB snapshots".to_owned(),
+                format!(
+                    "a restart loses every lock: {lost}; the fencing counters are lost with \
+                     them and start again from the server clock, so tokens keep increasing \
+                     (unless the clock stepped back)"
+                ),
+            ),
+            Some(rules) => (
+                format!("no AOF; RDB snapshots (save {rules})"),
+                format!(
+                    "a restart (other than a clean shutdown, which saves) brings back the last \
+                     snapshot: the locks taken since are lost ({lost}), and the fencing \
+                     counters go back to the snapshot's values, so the tokens issued since are \
+                     issued again (a resource that keeps the highest token it saw refuses them \
+                     until the counter passes it)"
+                ),
+            ),
+            None => (
+                "no AOF (the snapshot rules need CONFIG GET, which this user may not run)"
+                    .to_owned(),
+                format!(
+                    "a restart loses the locks taken since the last RDB snapshot, if snapshots \
+                     are configured, and otherwise every lock: {lost}; a snapshot brings the \
+                     fencing counters back to older values (the tokens issued since are issued \
+                     again), while counters lost with everything start again from the server \
+                     clock"
+                ),
+            ),
+        };
         out.push(finding(
             "persistence",
             name,
             Severity::Unsafe,
-            "no AOF",
-            "a restart loses the locks taken since the last RDB snapshot, if snapshots are \
-             configured, and otherwise every lock: a held lock can be granted to another holder \
-             while the first still works, until its next renewal sees the entry gone (fencing \
-             tokens stay increasing: a lost counter restarts from the server clock)",
+            what,
+            consequence,
             "CONFIG SET appendonly yes and appendfsync always (and in the configuration file), \
              or use a combination lock over independent servers (--redis A --redis B --redis C), \
              which quarantines a server that restarted",

@@ -2022,6 +2022,35 @@ fn doctor_finds_what_breaks_a_lock() {
     assert_eq!(severity_of(&f, "acl"), ["ok"]);
     assert_eq!(severity_of(&f, "replication"), ["advisory"]);
     assert_eq!(severity_of(&f, "server"), ["ok"]);
+    let persistence = |f: &[serde_json::Value]| -> (String, String) {
+        let p = f
+            .iter()
+            .find(|x| x["check"] == "persistence")
+            .expect("a finding");
+        (
+            p["finding"].as_str().unwrap_or_default().to_owned(),
+            p["consequence"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    // Started with `--save ""`: a restart loses everything, counters included.
+    let (what, consequence) = persistence(&f);
+    assert_eq!(what, "no AOF, no RDB snapshots", "{f:#?}");
+    assert!(
+        consequence.contains("tokens keep increasing"),
+        "{consequence}"
+    );
+    // With snapshots a restart brings the fencing counters back older: tokens repeat.
+    set(&master, &["CONFIG", "SET", "save", "900 1"]);
+    let (code, f) = doctor(&["--redis", &url]);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert_eq!(severity_of(&f, "persistence"), ["unsafe"], "{f:#?}");
+    let (what, consequence) = persistence(&f);
+    assert_eq!(what, "no AOF; RDB snapshots (save 900 1)", "{f:#?}");
+    assert!(consequence.contains("issued again"), "{consequence}");
+    assert!(
+        !consequence.contains("tokens keep increasing"),
+        "{consequence}"
+    );
 
     // AOF on with the default fsync policy: an advisory (a crash loses up to a second).
     set(&master, &["CONFIG", "SET", "appendonly", "yes"]);
