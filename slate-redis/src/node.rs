@@ -526,6 +526,9 @@ impl<'c> Node<'c> {
                 request,
                 reentry,
                 block,
+                // A node's counters follow the multi-node lock's own scheme (quarantine and
+                // `raise_fence`), not the clock.
+                raise: false,
                 // An attempt that does not win gives its nodes back by this request's id,
                 // retrying until the lease is over (the record must outlive that).
                 record_for: Some(lease + self.0.command_timeout() * 2),

@@ -105,11 +105,30 @@ pub(crate) struct Inner {
     /// The run id of the server the last new connection (standalone or Sentinel) reached.
     run_id: Mutex<Option<String>>,
     failovers: AtomicU64,
+    /// The hash slots whose fencing counter this client raised to the server's clock since it
+    /// last saw a new server (see [`RedisClient::fence_floor_needed`]).
+    fence_floors: Mutex<FenceFloors>,
     /// Reconnects, failovers, server errors and registered renewals (`slate_core::metrics`).
     pub(crate) meter: ClientMeter,
     pub(crate) renewal: Renewal,
     pub(crate) notifier: Notifier,
     pub(crate) locks: Registry<Arc<[u8]>>,
+}
+
+/// The slots whose fencing counter was raised, under one server generation (the
+/// [`RedisClient::failovers`] count when they were).
+pub(crate) struct FenceFloors {
+    generation: u64,
+    raised: Box<[u64]>,
+}
+
+impl FenceFloors {
+    pub(crate) fn new() -> Self {
+        FenceFloors {
+            generation: 0,
+            raised: vec![0; crate::scripts::keys::SLOTS / 64].into_boxed_slice(),
+        }
+    }
 }
 
 impl Backend {
@@ -481,6 +500,40 @@ impl RedisClient {
     #[must_use]
     pub fn failovers(&self) -> u64 {
         self.inner.failovers.load(Ordering::Relaxed)
+    }
+
+    /// Whether an acquisition in hash slot `slot` must first raise the slot's fencing counter
+    /// to the server's clock (`scripts/acquire.lua` ARGV[10]): `Some(generation)` until this
+    /// client has done so on the server it talks to now, `None` after.
+    ///
+    /// A server that comes back with older data (a restart from an RDB snapshot or from an AOF
+    /// that lost its last second, or a promoted replica that had not received the last
+    /// increments) brings the counters back older, and without the raise the tokens issued
+    /// since would be issued again. Every client raises each slot's counter at its first grant
+    /// there after it reached a new server (a new run id behind the address, or a new master
+    /// named by the Sentinels: [`failovers`](Self::failovers)), and at its first grant there
+    /// at all; tokens, which never run ahead of the server's clock in µs by more than a few
+    /// (one per acquisition, at well under one acquisition per µs), then stay above every
+    /// token issued before. A cluster's failovers are not seen (redis-rs's cluster client
+    /// follows them silently): there only the first grant of each slot raises.
+    pub(crate) fn fence_floor_needed(&self, slot: u16) -> Option<u64> {
+        let generation = self.failovers();
+        let mut floors = lock(&self.inner.fence_floors);
+        if floors.generation != generation {
+            floors.generation = generation;
+            floors.raised.fill(0);
+        }
+        let (word, bit) = (usize::from(slot) / 64, u64::from(slot) % 64);
+        (floors.raised[word] & (1 << bit) == 0).then_some(generation)
+    }
+
+    /// Notes that a grant raised `slot`'s counter (asked under `generation`).
+    pub(crate) fn fence_floor_raised(&self, slot: u16, generation: u64) {
+        let mut floors = lock(&self.inner.fence_floors);
+        if floors.generation == generation && self.failovers() == generation {
+            let (word, bit) = (usize::from(slot) / 64, u64::from(slot) % 64);
+            floors.raised[word] |= 1 << bit;
+        }
     }
 
     /// The deployment this client talks to.

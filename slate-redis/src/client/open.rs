@@ -375,6 +375,7 @@ impl RedisClient {
             master: Mutex::new(None),
             run_id: Mutex::new(None),
             failovers: AtomicU64::new(0),
+            fence_floors: Mutex::new(super::FenceFloors::new()),
             meter,
             backend,
             address,

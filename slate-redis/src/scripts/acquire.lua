@@ -53,11 +53,18 @@
 --          not '') while another process waits, the block is cut to what is left of the
 --          tenure's row (a process that took the lock 7 times in a row of a tenure of 8 may
 --          reserve 1 token, not 8), so that passes never stretch a row past the tenure
+-- ARGV[10] (optional) '1': before a fresh hold takes its tokens, raise the slot's counter to
+--          the server clock in µs if it is below (not on a multi-node lock's node). A client
+--          asks it at its first grant in a slot on a server it has not used before (a restart
+--          or a failover included, `RedisClient::fence_floor_needed`): a server that came back
+--          with older data (a snapshot, an AOF that lost its last second, a replica that
+--          missed the last increments) has an older counter, and tokens, which never run
+--          ahead of the clock, then stay above every token issued before
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the lock was free; created holder -> 1 with the lease and
 --                      took the next fencing token of the slot's counter
---   {1, token, block}  (only when ARGV[9] is given) the same, with a block: token is the
+--   {1, token, block}  (only when ARGV[9] is a number) the same, with a block: token is the
 --                      block's first, block the tokens reserved (at most ARGV[9])
 --   {2, token, count}  re-entered: the holder's field existed; count is its new value, the TTL
 --                      was reset to the lease, token is the holder's token (field 't'; after a
@@ -123,6 +130,13 @@ end
 -- acquisition would have to raise the others to the highest (a round trip), and clocks differ;
 -- a node that lost its data is quarantined, and its counter raised, by the multi-node lock.
 local function take_tokens(n)
+    if ARGV[10] == '1' and #KEYS < 6 then
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        if tonumber(redis.call('GET', KEYS[2]) or '0') < now then
+            redis.call('SET', KEYS[2], string.format('%d', now))
+        end
+    end
     local last
     if n == 1 then
         last = redis.call('INCR', KEYS[2])

@@ -28,6 +28,8 @@
 -- ARGV[5]  '1': this call may have been sent before (`acquire.lua` ARGV[8]); '' otherwise
 -- ARGV[6+2i], ARGV[7+2i]
 --          name i's queue id and tenure (`acquire.lua` ARGV[3], ARGV[4])
+-- ARGV[6+2n] (optional, n names) '1': raise each name's fencing counter to the server's clock
+--          before its token (`acquire.lua` ARGV[10])
 --
 -- Replies: an array with one entry per name taken or tried, in order: each is that name's
 -- `acquire.lua` reply ({1, token} acquired, {2, token, count} re-entered, {0, ms} busy and
@@ -37,12 +39,14 @@ if #KEYS == 0 or #KEYS % 5 ~= 0 then
     return redis.error_reply('acquire_many: five KEYS per name, got ' .. #KEYS)
 end
 local n = #KEYS / 5
+local raise = ARGV[6 + 2 * n] or ''
 local replies = {}
 for i = 0, n - 1 do
     local base = 5 * i
     local reply = one(
         {KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4], KEYS[base + 5]},
-        {ARGV[1], ARGV[2], ARGV[6 + 2 * i], ARGV[7 + 2 * i], ARGV[3], ARGV[4], '', ARGV[5]}
+        {ARGV[1], ARGV[2], ARGV[6 + 2 * i], ARGV[7 + 2 * i], ARGV[3], ARGV[4], '', ARGV[5], '',
+         raise}
     )
     replies[i + 1] = reply
     if reply[1] ~= 1 and reply[1] ~= 2 then

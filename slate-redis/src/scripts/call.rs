@@ -142,6 +142,9 @@ pub(crate) struct AcquireMany<'a> {
     pub(crate) request: u64,
     pub(crate) record_ms: u64,
     pub(crate) resent: &'static str,
+    /// Raise each name's fencing counter to the server's clock first (`acquire.lua`
+    /// ARGV[10]); sent after the names' arguments.
+    pub(crate) raise: bool,
 }
 
 impl AcquireMany<'_> {
@@ -172,6 +175,9 @@ impl AcquireMany<'_> {
             .arg(self.resent);
         for name in self.names {
             cmd.arg(name.queue_id).arg(name.tenure);
+        }
+        if self.raise {
+            cmd.arg("1");
         }
         cmd
     }
@@ -254,7 +260,7 @@ script_call! {
             reentry: &'static str,
             resent: &'static str,
         ],
-        optional_args: [block: u32],
+        optional_args: [block: u32, raise: &'static str],
     }
 }
 
@@ -545,6 +551,7 @@ mod tests {
             request: 77,
             record_ms: 2_000,
             resent: "",
+            raise: false,
         };
         let args = plain_args(&call.cmd());
         assert_eq!(args[0], b"EVALSHA");
@@ -558,6 +565,16 @@ mod tests {
         assert_eq!(&args[18..], [&b"qa"[..], b"8", b"qb", b"8"]);
         let header = AcquireMany::script().code;
         assert!(header.contains("ARGV[6+2i], ARGV[7+2i]"));
+        // The raise, when asked, follows the names' arguments (ARGV[6 + 2n]).
+        let raised = plain_args(
+            &AcquireMany {
+                raise: true,
+                ..call
+            }
+            .cmd(),
+        );
+        assert_eq!(&raised[18..], [&b"qa"[..], b"8", b"qb", b"8", b"1"]);
+        assert!(header.contains("ARGV[6+2n]"));
     }
 
     #[test]
@@ -641,6 +658,7 @@ mod tests {
             reentry: "",
             resent: "",
             block: Some(8),
+            raise: None,
         };
         let args = plain_args(&acquire.cmd());
         assert_eq!(args[0], b"EVALSHA");

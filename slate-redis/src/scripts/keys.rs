@@ -32,6 +32,8 @@ use slate_core::LockName;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Keys {
     pub(crate) lock: Arc<[u8]>,
+    /// The lock key's hash slot.
+    pub(crate) slot: u16,
     /// The fencing counter of the lock key's hash slot.
     pub(crate) slot_fence: Arc<[u8]>,
     pub(crate) channel: Arc<[u8]>,
@@ -65,11 +67,13 @@ impl Keys {
             k.extend_from_slice(suffix);
             Arc::from(k)
         };
+        let slot = crate::client::conn::slot_of(&lock);
         let mut slot_fence = prefix.as_bytes().to_vec();
         slot_fence.extend_from_slice(b"fence:{");
-        slot_fence.extend_from_slice(slot_tag(crate::client::conn::slot_of(&lock)).as_bytes());
+        slot_fence.extend_from_slice(slot_tag(slot).as_bytes());
         slot_fence.push(b'}');
         Keys {
+            slot,
             slot_fence: Arc::from(slot_fence),
             channel: with(b":released"),
             queue: with(b":queue"),
@@ -112,7 +116,7 @@ pub(crate) fn slot_tag(slot: u16) -> &'static str {
 }
 
 /// Cluster hash slots.
-const SLOTS: usize = 16_384;
+pub(crate) const SLOTS: usize = 16_384;
 
 /// The `i`-th candidate tag: the strings over `0-9a-z`, shortest first, then in base-36 order.
 fn tag_candidate(mut i: u64) -> String {

@@ -801,6 +801,10 @@ pub(crate) struct Acquire<'a> {
     /// Fencing tokens a first acquisition reserves for local passes (1: none; more needs a
     /// turn, see `scripts/acquire.lua` ARGV[9]).
     pub(crate) block: u32,
+    /// A send may raise the slot's fencing counter to the server's clock before taking a
+    /// token, when the client needs it for that slot on the server the send reaches
+    /// ([`RedisClient::fence_floor_needed`]); never on a multi-node lock's node.
+    pub(crate) raise: bool,
     /// How long the request record is kept (`None`: two command timeouts, the window in which
     /// a retry may arrive). A multi-node lock keeps it for as long as it may give the level
     /// back by this request's id (`Node::undo`).
@@ -825,6 +829,7 @@ pub(crate) async fn acquire_remote(
     };
     let (request, marker, reentry) = (acquire.request, acquire.marker, acquire.reentry);
     let block = acquire.block;
+    let may_raise = acquire.raise && marker.is_none();
     let synced = client.synced();
     let call = scripts::call::Acquire {
         lock: &keys.lock,
@@ -842,29 +847,42 @@ pub(crate) async fn acquire_remote(
         reentry: if reentry { "1" } else { "" },
         resent: "",
         // The token block only when it allows passes (the common call stays as short as it
-        // was).
+        // was), or when the raise follows it.
         block: (block > 1).then_some(block),
+        raise: None,
     };
-    let first = call.cmd();
-    let first = &first;
-    let ((reply, acked), resent): ((Vec<i64>, Option<usize>), bool) = client
+    let ((reply, acked, floor), resent): ((Vec<i64>, Option<usize>, Option<u64>), bool) = client
         .exec_resending("acquire script", |mut c, resent| async move {
+            // Decided for each send, on the connection it goes out on: a new connection to a
+            // restarted server has been counted as a failover by now (`check_server`).
+            let floor = if may_raise {
+                client.fence_floor_needed(keys.slot)
+            } else {
+                None
+            };
+            let send = scripts::call::Acquire {
+                // The first send may still run after a resend: the record must outlive the
+                // hold (`scripts/acquire.lua`, KEYS[5]).
+                resent: if resent { "1" } else { "" },
+                block: if floor.is_some() {
+                    Some(block)
+                } else {
+                    call.block
+                },
+                raise: floor.map(|_| "1"),
+                ..call
+            }
+            .cmd();
             // A grant counts once the replicas have it: WAIT behind it, where it ran.
             let granted = |r: &Vec<i64>| is_grant(r);
-            if resent {
-                // The first send may still run after this one: the record must outlive the
-                // hold (`scripts/acquire.lua`, KEYS[5]).
-                let again = scripts::call::Acquire {
-                    resent: "1",
-                    ..call
-                }
-                .cmd();
-                conn::eval_then_wait(&mut c, &ACQUIRE, &again, synced, granted).await
-            } else {
-                conn::eval_then_wait(&mut c, &ACQUIRE, first, synced, granted).await
-            }
+            conn::eval_then_wait(&mut c, &ACQUIRE, &send, synced, granted)
+                .await
+                .map(|(reply, acked)| (reply, acked, floor))
         })
         .await?;
+    if let (Some(generation), [1, ..]) = (floor, reply.as_slice()) {
+        client.fence_floor_raised(keys.slot, generation);
+    }
     if resent && reply == [request::OVERTAKEN] {
         // The resend was overtaken by a later request of the same holder; its first send may
         // have run before that one. Sent again under a fresh id it could run twice; an error
@@ -952,30 +970,34 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
         request,
         record_ms: request::record_ttl_ms(client.command_timeout()),
         resent: "",
+        raise: false,
     };
-    let first_send = call.cmd();
-    let first_send = &first_send;
     let synced = client.synced();
-    // The replies, the replicas that acknowledged them, and whether it was sent again.
-    type Sent = ((Vec<Vec<i64>>, Option<usize>), bool);
+    // The replies, the replicas that acknowledged them, the raise asked for each name, and
+    // whether it was sent again.
+    type Sent = ((Vec<Vec<i64>>, Option<usize>, Vec<Option<u64>>), bool);
     let outcome: Result<Sent> = client
         .exec_resending("acquire_many script", |mut c, resent| async move {
+            // One raise for the call when any name's slot needs it, decided on the connection
+            // the send goes out on (as `acquire_remote`).
+            let floors: Vec<Option<u64>> = locks
+                .iter()
+                .map(|c| client.fence_floor_needed(c.keys.slot))
+                .collect();
+            let send = scripts::call::AcquireMany {
+                resent: if resent { "1" } else { "" },
+                raise: floors.iter().any(Option::is_some),
+                ..call
+            }
+            .cmd();
             // The grants count once the replicas have them: WAIT behind the call.
             let granted = |r: &Vec<Vec<i64>>| r.iter().any(|x| is_grant(x));
-            if resent {
-                let again = scripts::call::AcquireMany {
-                    resent: "1",
-                    ..call
-                }
-                .cmd();
-                conn::eval_then_wait(&mut c, &scripts::ACQUIRE_MANY, &again, synced, granted).await
-            } else {
-                conn::eval_then_wait(&mut c, &scripts::ACQUIRE_MANY, first_send, synced, granted)
-                    .await
-            }
+            conn::eval_then_wait(&mut c, &scripts::ACQUIRE_MANY, &send, synced, granted)
+                .await
+                .map(|(replies, acked)| (replies, acked, floors))
         })
         .await;
-    let checked = outcome.and_then(|((replies, acked), resent)| {
+    let checked = outcome.and_then(|((replies, acked, floors), resent)| {
         let well_formed = !replies.is_empty()
             && replies.len() <= locks.len()
             && replies.iter().all(|r| !r.is_empty())
@@ -1001,6 +1023,11 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
                 acked,
                 (wanted, within),
             ));
+        }
+        for ((c, floor), reply) in locks.iter().zip(&floors).zip(&replies) {
+            if let (Some(generation), [1, ..]) = (floor, reply.as_slice()) {
+                client.fence_floor_raised(c.keys.slot, *generation);
+            }
         }
         Ok(replies)
     });
@@ -1109,6 +1136,7 @@ impl RedisCompetitor {
                             request,
                             reentry,
                             block,
+                            raise: true,
                             record_for: None,
                         };
                         acquire_remote(&client, &keys, acquire)
