@@ -162,6 +162,12 @@ impl RedisClient {
                 .lines()
                 .find_map(|l| l.trim().strip_prefix("run_id:"))
                 .map(str::to_owned);
+            if run_id.is_none() && !self.inner.run_id_warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(node = %address,
+                    "the server's INFO has no run_id: a restart behind this address is not \
+                     seen, and after one that brings older data back (a snapshot) fencing \
+                     tokens may repeat");
+            }
             if let Some(now) = run_id {
                 let before = lock(&self.inner.run_id).replace(now.clone());
                 if before.is_some_and(|b| b != now) {
@@ -171,6 +177,15 @@ impl RedisClient {
                         "a new connection reached another server than the last one (a restart or a failover)");
                 }
             }
+        }
+        if reply.is_err()
+            && matches!(conn, Conn::Server(_))
+            && !self.inner.run_id_warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(node = %address,
+                "INFO failed (grant the ACL user +info): a restart behind this address is not \
+                 seen, and after one that brings older data back (a snapshot) fencing tokens \
+                 may repeat");
         }
         let policy = match reply {
             Ok(v) => eviction_policy_of(&v),

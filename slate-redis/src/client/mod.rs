@@ -100,6 +100,8 @@ pub(crate) struct Inner {
     no_sharded_pubsub: Arc<AtomicBool>,
     /// The eviction policy warning was logged (once per client).
     eviction_warned: AtomicBool,
+    /// The warning that the server's run id cannot be read was logged (once per client).
+    run_id_warned: AtomicBool,
     /// (Sentinel) the master's address at the last connection, and how many times it changed.
     master: Mutex<Option<String>>,
     /// The run id of the server the last new connection (standalone or Sentinel) reached.
@@ -512,9 +514,11 @@ impl RedisClient {
     /// since would be issued again. Every client raises each slot's counter at its first grant
     /// there after it reached a new server (a new run id behind the address, or a new master
     /// named by the Sentinels: [`failovers`](Self::failovers)), and at its first grant there
-    /// at all; tokens, which never run ahead of the server's clock in µs by more than a few
-    /// (one per acquisition, at well under one acquisition per µs), then stay above every
-    /// token issued before. A cluster's failovers are not seen (redis-rs's cluster client
+    /// at all; the counter, which grows by one token per acquisition (a block of up to the
+    /// tenure, 8, for a first acquisition with local waiters) and so stays behind the
+    /// server's clock in µs unless a slot takes over 125,000 acquisitions a second, then
+    /// stays above every token issued before. A client that cannot read the server's run id
+    /// (`INFO` refused) sees no restart, and says so once in its log. A cluster's failovers are not seen (redis-rs's cluster client
     /// follows them silently): there only the first grant of each slot raises.
     pub(crate) fn fence_floor_needed(&self, slot: u16) -> Option<u64> {
         let generation = self.failovers();

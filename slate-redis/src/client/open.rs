@@ -376,6 +376,7 @@ impl RedisClient {
             run_id: Mutex::new(None),
             failovers: AtomicU64::new(0),
             fence_floors: Mutex::new(super::FenceFloors::new()),
+            run_id_warned: AtomicBool::new(false),
             meter,
             backend,
             address,

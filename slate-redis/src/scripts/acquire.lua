@@ -58,8 +58,9 @@
 --          asks it at its first grant in a slot on a server it has not used before (a restart
 --          or a failover included, `RedisClient::fence_floor_needed`): a server that came back
 --          with older data (a snapshot, an AOF that lost its last second, a replica that
---          missed the last increments) has an older counter, and tokens, which never run
---          ahead of the clock, then stay above every token issued before
+--          missed the last increments) has an older counter, and tokens, which grow by a
+--          few per acquisition and so stay behind the clock in µs, then stay above every
+--          token issued before
 --
 -- Replies (always an array of integers):
 --   {1, token}         acquired: the lock was free; created holder -> 1 with the lease and

@@ -880,7 +880,7 @@ pub(crate) async fn acquire_remote(
                 .map(|(reply, acked)| (reply, acked, floor))
         })
         .await?;
-    if let (Some(generation), [1, ..]) = (floor, reply.as_slice()) {
+    if let Some(generation) = floor_raised_by(floor, resent, &reply) {
         client.fence_floor_raised(keys.slot, generation);
     }
     if resent && reply == [request::OVERTAKEN] {
@@ -916,6 +916,38 @@ pub(crate) async fn acquire_remote(
         ));
     }
     Ok(reply)
+}
+
+/// The server generation under which a send's reply proves the slot's counter raised: a
+/// fresh grant (`[1, ..]`) of a send that asked for the raise (`floor`), and not a resend. A
+/// resend may be answered from its request record (the first send's grant, replayed), which
+/// runs no raise: on a server that came back with older data, the record can be there while
+/// the tokens issued after it are not (found by review: a replayed grant marked the slot, and
+/// the client's next grant there repeated a token). A fresh grant of a resend is not counted
+/// either; the next grant raises again, which costs three commands once.
+fn floor_raised_by(floor: Option<u64>, resent: bool, reply: &[i64]) -> Option<u64> {
+    match (floor, resent, reply) {
+        (Some(generation), false, [1, ..]) => Some(generation),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod floor_tests {
+    use super::floor_raised_by;
+
+    #[test]
+    fn only_a_first_send_s_fresh_grant_counts_as_the_raise() {
+        assert_eq!(floor_raised_by(Some(3), false, &[1, 77]), Some(3));
+        assert_eq!(floor_raised_by(Some(3), false, &[1, 77, 8]), Some(3));
+        // A resend may be a replay from the request record: no raise ran.
+        assert_eq!(floor_raised_by(Some(3), true, &[1, 77]), None);
+        // Not asked, or not a fresh grant (re-entry, busy, refusals).
+        assert_eq!(floor_raised_by(None, false, &[1, 77]), None);
+        assert_eq!(floor_raised_by(Some(3), false, &[2, 77, 2]), None);
+        assert_eq!(floor_raised_by(Some(3), false, &[0, 100]), None);
+        assert_eq!(floor_raised_by(Some(3), false, &[-7]), None);
+    }
 }
 
 /// What a multi-lock's batch answered (see [`acquire_batch`]).
@@ -1025,8 +1057,8 @@ pub(crate) async fn acquire_batch(locks: &[&RedisCompetitor], holder: HolderId) 
             ));
         }
         for ((c, floor), reply) in locks.iter().zip(&floors).zip(&replies) {
-            if let (Some(generation), [1, ..]) = (floor, reply.as_slice()) {
-                client.fence_floor_raised(c.keys.slot, *generation);
+            if let Some(generation) = floor_raised_by(*floor, resent, reply) {
+                client.fence_floor_raised(c.keys.slot, generation);
             }
         }
         Ok(replies)
