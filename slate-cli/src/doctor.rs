@@ -399,8 +399,8 @@ fn check_persistence(
             },
             "with appendfsync everysec (or no) a crash, not a clean shutdown, loses the last \
              second (or more) of writes: a lock granted then can be granted again after the \
-             restart, and the fencing counters go back by the tokens of that second, which are \
-             then issued again; with always, nothing is lost",
+             restart (fencing tokens keep increasing: clients raise the counters past the lost \
+             second's tokens when they see the restart); with always, nothing is lost",
             "CONFIG SET appendfsync always where a crash must not reopen a lock",
         ));
     } else {
@@ -419,10 +419,10 @@ fn check_persistence(
                 format!("no AOF; RDB snapshots (save {rules})"),
                 format!(
                     "a restart (other than a clean shutdown, which saves) brings back the last \
-                     snapshot: the locks taken since are lost ({lost}), and the fencing \
-                     counters go back to the snapshot's values, so the tokens issued since are \
-                     issued again (a resource that keeps the highest token it saw refuses them \
-                     until the counter passes it)"
+                     snapshot: the locks taken since are lost ({lost}); the fencing counters \
+                     come back older too, and clients raise each to the server clock at their \
+                     next grant there, so tokens keep increasing (unless the clock stepped \
+                     back)"
                 ),
             ),
             None => (
@@ -430,10 +430,8 @@ fn check_persistence(
                     .to_owned(),
                 format!(
                     "a restart loses the locks taken since the last RDB snapshot, if snapshots \
-                     are configured, and otherwise every lock: {lost}; a snapshot brings the \
-                     fencing counters back to older values (the tokens issued since are issued \
-                     again), while counters lost with everything start again from the server \
-                     clock"
+                     are configured, and otherwise every lock: {lost} (fencing tokens keep \
+                     increasing: clients raise older or lost counters to the server clock)"
                 ),
             ),
         };

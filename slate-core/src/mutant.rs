@@ -60,11 +60,14 @@ pub enum Mutant {
     BatchPastRefusal,
     /// The multi-lock's batched release leaves its last name out.
     ReleaseManySkipsAName,
+    /// The acquire never raises a slot's fencing counter to the server's clock, so a server
+    /// that came back with older data issues tokens again.
+    FenceRaiseSkipped,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 15] = [
         Mutant::LeaseIgnoresDeadline,
         Mutant::LeaseFromReply,
         Mutant::ReleaseSkipsHolderCheck,
@@ -79,6 +82,7 @@ impl Mutant {
         Mutant::LatchCountsResends,
         Mutant::BatchPastRefusal,
         Mutant::ReleaseManySkipsAName,
+        Mutant::FenceRaiseSkipped,
     ];
 
     /// The name `SLATE_MUTANT` takes.
@@ -105,6 +109,7 @@ impl Mutant {
             Mutant::LatchCountsResends => "latch-counts-resends",
             Mutant::BatchPastRefusal => "batch-past-refusal",
             Mutant::ReleaseManySkipsAName => "release-many-skips-a-name",
+            Mutant::FenceRaiseSkipped => "fence-raise-skipped",
         }
     }
 

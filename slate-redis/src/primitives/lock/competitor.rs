@@ -851,7 +851,10 @@ pub(crate) async fn acquire_remote(
         block: (block > 1).then_some(block),
         raise: None,
     };
-    let ((reply, acked, floor), resent): ((Vec<i64>, Option<usize>, Option<u64>), bool) = client
+    // The reply, the replicas that acknowledged it, the raise the send asked for, and whether
+    // it was sent again.
+    type Sent = ((Vec<i64>, Option<usize>, Option<u64>), bool);
+    let ((reply, acked, floor), resent): Sent = client
         .exec_resending("acquire script", |mut c, resent| async move {
             // Decided for each send, on the connection it goes out on: a new connection to a
             // restarted server has been counted as a failover by now (`check_server`).

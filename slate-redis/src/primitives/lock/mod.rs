@@ -50,10 +50,12 @@ pub(crate) use competitor::*;
 ///   and seeded from the server's clock in µs when it is created: so a lock name used once
 ///   leaves nothing behind once its lease ends, and tokens keep growing across a server that
 ///   lost its data, unless its clock stepped back by more than the time since the lock's last
-///   token. A server that comes back with older data (an RDB snapshot, or an `appendfsync
-///   everysec` AOF that lost its last second in a crash) brings the older counter back, and the
-///   tokens issued since are issued again; `appendfsync always` loses nothing (`slate doctor`
-///   checks it). Tokens are large numbers (about 1.8 × 10¹⁵).
+///   token. A server that comes back with older data (an RDB snapshot, an `appendfsync
+///   everysec` AOF that lost its last second in a crash, a promoted replica that missed the
+///   last increments) brings an older counter back: each client raises a slot's counter to
+///   the server's clock at its first grant there after it sees the server change (another run
+///   id, another master named by the Sentinels; not a Redis Cluster's failover), so tokens
+///   keep increasing. Tokens are large numbers (about 1.8 × 10¹⁵).
 /// - **Local passes (lock cohorting)**: callers whose holder is minted by the call itself
 ///   (`lock()`, `try_lock_for()`, `try_lock_until()` and the blocking twins, outside a
 ///   [`HolderId::scope`]) that wait behind each other share Redis holds: the one that wins a
