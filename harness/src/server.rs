@@ -1503,9 +1503,21 @@ pub(crate) fn value_text(v: &redis::Value) -> Result<String, HarnessError> {
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub(crate) fn free_port() -> Result<u16, HarnessError> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
+    Ok(free_ports(1)?[0])
+}
+
+/// `n` distinct ports that were free a moment ago on 127.0.0.1: all held at once while they
+/// are drawn, so that the kernel cannot hand out one twice (ports drawn one after another can
+/// repeat, and a ZooKeeper ensemble given the same port twice refuses its configuration).
+pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(HarnessError::io("finding a free port"))?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<Vec<_>>>()
         .map_err(HarnessError::io("finding a free port"))
 }
 

@@ -21,7 +21,7 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
 use crate::proxy::{FaultProxy, Mode};
-use crate::server::{HarnessError, free_port};
+use crate::server::{HarnessError, free_port, free_ports};
 
 /// How to install ZooKeeper when it is missing.
 pub const INSTALL_HINT: &str = "install ZooKeeper and a JRE: `apt-get install -y zookeeper` \
@@ -575,11 +575,14 @@ impl ZkEnsemble {
         let mut peers = Vec::with_capacity(n);
         let mut layouts = Vec::with_capacity(n);
         let base = temp_dir("zk-ensemble")?;
+        // Every port of the ensemble distinct (quorum, election and client ports).
+        let mut ports = free_ports(3 * n)?.into_iter();
+        let mut next = || ports.next().expect("three ports per server");
         for id in 1..=n {
-            peers.push((free_port()?, free_port()?));
+            peers.push((next(), next()));
             layouts.push(Layout {
                 id,
-                port: free_port()?,
+                port: next(),
                 dir: base.join(format!("s{id}")),
             });
         }

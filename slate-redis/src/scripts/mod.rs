@@ -57,33 +57,33 @@ impl SlateScript {
 
 /// `acquire.lua`: acquire or re-enter.
 pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
-    let code = include_str!("acquire.lua");
-    if mutant::active(Mutant::FenceRaiseSkipped) {
+    // Its mutants (one runs at a time): what each replaces, and with what.
+    let mutants = [
         // The counter is never raised to the clock: a server back with older data repeats
         // tokens.
-        return SlateScript::mutated(
-            code,
+        (
             Mutant::FenceRaiseSkipped,
             "if ARGV[10] == '1' and #KEYS < 6 then",
             "if false then",
-        );
-    }
-    if mutant::active(Mutant::GrantIgnoresTurn) {
+        ),
         // A free lock reserved for another process's turn goes to whoever asks.
-        return SlateScript::mutated(
-            code,
+        (
             Mutant::GrantIgnoresTurn,
             "elseif until_ms > now then",
             "elseif false then",
-        );
-    }
-    // Takes a token without looking at the holder: a re-entry returns a new token.
-    SlateScript::mutated(
-        code,
-        Mutant::TokenBeforeHolderCheck,
-        "local token = tonumber(entry[2] or '0')",
-        "local token = take_tokens(1)",
-    )
+        ),
+        // Takes a token without looking at the holder: a re-entry returns a new token.
+        (
+            Mutant::TokenBeforeHolderCheck,
+            "local token = tonumber(entry[2] or '0')",
+            "local token = take_tokens(1)",
+        ),
+    ];
+    let (m, from, to) = mutants
+        .iter()
+        .find(|(m, ..)| mutant::active(*m))
+        .unwrap_or(&mutants[0]);
+    SlateScript::mutated(include_str!("acquire.lua"), *m, from, to)
 });
 /// A batch script's text: the one-name script `one` (as this build sends it, mutants included)
 /// wrapped as the function `one(KEYS, ARGV)`, then the batch's `driver`. Built once per
