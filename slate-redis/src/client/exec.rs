@@ -162,12 +162,6 @@ impl RedisClient {
                 .lines()
                 .find_map(|l| l.trim().strip_prefix("run_id:"))
                 .map(str::to_owned);
-            if run_id.is_none() && !self.inner.run_id_warned.swap(true, Ordering::Relaxed) {
-                tracing::warn!(node = %address,
-                    "the server's INFO has no run_id: a restart behind this address is not \
-                     seen, and after one that brings older data back (a snapshot) fencing \
-                     tokens may repeat");
-            }
             if let Some(now) = run_id {
                 let before = lock(&self.inner.run_id).replace(now.clone());
                 if before.is_some_and(|b| b != now) {
@@ -178,14 +172,14 @@ impl RedisClient {
                 }
             }
         }
-        if reply.is_err()
-            && matches!(conn, Conn::Server(_))
+        if matches!(conn, Conn::Server(_))
+            && lock(&self.inner.run_id).is_none()
             && !self.inner.run_id_warned.swap(true, Ordering::Relaxed)
         {
             tracing::warn!(node = %address,
-                "INFO failed (grant the ACL user +info): a restart behind this address is not \
-                 seen, and after one that brings older data back (a snapshot) fencing tokens \
-                 may repeat");
+                "no run id read from the server's INFO (grant the ACL user +info): a restart \
+                 behind this address is not seen, and after one that brings older data back \
+                 (a snapshot) fencing tokens may repeat");
         }
         let policy = match reply {
             Ok(v) => eviction_policy_of(&v),

@@ -131,6 +131,11 @@ impl FenceFloors {
             raised: vec![0; crate::scripts::keys::SLOTS / 64].into_boxed_slice(),
         }
     }
+
+    /// `slot`'s word in `raised`, and its bit there.
+    fn place(slot: u16) -> (usize, u64) {
+        (usize::from(slot) / 64, 1 << (slot % 64))
+    }
 }
 
 impl Backend {
@@ -518,8 +523,9 @@ impl RedisClient {
     /// tenure, 8, for a first acquisition with local waiters) and so stays behind the
     /// server's clock in µs unless a slot takes over 125,000 acquisitions a second, then
     /// stays above every token issued before. A client that cannot read the server's run id
-    /// (`INFO` refused) sees no restart, and says so once in its log. A cluster's failovers are not seen (redis-rs's cluster client
-    /// follows them silently): there only the first grant of each slot raises.
+    /// (`INFO` refused) sees no restart, and says so once in its log. A cluster's failovers
+    /// are not seen (redis-rs's cluster client follows them silently): there only the first
+    /// grant of each slot raises.
     pub(crate) fn fence_floor_needed(&self, slot: u16) -> Option<u64> {
         let generation = self.failovers();
         let mut floors = lock(&self.inner.fence_floors);
@@ -527,16 +533,16 @@ impl RedisClient {
             floors.generation = generation;
             floors.raised.fill(0);
         }
-        let (word, bit) = (usize::from(slot) / 64, u64::from(slot) % 64);
-        (floors.raised[word] & (1 << bit) == 0).then_some(generation)
+        let (word, bit) = FenceFloors::place(slot);
+        (floors.raised[word] & bit == 0).then_some(generation)
     }
 
     /// Notes that a grant raised `slot`'s counter (asked under `generation`).
     pub(crate) fn fence_floor_raised(&self, slot: u16, generation: u64) {
         let mut floors = lock(&self.inner.fence_floors);
         if floors.generation == generation && self.failovers() == generation {
-            let (word, bit) = (usize::from(slot) / 64, u64::from(slot) % 64);
-            floors.raised[word] |= 1 << bit;
+            let (word, bit) = FenceFloors::place(slot);
+            floors.raised[word] |= bit;
         }
     }
 

@@ -125,29 +125,27 @@ end
 local function record(token, count)
     return string.format('%s a %d %d', req, token, count)
 end
--- The next block of tokens from the slot's counter; a counter that did not exist (a new
--- server, or one that lost its data) starts at the server clock in µs instead of 1. Not on a
--- multi-node lock's node (KEYS[6]): there the counters of the nodes must agree, or every
--- acquisition would have to raise the others to the highest (a round trip), and clocks differ;
--- a node that lost its data is quarantined, and its counter raised, by the multi-node lock.
+-- The next block of tokens from the slot's counter. A counter that did not exist (a new
+-- server, or one that lost its data), or one below the server clock in µs when the caller asks
+-- for the raise (ARGV[10]: a server that came back with older data), moves up to the clock
+-- first: the block then starts there. Not on a multi-node lock's node (KEYS[6]): there the
+-- counters of the nodes must agree, or every acquisition would have to raise the others to the
+-- highest (a round trip), and clocks differ; a node that lost its data is quarantined, and its
+-- counter raised, by the multi-node lock.
 local function take_tokens(n)
-    if ARGV[10] == '1' and #KEYS < 6 then
-        local t = redis.call('TIME')
-        local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-        if tonumber(redis.call('GET', KEYS[2]) or '0') < now then
-            redis.call('SET', KEYS[2], string.format('%d', now))
-        end
-    end
     local last
     if n == 1 then
         last = redis.call('INCR', KEYS[2])
     else
         last = redis.call('INCRBY', KEYS[2], n)
     end
-    if last == n and #KEYS < 6 then
+    if #KEYS < 6 and (last == n or ARGV[10] == '1') then
         local t = redis.call('TIME')
-        last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n - 1
-        redis.call('SET', KEYS[2], string.format('%d', last))
+        local floor = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n - 1
+        if last < floor then
+            last = floor
+            redis.call('SET', KEYS[2], string.format('%d', last))
+        end
     end
     return last - n + 1
 end

@@ -63,8 +63,8 @@ pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
         // tokens.
         (
             Mutant::FenceRaiseSkipped,
-            "if ARGV[10] == '1' and #KEYS < 6 then",
-            "if false then",
+            "(last == n or ARGV[10] == '1')",
+            "last == n",
         ),
         // A free lock reserved for another process's turn goes to whoever asks.
         (

@@ -846,9 +846,8 @@ pub(crate) async fn acquire_remote(
         record_ms,
         reentry: if reentry { "1" } else { "" },
         resent: "",
-        // The token block only when it allows passes (the common call stays as short as it
-        // was), or when the raise follows it.
-        block: (block > 1).then_some(block),
+        // Set for each send (below).
+        block: None,
         raise: None,
     };
     // The reply, the replicas that acknowledged it, the raise the send asked for, and whether
@@ -867,11 +866,9 @@ pub(crate) async fn acquire_remote(
                 // The first send may still run after a resend: the record must outlive the
                 // hold (`scripts/acquire.lua`, KEYS[5]).
                 resent: if resent { "1" } else { "" },
-                block: if floor.is_some() {
-                    Some(block)
-                } else {
-                    call.block
-                },
+                // The token block only when it allows passes (the common call stays as short
+                // as it was), or when the raise follows it.
+                block: (block > 1 || floor.is_some()).then_some(block),
                 raise: floor.map(|_| "1"),
                 ..call
             }
@@ -927,7 +924,7 @@ pub(crate) async fn acquire_remote(
 /// runs no raise: on a server that came back with older data, the record can be there while
 /// the tokens issued after it are not (found by review: a replayed grant marked the slot, and
 /// the client's next grant there repeated a token). A fresh grant of a resend is not counted
-/// either; the next grant raises again, which costs three commands once.
+/// either; the next grant raises again, which costs two commands once.
 fn floor_raised_by(floor: Option<u64>, resent: bool, reply: &[i64]) -> Option<u64> {
     match (floor, resent, reply) {
         (Some(generation), false, [1, ..]) => Some(generation),
