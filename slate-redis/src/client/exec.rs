@@ -155,6 +155,7 @@ impl RedisClient {
         // The default sections hold both fields (one section per call before Redis 7). A
         // cluster connection may answer for several nodes: any evicting one counts.
         let reply: RedisResult<redis::Value> = redis::cmd("INFO").query_async(conn).await;
+        let mut run_id_read = false;
         if let (Ok(v), Conn::Server(_)) = (&reply, &*conn) {
             let mut text = String::new();
             collect_text(v, &mut text);
@@ -163,6 +164,7 @@ impl RedisClient {
                 .find_map(|l| l.trim().strip_prefix("run_id:"))
                 .map(str::to_owned);
             if let Some(now) = run_id {
+                run_id_read = true;
                 let before = lock(&self.inner.run_id).replace(now.clone());
                 if before.is_some_and(|b| b != now) {
                     self.inner.failovers.fetch_add(1, Ordering::Relaxed);
@@ -172,8 +174,9 @@ impl RedisClient {
                 }
             }
         }
+        // On any connection, the first or a later one: a restart behind it goes unseen.
         if matches!(conn, Conn::Server(_))
-            && lock(&self.inner.run_id).is_none()
+            && !run_id_read
             && !self.inner.run_id_warned.swap(true, Ordering::Relaxed)
         {
             tracing::warn!(node = %address,

@@ -53,8 +53,8 @@
 --          not '') while another process waits, the block is cut to what is left of the
 --          tenure's row (a process that took the lock 7 times in a row of a tenure of 8 may
 --          reserve 1 token, not 8), so that passes never stretch a row past the tenure
--- ARGV[10] (optional) '1': before a fresh hold takes its tokens, raise the slot's counter to
---          the server clock in µs if it is below (not on a multi-node lock's node). A client
+-- ARGV[10] (optional) '1': a fresh hold's block starts at the server clock in µs when the
+--          slot's counter is below it (not on a multi-node lock's node). A client
 --          asks it at its first grant in a slot on a server it has not used before (a restart
 --          or a failover included, `RedisClient::fence_floor_needed`): a server that came back
 --          with older data (a snapshot, an AOF that lost its last second, a replica that
