@@ -136,8 +136,9 @@ UNSAFE (something can break a guarantee), with its consequence and its fix.",
     /// Watch the locks under a prefix: holder, token, lease left, waiting processes.
     #[command(
         long_about = "A live view of the locks held or waited for under the prefix, refreshed \
-every --interval (q, Esc or Ctrl-C quits): each lock's holder, fencing token, lease left and \
-the processes waiting in its line. --once prints one snapshot as a table, --json as JSON.\n\n\
+every --interval (q, Esc or Ctrl-C quits): single locks, read-write locks (their mode) and \
+semaphores (their permits in use), each with its holder, fencing token, lease left and the \
+processes waiting in its line. --once prints one snapshot as a table, --json as JSON.\n\n\
 Names given are read directly; without names the locks are found with SCAN, at most \
 --scan-limit keys examined per master and refresh, so a server with millions of keys is never \
 walked whole. With --metrics URL (a process's Prometheus endpoint, e.g. slate run \

@@ -1,12 +1,17 @@
 //! `slate top`: the locks under a prefix, refreshed each second (a terminal view), or one
 //! snapshot (`--once`, `--json`).
 //!
+//! It shows the single locks, the read-write locks and the semaphores (`kind`).
+//!
 //! What it costs the server, per refresh and per master: the lock names come from `SCAN
 //! MATCH <prefix>{*} COUNT 1000`, at most `--scan-limit` keys examined (10,000 by default: ten
-//! `SCAN` calls), or from the names given (no `SCAN` at all); then one pipeline of `HGETALL`,
-//! `PTTL` and `ZCARD` per lock shown (`--limit`, 30 by default). A server with millions of lock
-//! keys is therefore never walked whole; the view says when the cap cut the walk short. On
-//! ZooKeeper only the names given are read (one listing and one read per contender each).
+//! `SCAN` calls), or from the names given (no `SCAN` at all); then one pipeline with, per
+//! single lock, `HGETALL`, `PTTL` and `ZCARD`, and per read-write lock or semaphore `HGETALL`
+//! of its holders, `ZRANGE` of their leases, `ZCARD` and `GET` (its capacity). A server with
+//! millions of lock keys is therefore never walked whole; the view says when the cap cut the
+//! walk short. On a cluster each master answers for the names of its slots (the others'
+//! `MOVED` answers are skipped). On ZooKeeper only the names given are read (one listing and
+//! one read per contender each).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
@@ -42,23 +47,72 @@ pub struct TopSpec {
     pub interval: Duration,
 }
 
+/// What kind of lock a row shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// A single lock (and a multi-lock's names, a combination lock's nodes).
+    Lock,
+    /// A read-write lock.
+    Rwlock,
+    /// A semaphore.
+    Semaphore,
+}
+
+impl Kind {
+    const ALL: [Kind; 3] = [Kind::Lock, Kind::Rwlock, Kind::Semaphore];
+
+    /// What follows `<prefix>{<name>}` in its main key (`slate_redis`'s key layout).
+    fn suffix(self) -> &'static str {
+        match self {
+            Kind::Lock => "",
+            Kind::Rwlock => ":rw",
+            Kind::Semaphore => ":sem",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Lock => "lock",
+            Kind::Rwlock => "rwlock",
+            Kind::Semaphore => "semaphore",
+        }
+    }
+}
+
 /// One lock in a snapshot (`slate top --json`; the field names are stable).
 #[derive(Clone, Debug, Serialize)]
 pub struct LockRow {
     /// The lock's name.
     pub name: String,
-    /// The holder (the one most nodes agree on), `null` when free.
+    /// `lock`, `rwlock` or `semaphore`.
+    pub kind: Kind,
+    /// The holder (the one most nodes agree on), `null` when free. A read-write lock's
+    /// writer or only reader, a semaphore's only holder; `null` when several share it (see
+    /// `holders`).
     pub holder: Option<String>,
-    /// The holder's re-entry count.
+    /// The holder's re-entry count (a read-write lock's writer: its write levels; a reader:
+    /// its read levels).
     pub depth: u32,
-    /// The holder's fencing token.
+    /// The holder's fencing token (several sharing it: the highest of theirs).
     pub token: Option<u64>,
-    /// What is left of the lease, in ms (the least over the nodes that hold it).
+    /// What is left of the lease, in ms (the least over the nodes that hold it, or over the
+    /// holders that share it).
     pub ttl_ms: Option<u64>,
     /// Processes waiting in the lock's line (the most over the nodes).
     pub waiting: u64,
     /// Nodes the holder holds (1 for a single lock).
     pub nodes_held: usize,
+    /// How many hold it (a single lock: 0 or 1; a read-write lock: its writer or readers; a
+    /// semaphore: its permit holders).
+    pub holders: u64,
+    /// A read-write lock's mode when held: `read` or `write` (`null` otherwise).
+    pub mode: Option<&'static str>,
+    /// A semaphore's permits in use (`null` for the other kinds).
+    pub permits: Option<u64>,
+    /// A semaphore's capacity, as its users set it (`null` for the other kinds, or when not
+    /// known).
+    pub capacity: Option<u64>,
 }
 
 /// The wait figures of one series of a process's metrics.
@@ -198,6 +252,11 @@ async fn zk_rows(
                 ttl_ms: None,
                 waiting: s.waiters.len() as u64,
                 nodes_held: usize::from(s.holder.is_some()),
+                holders: u64::from(s.holder.is_some()),
+                kind: Kind::Lock,
+                mode: None,
+                permits: None,
+                capacity: None,
                 holder: s.holder.map(|h| {
                     h.holder
                         .map_or_else(|| h.znode.clone(), |id| id.to_string())
@@ -241,12 +300,12 @@ async fn masters(servers: &Servers) -> Result<Vec<String>, (u8, String)> {
     }
 }
 
-/// The names under `prefix` on one master: at most `limit` keys examined.
+/// The locks under `prefix` on one master, by kind: at most `limit` keys examined.
 async fn scan(
     conn: &mut MultiplexedConnection,
     prefix: &str,
     limit: u64,
-) -> Result<(Vec<String>, u64, bool), String> {
+) -> Result<(Vec<(Kind, String)>, u64, bool), String> {
     let pattern = format!("{}{{*", glob_escape(prefix));
     let (mut cursor, mut seen, mut names) = (0u64, 0u64, Vec::new());
     loop {
@@ -261,14 +320,8 @@ async fn scan(
             .map_err(|e| e.to_string())?;
         seen += 1000;
         for key in keys {
-            // The lock hash is exactly `<prefix>{<name>}`; its queue, turn and records add a
-            // suffix after the brace.
-            if let Some(name) = key
-                .strip_prefix(prefix.as_bytes())
-                .and_then(|k| k.strip_prefix(b"{"))
-                .and_then(|k| k.strip_suffix(b"}"))
-            {
-                names.push(String::from_utf8_lossy(name).into_owned());
+            if let Some(found) = lock_of_key(prefix, &key) {
+                names.push(found);
             }
         }
         cursor = next;
@@ -279,6 +332,18 @@ async fn scan(
             return Ok((names, seen, true));
         }
     }
+}
+
+/// The lock whose main key `key` is: a single lock's hash is exactly `<prefix>{<name>}`, a
+/// read-write lock's holders `<prefix>{<name>}:rw`, a semaphore's `<prefix>{<name>}:sem`.
+/// Their queues, turns, leases and records add more after those, and are not main keys.
+fn lock_of_key(prefix: &str, key: &[u8]) -> Option<(Kind, String)> {
+    let rest = key.strip_prefix(prefix.as_bytes())?.strip_prefix(b"{")?;
+    Kind::ALL.into_iter().find_map(|kind| {
+        let end = format!("}}{}", kind.suffix());
+        rest.strip_suffix(end.as_bytes())
+            .map(|name| (kind, String::from_utf8_lossy(name).into_owned()))
+    })
 }
 
 fn glob_escape(s: &str) -> String {
@@ -299,40 +364,159 @@ struct Entry {
     token: Option<u64>,
     ttl_ms: Option<u64>,
     waiting: u64,
+    /// (read-write lock, semaphore) How many share it.
+    holders: u64,
+    /// (read-write lock) `read` or `write` while held.
+    mode: Option<&'static str>,
+    /// (semaphore) Permits in use and the capacity.
+    permits: Option<u64>,
+    capacity: Option<u64>,
 }
 
+/// Whether a reply in a pipeline sent to every master is a cluster's redirection: the name
+/// lives on another master, which answers for it.
+fn elsewhere(v: &redis::Value) -> bool {
+    matches!(v, redis::Value::ServerError(e) if matches!(e.code(), "MOVED" | "ASK"))
+}
+
+/// The first error among `replies` that is not a redirection, as text.
+fn first_error(replies: &[redis::Value]) -> Option<String> {
+    replies.iter().find_map(|v| match v {
+        redis::Value::ServerError(e) if !elsewhere(v) => Some(format!("{e:?}")),
+        _ => None,
+    })
+}
+
+/// The entries of `locks` on one master, in order. A name another master of a cluster
+/// serves reads as an empty entry.
 async fn read_locks(
     conn: &mut MultiplexedConnection,
     prefix: &str,
-    names: &[String],
+    locks: &[(Kind, String)],
 ) -> Result<Vec<Entry>, String> {
     let mut pipe = redis::pipe();
-    for name in names {
-        let key = format!("{prefix}{{{name}}}");
-        pipe.cmd("HGETALL").arg(&key);
-        pipe.cmd("PTTL").arg(&key);
-        pipe.cmd("ZCARD").arg(format!("{key}:queue"));
+    pipe.ignore_errors();
+    pipe.cmd("TIME");
+    for (kind, name) in locks {
+        let key = format!("{prefix}{{{name}}}{}", kind.suffix());
+        match kind {
+            Kind::Lock => {
+                pipe.cmd("HGETALL").arg(&key);
+                pipe.cmd("PTTL").arg(&key);
+                pipe.cmd("ZCARD").arg(format!("{key}:queue"));
+            }
+            Kind::Rwlock | Kind::Semaphore => {
+                pipe.cmd("HGETALL").arg(&key);
+                pipe.cmd("ZRANGE")
+                    .arg(format!("{key}:leases"))
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES");
+                pipe.cmd("ZCARD").arg(format!("{key}:queue"));
+                pipe.cmd("GET").arg(format!("{key}:permits"));
+            }
+        }
     }
     let replies: Vec<redis::Value> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
-    let mut out = Vec::with_capacity(names.len());
-    for chunk in replies.chunks(3) {
-        let fields: HashMap<String, String> =
-            redis::from_redis_value_ref(&chunk[0]).unwrap_or_default();
-        let ttl: i64 = redis::from_redis_value_ref(&chunk[1]).unwrap_or(-2);
-        let waiting: u64 = redis::from_redis_value_ref(&chunk[2]).unwrap_or(0);
-        // Holder ids always contain ':' (the lock's own fields never do).
-        let holder = fields
-            .iter()
-            .find(|(k, _)| k.contains(':'))
-            .map(|(k, v)| (k.clone(), v.parse().unwrap_or(1)));
-        out.push(Entry {
-            token: fields.get("t").and_then(|t| t.parse().ok()),
-            ttl_ms: u64::try_from(ttl).ok().filter(|_| holder.is_some()),
-            holder,
-            waiting,
+    if let Some(e) = first_error(&replies) {
+        return Err(e);
+    }
+    let Some((time, replies)) = replies.split_first() else {
+        return Err("an empty reply to the pipeline".to_owned());
+    };
+    let (secs, micros): (u64, u64) =
+        redis::from_redis_value_ref(time).map_err(|e| format!("TIME: {e}"))?;
+    let now_ms = secs * 1000 + micros / 1000;
+    let mut out = Vec::with_capacity(locks.len());
+    let mut rest = replies;
+    for (kind, _) in locks {
+        let n = if *kind == Kind::Lock { 3 } else { 4 };
+        let Some((chunk, after)) = rest.split_at_checked(n) else {
+            return Err("fewer replies than commands in the pipeline".to_owned());
+        };
+        rest = after;
+        out.push(match kind {
+            _ if chunk.iter().any(elsewhere) => Entry::default(),
+            Kind::Lock => lock_entry(chunk),
+            Kind::Rwlock | Kind::Semaphore => shared_entry(chunk, now_ms, *kind),
         });
     }
     Ok(out)
+}
+
+/// A single lock's entry from its `HGETALL`, `PTTL` and `ZCARD`.
+fn lock_entry(chunk: &[redis::Value]) -> Entry {
+    let fields: HashMap<String, String> =
+        redis::from_redis_value_ref(&chunk[0]).unwrap_or_default();
+    let ttl: i64 = redis::from_redis_value_ref(&chunk[1]).unwrap_or(-2);
+    let waiting: u64 = redis::from_redis_value_ref(&chunk[2]).unwrap_or(0);
+    // Holder ids always contain ':' (the lock's own fields never do).
+    let holder = fields
+        .iter()
+        .find(|(k, _)| k.contains(':'))
+        .map(|(k, v)| (k.clone(), v.parse().unwrap_or(1)));
+    Entry {
+        token: fields.get("t").and_then(|t| t.parse().ok()),
+        ttl_ms: u64::try_from(ttl).ok().filter(|_| holder.is_some()),
+        holders: u64::from(holder.is_some()),
+        holder,
+        waiting,
+        ..Entry::default()
+    }
+}
+
+/// A read-write lock's or a semaphore's entry from its holders (`HGETALL`: `p:<holder>` its
+/// permits, `r:` its read levels, `w:` its write levels, `t:` its token), their leases
+/// (`ZRANGE ... WITHSCORES`: the server ms each ends at), its line (`ZCARD`) and its capacity
+/// (`GET`). A holder whose lease has ended is left out, as the next script would remove it.
+fn shared_entry(chunk: &[redis::Value], now_ms: u64, kind: Kind) -> Entry {
+    let fields: HashMap<String, String> =
+        redis::from_redis_value_ref(&chunk[0]).unwrap_or_default();
+    let leases: Vec<(String, f64)> = redis::from_redis_value_ref(&chunk[1]).unwrap_or_default();
+    let waiting: u64 = redis::from_redis_value_ref(&chunk[2]).unwrap_or(0);
+    let capacity: Option<u64> = redis::from_redis_value_ref(&chunk[3]).ok().flatten();
+    let field = |f: &str, h: &str| -> u64 {
+        fields
+            .get(&format!("{f}:{h}"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "server ms"
+    )]
+    let alive: Vec<(&str, u64)> = leases
+        .iter()
+        .filter(|(_, end)| *end as u64 > now_ms)
+        .map(|(h, end)| (h.as_str(), *end as u64 - now_ms))
+        .collect();
+    let levels = |h: &str| u32::try_from(field("w", h).max(field("r", h))).unwrap_or(u32::MAX);
+    let shown = alive
+        .iter()
+        .find(|(h, _)| field("w", h) > 0)
+        .or_else(|| (alive.len() == 1).then(|| &alive[0]))
+        .map(|(h, _)| ((*h).to_owned(), levels(h)));
+    let writer = alive.iter().any(|(h, _)| field("w", h) > 0);
+    let mode = (kind == Kind::Rwlock && !alive.is_empty()).then_some(if writer {
+        "write"
+    } else {
+        "read"
+    });
+    let token = match &shown {
+        Some((h, _)) => Some(field("t", h)),
+        None => alive.iter().map(|(h, _)| field("t", h)).max(),
+    };
+    Entry {
+        token: token.filter(|t| *t > 0),
+        ttl_ms: alive.iter().map(|(_, left)| *left).min(),
+        holders: alive.len() as u64,
+        holder: shown,
+        waiting,
+        mode,
+        permits: (kind == Kind::Semaphore).then(|| alive.iter().map(|(h, _)| field("p", h)).sum()),
+        capacity: capacity.filter(|_| kind == Kind::Semaphore),
+    }
 }
 
 /// Reads every server once.
@@ -363,7 +547,12 @@ async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
         }
     }
     let (mut scanned, mut truncated) = (0, false);
-    let mut names: Vec<String> = spec.names.clone();
+    // Names given: each kind is read (a single lock's row is shown even when free).
+    let mut names: Vec<(Kind, String)> = spec
+        .names
+        .iter()
+        .flat_map(|n| Kind::ALL.map(|k| (k, n.clone())))
+        .collect();
     if names.is_empty() {
         let mut found = std::collections::BTreeSet::new();
         for (i, c) in conns.iter_mut().enumerate() {
@@ -379,9 +568,9 @@ async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
         }
         names = found.into_iter().collect();
     }
-    // Per name, each node's entry (a name lives on one master of a cluster: the others
+    // Per lock, each node's entry (a name lives on one master of a cluster: the others
     // answer an empty entry).
-    let mut per_name: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
+    let mut per_name: BTreeMap<(Kind, String), Vec<Entry>> = BTreeMap::new();
     for c in &mut conns {
         for chunk in names.chunks(500) {
             match read_locks(c, &spec.prefix, chunk).await {
@@ -396,14 +585,17 @@ async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
     }
     let mut locks: Vec<LockRow> = per_name
         .into_iter()
-        .map(|(name, entries)| combine(name, &entries))
-        .filter(|r| !spec.names.is_empty() || r.holder.is_some() || r.waiting > 0)
+        .map(|((kind, name), entries)| combine(kind, name, &entries))
+        .filter(|r| {
+            r.holders > 0 || r.waiting > 0 || (r.kind == Kind::Lock && !spec.names.is_empty())
+        })
         .collect();
     locks.sort_by(|a, b| {
         b.waiting
             .cmp(&a.waiting)
-            .then(b.holder.is_some().cmp(&a.holder.is_some()))
+            .then((b.holders > 0).cmp(&(a.holders > 0)))
             .then(a.name.cmp(&b.name))
+            .then(a.kind.cmp(&b.kind))
     });
     let hidden = locks.len().saturating_sub(spec.limit);
     locks.truncate(spec.limit);
@@ -431,8 +623,30 @@ async fn read_waits(spec: &TopSpec) -> (Option<Vec<WaitRow>>, Option<String>) {
     }
 }
 
-/// One row from the nodes' entries: the holder most nodes name.
-fn combine(name: String, entries: &[Entry]) -> LockRow {
+/// One row from the nodes' entries: the holder most nodes name. A read-write lock or a
+/// semaphore lives on one server: its row is the entry with the most holders.
+fn combine(kind: Kind, name: String, entries: &[Entry]) -> LockRow {
+    if kind != Kind::Lock {
+        let none = Entry::default();
+        let e = entries
+            .iter()
+            .max_by_key(|e| (e.holders, e.waiting))
+            .unwrap_or(&none);
+        return LockRow {
+            name,
+            kind,
+            holder: e.holder.as_ref().map(|(h, _)| h.clone()),
+            depth: e.holder.as_ref().map_or(0, |(_, d)| *d),
+            token: e.token,
+            ttl_ms: e.ttl_ms,
+            waiting: e.waiting,
+            nodes_held: usize::from(e.holders > 0),
+            holders: e.holders,
+            mode: e.mode,
+            permits: e.permits,
+            capacity: e.capacity,
+        };
+    }
     let mut votes: HashMap<&str, usize> = HashMap::new();
     for e in entries {
         if let Some((h, _)) = &e.holder {
@@ -467,8 +681,13 @@ fn combine(name: String, entries: &[Entry]) -> LockRow {
             .min(),
         waiting: entries.iter().map(|e| e.waiting).max().unwrap_or(0),
         nodes_held: holder.as_ref().map_or(0, |(_, n)| *n),
+        holders: u64::from(holder.is_some()),
         holder: holder.map(|(h, _)| h),
+        mode: None,
+        permits: None,
+        capacity: None,
         name,
+        kind,
     }
 }
 
@@ -567,23 +786,35 @@ fn ms(v: Option<u64>) -> String {
     )
 }
 
+/// A row's holder cell: the holder (with its levels above one), or how many share it; a
+/// read-write lock's mode; a semaphore's permits.
+fn holder_cell(l: &LockRow) -> String {
+    let mut cell = match &l.holder {
+        Some(h) if l.depth > 1 => format!("{h} x{}", l.depth),
+        Some(h) => h.clone(),
+        None if l.holders > 1 && l.kind == Kind::Rwlock => format!("{} readers", l.holders),
+        None if l.holders > 1 => format!("{} holders", l.holders),
+        None => "(free)".to_owned(),
+    };
+    if let Some(mode) = l.mode {
+        cell.push_str(&format!(" ({mode})"));
+    }
+    if let Some(p) = l.permits {
+        let of = l.capacity.map_or_else(String::new, |c| format!(" of {c}"));
+        cell.push_str(&format!(", {p}{of} permits"));
+    }
+    cell
+}
+
 /// The snapshot's rows as table cells.
-fn lock_cells(snap: &Snapshot) -> Vec<[String; 6]> {
+fn lock_cells(snap: &Snapshot) -> Vec<[String; 7]> {
     snap.locks
         .iter()
         .map(|l| {
             [
                 l.name.clone(),
-                l.holder.clone().map_or_else(
-                    || "(free)".to_owned(),
-                    |h| {
-                        if l.depth > 1 {
-                            format!("{h} x{}", l.depth)
-                        } else {
-                            h
-                        }
-                    },
-                ),
+                l.kind.label().to_owned(),
+                holder_cell(l),
                 l.token.map_or_else(|| "-".to_owned(), |t| t.to_string()),
                 ms(l.ttl_ms),
                 l.waiting.to_string(),
@@ -593,7 +824,15 @@ fn lock_cells(snap: &Snapshot) -> Vec<[String; 6]> {
         .collect()
 }
 
-const HEADER: [&str; 6] = ["LOCK", "HOLDER", "TOKEN", "LEASE LEFT", "WAITING", "NODES"];
+const HEADER: [&str; 7] = [
+    "LOCK",
+    "KIND",
+    "HOLDER",
+    "TOKEN",
+    "LEASE LEFT",
+    "WAITING",
+    "NODES",
+];
 
 fn footer(snap: &Snapshot) -> Vec<String> {
     let mut lines = Vec::new();
@@ -673,6 +912,7 @@ async fn interactive(source: &Source, spec: &TopSpec) -> u8 {
     };
     let widths = [
         Constraint::Fill(3),
+        Constraint::Length(9),
         Constraint::Fill(4),
         Constraint::Length(8),
         Constraint::Length(11),
@@ -789,6 +1029,26 @@ slate_acquire_wait_seconds_count{primitive=\"lock\",backend=\"redis-standalone\"
         assert!((r.busy - 2.0).abs() < 1e-9);
         assert_eq!(r.wait_p50_ms.map(|v| (v * 10.0).round()), Some(20.0));
         assert_eq!(r.wait_p99_ms.map(|v| v.round()), Some(250.0));
+    }
+
+    #[test]
+    fn main_keys_name_their_lock_and_kind() {
+        let of = |k: &str| lock_of_key("slate:", k.as_bytes());
+        assert_eq!(of("slate:{a}"), Some((Kind::Lock, "a".to_owned())));
+        assert_eq!(of("slate:{a}:rw"), Some((Kind::Rwlock, "a".to_owned())));
+        assert_eq!(of("slate:{a}:sem"), Some((Kind::Semaphore, "a".to_owned())));
+        // A single lock whose name ends like a suffix keeps its closing brace last.
+        assert_eq!(of("slate:{a}:rw}"), Some((Kind::Lock, "a}:rw".to_owned())));
+        for other in [
+            "slate:{a}:queue",
+            "slate:{a}:rw:leases",
+            "slate:{a}:sem:permits",
+            "slate:{a}:latch",
+            "slate:fence:{x}",
+            "other:{a}",
+        ] {
+            assert_eq!(of(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -2318,3 +2318,120 @@ fn top_snapshots_list_held_and_waited_for_locks() {
         text(&out.stderr)
     );
 }
+
+/// `slate top` shows read-write locks and semaphores beside the single locks (`kind`): two
+/// readers sharing one (no single holder named), a writer with another process waiting, a
+/// semaphore's permits in use of its capacity; names given read every kind.
+#[test]
+fn top_shows_read_write_locks_and_semaphores() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let rt = runtime();
+    let (a, b) = (
+        RedisClient::open(url.as_str()).unwrap(),
+        RedisClient::open(url.as_str()).unwrap(),
+    );
+    let rw = |c: &RedisClient, name: &str| slate_redis::RwLock::builder(c, name).build().unwrap();
+    let (ra, rb) = (rw(&a, "top-rw"), rw(&b, "top-rw"));
+    let (wa, wb) = (rw(&a, "top-rw-w"), rw(&b, "top-rw-w"));
+    let sem = slate_redis::Semaphore::builder(&a, "top-sem", 3)
+        .build()
+        .unwrap();
+    let (reads, write, permit) = rt.block_on(async {
+        let reads = (ra.read().await.unwrap(), rb.read().await.unwrap());
+        let write = wa.write().await.unwrap();
+        let permit = sem.acquire(2).await.unwrap();
+        (reads, write, permit)
+    });
+    let waiter = rt.spawn(async move { wb.write().await.map(drop) });
+    let top_json = |extra: &[&str]| {
+        let mut args = vec!["top", "--json", "--redis", &url];
+        args.extend_from_slice(extra);
+        let out = output(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let deadline = Instant::now() + PATIENCE;
+    let snap = loop {
+        let snap = top_json(&[]);
+        if snap["locks"][0]["waiting"] == 1 {
+            break snap;
+        }
+        assert!(Instant::now() < deadline, "no waiting writer: {snap:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let rows = snap["locks"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{snap:#}");
+    let (w, r, s) = (&rows[0], &rows[1], &rows[2]);
+    assert_eq!(
+        (&w["name"], &w["kind"], &w["mode"], &w["holders"]),
+        (
+            &"top-rw-w".into(),
+            &"rwlock".into(),
+            &"write".into(),
+            &1.into()
+        ),
+        "{snap:#}"
+    );
+    assert_eq!(
+        w["holder"].as_str(),
+        Some(&*write.holder().to_string()),
+        "{w}"
+    );
+    assert!(w["token"].as_u64().is_some_and(|t| t > 0), "{w}");
+    assert!(
+        w["ttl_ms"].as_u64().is_some_and(|t| t > 0 && t <= 30_000),
+        "{w}"
+    );
+    assert_eq!(
+        (&r["name"], &r["kind"], &r["mode"], &r["holders"]),
+        (
+            &"top-rw".into(),
+            &"rwlock".into(),
+            &"read".into(),
+            &2.into()
+        ),
+        "{snap:#}"
+    );
+    assert!(r["holder"].is_null(), "two readers share it: {r}");
+    assert_eq!(
+        (&s["name"], &s["kind"], &s["permits"], &s["capacity"]),
+        (&"top-sem".into(), &"semaphore".into(), &2.into(), &3.into()),
+        "{snap:#}"
+    );
+    assert_eq!(
+        s["holder"].as_str(),
+        Some(&*permit.holder().to_string()),
+        "{s}"
+    );
+
+    // Names given: every kind of each is read; a free single lock is listed, free.
+    let named = top_json(&["top-rw"]);
+    let kinds: Vec<&str> = named["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["kind"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(kinds, ["rwlock", "lock"], "{named:#}");
+
+    // The table names the kind and how the shared ones are held.
+    let table = text(&output(&["top", "--once", "--redis", &url]).stdout);
+    for want in ["KIND", "2 readers (read)", "(write)", "2 of 3 permits"] {
+        assert!(table.contains(want), "{want:?} missing:\n{table}");
+    }
+
+    rt.block_on(async {
+        write.unlock().await.unwrap();
+        waiter.await.unwrap().unwrap();
+        reads.0.unlock().await.unwrap();
+        reads.1.unlock().await.unwrap();
+        permit.unlock().await.unwrap();
+    });
+    let after = top_json(&[]);
+    assert_eq!(
+        after["locks"].as_array().map(Vec::len),
+        Some(0),
+        "{after:#}"
+    );
+}

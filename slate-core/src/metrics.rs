@@ -12,7 +12,8 @@
 //!
 //! # Labels
 //!
-//! - `primitive`: `lock`, `rwlock`, `semaphore`, `combination` (the lock kind);
+//! - `primitive`: `lock`, `rwlock`, `semaphore`, `combination` (the lock kind), `latch` (the
+//!   countdown latch);
 //! - `backend`: `redis-standalone`, `redis-cluster`, `redis-sentinel`, `zookeeper`,
 //!   `combination`;
 //! - `lock`: the lock's name, **only** when the application opts in with
@@ -93,7 +94,7 @@ metric_names! {
     HELD = "slate_held", "gauge", "",
         "guards alive (each re-entered level counts)";
     WAITERS = "slate_waiters", "gauge", "",
-        "callers of this process queued for a lock";
+        "callers of this process queued for a lock, or waiting for a latch to open";
     LEASE_LOST = "slate_lease_lost_total", "counter", "reason = entry_gone | deadline_expired | max_hold_reached | quorum_lost",
         "holds whose lease was lost, counted once each when the loss is signalled";
     RENEWALS = "slate_renewals_total", "counter", "",
@@ -110,6 +111,14 @@ metric_names! {
         "combination-lock nodes quarantined after they lost their data (client-wide)";
     SERVER_ERRORS = "slate_server_errors_total", "counter", "kind = io | timeout | auth | permission | response | unavailable | other",
         "commands the backend failed, by kind (client-wide)";
+    LATCH_SETS = "slate_latch_sets_total", "counter", "outcome = set | refused | error",
+        "countdown-latch sets: a count set on an open latch, refused because a round was counting down, or failed";
+    LATCH_COUNT_DOWNS = "slate_latch_count_downs_total", "counter", "outcome = counted | error",
+        "countdown-latch count-downs the server answered (once each, however often sent), or that failed";
+    LATCH_WAITS = "slate_latch_waits_total", "counter", "outcome = opened | timed_out | error",
+        "countdown-latch waits by how they ended: the latch opened, the wait ran out, or a failure";
+    LATCH_WAIT = "slate_latch_wait_seconds", "histogram", "",
+        "from a latch wait's call to its return, for waits that saw the latch open";
 }
 
 /// How an acquisition got its guard.
@@ -121,6 +130,28 @@ pub enum How {
     Reentry,
     /// Passed by a local holder without a remote call (lock cohorting).
     Pass,
+}
+
+/// How a countdown latch's set ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LatchSet {
+    /// The count was set (the latch was open).
+    Set,
+    /// A round was counting down: nothing was set.
+    Refused,
+    /// The set failed (it may or may not have run).
+    Error,
+}
+
+/// How a wait for a countdown latch ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LatchWait {
+    /// The latch opened.
+    Opened,
+    /// The wait ran out first.
+    TimedOut,
+    /// A failure that waiting longer could not cure.
+    Error,
 }
 
 /// What the backend answered one remote attempt.
@@ -175,6 +206,15 @@ pub struct Meter(Arc<LockMeter>);
 struct LockMeter {
     labels: Vec<Label>,
     handles: OnceLock<LockHandles>,
+    /// A latch's own handles (`primitive = latch`), resolved at its first latch event.
+    latch: OnceLock<LatchHandles>,
+}
+
+struct LatchHandles {
+    sets: [Counter; 3],
+    count_downs: [Counter; 2],
+    waits: [Counter; 3],
+    wait: Histogram,
 }
 
 struct LockHandles {
@@ -263,6 +303,7 @@ impl Meter {
         Meter(Arc::new(LockMeter {
             labels,
             handles: OnceLock::new(),
+            latch: OnceLock::new(),
         }))
     }
 
@@ -306,6 +347,77 @@ impl Meter {
                 renewal_failures: c(RENEWAL_FAILURES),
             }
         })
+    }
+
+    fn latch(&self) -> &LatchHandles {
+        self.0.latch.get_or_init(|| {
+            describe();
+            let l = &self.0.labels;
+            let cw = |name: &'static str, v: &'static str| {
+                let mut labels = l.clone();
+                labels.push(Label::from_static_parts("outcome", v));
+                metrics::counter!(name, labels)
+            };
+            LatchHandles {
+                sets: [
+                    cw(LATCH_SETS, "set"),
+                    cw(LATCH_SETS, "refused"),
+                    cw(LATCH_SETS, "error"),
+                ],
+                count_downs: [
+                    cw(LATCH_COUNT_DOWNS, "counted"),
+                    cw(LATCH_COUNT_DOWNS, "error"),
+                ],
+                waits: [
+                    cw(LATCH_WAITS, "opened"),
+                    cw(LATCH_WAITS, "timed_out"),
+                    cw(LATCH_WAITS, "error"),
+                ],
+                wait: metrics::histogram!(LATCH_WAIT, l.iter()),
+            }
+        })
+    }
+
+    /// A countdown latch's set ended with `outcome`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_core::metrics::{LatchSet, Meter};
+    /// Meter::for_lock("latch", "redis-standalone", &slate_core::LockName::new("loaders")?)
+    ///     .latch_set(LatchSet::Refused);
+    /// # Ok::<(), slate_core::Error>(())
+    /// ```
+    pub fn latch_set(&self, outcome: LatchSet) {
+        self.latch().sets[outcome as usize].increment(1);
+    }
+
+    /// A countdown latch's count-down was answered (`true`) or failed (`false`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// slate_core::metrics::Meter::custom().latch_counted_down(true);
+    /// ```
+    pub fn latch_counted_down(&self, answered: bool) {
+        self.latch().count_downs[usize::from(!answered)].increment(1);
+    }
+
+    /// A wait for a countdown latch ended with `outcome` after `waited` (from the call; the
+    /// wait-time histogram takes the waits that saw the latch open).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use slate_core::metrics::{LatchWait, Meter};
+    /// Meter::custom().latch_waited(LatchWait::Opened, std::time::Duration::from_millis(40));
+    /// ```
+    pub fn latch_waited(&self, outcome: LatchWait, waited: Duration) {
+        let h = self.latch();
+        h.waits[outcome as usize].increment(1);
+        if outcome == LatchWait::Opened {
+            h.wait.record(waited.as_secs_f64());
+        }
     }
 
     /// An acquisition returned a guard after `waited` (from the call).

@@ -63,11 +63,20 @@ pub enum Mutant {
     /// The acquire never raises a slot's fencing counter to the server's clock, so a server
     /// that came back with older data issues tokens again.
     FenceRaiseSkipped,
+    /// The single lock's fast path takes a free lock without looking for the holder's request
+    /// record key: a stale copy of a request its caller gave up on (cancelled) grants.
+    FastPathSkipsRecord,
+    /// The single lock's fast path takes a free lock without looking for the line and the
+    /// turn: a newcomer takes a lock reserved for a waiting process.
+    FastPathSkipsTurn,
+    /// The single lock's fast path grants a re-entry-only call: a holder whose hold was lost
+    /// counts a fresh hold as one more level.
+    FastPathGrantsReentryOnly,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 15] = [
+    pub const ALL: [Mutant; 18] = [
         Mutant::LeaseIgnoresDeadline,
         Mutant::LeaseFromReply,
         Mutant::ReleaseSkipsHolderCheck,
@@ -83,6 +92,9 @@ impl Mutant {
         Mutant::BatchPastRefusal,
         Mutant::ReleaseManySkipsAName,
         Mutant::FenceRaiseSkipped,
+        Mutant::FastPathSkipsRecord,
+        Mutant::FastPathSkipsTurn,
+        Mutant::FastPathGrantsReentryOnly,
     ];
 
     /// The name `SLATE_MUTANT` takes.
@@ -110,6 +122,9 @@ impl Mutant {
             Mutant::BatchPastRefusal => "batch-past-refusal",
             Mutant::ReleaseManySkipsAName => "release-many-skips-a-name",
             Mutant::FenceRaiseSkipped => "fence-raise-skipped",
+            Mutant::FastPathSkipsRecord => "fast-path-skips-record",
+            Mutant::FastPathSkipsTurn => "fast-path-skips-turn",
+            Mutant::FastPathGrantsReentryOnly => "fast-path-grants-reentry-only",
         }
     }
 

@@ -28,13 +28,13 @@ async fn restart_while_idle_reloads_scripts_for_acquire_and_pipelined_renewal() 
     // Warm up: the connection is cached and every script is known to the server.
     let g = lock.lock().await.unwrap();
     tokio::time::sleep(lease).await;
-    assert!(script_loaded(&server, RENEW_LUA));
+    assert!(script_loaded(&server, renew_lua()));
     g.unlock().await.unwrap();
 
     // Idle (longer than the idle check), then the server comes back empty.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     server.restart(Data::Wipe).unwrap();
-    assert!(!script_loaded(&server, RENEW_LUA));
+    assert!(!script_loaded(&server, renew_lua()));
     assert!(keys(&server).is_empty());
 
     let g = within(
@@ -52,16 +52,16 @@ async fn restart_while_idle_reloads_scripts_for_acquire_and_pipelined_renewal() 
     // A new connection loads every script; empty the cache again so that renewal and release
     // meet NOSCRIPT on a connection that is already in use.
     server.command(&["SCRIPT", "FLUSH"]).unwrap();
-    assert!(!script_loaded(&server, RENEW_LUA));
+    assert!(!script_loaded(&server, renew_lua()));
     // Held for three leases: the renewal pipeline met NOSCRIPT, loaded the script, renewed.
     let until = Instant::now() + lease * 3;
     while Instant::now() < until {
         assert!(!g.is_lost(), "{:?}", g.lease().loss_reason());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(script_loaded(&server, RENEW_LUA));
+    assert!(script_loaded(&server, renew_lua()));
     assert!(lock.is_locked().await.unwrap());
-    assert!(!script_loaded(&server, RELEASE_LUA));
+    assert!(!script_loaded(&server, release_lua()));
     assert_eq!(g.unlock().await.unwrap(), 0, "release reloaded its script");
     assert_eq!(
         keys_but_records(&server, 2 * DEFAULT_COMMAND_TIMEOUT),

@@ -311,7 +311,11 @@ fn s10_a_stale_first_send_whose_resend_was_told_busy_never_grants() {
         0
     );
     // The stalled first send of request 10 arrives: it does nothing.
-    assert_eq!(acquire_script(&mut con, name, "h1", "10", ""), [-3]);
+    assert_eq!(
+        acquire_script(&mut con, name, "h1", "10", ""),
+        [-3],
+        "a stale first send whose resend was told busy granted"
+    );
     assert_eq!(
         int(&server, &["EXISTS", "slate:{stale-busy}"]),
         0,

@@ -323,3 +323,77 @@ async fn server_errors_and_reconnects_are_counted() {
     .await;
     assert!(t.get("slate_reconnects_total", &[("backend", "redis-standalone")]) >= 1.0);
 }
+
+/// A countdown latch (`primitive = latch`): sets by outcome, count-downs, waits by how they
+/// ended (the wait-time histogram takes only the waits that saw the latch open), and the
+/// waiters gauge while a task waits; none of the locks' metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_is_counted_by_outcome() {
+    let _turn = recorder().1.lock().await;
+    let server = server();
+    let client = client(&server);
+    let t = Tally::start();
+    let latch = slate_redis::CountDownLatch::builder(&client, "m-latch")
+        .build()
+        .unwrap();
+    let at = |name, extra: &[(&str, &str)]| {
+        let mut labels = vec![
+            ("lock", "m-latch"),
+            ("primitive", "latch"),
+            ("backend", "redis-standalone"),
+        ];
+        labels.extend_from_slice(extra);
+        t.get(name, &labels)
+    };
+    assert!(latch.try_set_count(2).await.unwrap());
+    assert!(!latch.try_set_count(5).await.unwrap(), "a round is on");
+    let early = latch.wait_for(Duration::from_millis(100)).await;
+    assert!(early.is_err_and(|e| e.is_timeout()));
+    let waiter = {
+        let latch = latch.clone();
+        tokio::spawn(async move { latch.wait().await })
+    };
+    eventually(Duration::from_secs(5), "the waiter to be counted", || {
+        at("slate_waiters", &[]) == 1.0
+    })
+    .await;
+    assert_eq!(latch.count_down().await.unwrap(), 1);
+    assert_eq!(latch.count_down().await.unwrap(), 0);
+    within(Duration::from_secs(5), "the waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = t.of("m-latch");
+    assert_eq!(
+        at("slate_latch_sets_total", &[("outcome", "set")]),
+        1.0,
+        "{seen:?}"
+    );
+    assert_eq!(at("slate_latch_sets_total", &[("outcome", "refused")]), 1.0);
+    assert_eq!(at("slate_latch_sets_total", &[]), 2.0);
+    assert_eq!(
+        at("slate_latch_count_downs_total", &[("outcome", "counted")]),
+        2.0
+    );
+    assert_eq!(at("slate_latch_count_downs_total", &[]), 2.0);
+    assert_eq!(at("slate_latch_waits_total", &[("outcome", "opened")]), 1.0);
+    assert_eq!(
+        at("slate_latch_waits_total", &[("outcome", "timed_out")]),
+        1.0
+    );
+    assert_eq!(at("slate_latch_waits_total", &[]), 2.0);
+    assert_eq!(
+        at("slate_latch_wait_seconds", &[]),
+        1.0,
+        "only the opened wait"
+    );
+    assert_eq!(at("slate_waiters", &[]), 0.0, "both waits left");
+    for quiet in [
+        "slate_acquisitions_total",
+        "slate_attempts_total",
+        "slate_acquire_wait_seconds",
+        "slate_held",
+    ] {
+        assert_eq!(at(quiet, &[]), 0.0, "{quiet}: {seen:?}");
+    }
+}

@@ -172,7 +172,7 @@ async fn reentrancy_depth_three_with_renewal_and_a_waiter(server: Deployment) {
     assert_eq!(
         run_script(
             &server,
-            RELEASE_LUA,
+            release_lua(),
             &[key, "slate:{reentrant}:released"],
             &[&holder.to_string(), "300"]
         ),
@@ -245,11 +245,16 @@ async fn wrong_owner_cannot_release_or_renew(server: Deployment) {
 
     // A release of a lock nobody ever held leaves no key at all (Bedrock created a -1 entry).
     assert_eq!(
-        run_script(&server, RELEASE_LUA, &[key, channel], &[&stranger, "5000"]),
+        run_script(
+            &server,
+            release_lua(),
+            &[key, channel],
+            &[&stranger, "5000"]
+        ),
         -1
     );
     assert_eq!(
-        run_script(&server, RENEW_LUA, &[key], &[&stranger, "5000"]),
+        run_script(&server, renew_lua(), &[key], &[&stranger, "5000"]),
         0
     );
     assert!(keys(&server).is_empty(), "{:?}", keys(&server));
@@ -259,11 +264,11 @@ async fn wrong_owner_cannot_release_or_renew(server: Deployment) {
     let ttl_before = int(&server, &["PTTL", key]);
     // A shorter lease would show up as a lower TTL if renew touched the key.
     assert_eq!(
-        run_script(&server, RELEASE_LUA, &[key, channel], &[&stranger, "100"]),
+        run_script(&server, release_lua(), &[key, channel], &[&stranger, "100"]),
         -1
     );
     assert_eq!(
-        run_script(&server, RENEW_LUA, &[key], &[&stranger, "100"]),
+        run_script(&server, renew_lua(), &[key], &[&stranger, "100"]),
         0
     );
     assert_eq!(server.command(&["HGETALL", key]).unwrap(), before);

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use slate_aqs::Notifications;
+use slate_core::metrics::{LatchSet, LatchWait, Meter};
 use slate_core::registry::Registered;
 use slate_core::{BackendKind, Error, HolderId, LockName, LockOptionsBuilder, Result, TimeoutKind};
 use tokio::sync::Notify;
@@ -197,6 +198,7 @@ impl CountDownLatchBuilder {
             .locks
             .get_or_create(keys.latch.clone(), &name, (), |()| {
                 Arc::new(LatchState {
+                    meter: client.lock_meter("latch", &name),
                     client: client.clone(),
                     label: Arc::from(name.to_string()),
                     name: name.clone(),
@@ -257,6 +259,8 @@ struct LatchState {
     waiters: Mutex<usize>,
     /// Woken by each message on the channel, and by the pub/sub connection's reconnection.
     opened: Notify,
+    /// The latch's metrics (`primitive = latch`).
+    meter: Meter,
 }
 
 impl Registered for LatchState {
@@ -286,12 +290,14 @@ struct Waiting<'a>(&'a LatchState);
 impl<'a> Waiting<'a> {
     fn new(state: &'a LatchState) -> Self {
         *lock(&state.waiters) += 1;
+        state.meter.queued(true);
         Waiting(state)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
+        self.0.meter.queued(false);
         let mut n = lock(&self.0.waiters);
         *n -= 1;
         if *n == 0 {
@@ -409,12 +415,17 @@ impl CountDownLatch {
             request: &request,
             window_ms: record_window_ms(st.client.command_timeout(), self.ttl),
         };
-        let set: i64 = self
+        let set: Result<i64> = self
             .resending("latch set script", |mut c| async move {
                 call.eval(&mut c).await
             })
-            .await?;
-        Ok(set == 1)
+            .await;
+        st.meter.latch_set(match set {
+            Ok(1) => LatchSet::Set,
+            Ok(_) => LatchSet::Refused,
+            Err(_) => LatchSet::Error,
+        });
+        Ok(set? == 1)
     }
 
     /// Counts the latch down by one and answers the count left (0: the latch is open, and its
@@ -452,12 +463,13 @@ impl CountDownLatch {
             window_ms: record_window_ms(st.client.command_timeout(), self.ttl),
             publish: st.client.publish_arg(),
         };
-        let left: i64 = self
+        let left: Result<i64> = self
             .resending("latch count-down script", |mut c| async move {
                 call.eval(&mut c).await
             })
-            .await?;
-        Ok(u32::try_from(left).unwrap_or(0))
+            .await;
+        st.meter.latch_counted_down(left.is_ok());
+        Ok(u32::try_from(left?).unwrap_or(0))
     }
 
     /// The count now (0: open, or no latch).
@@ -554,8 +566,20 @@ impl CountDownLatch {
         self.wait_until(Some(Instant::now() + within)).await
     }
 
+    /// Waits until the latch is open or `deadline` passes, and records how the wait ended.
     async fn wait_until(&self, deadline: Option<Instant>) -> Result<()> {
         let start = Instant::now();
+        let waited = self.wait_open(start, deadline).await;
+        let outcome = match &waited {
+            Ok(()) => LatchWait::Opened,
+            Err(e) if e.is_timeout() => LatchWait::TimedOut,
+            Err(_) => LatchWait::Error,
+        };
+        self.state.meter.latch_waited(outcome, start.elapsed());
+        waited
+    }
+
+    async fn wait_open(&self, start: Instant, deadline: Option<Instant>) -> Result<()> {
         let st = &*self.state;
         let _waiting = Waiting::new(st);
         let target: std::sync::Weak<dyn ReleaseTarget> = Arc::downgrade(&self.state) as _;

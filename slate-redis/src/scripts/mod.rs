@@ -55,6 +55,11 @@ impl SlateScript {
     }
 }
 
+/// The fast path's existence check in `acquire.lua` (the first of its two `EXISTS` of the four
+/// keys: the one followed by the fast path's guard), as its mutants find it.
+const FAST_PATH_EXISTS: &str =
+    "present = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5])\n    if present == 0 and";
+
 /// `acquire.lua`: acquire or re-enter.
 pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
     // Its mutants (one runs at a time): what each replaces, and with what.
@@ -71,6 +76,23 @@ pub(crate) static ACQUIRE: LazyLock<SlateScript> = LazyLock::new(|| {
             Mutant::GrantIgnoresTurn,
             "elseif until_ms > now then",
             "elseif false then",
+        ),
+        // The fast path's guard (`present == 0`, not a re-entry-only call), each part left out
+        // in turn: the record key, the line and turn, the re-entry-only refusal.
+        (
+            Mutant::FastPathSkipsRecord,
+            FAST_PATH_EXISTS,
+            "present = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4])\n    if present == 0 and",
+        ),
+        (
+            Mutant::FastPathSkipsTurn,
+            FAST_PATH_EXISTS,
+            "present = redis.call('EXISTS', KEYS[1], KEYS[5])\n    if present == 0 and",
+        ),
+        (
+            Mutant::FastPathGrantsReentryOnly,
+            "if present == 0 and ARGV[7] ~= '1' then\n        return grant(false)",
+            "if present == 0 then\n        return grant(false)",
         ),
         // Takes a token without looking at the holder: a re-entry returns a new token.
         (

@@ -204,8 +204,23 @@ pub fn run_script(at: &impl Inspect, code: &str, keys: &[&str], args: &[&str]) -
     inv.invoke(&mut con).expect("script")
 }
 
-pub const RELEASE_LUA: &str = include_str!("../../src/scripts/release.lua");
-pub const RENEW_LUA: &str = include_str!("../../src/scripts/renew.lua");
+/// The product's script `name` as this build sends it: a mutant build's (`.ci/mutants`) with
+/// its defect switched on, so that the script-level tests can catch it.
+pub fn product_lua(name: &str) -> &'static str {
+    slate_redis::lua_script(name)
+        .unwrap_or_else(|| panic!("no script {name:?}"))
+        .source
+}
+
+/// `release.lua`, as this build sends it.
+pub fn release_lua() -> &'static str {
+    product_lua("release")
+}
+
+/// `renew.lua`, as this build sends it.
+pub fn renew_lua() -> &'static str {
+    product_lua("renew")
+}
 
 /// Polls `f` until it holds, failing the test after `within`.
 pub async fn eventually(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
@@ -281,7 +296,10 @@ pub fn fence_key(name: &str) -> String {
 }
 
 /// The acquire script's source, for tests that run it directly.
-pub const ACQUIRE_LUA: &str = include_str!("../../src/scripts/acquire.lua");
+/// `acquire.lua`, as this build sends it.
+pub fn acquire_lua() -> &'static str {
+    product_lua("acquire")
+}
 
 /// How a test calls a lock script directly (default prefix); [`Direct::default`] is the plain
 /// call: no turn, a 10 s lease, records kept 5 s, a first send that is not a re-entry.
@@ -345,7 +363,7 @@ pub fn acquire_direct(
         format!("{lock}:turn"),
         format!("{lock}:req:{holder}"),
     ];
-    let script = redis::Script::new(ACQUIRE_LUA);
+    let script = redis::Script::new(acquire_lua());
     let mut inv = script.prepare_invoke();
     for k in &keys {
         inv.key(k);
@@ -524,7 +542,7 @@ pub fn release_direct(
     let tenure = how.tenure.to_string();
     run_script(
         at,
-        RELEASE_LUA,
+        release_lua(),
         &keys,
         &[
             holder,
