@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 
+use slate_core::LockName;
+use slate_redis::node::NodeKeys;
+
 use crate::exit;
 use crate::probe::{BUDGET, cluster_masters, connect, redact, sentinel_master};
 use crate::target::Servers;
@@ -101,7 +104,8 @@ pub struct LockRow {
     pub ttl_ms: Option<u64>,
     /// Processes waiting in the lock's line (the most over the nodes).
     pub waiting: u64,
-    /// Nodes the holder holds (1 for a single lock).
+    /// Nodes the holder holds (1 for a single lock; a read-write lock or a semaphore: 1 while
+    /// anyone holds it).
     pub nodes_held: usize,
     /// How many hold it (a single lock: 0 or 1; a read-write lock: its writer or readers; a
     /// semaphore: its permit holders).
@@ -334,16 +338,24 @@ async fn scan(
     }
 }
 
-/// The lock whose main key `key` is: a single lock's hash is exactly `<prefix>{<name>}`, a
-/// read-write lock's holders `<prefix>{<name>}:rw`, a semaphore's `<prefix>{<name>}:sem`.
-/// Their queues, turns, leases and records add more after those, and are not main keys.
+/// The lock whose main key `key` is: a single lock's hash is exactly its lock key
+/// (`<prefix>{<name>}`, `NodeKeys::lock_key`), a read-write lock's holders that key and
+/// `:rw`, a semaphore's that key and `:sem`. Their queues, turns, leases and records add more
+/// after those, and are not main keys.
 fn lock_of_key(prefix: &str, key: &[u8]) -> Option<(Kind, String)> {
-    let rest = key.strip_prefix(prefix.as_bytes())?.strip_prefix(b"{")?;
     Kind::ALL.into_iter().find_map(|kind| {
-        let end = format!("}}{}", kind.suffix());
-        rest.strip_suffix(end.as_bytes())
+        let base = key.strip_suffix(kind.suffix().as_bytes())?;
+        NodeKeys::name_of_lock_key(prefix, base)
             .map(|name| (kind, String::from_utf8_lossy(name).into_owned()))
     })
+}
+
+/// The main key of the lock `name` of `kind` (see [`lock_of_key`]).
+fn main_key(prefix: &str, kind: Kind, name: &str) -> Result<Vec<u8>, String> {
+    let name = LockName::new(name).map_err(|e| e.to_string())?;
+    let mut key = NodeKeys::new(prefix, &name).lock_key().to_vec();
+    key.extend_from_slice(kind.suffix().as_bytes());
+    Ok(key)
 }
 
 fn glob_escape(s: &str) -> String {
@@ -398,22 +410,23 @@ async fn read_locks(
     pipe.ignore_errors();
     pipe.cmd("TIME");
     for (kind, name) in locks {
-        let key = format!("{prefix}{{{name}}}{}", kind.suffix());
+        let key = main_key(prefix, *kind, name)?;
+        let with = |suffix: &str| [&key[..], suffix.as_bytes()].concat();
         match kind {
             Kind::Lock => {
                 pipe.cmd("HGETALL").arg(&key);
                 pipe.cmd("PTTL").arg(&key);
-                pipe.cmd("ZCARD").arg(format!("{key}:queue"));
+                pipe.cmd("ZCARD").arg(with(":queue"));
             }
             Kind::Rwlock | Kind::Semaphore => {
                 pipe.cmd("HGETALL").arg(&key);
                 pipe.cmd("ZRANGE")
-                    .arg(format!("{key}:leases"))
+                    .arg(with(":leases"))
                     .arg(0)
                     .arg(-1)
                     .arg("WITHSCORES");
-                pipe.cmd("ZCARD").arg(format!("{key}:queue"));
-                pipe.cmd("GET").arg(format!("{key}:permits"));
+                pipe.cmd("ZCARD").arg(with(":queue"));
+                pipe.cmd("GET").arg(with(":permits"));
             }
         }
     }
@@ -491,7 +504,12 @@ fn shared_entry(chunk: &[redis::Value], now_ms: u64, kind: Kind) -> Entry {
         .filter(|(_, end)| *end as u64 > now_ms)
         .map(|(h, end)| (h.as_str(), *end as u64 - now_ms))
         .collect();
-    let levels = |h: &str| u32::try_from(field("w", h).max(field("r", h))).unwrap_or(u32::MAX);
+    // A writer's levels are its write levels (it may read under its write too); a reader's
+    // its read levels.
+    let levels = |h: &str| {
+        let w = field("w", h);
+        u32::try_from(if w > 0 { w } else { field("r", h) }).unwrap_or(u32::MAX)
+    };
     let shown = alive
         .iter()
         .find(|(h, _)| field("w", h) > 0)
@@ -548,12 +566,14 @@ async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
     }
     let (mut scanned, mut truncated) = (0, false);
     // Names given: each kind is read (a single lock's row is shown even when free).
-    let mut names: Vec<(Kind, String)> = spec
-        .names
-        .iter()
-        .flat_map(|n| Kind::ALL.map(|k| (k, n.clone())))
-        .collect();
-    if names.is_empty() {
+    let mut names: Vec<(Kind, String)> = Vec::new();
+    for n in &spec.names {
+        match LockName::new(n) {
+            Ok(_) => names.extend(Kind::ALL.map(|k| (k, n.clone()))),
+            Err(e) => errors.push(format!("{n:?}: {e}")),
+        }
+    }
+    if spec.names.is_empty() {
         let mut found = std::collections::BTreeSet::new();
         for (i, c) in conns.iter_mut().enumerate() {
             match tokio::time::timeout(BUDGET * 4, scan(c, &spec.prefix, spec.scan_limit)).await {
@@ -1039,6 +1059,22 @@ slate_acquire_wait_seconds_count{primitive=\"lock\",backend=\"redis-standalone\"
         assert_eq!(of("slate:{a}:sem"), Some((Kind::Semaphore, "a".to_owned())));
         // A single lock whose name ends like a suffix keeps its closing brace last.
         assert_eq!(of("slate:{a}:rw}"), Some((Kind::Lock, "a}:rw".to_owned())));
+        // A name that begins with `}` has a `{` added in its key (a non-empty hash tag).
+        assert_eq!(
+            of("slate:{{}x}:sem"),
+            Some((Kind::Semaphore, "}x".to_owned()))
+        );
+        for (kind, name) in [
+            (Kind::Lock, "}x"),
+            (Kind::Rwlock, "a"),
+            (Kind::Semaphore, "{}"),
+        ] {
+            let key = main_key("slate:", kind, name).unwrap();
+            assert_eq!(
+                of(&String::from_utf8(key).unwrap()),
+                Some((kind, name.to_owned()))
+            );
+        }
         for other in [
             "slate:{a}:queue",
             "slate:{a}:rw:leases",

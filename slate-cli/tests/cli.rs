@@ -2343,7 +2343,7 @@ fn top_shows_read_write_locks_and_semaphores() {
         let permit = sem.acquire(2).await.unwrap();
         (reads, write, permit)
     });
-    let waiter = rt.spawn(async move { wb.write().await.map(drop) });
+    let waiter = rt.spawn(async move { wb.write().await });
     let top_json = |extra: &[&str]| {
         let mut args = vec!["top", "--json", "--redis", &url];
         args.extend_from_slice(extra);
@@ -2423,7 +2423,7 @@ fn top_shows_read_write_locks_and_semaphores() {
 
     rt.block_on(async {
         write.unlock().await.unwrap();
-        waiter.await.unwrap().unwrap();
+        waiter.await.unwrap().unwrap().unlock().await.unwrap();
         reads.0.unlock().await.unwrap();
         reads.1.unlock().await.unwrap();
         permit.unlock().await.unwrap();

@@ -114,7 +114,7 @@ metric_names! {
     LATCH_SETS = "slate_latch_sets_total", "counter", "outcome = set | refused | error",
         "countdown-latch sets: a count set on an open latch, refused because a round was counting down, or failed";
     LATCH_COUNT_DOWNS = "slate_latch_count_downs_total", "counter", "outcome = counted | error",
-        "countdown-latch count-downs the server answered (once each, however often sent), or that failed";
+        "countdown-latch count-downs the server answered (once each, however often sent; one on an open latch does nothing and counts here too), or that failed";
     LATCH_WAITS = "slate_latch_waits_total", "counter", "outcome = opened | timed_out | error",
         "countdown-latch waits by how they ended: the latch opened, the wait ran out, or a failure";
     LATCH_WAIT = "slate_latch_wait_seconds", "histogram", "",
@@ -215,6 +215,9 @@ struct LatchHandles {
     count_downs: [Counter; 2],
     waits: [Counter; 3],
     wait: Histogram,
+    /// `slate_waiters` with the latch's labels (its own handle: a latch registers none of the
+    /// locks' series).
+    waiters: Gauge,
 }
 
 struct LockHandles {
@@ -374,6 +377,7 @@ impl Meter {
                     cw(LATCH_WAITS, "error"),
                 ],
                 wait: metrics::histogram!(LATCH_WAIT, l.iter()),
+                waiters: metrics::gauge!(WAITERS, l.iter()),
             }
         })
     }
@@ -401,6 +405,24 @@ impl Meter {
     /// ```
     pub fn latch_counted_down(&self, answered: bool) {
         self.latch().count_downs[usize::from(!answered)].increment(1);
+    }
+
+    /// A task began (`true`) or ended (`false`) waiting for a countdown latch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let meter = slate_core::metrics::Meter::custom();
+    /// meter.latch_waiting(true);
+    /// meter.latch_waiting(false);
+    /// ```
+    pub fn latch_waiting(&self, joined: bool) {
+        let g = &self.latch().waiters;
+        if joined {
+            g.increment(1.0);
+        } else {
+            g.decrement(1.0);
+        }
     }
 
     /// A wait for a countdown latch ended with `outcome` after `waited` (from the call; the

@@ -73,6 +73,13 @@ impl NodeKeys {
         &self.keys.lock
     }
 
+    /// The name of the lock whose hash is `key` under `prefix` (the inverse of
+    /// [`lock_key`](Self::lock_key)), or `None` when `key` is no lock hash under `prefix`.
+    #[must_use]
+    pub fn name_of_lock_key<'k>(prefix: &str, key: &'k [u8]) -> Option<&'k [u8]> {
+        crate::scripts::keys::name_of_lock_key(prefix, key)
+    }
+
     /// The fencing counter key: the counter of the lock key's cluster hash slot, shared by
     /// every lock whose key hashes there (`<prefix>fence:{<slot tag>}`).
     #[must_use]

@@ -290,14 +290,14 @@ struct Waiting<'a>(&'a LatchState);
 impl<'a> Waiting<'a> {
     fn new(state: &'a LatchState) -> Self {
         *lock(&state.waiters) += 1;
-        state.meter.queued(true);
+        state.meter.latch_waiting(true);
         Waiting(state)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.meter.queued(false);
+        self.0.meter.latch_waiting(false);
         let mut n = lock(&self.0.waiters);
         *n -= 1;
         if *n == 0 {

@@ -136,6 +136,22 @@ fn tag_candidate(mut i: u64) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
+/// The name of the lock whose hash is `key` (exactly `<prefix>{<name>}`, see [`Keys`]), or
+/// `None` when `key` is not a lock hash under `prefix`: the inverse of [`Keys::new`]'s lock
+/// key, the `{` added in front of a name that begins with `}` taken off again.
+pub(crate) fn name_of_lock_key<'k>(prefix: &str, key: &'k [u8]) -> Option<&'k [u8]> {
+    let part = key
+        .strip_prefix(prefix.as_bytes())?
+        .strip_prefix(b"{")?
+        .strip_suffix(b"}")?;
+    // A part that is `{`+ then `}`... came from a name that gained a `{` (such a name matches
+    // `^\{*\}`, and only such names do).
+    match part.strip_prefix(b"{") {
+        Some(name) if empty_tag(name) => Some(name),
+        _ => Some(part),
+    }
+}
+
 /// Whether `{<name>}` would be an empty hash tag: the name is `{`* then `}`.
 fn empty_tag(name: &[u8]) -> bool {
     let braces = name.iter().take_while(|&&b| b == b'{').count();
@@ -158,6 +174,19 @@ pub(crate) fn hash_tag(key: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        /// Every lock key names its lock again, whatever the name's braces.
+        #[test]
+        fn a_lock_key_names_its_lock(name in proptest::collection::vec(
+            prop_oneof![Just(b'{'), Just(b'}'), Just(b'a'), Just(b':')], 1..8)) {
+            let lock = LockName::new(&name).unwrap();
+            let keys = Keys::new("p:", &lock);
+            prop_assert_eq!(name_of_lock_key("p:", &keys.lock), Some(&name[..]));
+            prop_assert_eq!(name_of_lock_key("q:", &keys.lock), None);
+            prop_assert_eq!(name_of_lock_key("p:", &keys.queue), None);
+        }
+    }
 
     fn all(k: &Keys) -> Vec<Vec<u8>> {
         vec![
