@@ -85,7 +85,7 @@ pub fn parse_wait(text: &str) -> Result<WaitFor, String> {
     }
 }
 
-/// A short human form: `850ms`, `12.3s`, `2m05s`.
+/// A short human form: `850ms`, `12.3s`, `2m05s`, `3h20m`, `12d04h`.
 #[must_use]
 pub fn human(d: Duration) -> String {
     let ms = d.as_millis();
@@ -104,9 +104,15 @@ pub fn human(d: Duration) -> String {
         } else {
             format!("{}.{}s", tenths / 10, tenths % 10)
         }
-    } else {
+    } else if d < Duration::from_secs(3600) {
         let secs = d.as_secs();
         format!("{}m{:02}s", secs / 60, secs % 60)
+    } else if d < Duration::from_secs(86_400) {
+        let mins = d.as_secs() / 60;
+        format!("{}h{:02}m", mins / 60, mins % 60)
+    } else {
+        let hours = d.as_secs() / 3600;
+        format!("{}d{:02}h", hours / 24, hours % 24)
     }
 }
 
@@ -149,6 +155,10 @@ mod tests {
         assert_eq!(human(Duration::from_millis(12_340)), "12.3s");
         assert_eq!(human(Duration::from_secs(10)), "10s");
         assert_eq!(human(Duration::from_secs(125)), "2m05s");
+        assert_eq!(human(Duration::from_secs(3599)), "59m59s");
+        assert_eq!(human(Duration::from_secs(24 * 3600 - 1)), "23h59m");
+        assert_eq!(human(Duration::from_secs(49 * 3600)), "2d01h");
+        assert_eq!(human(Duration::MAX), format!("{}d07h", u64::MAX / 86_400));
         assert_eq!(human(Duration::from_micros(1_500)), "1.5ms");
         assert_eq!(human(Duration::ZERO), "0s");
     }

@@ -101,6 +101,11 @@ pub async fn latch(spec: LatchSpec) -> u8 {
             exit::OK
         }),
         Action::Wait => {
+            // One read first: a server that cannot be reached at all is said so at once (the
+            // wait itself rides out a server that stops answering later).
+            if let Err(e) = latch.count().await {
+                return exit::of_error(&e);
+            }
             let waited = match spec.timeout {
                 Some(t) => latch.wait_for(t).await,
                 None => latch.wait().await,

@@ -322,7 +322,7 @@ struct TopArgs {
     /// Print one snapshot as JSON and exit.
     #[arg(long)]
     json: bool,
-    /// Keys SCAN examines per master and refresh, at most.
+    /// Keys SCAN examines per master and refresh, at most (1000 to 10000000).
     #[arg(long, default_value_t = 10_000, value_name = "KEYS",
           value_parser = clap::value_parser!(u64).range(1000..=10_000_000))]
     scan_limit: u64,
@@ -332,7 +332,7 @@ struct TopArgs {
     /// A process's Prometheus endpoint (http://HOST:PORT/metrics): show its wait times.
     #[arg(long, value_name = "URL")]
     metrics: Option<String>,
-    /// Refresh period of the live view.
+    /// Refresh period of the live view (taken between 100ms and 1h).
     #[arg(long, default_value = "1s", value_parser = duration::parse, value_name = "DURATION")]
     interval: Duration,
 }
@@ -548,7 +548,9 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
                 once: args.once,
                 json: args.json,
                 metrics: args.metrics,
-                interval: args.interval.max(Duration::from_millis(100)),
+                interval: args
+                    .interval
+                    .clamp(Duration::from_millis(100), Duration::from_secs(3600)),
             };
             let rt = runtime()?;
             let code = rt.block_on(top::top(spec));

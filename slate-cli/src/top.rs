@@ -143,7 +143,8 @@ pub struct Snapshot {
     pub prefix: String,
     /// The locks, most waited-for first, then held, then by name.
     pub locks: Vec<LockRow>,
-    /// Keys `SCAN` examined over the masters.
+    /// Keys `SCAN` was asked to examine over the masters: 1,000 per call (`COUNT 1000`), an
+    /// upper bound of the keys it walked (0 when the names were given).
     pub scanned: u64,
     /// Whether a master's walk stopped at `--scan-limit` before the end.
     pub truncated: bool,
@@ -151,6 +152,9 @@ pub struct Snapshot {
     pub hidden: usize,
     /// Masters that could not be read, with the error.
     pub errors: Vec<String>,
+    /// Keys under the prefix that look like a lock's but could not be read as one (another
+    /// program's key of another type, or damaged data), with the server's answer: left out.
+    pub unreadable: Vec<String>,
     /// The wait figures of `--metrics`, when given.
     pub waits: Option<Vec<WaitRow>>,
     /// Why `--metrics` could not be read, when it could not.
@@ -159,6 +163,10 @@ pub struct Snapshot {
 
 /// Runs `slate top`; answers the exit code.
 pub async fn top(spec: TopSpec) -> u8 {
+    if let Err(msg) = check(&spec) {
+        eprintln!("slate: {msg}");
+        return exit::USAGE;
+    }
     let source = match source(&spec).await {
         Ok(s) => s,
         Err((code, msg)) => {
@@ -190,6 +198,36 @@ pub async fn top(spec: TopSpec) -> u8 {
         return exit::USAGE;
     }
     interactive(&source, &spec).await
+}
+
+/// Refuses what no server could answer: a prefix the locks refuse, a name that is no lock
+/// name, a Redis URL that does not parse.
+fn check(spec: &TopSpec) -> Result<(), String> {
+    slate_core::LockOptionsBuilder::default()
+        .key_prefix(spec.prefix.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
+    for name in &spec.names {
+        LockName::new(name).map_err(|e| {
+            let shown: String = name.chars().take(60).collect();
+            let more = if shown.len() < name.len() { "..." } else { "" };
+            format!("{shown:?}{more}: {e}")
+        })?;
+    }
+    let urls: &[String] = match &spec.servers {
+        Servers::Masters(urls) | Servers::Cluster(urls) => urls,
+        Servers::Sentinel { sentinels, .. } => sentinels,
+        Servers::ZooKeeper(_) => &[],
+    };
+    for url in urls {
+        redis::Client::open(url.as_str()).map_err(|e| {
+            format!(
+                "{}: not a Redis URL ({e}); use redis://HOST:PORT or rediss://HOST:PORT",
+                redact(url)
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Where the locks are read.
@@ -278,14 +316,21 @@ async fn masters(servers: &Servers) -> Result<Vec<String>, (u8, String)> {
     match servers {
         Servers::Masters(urls) => Ok(urls.clone()),
         Servers::Cluster(seeds) => {
+            let mut last = String::new();
             for seed in seeds {
-                if let Ok(mut c) = connect(seed).await
-                    && let Ok(masters) = cluster_masters(&mut c, seed).await
-                {
-                    return Ok(masters);
+                let found = match connect(seed).await {
+                    Ok(mut c) => cluster_masters(&mut c, seed).await,
+                    Err(e) => Err(e),
+                };
+                match found {
+                    Ok(masters) => return Ok(masters),
+                    Err(e) => last = format!("{}: {e}", redact(seed)),
                 }
             }
-            Err((exit::REDIS, "no cluster seed node answers".to_owned()))
+            Err((
+                exit::REDIS,
+                format!("no cluster seed node gives the cluster's masters (last: {last})"),
+            ))
         }
         Servers::Sentinel { sentinels, master } => {
             for url in sentinels {
@@ -309,7 +354,7 @@ async fn scan(
     conn: &mut MultiplexedConnection,
     prefix: &str,
     limit: u64,
-) -> Result<(Vec<(Kind, String)>, u64, bool), String> {
+) -> Result<(Vec<Lock>, u64, bool), String> {
     let pattern = format!("{}{{*", glob_escape(prefix));
     let (mut cursor, mut seen, mut names) = (0u64, 0u64, Vec::new());
     loop {
@@ -338,20 +383,24 @@ async fn scan(
     }
 }
 
+/// A lock: its kind and its name's bytes (a name need not be UTF-8).
+type Lock = (Kind, Vec<u8>);
+
 /// The lock whose main key `key` is: a single lock's hash is exactly its lock key
 /// (`<prefix>{<name>}`, `NodeKeys::lock_key`), a read-write lock's holders that key and
 /// `:rw`, a semaphore's that key and `:sem`. Their queues, turns, leases and records add more
-/// after those, and are not main keys.
-fn lock_of_key(prefix: &str, key: &[u8]) -> Option<(Kind, String)> {
+/// after those, and are not main keys; nor is a key whose name no lock could have.
+fn lock_of_key(prefix: &str, key: &[u8]) -> Option<Lock> {
     Kind::ALL.into_iter().find_map(|kind| {
         let base = key.strip_suffix(kind.suffix().as_bytes())?;
         NodeKeys::name_of_lock_key(prefix, base)
-            .map(|name| (kind, String::from_utf8_lossy(name).into_owned()))
+            .filter(|name| LockName::new(name).is_ok())
+            .map(|name| (kind, name.to_vec()))
     })
 }
 
 /// The main key of the lock `name` of `kind` (see [`lock_of_key`]).
-fn main_key(prefix: &str, kind: Kind, name: &str) -> Result<Vec<u8>, String> {
+fn main_key(prefix: &str, kind: Kind, name: &[u8]) -> Result<Vec<u8>, String> {
     let name = LockName::new(name).map_err(|e| e.to_string())?;
     let mut key = NodeKeys::new(prefix, &name).lock_key().to_vec();
     key.extend_from_slice(kind.suffix().as_bytes());
@@ -383,6 +432,8 @@ struct Entry {
     /// (semaphore) Permits in use and the capacity.
     permits: Option<u64>,
     capacity: Option<u64>,
+    /// The server's answer when the lock's keys could not be read (another type).
+    unreadable: Option<String>,
 }
 
 /// Whether a reply in a pipeline sent to every master is a cluster's redirection: the name
@@ -394,17 +445,21 @@ fn elsewhere(v: &redis::Value) -> bool {
 /// The first error among `replies` that is not a redirection, as text.
 fn first_error(replies: &[redis::Value]) -> Option<String> {
     replies.iter().find_map(|v| match v {
-        redis::Value::ServerError(e) if !elsewhere(v) => Some(format!("{e:?}")),
+        redis::Value::ServerError(e) if !elsewhere(v) => Some(match e.details() {
+            Some(d) => format!("{} {d}", e.code()),
+            None => e.code().to_owned(),
+        }),
         _ => None,
     })
 }
 
 /// The entries of `locks` on one master, in order. A name another master of a cluster
-/// serves reads as an empty entry.
+/// serves reads as an empty entry; one whose keys answer an error (another type) as an
+/// unreadable one.
 async fn read_locks(
     conn: &mut MultiplexedConnection,
     prefix: &str,
-    locks: &[(Kind, String)],
+    locks: &[Lock],
 ) -> Result<Vec<Entry>, String> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
@@ -431,9 +486,6 @@ async fn read_locks(
         }
     }
     let replies: Vec<redis::Value> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
-    if let Some(e) = first_error(&replies) {
-        return Err(e);
-    }
     let Some((time, replies)) = replies.split_first() else {
         return Err("an empty reply to the pipeline".to_owned());
     };
@@ -448,8 +500,13 @@ async fn read_locks(
             return Err("fewer replies than commands in the pipeline".to_owned());
         };
         rest = after;
+        let failed = first_error(chunk);
         out.push(match kind {
             _ if chunk.iter().any(elsewhere) => Entry::default(),
+            _ if failed.is_some() => Entry {
+                unreadable: failed,
+                ..Entry::default()
+            },
             Kind::Lock => lock_entry(chunk),
             Kind::Rwlock | Kind::Semaphore => shared_entry(chunk, now_ms, *kind),
         });
@@ -532,8 +589,13 @@ fn shared_entry(chunk: &[redis::Value], now_ms: u64, kind: Kind) -> Entry {
         holder: shown,
         waiting,
         mode,
-        permits: (kind == Kind::Semaphore).then(|| alive.iter().map(|(h, _)| field("p", h)).sum()),
+        permits: (kind == Kind::Semaphore).then(|| {
+            alive
+                .iter()
+                .fold(0u64, |sum, (h, _)| sum.saturating_add(field("p", h)))
+        }),
         capacity: capacity.filter(|_| kind == Kind::Semaphore),
+        unreadable: None,
     }
 }
 
@@ -551,6 +613,7 @@ async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
                 truncated: false,
                 hidden: 0,
                 errors,
+                unreadable: Vec::new(),
                 waits,
                 metrics_error,
             };
@@ -565,14 +628,13 @@ async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
         }
     }
     let (mut scanned, mut truncated) = (0, false);
-    // Names given: each kind is read (a single lock's row is shown even when free).
-    let mut names: Vec<(Kind, String)> = Vec::new();
-    for n in &spec.names {
-        match LockName::new(n) {
-            Ok(_) => names.extend(Kind::ALL.map(|k| (k, n.clone()))),
-            Err(e) => errors.push(format!("{n:?}: {e}")),
-        }
-    }
+    // Names given (checked by `check`, each once): every kind is read.
+    let given: std::collections::BTreeSet<&[u8]> =
+        spec.names.iter().map(|n| n.as_bytes()).collect();
+    let mut names: Vec<Lock> = given
+        .iter()
+        .flat_map(|n| Kind::ALL.map(|k| (k, n.to_vec())))
+        .collect();
     if spec.names.is_empty() {
         let mut found = std::collections::BTreeSet::new();
         for (i, c) in conns.iter_mut().enumerate() {
@@ -590,7 +652,7 @@ async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
     }
     // Per lock, each node's entry (a name lives on one master of a cluster: the others
     // answer an empty entry).
-    let mut per_name: BTreeMap<(Kind, String), Vec<Entry>> = BTreeMap::new();
+    let mut per_name: BTreeMap<Lock, Vec<Entry>> = BTreeMap::new();
     for c in &mut conns {
         for chunk in names.chunks(500) {
             match read_locks(c, &spec.prefix, chunk).await {
@@ -603,13 +665,28 @@ async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
             }
         }
     }
+    let mut unreadable = Vec::new();
+    for ((kind, name), entries) in &per_name {
+        for e in entries.iter().filter_map(|e| e.unreadable.as_ref()) {
+            let key = main_key(&spec.prefix, *kind, name).unwrap_or_default();
+            unreadable.push(format!("{}: {e}", String::from_utf8_lossy(&key)));
+        }
+    }
+    let busy = |r: &LockRow| r.holders > 0 || r.waiting > 0;
     let mut locks: Vec<LockRow> = per_name
         .into_iter()
-        .map(|((kind, name), entries)| combine(kind, name, &entries))
-        .filter(|r| {
-            r.holders > 0 || r.waiting > 0 || (r.kind == Kind::Lock && !spec.names.is_empty())
-        })
+        .map(|((kind, name), entries)| combine(kind, &name, &entries))
         .collect();
+    // A name given is listed even when nothing holds it: as its single lock, unless a lock of
+    // another kind of that name is listed.
+    let shown_names: std::collections::HashSet<String> = locks
+        .iter()
+        .filter(|r| busy(r))
+        .map(|r| r.name.clone())
+        .collect();
+    locks.retain(|r| {
+        busy(r) || (r.kind == Kind::Lock && !given.is_empty() && !shown_names.contains(&r.name))
+    });
     locks.sort_by(|a, b| {
         b.waiting
             .cmp(&a.waiting)
@@ -627,6 +704,7 @@ async fn snapshot(source: &Source, spec: &TopSpec) -> Snapshot {
         truncated,
         hidden,
         errors,
+        unreadable,
         waits,
         metrics_error,
     }
@@ -645,7 +723,8 @@ async fn read_waits(spec: &TopSpec) -> (Option<Vec<WaitRow>>, Option<String>) {
 
 /// One row from the nodes' entries: the holder most nodes name. A read-write lock or a
 /// semaphore lives on one server: its row is the entry with the most holders.
-fn combine(kind: Kind, name: String, entries: &[Entry]) -> LockRow {
+fn combine(kind: Kind, name: &[u8], entries: &[Entry]) -> LockRow {
+    let name = String::from_utf8_lossy(name).into_owned();
     if kind != Kind::Lock {
         let none = Entry::default();
         let e = entries
@@ -721,6 +800,12 @@ async fn scrape(url: &str) -> Result<Vec<WaitRow>, String> {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/metrics"),
     };
+    if !host.contains(':') {
+        return Err(format!(
+            "--metrics {url}: no port; use http://HOST:PORT/metrics (slate run \
+             --metrics-addr's, or the exporter's)"
+        ));
+    }
     let page = tokio::time::timeout(BUDGET, async {
         let mut s = tokio::net::TcpStream::connect(host)
             .await
@@ -737,6 +822,15 @@ async fn scrape(url: &str) -> Result<Vec<WaitRow>, String> {
     })
     .await
     .map_err(|_| format!("--metrics {url}: no answer within {BUDGET:?}"))??;
+    let status = page.lines().next().unwrap_or_default();
+    let ok = status.starts_with("HTTP/") && status.split_whitespace().nth(1) == Some("200");
+    if !ok {
+        let shown: String = status.chars().take(80).collect();
+        return Err(format!(
+            "--metrics {url}: not a metrics page (the answer began {shown:?}); use the \
+             Prometheus endpoint, http://HOST:PORT/metrics"
+        ));
+    }
     Ok(parse_metrics(&page))
 }
 
@@ -856,16 +950,25 @@ const HEADER: [&str; 7] = [
 
 fn footer(snap: &Snapshot) -> Vec<String> {
     let mut lines = Vec::new();
+    let busy = snap
+        .locks
+        .iter()
+        .filter(|r| r.holders > 0 || r.waiting > 0)
+        .count();
+    let walk = if snap.scanned == 0 {
+        "no SCAN".to_owned()
+    } else {
+        format!("{} SCAN call(s) of COUNT 1000", snap.scanned / 1000)
+    };
     lines.push(format!(
-        "{} lock(s) held or waited for under {:?}{}; {} key(s) scanned{}",
-        snap.locks.len() + snap.hidden,
+        "{} lock(s) held or waited for under {:?}{}; {walk}{}",
+        busy + snap.hidden,
         snap.prefix,
         if snap.hidden > 0 {
             format!(" ({} not shown: --limit)", snap.hidden)
         } else {
             String::new()
         },
-        snap.scanned,
         if snap.truncated {
             " (cut short at --scan-limit: name the locks, or raise it)"
         } else {
@@ -874,6 +977,16 @@ fn footer(snap: &Snapshot) -> Vec<String> {
     ));
     for e in &snap.errors {
         lines.push(format!("error: {e}"));
+    }
+    const SHOWN: usize = 5;
+    for u in snap.unreadable.iter().take(SHOWN) {
+        lines.push(format!("not a lock's data (left out): {u}"));
+    }
+    if snap.unreadable.len() > SHOWN {
+        lines.push(format!(
+            "... and {} more such key(s) (--json lists them)",
+            snap.unreadable.len() - SHOWN
+        ));
     }
     if let Some(e) = &snap.metrics_error {
         lines.push(format!("metrics: {e}"));
@@ -1053,27 +1166,27 @@ slate_acquire_wait_seconds_count{primitive=\"lock\",backend=\"redis-standalone\"
 
     #[test]
     fn main_keys_name_their_lock_and_kind() {
-        let of = |k: &str| lock_of_key("slate:", k.as_bytes());
-        assert_eq!(of("slate:{a}"), Some((Kind::Lock, "a".to_owned())));
-        assert_eq!(of("slate:{a}:rw"), Some((Kind::Rwlock, "a".to_owned())));
-        assert_eq!(of("slate:{a}:sem"), Some((Kind::Semaphore, "a".to_owned())));
+        let of = |k: &[u8]| lock_of_key("slate:", k);
+        let lock = |kind, name: &[u8]| Some((kind, name.to_vec()));
+        assert_eq!(of(b"slate:{a}"), lock(Kind::Lock, b"a"));
+        assert_eq!(of(b"slate:{a}:rw"), lock(Kind::Rwlock, b"a"));
+        assert_eq!(of(b"slate:{a}:sem"), lock(Kind::Semaphore, b"a"));
         // A single lock whose name ends like a suffix keeps its closing brace last.
-        assert_eq!(of("slate:{a}:rw}"), Some((Kind::Lock, "a}:rw".to_owned())));
+        assert_eq!(of(b"slate:{a}:rw}"), lock(Kind::Lock, b"a}:rw"));
         // A name that begins with `}` has a `{` added in its key (a non-empty hash tag).
-        assert_eq!(
-            of("slate:{{}x}:sem"),
-            Some((Kind::Semaphore, "}x".to_owned()))
-        );
+        assert_eq!(of(b"slate:{{}x}:sem"), lock(Kind::Semaphore, b"}x"));
+        // Names need not be UTF-8.
+        assert_eq!(of(b"slate:{\xff}"), lock(Kind::Lock, b"\xff"));
+        // No lock has an empty name.
+        assert_eq!(of(b"slate:{}"), None);
         for (kind, name) in [
-            (Kind::Lock, "}x"),
-            (Kind::Rwlock, "a"),
-            (Kind::Semaphore, "{}"),
+            (Kind::Lock, &b"}x"[..]),
+            (Kind::Rwlock, b"a"),
+            (Kind::Semaphore, b"{}"),
+            (Kind::Lock, b"\xfe\xff"),
         ] {
             let key = main_key("slate:", kind, name).unwrap();
-            assert_eq!(
-                of(&String::from_utf8(key).unwrap()),
-                Some((kind, name.to_owned()))
-            );
+            assert_eq!(of(&key), lock(kind, name));
         }
         for other in [
             "slate:{a}:queue",
@@ -1083,7 +1196,7 @@ slate_acquire_wait_seconds_count{primitive=\"lock\",backend=\"redis-standalone\"
             "slate:fence:{x}",
             "other:{a}",
         ] {
-            assert_eq!(of(other), None, "{other}");
+            assert_eq!(of(other.as_bytes()), None, "{other}");
         }
     }
 

@@ -2165,6 +2165,15 @@ fn doctor_finds_what_breaks_a_lock() {
     );
 }
 
+/// `slate top --json --redis url` with `extra` arguments: its snapshot (exit 0 asserted).
+fn top_json(url: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["top", "--json", "--redis", url];
+    args.extend_from_slice(extra);
+    let out = output(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("slate top --json prints JSON")
+}
+
 /// Issue 32: `slate top --once` and `--json`: a held lock with its holder, token, lease left
 /// and a waiting process; names given are read directly (a free one shown free); the wait
 /// figures of a process's metrics endpoint (`--metrics`); bounded SCAN (the cap reported).
@@ -2190,13 +2199,7 @@ fn top_snapshots_list_held_and_waited_for_locks() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let top_json = |extra: &[&str]| {
-        let mut args = vec!["top", "--json", "--redis", &url];
-        args.extend_from_slice(extra);
-        let out = output(&args);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
+    let top_json = |extra: &[&str]| top_json(&url, extra);
     // The metered job holds first; the second waits behind it.
     let deadline = Instant::now() + PATIENCE;
     while top_json(&[])["locks"][0]["holder"].is_null() {
@@ -2344,13 +2347,7 @@ fn top_shows_read_write_locks_and_semaphores() {
         (reads, write, permit)
     });
     let waiter = rt.spawn(async move { wb.write().await });
-    let top_json = |extra: &[&str]| {
-        let mut args = vec!["top", "--json", "--redis", &url];
-        args.extend_from_slice(extra);
-        let out = output(&args);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
+    let top_json = |extra: &[&str]| top_json(&url, extra);
     let deadline = Instant::now() + PATIENCE;
     let snap = loop {
         let snap = top_json(&[]);
@@ -2405,15 +2402,20 @@ fn top_shows_read_write_locks_and_semaphores() {
         "{s}"
     );
 
-    // Names given: every kind of each is read; a free single lock is listed, free.
-    let named = top_json(&["top-rw"]);
-    let kinds: Vec<&str> = named["locks"]
+    // Names given: every kind of each is read; a name nothing holds is listed as its single
+    // lock, free.
+    let named = top_json(&["top-rw", "top-nothing"]);
+    let kinds: Vec<String> = named["locks"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|l| l["kind"].as_str().unwrap_or_default())
+        .map(|l| format!("{} {}", l["name"], l["kind"]))
         .collect();
-    assert_eq!(kinds, ["rwlock", "lock"], "{named:#}");
+    assert_eq!(
+        kinds,
+        ["\"top-rw\" \"rwlock\"", "\"top-nothing\" \"lock\""],
+        "{named:#}"
+    );
 
     // The table names the kind and how the shared ones are held.
     let table = text(&output(&["top", "--once", "--redis", &url]).stdout);
@@ -2434,4 +2436,139 @@ fn top_shows_read_write_locks_and_semaphores() {
         Some(0),
         "{after:#}"
     );
+}
+
+/// Bad data and bad input (an adversarial probe's findings): `slate top` and `slate latch`
+/// neither panic nor hide good locks behind a bad key, and refuse what they cannot use with
+/// exit 2.
+#[test]
+fn top_and_latch_take_bad_data_and_bad_input_in_their_stride() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let cmd = |args: &[&str]| server.command(args).unwrap();
+    // A semaphore whose permits would overflow a sum.
+    cmd(&[
+        "HSET",
+        "slate:{s}:sem",
+        "p:a",
+        "18446744073709551615",
+        "p:b",
+        "1",
+    ]);
+    cmd(&[
+        "ZADD",
+        "slate:{s}:sem:leases",
+        "9999999999999",
+        "a",
+        "9999999999999",
+        "b",
+    ]);
+    // Keys of another type where a lock's would be, and a key no lock could have.
+    cmd(&["SET", "slate:{x}", "not a hash"]);
+    cmd(&["SET", "slate:{x}:rw", "not a hash"]);
+    cmd(&["SET", "slate:{}", "no name"]);
+    // Real holds beside them: a name that is not UTF-8, and a read-write lock.
+    let rt = runtime();
+    let client = RedisClient::open(url.as_str()).unwrap();
+    let odd = SingleLock::builder(&client, b"\xffodd").build().unwrap();
+    let rw = slate_redis::RwLock::builder(&client, "y").build().unwrap();
+    let (odd_guard, read) =
+        rt.block_on(async { (odd.lock().await.unwrap(), rw.read().await.unwrap()) });
+
+    let snap = top_json(&url, &[]);
+    let rows = snap["locks"].as_array().unwrap();
+    let row = |name: &str, kind: &str| {
+        rows.iter()
+            .find(|r| r["name"] == name && r["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} {name}: {snap:#}"))
+    };
+    assert_eq!(row("s", "semaphore")["permits"], u64::MAX, "saturated");
+    assert!(row("\u{fffd}odd", "lock")["holder"].is_string(), "{snap:#}");
+    assert_eq!(row("y", "rwlock")["mode"], "read");
+    assert_eq!(rows.len(), 3, "{snap:#}");
+    let unreadable = snap["unreadable"].to_string();
+    assert!(
+        unreadable.contains("slate:{x}: WRONGTYPE") && unreadable.contains("slate:{x}:rw:"),
+        "{snap:#}"
+    );
+    assert_eq!(snap["errors"], serde_json::json!([]), "{snap:#}");
+    // Names given: once each; a read-write lock's name without a free single-lock row.
+    let named = top_json(&url, &["y", "y", "free"]);
+    let kinds: Vec<String> = named["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| format!("{} {}", l["name"], l["kind"]))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["\"y\" \"rwlock\"", "\"free\" \"lock\""],
+        "{named:#}"
+    );
+    assert_eq!(named["locks"][0]["nodes_held"], 1, "{named:#}");
+    // Bad input: exit 2 with the fix named.
+    for (args, says) in [
+        (vec!["top", "--once", "--redis", &url, ""], "empty"),
+        (
+            vec!["top", "--once", "--redis", "http://127.0.0.1:1"],
+            "redis://HOST:PORT",
+        ),
+        (
+            vec!["top", "--once", "--redis", &url, "--prefix", "p{q}:"],
+            "prefix",
+        ),
+    ] {
+        let out = output(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+
+    // The latch: a wait too long for the clock on an open latch returns at once.
+    let out = output(&[
+        "latch",
+        "open",
+        "wait",
+        "--timeout",
+        "18446744073709551615s",
+        "--redis",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A count no latch sets is an error, not "opened".
+    cmd(&["HSET", "slate:{c}:latch", "n", "99999999999"]);
+    let out = output(&["latch", "c", "down", "--redis", &url]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("not one a latch sets"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Another program's key under the latch's name is not "already counting down".
+    cmd(&["SET", "slate:{w}:latch", "a string"]);
+    let out = output(&["latch", "w", "set", "3", "--redis", &url]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("WRONGTYPE"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A server that cannot be reached: said at once, not waited for in silence.
+    let started = Instant::now();
+    let out = output(&["latch", "l", "wait", "--redis", "redis://127.0.0.1:1"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(started.elapsed() < PATIENCE);
+
+    rt.block_on(async {
+        odd_guard.unlock().await.unwrap();
+        read.unlock().await.unwrap();
+    });
 }

@@ -314,13 +314,8 @@ impl Meter {
         self.0.handles.get_or_init(|| {
             describe();
             let l = &self.0.labels;
-            let with = |k: &'static str, v: &'static str| {
-                let mut v2 = l.clone();
-                v2.push(Label::from_static_parts(k, v));
-                v2
-            };
             let c = |name: &'static str| metrics::counter!(name, l.iter());
-            let cw = |name: &'static str, k, v| metrics::counter!(name, with(k, v));
+            let cw = |name: &'static str, k, v| metrics::counter!(name, with_label(l, k, v));
             LockHandles {
                 acquisitions: [
                     cw(ACQUISITIONS, "how", "remote"),
@@ -356,11 +351,7 @@ impl Meter {
         self.0.latch.get_or_init(|| {
             describe();
             let l = &self.0.labels;
-            let cw = |name: &'static str, v: &'static str| {
-                let mut labels = l.clone();
-                labels.push(Label::from_static_parts("outcome", v));
-                metrics::counter!(name, labels)
-            };
+            let cw = |name: &'static str, v| metrics::counter!(name, with_label(l, "outcome", v));
             LatchHandles {
                 sets: [
                     cw(LATCH_SETS, "set"),
@@ -727,6 +718,13 @@ impl std::fmt::Debug for ClientMeter {
             .field("backend", &self.0.backend)
             .finish()
     }
+}
+
+/// `labels` and one more, `key = value`.
+fn with_label(labels: &[Label], key: &'static str, value: &'static str) -> Vec<Label> {
+    let mut all = labels.to_vec();
+    all.push(Label::from_static_parts(key, value));
+    all
 }
 
 /// Tells the installed recorder each metric's kind, unit and meaning (once per process; run

@@ -83,6 +83,18 @@ impl Tally {
             .sum()
     }
 
+    /// [`get`](Self::get) for the lock `lock` of kind `primitive` on a standalone server, with
+    /// the `extra` labels.
+    fn of_lock(&self, name: &str, (lock, primitive): (&str, &str), extra: &[(&str, &str)]) -> f64 {
+        let mut labels = vec![
+            ("lock", lock),
+            ("primitive", primitive),
+            ("backend", "redis-standalone"),
+        ];
+        labels.extend_from_slice(extra);
+        self.get(name, &labels)
+    }
+
     /// Every series of the lock `lock` with a non-zero sum, for the failure messages.
     fn of(&self, lock: &str) -> Vec<String> {
         self.read();
@@ -123,13 +135,7 @@ async fn an_uncontended_hold_is_counted_once() {
     );
     assert_eq!(t.get("slate_hold_seconds", &me), 0.0, "not released yet");
     g.unlock().await.unwrap();
-    let at = |name, extra: &[(&str, &str)]| {
-        let mut labels = me.to_vec();
-        labels.extend_from_slice(extra);
-        labels.push(("primitive", "lock"));
-        labels.push(("backend", "redis-standalone"));
-        t.get(name, &labels)
-    };
+    let at = |name, extra: &[(&str, &str)]| t.of_lock(name, ("m-plain", "lock"), extra);
     assert_eq!(at("slate_acquisitions_total", &[("how", "remote")]), 1.0);
     assert_eq!(at("slate_acquisitions_total", &[]), 1.0);
     assert_eq!(at("slate_attempts_total", &[("outcome", "acquired")]), 1.0);
@@ -336,15 +342,7 @@ async fn a_latch_is_counted_by_outcome() {
     let latch = slate_redis::CountDownLatch::builder(&client, "m-latch")
         .build()
         .unwrap();
-    let at = |name, extra: &[(&str, &str)]| {
-        let mut labels = vec![
-            ("lock", "m-latch"),
-            ("primitive", "latch"),
-            ("backend", "redis-standalone"),
-        ];
-        labels.extend_from_slice(extra);
-        t.get(name, &labels)
-    };
+    let at = |name, extra: &[(&str, &str)]| t.of_lock(name, ("m-latch", "latch"), extra);
     assert!(latch.try_set_count(2).await.unwrap());
     assert!(!latch.try_set_count(5).await.unwrap(), "a round is on");
     let early = latch.wait_for(Duration::from_millis(100)).await;

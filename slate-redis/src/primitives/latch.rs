@@ -446,7 +446,9 @@ impl CountDownLatch {
     ///
     /// Backend failures, once the request was sent again within twice the command timeout
     /// (each send carries one request id: however many of them ran, the latch counted one).
-    /// After a failure the count-down may or may not have counted.
+    /// After a failure the count-down may or may not have counted. A latch key holding a
+    /// count no latch sets (another program's data, or damaged) is a
+    /// [`BackendKind::Response`] error, not an opening.
     ///
     /// # Cancel safety
     ///
@@ -469,7 +471,17 @@ impl CountDownLatch {
             })
             .await;
         st.meter.latch_counted_down(left.is_ok());
-        Ok(u32::try_from(left?).unwrap_or(0))
+        let left = left?;
+        // A count outside 0..=MAX_COUNT was not set by a latch (another program's data, or
+        // damaged): not "open".
+        match u32::try_from(left) {
+            Ok(n) if n <= MAX_COUNT => Ok(n),
+            _ => Err(crate::client::unexpected_reply(
+                "latch count-down script (the latch's count is not one a latch sets)",
+                st.client.address(),
+                left,
+            )),
+        }
     }
 
     /// The count now (0: open, or no latch).
@@ -538,7 +550,8 @@ impl CountDownLatch {
         self.wait_until(None).await
     }
 
-    /// Waits until the latch is open, at most `within`.
+    /// Waits until the latch is open, at most `within` (a `within` too long to add to the
+    /// clock waits for ever).
     ///
     /// # Examples
     ///
@@ -563,7 +576,8 @@ impl CountDownLatch {
     ///
     /// As [`wait`](Self::wait).
     pub async fn wait_for(&self, within: Duration) -> Result<()> {
-        self.wait_until(Some(Instant::now() + within)).await
+        // A wait too long to add to the clock is a wait for ever.
+        self.wait_until(Instant::now().checked_add(within)).await
     }
 
     /// Waits until the latch is open or `deadline` passes, and records how the wait ended.

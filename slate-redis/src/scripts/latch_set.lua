@@ -18,7 +18,9 @@ if seen then
     return tonumber(seen)
 end
 local answer = 0
-if redis.call('EXISTS', KEYS[1]) == 0 then
+-- Read, not EXISTS: a key of another type under the latch's name is an error (WRONGTYPE), not
+-- a latch counting down.
+if not redis.call('HGET', KEYS[1], 'n') then
     redis.call('HSET', KEYS[1], 'n', ARGV[1], 'g', ARGV[3])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     answer = 1
