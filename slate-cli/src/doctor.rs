@@ -81,6 +81,11 @@ enum Role {
 
 /// Runs `slate doctor`; answers the exit code.
 pub async fn doctor(spec: DoctorSpec) -> u8 {
+    // The lease is judged as the locks would take it: one they refuse is a usage error, not
+    // something to rate.
+    if let Err(e) = slate_core::LockOptions::builder().lease(spec.lease).build() {
+        return crate::exit::of_error(&e);
+    }
     let mut findings = Vec::new();
     match &spec.servers {
         Servers::Masters(urls) => {

@@ -112,21 +112,27 @@ async fn shared_status(
     let sem = slate_redis::Semaphore::builder(client, name, 1)
         .key_prefix(prefix)
         .build();
-    let read_write = match rw {
-        Ok(l) => tokio::time::timeout(INSPECT_BUDGET, l.status())
-            .await
-            .ok()
-            .and_then(Result::ok),
-        Err(_) => None,
+    // Both at once: a server that does not answer costs one budget, not two.
+    let read_write = async {
+        match rw {
+            Ok(l) => tokio::time::timeout(INSPECT_BUDGET, l.status())
+                .await
+                .ok()
+                .and_then(Result::ok),
+            Err(_) => None,
+        }
     };
-    let semaphore = match sem {
-        Ok(s) => tokio::time::timeout(INSPECT_BUDGET, s.status())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .filter(|s| s.capacity.is_some() || !s.holders.is_empty()),
-        Err(_) => None,
+    let semaphore = async {
+        match sem {
+            Ok(s) => tokio::time::timeout(INSPECT_BUDGET, s.status())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .filter(|s| s.capacity.is_some() || !s.holders.is_empty()),
+            Err(_) => None,
+        }
     };
+    let (read_write, semaphore) = tokio::join!(read_write, semaphore);
     (read_write.map(Into::into), semaphore.map(Into::into))
 }
 
@@ -257,16 +263,29 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
         Servers::Masters(urls) => urls.clone(),
         other => vec![other.describe()],
     };
+    if let Servers::Masters(urls) = servers {
+        // As `run` and `unlock` take them: each a Redis URL, each server once (one server
+        // listed twice is not two nodes of a combination lock).
+        let mut seen: Vec<String> = Vec::with_capacity(urls.len());
+        for url in urls {
+            let address = RedisClient::open(url)?.address().to_owned();
+            if seen.contains(&address) {
+                return Err(Error::invalid_input(
+                    "servers",
+                    format!("{address} is listed twice"),
+                    "list each server once (--redis URL per node)",
+                ));
+            }
+            seen.push(address);
+        }
+    }
     let mut tasks = tokio::task::JoinSet::new();
     let shared_client = match (&one, urls.as_slice()) {
         (Some(c), _) => Some(c.clone()),
         (None, [url]) => RedisClient::open(url).ok(),
         (None, _) => None,
     };
-    let (read_write, semaphore) = match &shared_client {
-        Some(c) => shared_status(c, name, prefix).await,
-        None => (None, None),
-    };
+    // The nodes' reads are spawned first, so that they run while the shared locks are read.
     match one {
         // A cluster or a Sentinel group is one node: the client finds the lock's master.
         Some(client) => {
@@ -280,6 +299,10 @@ pub async fn collect(servers: &Servers, name: &str, prefix: &str) -> Result<Stat
             }
         }
     }
+    let (read_write, semaphore) = match &shared_client {
+        Some(c) => shared_status(c, name, prefix).await,
+        None => (None, None),
+    };
     let mut answers: Vec<Option<Answer>> = (0..urls.len()).map(|_| None).collect();
     while let Some(joined) = tasks.join_next().await {
         if let Ok((i, answer)) = joined
@@ -552,9 +575,12 @@ pub async fn status(servers: &Servers, names: &[String], prefix: &str, json: boo
     if let Some(code) = wrong_topology(servers).await {
         return code;
     }
+    // Every name at once: a server that does not answer costs one budget, not one per name.
+    let collected =
+        futures::future::join_all(names.iter().map(|name| collect(servers, name, prefix))).await;
     let mut reports = Vec::with_capacity(names.len());
-    for name in names {
-        match collect(servers, name, prefix).await {
+    for r in collected {
+        match r {
             Ok(r) => reports.push(r),
             Err(e) => {
                 eprintln!("slate: {e}");

@@ -2572,3 +2572,41 @@ fn top_and_latch_take_bad_data_and_bad_input_in_their_stride() {
         read.unlock().await.unwrap();
     });
 }
+
+/// A second probe's findings: `slate status` reads a fencing counter exactly (through Lua it
+/// was a double: 2^53 + 1 read as 2^53), and refuses a server listed twice and a bad URL as
+/// `run` does (exit 2); `slate doctor` refuses a lease the locks refuse instead of rating it.
+#[test]
+fn status_reads_counters_exactly_and_status_and_doctor_refuse_bad_input() {
+    let server = LocalServer::start().expect("redis-server");
+    let url = server.url();
+    let name = slate_core::LockName::new("exact").unwrap();
+    let fence = slate_redis::node::NodeKeys::new("slate:", &name)
+        .fence_key()
+        .to_vec();
+    let fence = String::from_utf8(fence).unwrap();
+    server
+        .command(&["SET", &fence, "9007199254740993"])
+        .unwrap();
+    let out = output(&["status", "exact", "--json", "--redis", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["nodes"][0]["fence"], 9_007_199_254_740_993_u64,
+        "{report:#}"
+    );
+
+    for (args, says) in [
+        (
+            vec!["status", "x", "--redis", &url, "--redis", &url],
+            "listed twice",
+        ),
+        (vec!["status", "x", "--redis", "http://127.0.0.1:1"], "URL"),
+        (vec!["doctor", "--redis", &url, "--lease", "29ms"], "lease"),
+    ] {
+        let out = output(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

@@ -1005,7 +1005,14 @@ impl RedisClient {
         let (pttl, fence, passed, rest) = match reply.as_slice() {
             [p, f, passed, rest @ ..] if rest.len() % 2 == 0 => {
                 let passed: String = redis::from_redis_value_ref(passed).map_err(|_| bad())?;
-                (int(p)?, int(f)?, passed, rest)
+                let fence: u64 = redis::from_redis_value_ref(f).map_err(|_| {
+                    unexpected_reply(
+                        "inspect script",
+                        self.address(),
+                        format!("a fencing counter of {f:?}, not a token count"),
+                    )
+                })?;
+                (int(p)?, fence, passed, rest)
             }
             _ => return Err(bad()),
         };
@@ -1021,7 +1028,7 @@ impl RedisClient {
         Ok(LockStatus {
             holders,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-            fence: u64::try_from(fence).unwrap_or(0),
+            fence,
             passed,
         })
     }

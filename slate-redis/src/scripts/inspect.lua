@@ -6,7 +6,8 @@
 --
 -- Replies (an array):
 --   {pttl, fence, passed, holder1, count1, holder2, count2, ...}
---   pttl is PTTL of the lock hash (-2: no lock), fence the counter (0 when absent: the last
+--   pttl is PTTL of the lock hash (-2: no lock), fence the counter as its text ('0' when
+--   absent: the last
 --   token taken in the lock's slot, which is at least the lock's last), passed
 --   '<holder> <local holder>' when the hold of a holder listed here was passed inside its
 --   process to that local holder (as of the hold's last renewal), else ''; then the holders
@@ -19,7 +20,9 @@ if passed ~= '' then
         passed = ''
     end
 end
-local out = {redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0'), passed}
+-- The counter goes back as the text it is stored as: a number through Lua would be a double,
+-- exact only below 2^53.
+local out = {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', passed}
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local f = fields[i]
