@@ -264,8 +264,9 @@ struct RunArgs {
     #[arg(short, long)]
     verbose: bool,
     /// Serve this process's lock metrics for Prometheus at http://ADDR/metrics while the
-    /// command runs (e.g. 127.0.0.1:9464; docs/OPERATIONS.md lists them).
-    #[arg(long, value_name = "ADDR")]
+    /// command runs (HOST:PORT, e.g. 127.0.0.1:9464 or localhost:9464; docs/OPERATIONS.md
+    /// lists them).
+    #[arg(long, value_name = "ADDR", value_parser = metrics_addr)]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Take the lock to read: jobs run with --read on the same name run together, never
     /// beside a writer (a job without --read, or with --write). Needs one Redis deployment
@@ -614,6 +615,30 @@ fn dispatch(cli: Cli) -> Result<u8, u8> {
             Ok(code)
         }
     }
+}
+
+/// `--metrics-addr`: HOST:PORT, the host an address or a name (its first address), the port
+/// not 0 (a port the system picks would be one no scraper knows).
+fn metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let addr = match text.parse::<std::net::SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => text
+            .to_socket_addrs()
+            .map_err(|e| format!("{e}; use HOST:PORT, e.g. 127.0.0.1:9464"))?
+            .next()
+            .ok_or_else(|| {
+                format!("{text} names no address; use HOST:PORT, e.g. 127.0.0.1:9464")
+            })?,
+    };
+    if addr.port() == 0 {
+        return Err(
+            "give a port (e.g. 127.0.0.1:9464): port 0 would be one the system picks, \
+                    which no scraper could find"
+                .to_owned(),
+        );
+    }
+    Ok(addr)
 }
 
 /// Writes generated text to stdout; a reader that stops early (`| head`) is not an error.

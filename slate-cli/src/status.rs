@@ -430,9 +430,28 @@ pub fn render(report: &StatusReport) -> String {
             report.quorum
         ),
         (None, _) if answered < report.quorum => {
-            format!("unknown: only {answered} of {n} nodes answered")
+            format!("unknown: only {answered} of {n} nodes could be read")
         }
-        (None, _) => "free".to_owned(),
+        (None, _) => {
+            // The name's read-write lock or semaphore may be held while its single lock is
+            // free (`slate run --read` takes the read-write lock): say so, not just "free".
+            let shared = [
+                ("read-write lock", &report.read_write),
+                ("semaphore", &report.semaphore),
+            ]
+            .into_iter()
+            .filter_map(|(what, r)| {
+                r.as_ref()
+                    .filter(|r| !r.holders.is_empty())
+                    .map(|r| format!("its {what} is held ({}, below)", r.mode))
+            })
+            .collect::<Vec<_>>();
+            if shared.is_empty() {
+                "free".to_owned()
+            } else {
+                format!("free as a single lock; {}", shared.join("; "))
+            }
+        }
     };
     out.push_str(&format!(
         "lock {:?} ({} lock, prefix {:?}): {head}\n",

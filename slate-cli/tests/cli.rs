@@ -910,6 +910,12 @@ fn readers_run_together_and_a_writer_waits_for_them() {
         status["read_write"]["holders"].as_array().map(Vec::len),
         Some(1)
     );
+    // The table's head does not call the name free while its readers hold it.
+    let table = text(&output(&["status", "shared", "--redis", &url]).stdout);
+    assert!(
+        table.contains("free as a single lock; its read-write lock is held (read, below)"),
+        "{table}"
+    );
     let r2 = Running::start(&[
         "run",
         "--lock",
@@ -1984,6 +1990,28 @@ fn run_serves_its_metrics_while_the_command_runs() {
         text(&out.stderr)
     );
     assert!(!marker.exists(), "the command must not run");
+    // Port 0 (a port nobody could find) and no port at all: exit 2, said why.
+    for (addr, says) in [("127.0.0.1:0", "give a port"), ("localhost", "HOST:PORT")] {
+        let out = slate(&[
+            "run",
+            "--lock",
+            "metered",
+            "--redis",
+            &url,
+            "--metrics-addr",
+            addr,
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{addr}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(says),
+            "{addr}: {}",
+            text(&out.stderr)
+        );
+    }
 }
 
 /// The findings of `slate doctor --json` against `url`, with its exit code.
