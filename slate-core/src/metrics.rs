@@ -408,12 +408,7 @@ impl Meter {
     /// meter.latch_waiting(false);
     /// ```
     pub fn latch_waiting(&self, joined: bool) {
-        let g = &self.latch().waiters;
-        if joined {
-            g.increment(1.0);
-        } else {
-            g.decrement(1.0);
-        }
+        step(&self.latch().waiters, joined);
     }
 
     /// A wait for a countdown latch ended with `outcome` after `waited` (from the call; the
@@ -523,12 +518,7 @@ impl Meter {
     /// meter.queued(false);
     /// ```
     pub fn queued(&self, joined: bool) {
-        let g = &self.h().waiters;
-        if joined {
-            g.increment(1.0);
-        } else {
-            g.decrement(1.0);
-        }
+        step(&self.h().waiters, joined);
     }
 
     /// A hold's lease was lost.
@@ -717,6 +707,15 @@ impl std::fmt::Debug for ClientMeter {
         f.debug_struct("ClientMeter")
             .field("backend", &self.0.backend)
             .finish()
+    }
+}
+
+/// A gauge of tasks up by one (`joined`) or down by one.
+fn step(gauge: &Gauge, joined: bool) {
+    if joined {
+        gauge.increment(1.0);
+    } else {
+        gauge.decrement(1.0);
     }
 }
 
